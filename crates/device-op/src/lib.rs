@@ -1,0 +1,1 @@
+//! cuflow's lazy device ops, combinators and execution.

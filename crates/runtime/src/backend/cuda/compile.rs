@@ -1,0 +1,169 @@
+//! NVRTC compilation of CUDA C kernels into cubins for the device's architecture.
+
+use std::ffi::CString;
+
+use cudarc::driver::{sys, CudaFunction, CudaModule};
+use cudarc::nvrtc;
+
+use super::{driver_err, CudaDeviceShared};
+use crate::error::{DeviceError, Result};
+use crate::sync::{Arc, AtomicU32, Ordering};
+
+/// A kernel compiled and loaded for one device.
+pub(crate) struct CompiledKernel {
+    name: String,
+    function: CudaFunction,
+    _module: Arc<CudaModule>,
+    dynamic_smem_limit: AtomicU32,
+}
+
+impl CompiledKernel {
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub(crate) fn function(&self) -> sys::CUfunction {
+        self.function.cu_function()
+    }
+
+    /// Raises the kernel's dynamic shared memory limit when a launch asks for more than the
+    /// default 48 KiB (the launch config was already checked against the opt-in maximum).
+    pub(crate) fn prepare_shared_mem(&self, bytes: u32) -> Result<()> {
+        if bytes <= 48 * 1024 || bytes <= self.dynamic_smem_limit.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        self.function
+            .set_attribute(
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                bytes as i32,
+            )
+            .map_err(|e| driver_err("cuFuncSetAttribute", e))?;
+        self.dynamic_smem_limit.fetch_max(bytes, Ordering::AcqRel);
+        Ok(())
+    }
+}
+
+fn nvrtc_present() -> bool {
+    static PRESENT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    // SAFETY: `is_culib_present` only tries to dlopen the candidate library names.
+    *PRESENT.get_or_init(|| unsafe { nvrtc::sys::is_culib_present() })
+}
+
+fn include_paths() -> Vec<String> {
+    let mut roots: Vec<String> = Vec::new();
+    for var in ["CUDA_HOME", "CUDA_PATH", "CUDA_ROOT"] {
+        if let Ok(v) = std::env::var(var) {
+            roots.push(format!("{v}/include"));
+        }
+    }
+    roots.push("/usr/local/cuda/include".into());
+    roots.push("/opt/cuda/include".into());
+    roots
+        .into_iter()
+        .filter(|p| std::path::Path::new(p).join("cuda_fp16.h").exists())
+        .collect()
+}
+
+fn compile_err(kernel: &str, log: impl Into<String>) -> DeviceError {
+    DeviceError::Compile {
+        kernel: kernel.to_string(),
+        log: log.into(),
+    }
+}
+
+/// Compiles `source` for `shared`'s architecture and loads the function `name`.
+pub(crate) fn compile(
+    shared: &CudaDeviceShared,
+    name: &str,
+    source: &str,
+    extra: &[String],
+) -> Result<CompiledKernel> {
+    if !nvrtc_present() {
+        return Err(DeviceError::NoCompiler {
+            reason: "libnvrtc.so could not be loaded".into(),
+        });
+    }
+    let src =
+        CString::new(source).map_err(|_| compile_err(name, "the source contains a NUL byte"))?;
+    let prog_name = CString::new(format!("{name}.cu"))
+        .map_err(|_| compile_err(name, "the kernel name contains a NUL byte"))?;
+    let (major, minor) = shared.cc;
+    let mut options = vec![
+        format!("--gpu-architecture=sm_{major}{minor}"),
+        "--std=c++17".to_string(),
+    ];
+    for p in include_paths() {
+        options.push(format!("--include-path={p}"));
+    }
+    for o in extra {
+        if o.contains('\0') {
+            return Err(compile_err(
+                name,
+                format!("option {o:?} contains a NUL byte"),
+            ));
+        }
+        options.push(o.clone());
+    }
+    let prog = nvrtc::result::create_program(&src, Some(&prog_name))
+        .map_err(|e| compile_err(name, format!("nvrtcCreateProgram failed: {e}")))?;
+    let guard = ProgramGuard(prog);
+    // SAFETY: `prog` is a live program (destroyed only by `guard`); no option holds a NUL
+    // byte (checked above), so the call cannot panic.
+    let compiled = unsafe { nvrtc::result::compile_program(prog, &options) };
+    if let Err(e) = compiled {
+        // SAFETY: `prog` is live; the log is a NUL-terminated C string.
+        let log = unsafe { nvrtc::result::get_program_log(prog) }
+            .map(|raw| {
+                let bytes: Vec<u8> = raw
+                    .iter()
+                    .take_while(|c| **c != 0)
+                    .map(|c| *c as u8)
+                    .collect();
+                String::from_utf8_lossy(&bytes).into_owned()
+            })
+            .unwrap_or_else(|_| String::new());
+        return Err(compile_err(name, format!("{e}\n{log}")));
+    }
+    let mut size = 0usize;
+    // SAFETY: `prog` compiled successfully; `size` is a valid out-pointer.
+    unsafe { nvrtc::sys::nvrtcGetCUBINSize(prog, &mut size) }
+        .result()
+        .map_err(|e| compile_err(name, format!("nvrtcGetCUBINSize failed: {e}")))?;
+    let mut cubin = vec![0u8; size];
+    // SAFETY: `cubin` has exactly the size NVRTC reported for the image.
+    unsafe { nvrtc::sys::nvrtcGetCUBIN(prog, cubin.as_mut_ptr() as *mut std::ffi::c_char) }
+        .result()
+        .map_err(|e| compile_err(name, format!("nvrtcGetCUBIN failed: {e}")))?;
+    drop(guard);
+
+    let module = shared
+        .ctx
+        .load_module(nvrtc::Ptx::from_binary(cubin))
+        .map_err(|e| driver_err("cuModuleLoadData", e))?;
+    let function = module.load_function(name).map_err(|e| {
+        compile_err(
+            name,
+            format!(
+                "the module has no function `{name}` ({}); declare it `extern \"C\" __global__`",
+                driver_err("cuModuleGetFunction", e)
+            ),
+        )
+    })?;
+    Ok(CompiledKernel {
+        name: name.to_string(),
+        function,
+        _module: module,
+        dynamic_smem_limit: AtomicU32::new(48 * 1024),
+    })
+}
+
+struct ProgramGuard(nvrtc::sys::nvrtcProgram);
+
+impl Drop for ProgramGuard {
+    fn drop(&mut self) {
+        // SAFETY: the program was created by `create_program` and is destroyed once, here.
+        if let Err(e) = unsafe { nvrtc::result::destroy_program(self.0) } {
+            eprintln!("cuflow: nvrtcDestroyProgram failed: {e}");
+        }
+    }
+}

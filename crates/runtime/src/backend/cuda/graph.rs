@@ -1,0 +1,163 @@
+//! CUDA graphs captured from streams, and their executables.
+
+use std::collections::HashMap;
+
+use cudarc::driver::{result, sys};
+
+use super::stream::CudaStreamHandle;
+use super::{driver_err, CudaDeviceShared};
+use crate::error::Result;
+use crate::sync::Arc;
+
+/// A captured `CUgraph`, destroyed on drop.
+pub(crate) struct CudaGraphHandle {
+    graph: sys::CUgraph,
+    shared: Arc<CudaDeviceShared>,
+}
+
+// SAFETY: a CUgraph is a driver handle owned uniquely by this value (Handles); the driver
+// allows using it from any thread once the context is bound, and `&self` methods only query it.
+unsafe impl Send for CudaGraphHandle {}
+// SAFETY: the queries made through `&self` (node and edge lists) do not mutate the graph.
+unsafe impl Sync for CudaGraphHandle {}
+
+impl CudaGraphHandle {
+    pub(crate) fn new(graph: sys::CUgraph, shared: Arc<CudaDeviceShared>) -> Self {
+        CudaGraphHandle { graph, shared }
+    }
+
+    fn nodes(&self) -> Result<Vec<sys::CUgraphNode>> {
+        self.shared.bind()?;
+        let mut n = 0usize;
+        // SAFETY: the graph is alive; a null node array asks only for the count.
+        unsafe { sys::cuGraphGetNodes(self.graph, std::ptr::null_mut(), &mut n) }
+            .result()
+            .map_err(|e| driver_err("cuGraphGetNodes", e))?;
+        let mut nodes = vec![std::ptr::null_mut(); n];
+        // SAFETY: `nodes` has room for the `n` nodes the driver reported.
+        unsafe { sys::cuGraphGetNodes(self.graph, nodes.as_mut_ptr(), &mut n) }
+            .result()
+            .map_err(|e| driver_err("cuGraphGetNodes", e))?;
+        nodes.truncate(n);
+        Ok(nodes)
+    }
+
+    pub(crate) fn node_count(&self) -> Result<usize> {
+        Ok(self.nodes()?.len())
+    }
+
+    pub(crate) fn edges(&self) -> Result<Vec<(usize, usize)>> {
+        let nodes = self.nodes()?;
+        let index: HashMap<usize, usize> = nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (*n as usize, i))
+            .collect();
+        let mut m = 0usize;
+        // SAFETY: the graph is alive; null arrays ask only for the edge count.
+        unsafe {
+            sys::cuGraphGetEdges(
+                self.graph,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                &mut m,
+            )
+        }
+        .result()
+        .map_err(|e| driver_err("cuGraphGetEdges", e))?;
+        let mut from = vec![std::ptr::null_mut(); m];
+        let mut to = vec![std::ptr::null_mut(); m];
+        // SAFETY: both arrays have room for the `m` edges the driver reported.
+        unsafe { sys::cuGraphGetEdges(self.graph, from.as_mut_ptr(), to.as_mut_ptr(), &mut m) }
+            .result()
+            .map_err(|e| driver_err("cuGraphGetEdges", e))?;
+        Ok(from
+            .iter()
+            .zip(to.iter())
+            .take(m)
+            .filter_map(|(a, b)| Some((*index.get(&(*a as usize))?, *index.get(&(*b as usize))?)))
+            .collect())
+    }
+
+    pub(crate) fn instantiate(&self) -> Result<CudaGraphExecHandle> {
+        self.shared.bind()?;
+        // SAFETY: the graph is alive and complete (capture ended).
+        let exec = unsafe {
+            result::graph::instantiate(self.graph, sys::CUgraphInstantiate_flags_enum(0))
+        }
+        .map_err(|e| driver_err("cuGraphInstantiateWithFlags", e))?;
+        Ok(CudaGraphExecHandle {
+            exec,
+            shared: self.shared.clone(),
+        })
+    }
+}
+
+impl Drop for CudaGraphHandle {
+    fn drop(&mut self) {
+        self.shared.ctx.record_err(self.shared.ctx.bind_to_thread());
+        // SAFETY: the graph is owned by `self` and destroyed once; executables instantiated
+        // from it do not depend on it.
+        if let Err(e) = unsafe { result::graph::destroy(self.graph) } {
+            eprintln!(
+                "cuflow: cuGraphDestroy failed: {}",
+                driver_err("cuGraphDestroy", e)
+            );
+        }
+    }
+}
+
+/// An instantiated `CUgraphExec`, destroyed on drop (the driver defers the destruction of an
+/// executable that is still running until it completes).
+pub(crate) struct CudaGraphExecHandle {
+    exec: sys::CUgraphExec,
+    shared: Arc<CudaDeviceShared>,
+}
+
+// SAFETY: owned uniquely (Handles); launching from several threads is allowed by the driver,
+// and updates go through `&mut self`.
+unsafe impl Send for CudaGraphExecHandle {}
+// SAFETY: `&self` only launches, which the driver allows concurrently.
+unsafe impl Sync for CudaGraphExecHandle {}
+
+impl CudaGraphExecHandle {
+    pub(crate) fn launch(&self, stream: &CudaStreamHandle) -> Result<()> {
+        self.shared.bind()?;
+        // SAFETY: the executable and the stream are alive; the buffers the graph uses are kept
+        // alive by the runtime's `GraphExec`, which recorded their use on this stream.
+        unsafe { result::graph::launch(self.exec, stream.raw()) }
+            .map_err(|e| driver_err("cuGraphLaunch", e))
+    }
+
+    pub(crate) fn update(&mut self, graph: &CudaGraphHandle) -> Result<bool> {
+        self.shared.bind()?;
+        let mut info = sys::CUgraphExecUpdateResultInfo_st {
+            result: sys::CUgraphExecUpdateResult::CU_GRAPH_EXEC_UPDATE_SUCCESS,
+            errorNode: std::ptr::null_mut(),
+            errorFromNode: std::ptr::null_mut(),
+        };
+        // SAFETY: both handles are alive; `info` is a valid out-pointer.
+        let r = unsafe { sys::cuGraphExecUpdate_v2(self.exec, graph.graph, &mut info) };
+        match r {
+            sys::cudaError_enum::CUDA_SUCCESS => Ok(true),
+            sys::cudaError_enum::CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE => Ok(false),
+            other => Err(driver_err(
+                "cuGraphExecUpdate",
+                cudarc::driver::DriverError(other),
+            )),
+        }
+    }
+}
+
+impl Drop for CudaGraphExecHandle {
+    fn drop(&mut self) {
+        self.shared.ctx.record_err(self.shared.ctx.bind_to_thread());
+        // SAFETY: owned by `self`, destroyed once.
+        if let Err(e) = unsafe { result::graph::exec_destroy(self.exec) } {
+            eprintln!(
+                "cuflow: cuGraphExecDestroy failed: {}",
+                driver_err("cuGraphExecDestroy", e)
+            );
+        }
+    }
+}

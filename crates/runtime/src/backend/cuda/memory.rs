@@ -1,0 +1,179 @@
+//! CUDA allocations: stream-ordered device memory from the device's default pool, and
+//! page-locked host memory.
+
+use cudarc::driver::{result, sys, CudaContext};
+
+use super::stream::CudaStreamHandle;
+use super::{driver_err, CudaDeviceShared};
+use crate::error::{DeviceError, Result};
+use crate::sync::Arc;
+
+/// Keeps freed memory in the default pool rather than returning it to the driver at every
+/// synchronization, so that steady-state loops never call into the allocator's slow path.
+pub(super) fn keep_pool_memory(ctx: &Arc<CudaContext>) -> Result<()> {
+    ctx.bind_to_thread()
+        .map_err(|e| driver_err("cuCtxSetCurrent", e))?;
+    // SAFETY: the device handle comes from a live context.
+    let pool = unsafe { result::device::get_default_mem_pool(ctx.cu_device()) }
+        .map_err(|e| driver_err("cuDeviceGetDefaultMemPool", e))?;
+    let mut threshold: u64 = u64::MAX;
+    // SAFETY: the pool is the device's default pool; RELEASE_THRESHOLD takes a u64.
+    unsafe {
+        result::mem_pool::set_attribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            &mut threshold as *mut u64 as *mut std::ffi::c_void,
+        )
+    }
+    .map_err(|e| driver_err("cuMemPoolSetAttribute", e))
+}
+
+/// A device allocation. Freed by [`CudaMemory::free_on`] (stream-ordered); the runtime's
+/// `Memory` decides on which stream, after its last use.
+pub(crate) struct CudaMemory {
+    ptr: sys::CUdeviceptr,
+    bytes: usize,
+    shared: Arc<CudaDeviceShared>,
+}
+
+impl CudaMemory {
+    pub(crate) fn alloc(stream: &CudaStreamHandle, bytes: usize) -> Result<CudaMemory> {
+        let shared = stream.shared.clone();
+        if bytes == 0 {
+            return Ok(CudaMemory {
+                ptr: 0,
+                bytes,
+                shared,
+            });
+        }
+        shared.bind()?;
+        // SAFETY: the stream is alive; the returned memory is owned by this `CudaMemory` alone
+        // and freed once (Handles).
+        let ptr = unsafe { result::malloc_async(stream.raw(), bytes) }.map_err(|e| match e.0 {
+            sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY
+            | sys::cudaError_enum::CUDA_ERROR_INVALID_VALUE => DeviceError::OutOfMemory {
+                bytes,
+                device: format!("cuda:{}", shared.ordinal),
+            },
+            _ => driver_err("cuMemAllocAsync", e),
+        })?;
+        Ok(CudaMemory { ptr, bytes, shared })
+    }
+
+    pub(crate) fn ptr(&self) -> sys::CUdeviceptr {
+        self.ptr
+    }
+
+    /// Moves the allocation out, leaving an empty one behind (used to defer a free).
+    pub(crate) fn take(&mut self) -> CudaMemory {
+        CudaMemory {
+            ptr: std::mem::replace(&mut self.ptr, 0),
+            bytes: std::mem::replace(&mut self.bytes, 0),
+            shared: self.shared.clone(),
+        }
+    }
+
+    /// Frees the allocation on `stream`, after the work already enqueued there.
+    pub(crate) fn free_on(&mut self, stream: &CudaStreamHandle) {
+        let ptr = std::mem::replace(&mut self.ptr, 0);
+        if ptr == 0 {
+            return;
+        }
+        if let Err(e) = self.shared.bind() {
+            eprintln!("cuflow: leaking {} bytes of device memory: {e}", self.bytes);
+            return;
+        }
+        // SAFETY: `ptr` came from cuMemAllocAsync in this context and is freed exactly once
+        // (it was swapped out above); `stream` has been ordered after every use (Ordering).
+        if let Err(e) = unsafe { result::free_async(ptr, stream.raw()) } {
+            eprintln!(
+                "cuflow: freeing {} bytes of device memory failed: {}",
+                self.bytes,
+                driver_err("cuMemFreeAsync", e)
+            );
+        }
+    }
+
+    pub(crate) fn leak_warning(&mut self, why: &str) {
+        if self.ptr != 0 {
+            eprintln!(
+                "cuflow: leaking {} bytes of device memory ({why})",
+                self.bytes
+            );
+            self.ptr = 0;
+        }
+    }
+}
+
+/// Page-locked host memory allocated with `cuMemHostAlloc`.
+pub(crate) struct CudaPinned {
+    ptr: *mut u8,
+    bytes: usize,
+    shared: Arc<CudaDeviceShared>,
+}
+
+// SAFETY: the pinned allocation is plain host memory owned uniquely by this value; access goes
+// through `&self`/`&mut self`, so Rust's borrow rules order it across threads.
+unsafe impl Send for CudaPinned {}
+// SAFETY: shared access only produces `&[u8]` (see `raw_bytes`).
+unsafe impl Sync for CudaPinned {}
+
+impl CudaPinned {
+    pub(crate) fn alloc(shared: &Arc<CudaDeviceShared>, bytes: usize) -> Result<CudaPinned> {
+        shared.bind()?;
+        let ptr = if bytes == 0 {
+            std::ptr::null_mut()
+        } else {
+            // SAFETY: allocates fresh page-locked memory, owned by the returned value.
+            let p = unsafe { result::malloc_host(bytes, 0) }.map_err(|e| match e.0 {
+                sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY => DeviceError::OutOfMemory {
+                    bytes,
+                    device: "pinned host memory".into(),
+                },
+                _ => driver_err("cuMemHostAlloc", e),
+            })? as *mut u8;
+            // SAFETY: `p` points to `bytes` writable bytes just allocated.
+            unsafe { std::ptr::write_bytes(p, 0, bytes) };
+            p
+        };
+        Ok(CudaPinned {
+            ptr,
+            bytes,
+            shared: shared.clone(),
+        })
+    }
+
+    pub(crate) fn raw_bytes(&self) -> &[u8] {
+        if self.ptr.is_null() {
+            return &[];
+        }
+        // SAFETY: `ptr` points to `bytes` initialized bytes owned by `self`; no device copy is
+        // in flight while the host can borrow it (transfers own the buffer until they finish).
+        unsafe { std::slice::from_raw_parts(self.ptr, self.bytes) }
+    }
+
+    pub(crate) fn raw_bytes_mut(&mut self) -> &mut [u8] {
+        if self.ptr.is_null() {
+            return &mut [];
+        }
+        // SAFETY: as in `raw_bytes`, and `&mut self` makes the borrow unique.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.bytes) }
+    }
+}
+
+impl Drop for CudaPinned {
+    fn drop(&mut self) {
+        if self.ptr.is_null() {
+            return;
+        }
+        self.shared.ctx.record_err(self.shared.ctx.bind_to_thread());
+        // SAFETY: `ptr` came from cuMemHostAlloc and is freed once; transfers wait for their
+        // copies before giving the buffer back, so no copy uses it now.
+        if let Err(e) = unsafe { result::free_host(self.ptr as *mut std::ffi::c_void) } {
+            eprintln!(
+                "cuflow: freeing pinned memory failed: {}",
+                driver_err("cuMemFreeHost", e)
+            );
+        }
+    }
+}

@@ -1,0 +1,261 @@
+//! The CUDA backend, on cudarc's driver and NVRTC bindings (loaded at run time).
+//!
+//! Layering follows cudarc's: raw calls return `Result` (cudarc's `result`/`sys` layers), and the
+//! handles here wrap them safely for the backend-neutral runtime. All of cuflow's `unsafe`
+//! lives in this folder.
+//!
+//! Invariants the `// SAFETY:` comments rely on:
+//! - **Context**: every handle holds an `Arc<CudaContext>` of its device's primary context, so
+//!   the context outlives every stream, event, module, allocation and graph made in it; each
+//!   raw call is preceded by binding that context to the calling thread.
+//! - **Ordering**: cudarc's per-buffer event tracking is off; cuflow orders work itself
+//!   (streams, events, and the use lists of `Memory`), and frees are stream-ordered after the
+//!   last use of an allocation.
+//! - **Handles**: raw handles (`CUevent`, `CUgraph`, `CUgraphExec`, device pointers, pinned host
+//!   pointers) are owned by exactly one wrapper, which destroys them once, in `Drop`.
+//! - **Presence**: nothing here touches libcuda before `is_culib_present()` said it can be
+//!   loaded (cudarc panics otherwise), nor libnvrtc before its own presence check.
+
+mod compile;
+mod graph;
+mod memory;
+mod stream;
+
+pub(crate) use compile::CompiledKernel;
+pub(crate) use graph::{CudaGraphExecHandle, CudaGraphHandle};
+pub(crate) use memory::{CudaMemory, CudaPinned};
+pub(crate) use stream::{CudaEventHandle, CudaStreamHandle};
+
+use std::sync::OnceLock;
+
+use cudarc::driver::{result, sys, CudaContext, DriverError};
+
+use crate::device::{DeviceLimits, MemoryInfo};
+use crate::error::{DeviceError, Result};
+use crate::sync::{Arc, Mutex};
+
+/// Converts a driver error into a [`DeviceError::Driver`] naming the call.
+pub(crate) fn driver_err(call: &'static str, e: DriverError) -> DeviceError {
+    let name = e
+        .error_name()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| format!("{:?}", e.0));
+    let message = e
+        .error_string()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    DeviceError::Driver {
+        call,
+        code: e.0 as i32,
+        name,
+        message,
+    }
+}
+
+fn driver_state() -> &'static std::result::Result<(), DeviceError> {
+    static STATE: OnceLock<std::result::Result<(), DeviceError>> = OnceLock::new();
+    STATE.get_or_init(|| {
+        // SAFETY: `is_culib_present` only tries to dlopen the candidate library names; it
+        // touches no CUDA state.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(DeviceError::NoDriver {
+                reason: "libcuda.so could not be loaded".into(),
+            });
+        }
+        match result::init() {
+            Ok(()) => Ok(()),
+            Err(e) if e.0 == sys::cudaError_enum::CUDA_ERROR_NO_DEVICE => {
+                Err(DeviceError::NoDevice {
+                    ordinal: 0,
+                    count: 0,
+                })
+            }
+            Err(e) => Err(DeviceError::NoDriver {
+                reason: format!("cuInit failed: {}", driver_err("cuInit", e)),
+            }),
+        }
+    })
+}
+
+fn ensure_driver() -> Result<()> {
+    driver_state().clone()
+}
+
+/// Number of CUDA devices.
+pub(crate) fn device_count() -> Result<usize> {
+    ensure_driver()?;
+    let n = result::device::get_count().map_err(|e| driver_err("cuDeviceGetCount", e))?;
+    Ok(n.max(0) as usize)
+}
+
+/// A raw event handle, owned by the device's pool or by one [`CudaEventHandle`].
+pub(crate) struct RawEvent(pub(crate) sys::CUevent);
+
+// SAFETY: a CUevent is a driver handle usable from any thread of the process once its context
+// is bound; ownership is unique (Handles invariant), so moving it between threads is sound.
+unsafe impl Send for RawEvent {}
+// SAFETY: the driver's event calls are thread-safe; shared access only reads the handle value.
+unsafe impl Sync for RawEvent {}
+
+/// Device state shared by every stream, event, allocation and kernel of one CUDA device.
+pub(crate) struct CudaDeviceShared {
+    pub(crate) ctx: Arc<CudaContext>,
+    pub(crate) ordinal: usize,
+    pub(crate) cc: (u32, u32),
+    event_pool: Mutex<Vec<RawEvent>>,
+}
+
+impl CudaDeviceShared {
+    pub(crate) fn bind(&self) -> Result<()> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| driver_err("cuCtxSetCurrent", e))
+    }
+
+    /// An event without timing, from the pool when one is free.
+    pub(crate) fn take_event(&self) -> Result<RawEvent> {
+        if let Some(e) = self.event_pool.lock().pop() {
+            return Ok(e);
+        }
+        self.bind()?;
+        let ev = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+            .map_err(|e| driver_err("cuEventCreate", e))?;
+        Ok(RawEvent(ev))
+    }
+
+    pub(crate) fn return_event(&self, ev: RawEvent) {
+        let mut pool = self.event_pool.lock();
+        if pool.len() < 1024 {
+            pool.push(ev);
+        } else {
+            drop(pool);
+            destroy_event(&self.ctx, ev);
+        }
+    }
+}
+
+pub(crate) fn destroy_event(ctx: &CudaContext, ev: RawEvent) {
+    ctx.record_err(ctx.bind_to_thread());
+    // SAFETY: the event is owned by `ev` alone (Handles invariant) and its context is alive.
+    ctx.record_err(unsafe { result::event::destroy(ev.0) });
+}
+
+impl Drop for CudaDeviceShared {
+    fn drop(&mut self) {
+        for ev in self.event_pool.get_mut().drain(..) {
+            destroy_event(&self.ctx, ev);
+        }
+    }
+}
+
+/// A CUDA device, as held by [`Device`](crate::Device).
+pub(crate) struct CudaDevice {
+    shared: Arc<CudaDeviceShared>,
+}
+
+impl CudaDevice {
+    pub(crate) fn open(ordinal: usize) -> Result<(CudaDevice, String, DeviceLimits)> {
+        let count = device_count().map_err(|e| match e {
+            DeviceError::NoDevice { .. } => DeviceError::NoDevice { ordinal, count: 0 },
+            other => other,
+        })?;
+        if ordinal >= count {
+            return Err(DeviceError::NoDevice { ordinal, count });
+        }
+        let ctx =
+            CudaContext::new(ordinal).map_err(|e| driver_err("cuDevicePrimaryCtxRetain", e))?;
+        // SAFETY: cuflow never uses cudarc's `CudaSlice` views, whose synchronization the
+        // tracking provides; it orders all work with its own streams and events (Ordering).
+        unsafe { ctx.disable_event_tracking() };
+        if !ctx.has_async_alloc() {
+            return Err(DeviceError::Unsupported {
+                what: format!("device {ordinal} without stream-ordered memory pools"),
+                backend: crate::BackendKind::Cuda,
+            });
+        }
+        let name = ctx.name().map_err(|e| driver_err("cuDeviceGetName", e))?;
+        let (major, minor) = ctx
+            .compute_capability()
+            .map_err(|e| driver_err("cuDeviceGetAttribute", e))?;
+        let attr = |a: sys::CUdevice_attribute| -> Result<u32> {
+            ctx.attribute(a)
+                .map(|v| v.max(0) as u32)
+                .map_err(|e| driver_err("cuDeviceGetAttribute", e))
+        };
+        use sys::CUdevice_attribute as A;
+        let limits = DeviceLimits {
+            max_threads_per_block: attr(A::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?,
+            max_block_dim: [
+                attr(A::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X)?,
+                attr(A::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y)?,
+                attr(A::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z)?,
+            ],
+            max_grid_dim: [
+                attr(A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X)?,
+                attr(A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y)?,
+                attr(A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z)?,
+            ],
+            max_shared_mem_per_block: attr(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK)?,
+            max_shared_mem_per_block_optin: attr(
+                A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            )?,
+            multiprocessor_count: attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
+            warp_size: attr(A::CU_DEVICE_ATTRIBUTE_WARP_SIZE)?,
+        };
+        memory::keep_pool_memory(&ctx)?;
+        let shared = Arc::new(CudaDeviceShared {
+            ctx,
+            ordinal,
+            cc: (major.max(0) as u32, minor.max(0) as u32),
+            event_pool: Mutex::new(Vec::new()),
+        });
+        Ok((CudaDevice { shared }, name, limits))
+    }
+
+    pub(crate) fn ordinal(&self) -> usize {
+        self.shared.ordinal
+    }
+
+    pub(crate) fn compute_capability(&self) -> (u32, u32) {
+        self.shared.cc
+    }
+
+    pub(crate) fn memory_info(&self) -> Result<MemoryInfo> {
+        let (free, total) = self
+            .shared
+            .ctx
+            .mem_get_info()
+            .map_err(|e| driver_err("cuMemGetInfo", e))?;
+        Ok(MemoryInfo { free, total })
+    }
+
+    pub(crate) fn priority_range(&self) -> Result<(i32, i32)> {
+        self.shared.bind()?;
+        result::stream::get_priority_range()
+            .map_err(|e| driver_err("cuCtxGetStreamPriorityRange", e))
+    }
+
+    pub(crate) fn synchronize(&self) -> Result<()> {
+        self.shared
+            .ctx
+            .synchronize()
+            .map_err(|e| driver_err("cuCtxSynchronize", e))
+    }
+
+    pub(crate) fn new_stream(&self, priority: Option<i32>) -> Result<(CudaStreamHandle, i32)> {
+        CudaStreamHandle::new(&self.shared, priority)
+    }
+
+    pub(crate) fn compile(
+        &self,
+        name: &str,
+        source: &str,
+        options: &[String],
+    ) -> Result<CompiledKernel> {
+        compile::compile(&self.shared, name, source, options)
+    }
+
+    pub(crate) fn alloc_pinned(&self, bytes: usize) -> Result<CudaPinned> {
+        CudaPinned::alloc(&self.shared, bytes)
+    }
+}

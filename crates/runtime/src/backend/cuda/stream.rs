@@ -1,0 +1,408 @@
+//! CUDA streams and events, and the work enqueued on streams: copies, memsets, kernel
+//! launches, host functions and capture.
+
+use std::ffi::c_void;
+
+use cudarc::driver::{result, sys, CudaStream};
+use smallvec::SmallVec;
+
+use super::compile::CompiledKernel;
+use super::graph::CudaGraphHandle;
+use super::memory::{CudaMemory, CudaPinned};
+use super::{driver_err, CudaDeviceShared, RawEvent};
+use crate::error::{DeviceError, Result};
+use crate::graph::{CaptureBackend, GraphBackend};
+use crate::kernel::{KernelArg, KernelArgs, LaunchConfig};
+use crate::sync::Arc;
+
+/// A CUDA stream (non-blocking with respect to the legacy default stream).
+pub(crate) struct CudaStreamHandle {
+    pub(crate) stream: Arc<CudaStream>,
+    pub(crate) shared: Arc<CudaDeviceShared>,
+}
+
+impl CudaStreamHandle {
+    pub(crate) fn new(
+        shared: &Arc<CudaDeviceShared>,
+        priority: Option<i32>,
+    ) -> Result<(CudaStreamHandle, i32)> {
+        shared.bind()?;
+        let (stream, prio) = match priority {
+            None => (
+                shared
+                    .ctx
+                    .new_stream()
+                    .map_err(|e| driver_err("cuStreamCreate", e))?,
+                0,
+            ),
+            Some(p) => {
+                let (least, greatest) = result::stream::get_priority_range()
+                    .map_err(|e| driver_err("cuCtxGetStreamPriorityRange", e))?;
+                let p = p.clamp(greatest.min(least), greatest.max(least));
+                (
+                    shared
+                        .ctx
+                        .new_stream_with_priority(p)
+                        .map_err(|e| driver_err("cuStreamCreateWithPriority", e))?,
+                    p,
+                )
+            }
+        };
+        Ok((
+            CudaStreamHandle {
+                stream,
+                shared: shared.clone(),
+            },
+            prio,
+        ))
+    }
+
+    pub(crate) fn raw(&self) -> sys::CUstream {
+        self.stream.cu_stream()
+    }
+
+    pub(crate) fn record_event(&self, timed: bool) -> Result<CudaEventHandle> {
+        let ev = if timed {
+            self.shared.bind()?;
+            RawEvent(
+                result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)
+                    .map_err(|e| driver_err("cuEventCreate", e))?,
+            )
+        } else {
+            self.shared.take_event()?
+        };
+        let handle = CudaEventHandle {
+            ev: Some(ev),
+            timed,
+            shared: self.shared.clone(),
+        };
+        self.shared.bind()?;
+        // SAFETY: the event and the stream are alive and belong to this context (Context).
+        unsafe { result::event::record(handle.raw(), self.raw()) }
+            .map_err(|e| driver_err("cuEventRecord", e))?;
+        Ok(handle)
+    }
+
+    pub(crate) fn wait_event(&self, event: &CudaEventHandle) -> Result<()> {
+        self.shared.bind()?;
+        // SAFETY: stream and event are alive (each handle keeps its context and owns its raw
+        // handle); waiting on an event of another device's context is allowed by the driver.
+        unsafe {
+            result::stream::wait_event(
+                self.raw(),
+                event.raw(),
+                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+            )
+        }
+        .map_err(|e| driver_err("cuStreamWaitEvent", e))
+    }
+
+    pub(crate) fn synchronize(&self) -> Result<()> {
+        self.shared.bind()?;
+        // SAFETY: the stream is alive (owned by `self.stream`).
+        unsafe { result::stream::synchronize(self.raw()) }
+            .map_err(|e| driver_err("cuStreamSynchronize", e))
+    }
+
+    pub(crate) fn begin_capture(&self) -> Result<CaptureBackend> {
+        self.shared.bind()?;
+        // SAFETY: the stream is alive and not capturing (the runtime checked its capture slot).
+        // Thread-local mode: only this thread's unsafe calls invalidate the capture, so other
+        // threads may keep using the device meanwhile.
+        unsafe {
+            result::stream::begin_capture(
+                self.raw(),
+                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            )
+        }
+        .map_err(|e| capture_err("Stream::begin_capture", e))?;
+        Ok(CaptureBackend::Cuda)
+    }
+
+    pub(crate) fn end_capture(&self) -> Result<GraphBackend> {
+        self.shared.bind()?;
+        // SAFETY: the stream is alive and began a capture (the runtime checked it is the
+        // origin of an open capture session).
+        let graph = unsafe { result::stream::end_capture(self.raw()) }
+            .map_err(|e| capture_err("Stream::end_capture", e))?;
+        if graph.is_null() {
+            return Err(DeviceError::Capture {
+                op: "Stream::end_capture".into(),
+                reason: "the driver returned no graph".into(),
+            });
+        }
+        Ok(GraphBackend::Cuda(CudaGraphHandle::new(
+            graph,
+            self.shared.clone(),
+        )))
+    }
+
+    pub(crate) fn launch_host_fn(&self, f: Box<dyn FnOnce() + Send>) -> Result<()> {
+        unsafe extern "C" fn trampoline(data: *mut c_void) {
+            // SAFETY: `data` came from `Box::into_raw` below and the driver calls the host
+            // function exactly once, so ownership is taken back exactly once.
+            let f = unsafe { Box::from_raw(data as *mut Box<dyn FnOnce() + Send>) };
+            // A panic must not unwind into the driver's thread.
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+        }
+        let data = Box::into_raw(Box::new(f)) as *mut c_void;
+        self.shared.bind()?;
+        // SAFETY: the stream is alive; `trampoline` matches the driver's callback signature and
+        // frees `data` when it runs.
+        let r = unsafe { result::stream::launch_host_function(self.raw(), trampoline, data) };
+        if let Err(e) = r {
+            // SAFETY: the launch failed, so the driver never took `data`; reclaim it once.
+            drop(unsafe { Box::from_raw(data as *mut Box<dyn FnOnce() + Send>) });
+            return Err(driver_err("cuLaunchHostFunc", e));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn alloc(&self, bytes: usize) -> Result<CudaMemory> {
+        CudaMemory::alloc(self, bytes)
+    }
+
+    pub(crate) fn copy_from_host(
+        &self,
+        dst: &CudaMemory,
+        offset: usize,
+        data: &[u8],
+    ) -> Result<()> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        self.shared.bind()?;
+        // SAFETY: `dst` holds at least `offset + data.len()` bytes (the view was bounds-checked)
+        // and is alive; for pageable `data` the driver stages it before returning, so `data`
+        // may be dropped afterwards.
+        unsafe { result::memcpy_htod_async(dst.ptr() + offset as u64, data, self.raw()) }
+            .map_err(|e| driver_err("cuMemcpyHtoDAsync", e))
+    }
+
+    pub(crate) fn copy_to_host(
+        &self,
+        src: &CudaMemory,
+        offset: usize,
+        out: &mut [u8],
+    ) -> Result<()> {
+        if out.is_empty() {
+            return self.synchronize();
+        }
+        self.shared.bind()?;
+        // SAFETY: `src` holds at least `offset + out.len()` bytes and is alive; `out` stays
+        // borrowed until the synchronize below has waited for the copy.
+        unsafe { result::memcpy_dtoh_async(out, src.ptr() + offset as u64, self.raw()) }
+            .map_err(|e| driver_err("cuMemcpyDtoHAsync", e))?;
+        self.synchronize()
+    }
+
+    pub(crate) fn copy_device(
+        &self,
+        src: &CudaMemory,
+        src_offset: usize,
+        dst: &CudaMemory,
+        dst_offset: usize,
+        len: usize,
+    ) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        self.shared.bind()?;
+        // SAFETY: both ranges were bounds-checked against their allocations, which are alive
+        // and stay alive until after this stream's work (stream-ordered free).
+        unsafe {
+            result::memcpy_dtod_async(
+                dst.ptr() + dst_offset as u64,
+                src.ptr() + src_offset as u64,
+                len,
+                self.raw(),
+            )
+        }
+        .map_err(|e| driver_err("cuMemcpyDtoDAsync", e))
+    }
+
+    pub(crate) fn fill_bytes(
+        &self,
+        dst: &CudaMemory,
+        offset: usize,
+        len: usize,
+        value: u8,
+    ) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        self.shared.bind()?;
+        // SAFETY: the range was bounds-checked and the allocation is alive.
+        unsafe { result::memset_d8_async(dst.ptr() + offset as u64, value, len, self.raw()) }
+            .map_err(|e| driver_err("cuMemsetD8Async", e))
+    }
+
+    pub(crate) fn copy_to_pinned(
+        &self,
+        src: &CudaMemory,
+        offset: usize,
+        pinned: &mut CudaPinned,
+        len: usize,
+    ) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        self.shared.bind()?;
+        let dst = pinned.raw_bytes_mut();
+        // SAFETY: `dst` is page-locked memory of `len` bytes owned by the pinned buffer, which
+        // the caller moves into a transfer that waits for this copy before giving it back or
+        // freeing it; `src` was bounds-checked and is alive.
+        unsafe { result::memcpy_dtoh_async(&mut dst[..len], src.ptr() + offset as u64, self.raw()) }
+            .map_err(|e| driver_err("cuMemcpyDtoHAsync", e))
+    }
+
+    pub(crate) fn copy_from_pinned(
+        &self,
+        pinned: &CudaPinned,
+        dst: &CudaMemory,
+        offset: usize,
+        len: usize,
+    ) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        self.shared.bind()?;
+        let src = pinned.raw_bytes();
+        // SAFETY: as in `copy_to_pinned`: the pinned buffer is held by a transfer until the
+        // copy has finished; `dst` was bounds-checked and is alive.
+        unsafe { result::memcpy_htod_async(dst.ptr() + offset as u64, &src[..len], self.raw()) }
+            .map_err(|e| driver_err("cuMemcpyHtoDAsync", e))
+    }
+
+    pub(crate) fn launch(
+        &self,
+        kernel: &CompiledKernel,
+        config: LaunchConfig,
+        args: &KernelArgs<'_>,
+    ) -> Result<()> {
+        // Argument values live here until the launch call returns; the driver copies them.
+        let mut pointers: SmallVec<[u64; 16]> = SmallVec::with_capacity(args.args.len());
+        for a in &args.args {
+            if let KernelArg::Buffer {
+                mem, byte_offset, ..
+            } = a
+            {
+                let base = match &mem.backend {
+                    crate::memory::MemoryBackend::Cuda(m) => m.ptr(),
+                    crate::memory::MemoryBackend::Host(_) => {
+                        return Err(DeviceError::usage(
+                            "a host buffer was passed to a CUDA kernel",
+                        ))
+                    }
+                };
+                pointers.push(base + *byte_offset as u64);
+            }
+        }
+        let mut params: SmallVec<[*mut c_void; 16]> = SmallVec::with_capacity(args.args.len());
+        let mut next_pointer = 0;
+        for a in &args.args {
+            match a {
+                KernelArg::Buffer { .. } => {
+                    params.push(&pointers[next_pointer] as *const u64 as *mut c_void);
+                    next_pointer += 1;
+                }
+                KernelArg::Scalar { bytes, .. } => {
+                    params.push(bytes.as_ptr() as *mut c_void);
+                }
+            }
+        }
+        kernel.prepare_shared_mem(config.shared_mem_bytes)?;
+        self.shared.bind()?;
+        // SAFETY: the function comes from a module loaded in this context and kept alive by
+        // `kernel`; `params` holds one pointer per kernel parameter, each pointing at a value
+        // (device pointer or scalar bytes) that lives until this call returns; the buffers the
+        // pointers address are alive and their frees are ordered after this launch (Ordering);
+        // the configuration was validated against the device's limits.
+        unsafe {
+            result::launch_kernel(
+                kernel.function(),
+                config.grid,
+                config.block,
+                config.shared_mem_bytes,
+                self.raw(),
+                &mut params,
+            )
+        }
+        .map_err(|e| match e.0 {
+            sys::cudaError_enum::CUDA_ERROR_INVALID_VALUE
+            | sys::cudaError_enum::CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES => {
+                DeviceError::InvalidLaunch {
+                    kernel: kernel.name().to_string(),
+                    reason: format!(
+                        "the driver refused grid {:?}, block {:?}, {} bytes shared ({})",
+                        config.grid,
+                        config.block,
+                        config.shared_mem_bytes,
+                        driver_err("cuLaunchKernel", e)
+                    ),
+                }
+            }
+            _ => driver_err("cuLaunchKernel", e),
+        })
+    }
+}
+
+fn capture_err(op: &str, e: cudarc::driver::DriverError) -> DeviceError {
+    DeviceError::Capture {
+        op: op.to_string(),
+        reason: driver_err("cuStreamCapture", e).to_string(),
+    }
+}
+
+/// A CUDA event recorded on a stream.
+pub(crate) struct CudaEventHandle {
+    ev: Option<RawEvent>,
+    timed: bool,
+    shared: Arc<CudaDeviceShared>,
+}
+
+impl CudaEventHandle {
+    fn raw(&self) -> sys::CUevent {
+        self.ev
+            .as_ref()
+            .map(|e| e.0)
+            .unwrap_or(std::ptr::null_mut())
+    }
+
+    pub(crate) fn is_complete(&self) -> Result<bool> {
+        self.shared.bind()?;
+        // SAFETY: the event is alive (owned by `self`).
+        match unsafe { result::event::query(self.raw()) } {
+            Ok(()) => Ok(true),
+            Err(e) if e.0 == sys::cudaError_enum::CUDA_ERROR_NOT_READY => Ok(false),
+            Err(e) => Err(driver_err("cuEventQuery", e)),
+        }
+    }
+
+    pub(crate) fn synchronize(&self) -> Result<()> {
+        self.shared.bind()?;
+        // SAFETY: the event is alive (owned by `self`).
+        unsafe { result::event::synchronize(self.raw()) }
+            .map_err(|e| driver_err("cuEventSynchronize", e))
+    }
+
+    pub(crate) fn elapsed_ms(&self, end: &CudaEventHandle) -> Result<f32> {
+        self.shared.bind()?;
+        // SAFETY: both events are alive and were created with timing enabled.
+        unsafe { result::event::elapsed(self.raw(), end.raw()) }
+            .map_err(|e| driver_err("cuEventElapsedTime", e))
+    }
+}
+
+impl Drop for CudaEventHandle {
+    fn drop(&mut self) {
+        if let Some(ev) = self.ev.take() {
+            if self.timed {
+                super::destroy_event(&self.shared.ctx, ev);
+            } else {
+                // Re-recording a pooled event later does not affect waits already enqueued.
+                self.shared.return_event(ev);
+            }
+        }
+    }
+}

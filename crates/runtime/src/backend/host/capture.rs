@@ -1,0 +1,140 @@
+//! Host capture: recorded tasks with their dependencies, replayed in recorded order.
+
+use super::stream::HostTask;
+use crate::error::{DeviceError, Result};
+use crate::sync::{Arc, Mutex};
+
+pub(crate) struct HostNode {
+    pub(crate) task: HostTask,
+    pub(crate) deps: Vec<usize>,
+}
+
+/// The graph being recorded, shared by the streams that take part in the capture.
+#[derive(Clone)]
+pub(crate) struct HostCapture(Arc<Mutex<Vec<HostNode>>>);
+
+impl HostCapture {
+    pub(crate) fn new() -> HostCapture {
+        HostCapture(Arc::new(Mutex::new(Vec::new())))
+    }
+}
+
+/// One stream's position in a capture: the nodes its next node will depend on.
+pub(crate) struct CaptureCursor {
+    capture: HostCapture,
+    frontier: Vec<usize>,
+}
+
+impl CaptureCursor {
+    pub(crate) fn new(capture: HostCapture) -> CaptureCursor {
+        CaptureCursor {
+            capture,
+            frontier: Vec::new(),
+        }
+    }
+
+    pub(crate) fn record(&mut self, task: HostTask) {
+        let mut nodes = self.capture.0.lock();
+        let idx = nodes.len();
+        nodes.push(HostNode {
+            task,
+            deps: std::mem::take(&mut self.frontier),
+        });
+        self.frontier.push(idx);
+    }
+
+    pub(crate) fn add_dependencies(&mut self, nodes: &[usize]) {
+        for &n in nodes {
+            if !self.frontier.contains(&n) {
+                self.frontier.push(n);
+            }
+        }
+    }
+
+    pub(crate) fn frontier(&self) -> &[usize] {
+        &self.frontier
+    }
+}
+
+/// A finished host capture.
+#[derive(Clone)]
+pub(crate) struct HostGraph {
+    nodes: Arc<Vec<HostNode>>,
+}
+
+impl HostGraph {
+    /// Takes the recorded nodes; every node must be joined back into the origin stream (an
+    /// ancestor of its frontier), as CUDA requires.
+    pub(crate) fn finish(capture: &HostCapture, origin_frontier: &[usize]) -> Result<HostGraph> {
+        let nodes = std::mem::take(&mut *capture.0.lock());
+        let mut reached = vec![false; nodes.len()];
+        let mut stack: Vec<usize> = origin_frontier.to_vec();
+        while let Some(n) = stack.pop() {
+            if n < reached.len() && !reached[n] {
+                reached[n] = true;
+                stack.extend_from_slice(&nodes[n].deps);
+            }
+        }
+        if let Some(lost) = reached.iter().position(|r| !r) {
+            return Err(DeviceError::Capture {
+                op: "Stream::end_capture".into(),
+                reason: format!(
+                    "captured work (node {lost}) on a joined stream was not joined back into \
+                     the capturing stream; make it wait on an event of that stream"
+                ),
+            });
+        }
+        Ok(HostGraph {
+            nodes: Arc::new(nodes),
+        })
+    }
+
+    pub(crate) fn nodes(&self) -> Arc<Vec<HostNode>> {
+        self.nodes.clone()
+    }
+
+    pub(crate) fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub(crate) fn edges(&self) -> Vec<(usize, usize)> {
+        let mut out = Vec::new();
+        for (i, n) in self.nodes.iter().enumerate() {
+            for &d in &n.deps {
+                out.push((d, i));
+            }
+        }
+        out
+    }
+
+    pub(crate) fn instantiate(&self) -> HostGraphExec {
+        HostGraphExec {
+            graph: self.clone(),
+        }
+    }
+}
+
+/// An instantiated host graph.
+pub(crate) struct HostGraphExec {
+    graph: HostGraph,
+}
+
+impl HostGraphExec {
+    pub(crate) fn launch(&self, stream: &super::HostStream) -> Result<()> {
+        stream.launch_graph(&self.graph)
+    }
+
+    pub(crate) fn update(&mut self, graph: &HostGraph) -> bool {
+        let same = self.graph.node_count() == graph.node_count()
+            && self
+                .graph
+                .nodes
+                .iter()
+                .zip(graph.nodes.iter())
+                .all(|(a, b)| a.deps == b.deps);
+        if same {
+            self.graph = graph.clone();
+        }
+        same
+    }
+}

@@ -1,0 +1,207 @@
+//! Running a kernel's host implementation on a host stream.
+//!
+//! The task owns its buffers (`Arc<Memory>`), so it may run after the caller dropped them. It
+//! locks each distinct allocation once, in address order (write when any argument writes it),
+//! and carves the argument ranges out of it: ranges of one allocation that is written must not
+//! overlap, which is reported as an argument error rather than aliased.
+
+use std::any::TypeId;
+
+use super::memory::host_mem;
+use super::stream::HostStream;
+use crate::error::{DeviceError, Result};
+use crate::kernel::{HostKernelArgs, HostKernelFn, HostSlot, KernelArg, KernelArgs, LaunchConfig};
+use crate::memory::Memory;
+use crate::sync::{Arc, RwLockReadGuard, RwLockWriteGuard};
+
+enum OwnedArg {
+    Buffer {
+        mem: Arc<Memory>,
+        byte_offset: usize,
+        byte_len: usize,
+        ty: TypeId,
+        ty_name: &'static str,
+        writable: bool,
+    },
+    Scalar {
+        bytes: [u8; 16],
+        len: u8,
+        ty: TypeId,
+        ty_name: &'static str,
+    },
+}
+
+enum Guard<'g> {
+    Read(RwLockReadGuard<'g, Vec<u64>>),
+    Write(RwLockWriteGuard<'g, Vec<u64>>),
+}
+
+pub(crate) fn launch_host_kernel(
+    stream: &HostStream,
+    name: Arc<str>,
+    f: Arc<HostKernelFn>,
+    config: LaunchConfig,
+    args: &KernelArgs<'_>,
+) -> Result<()> {
+    let owned: Vec<OwnedArg> = args
+        .args
+        .iter()
+        .map(|a| match a {
+            KernelArg::Buffer {
+                mem,
+                byte_offset,
+                byte_len,
+                ty,
+                ty_name,
+                writable,
+            } => OwnedArg::Buffer {
+                mem: Arc::clone(mem),
+                byte_offset: *byte_offset,
+                byte_len: *byte_len,
+                ty: *ty,
+                ty_name,
+                writable: *writable,
+            },
+            KernelArg::Scalar {
+                bytes,
+                len,
+                ty,
+                ty_name,
+            } => OwnedArg::Scalar {
+                bytes: *bytes,
+                len: *len,
+                ty: *ty,
+                ty_name,
+            },
+        })
+        .collect();
+    stream.enqueue(Arc::new(move || run(&name, &*f, config, &owned)))
+}
+
+fn run(name: &str, f: &HostKernelFn, config: LaunchConfig, args: &[OwnedArg]) -> Result<()> {
+    // Distinct allocations, in address order, with whether any argument writes them.
+    let mut groups: Vec<(&Arc<Memory>, bool)> = Vec::new();
+    for a in args {
+        if let OwnedArg::Buffer { mem, writable, .. } = a {
+            match groups.iter_mut().find(|(m, _)| Arc::ptr_eq(m, mem)) {
+                Some(g) => g.1 |= *writable,
+                None => groups.push((mem, *writable)),
+            }
+        }
+    }
+    groups.sort_by_key(|(m, _)| Arc::as_ptr(m) as usize);
+    let mut guards: Vec<Guard<'_>> = Vec::with_capacity(groups.len());
+    for (mem, writable) in &groups {
+        let h = host_mem(mem)?;
+        guards.push(if *writable {
+            Guard::Write(h.write())
+        } else {
+            Guard::Read(h.read())
+        });
+    }
+
+    let mut slots: Vec<Option<HostSlot<'_>>> = (0..args.len()).map(|_| None).collect();
+    for (a, slot) in args.iter().zip(slots.iter_mut()) {
+        if let OwnedArg::Scalar {
+            bytes,
+            len,
+            ty,
+            ty_name,
+        } = a
+        {
+            *slot = Some(HostSlot::Scalar {
+                bytes: *bytes,
+                len: *len,
+                ty: *ty,
+                ty_name,
+            });
+        }
+    }
+    for ((mem, _), guard) in groups.iter().zip(guards.iter_mut()) {
+        // The arguments that use this allocation, by offset.
+        let mut members: Vec<(usize, usize, usize)> = args
+            .iter()
+            .enumerate()
+            .filter_map(|(i, a)| match a {
+                OwnedArg::Buffer {
+                    mem: m,
+                    byte_offset,
+                    byte_len,
+                    ..
+                } if Arc::ptr_eq(m, mem) => Some((i, *byte_offset, *byte_len)),
+                _ => None,
+            })
+            .collect();
+        members.sort_by_key(|&(_, off, _)| off);
+        match guard {
+            Guard::Read(g) => {
+                let whole: &[u8] = bytemuck::cast_slice(&g[..]);
+                for (i, off, len) in members {
+                    let OwnedArg::Buffer { ty, ty_name, .. } = &args[i] else {
+                        continue;
+                    };
+                    slots[i] = Some(HostSlot::In {
+                        bytes: &whole[off..off + len],
+                        ty: *ty,
+                        ty_name,
+                    });
+                }
+            }
+            Guard::Write(g) => {
+                let mut rest: &mut [u8] = bytemuck::cast_slice_mut(&mut g[..]);
+                let mut cursor = 0usize;
+                for (i, off, len) in members {
+                    if off < cursor {
+                        return Err(DeviceError::InvalidArgument {
+                            kernel: name.to_string(),
+                            index: i,
+                            reason: "overlaps another argument of the same buffer that the \
+                                     kernel writes"
+                                .into(),
+                        });
+                    }
+                    let tail = std::mem::take(&mut rest);
+                    let (_, tail) = tail.split_at_mut(off - cursor);
+                    let (piece, tail) = tail.split_at_mut(len);
+                    rest = tail;
+                    cursor = off + len;
+                    let OwnedArg::Buffer {
+                        ty,
+                        ty_name,
+                        writable,
+                        ..
+                    } = &args[i]
+                    else {
+                        continue;
+                    };
+                    slots[i] = Some(if *writable {
+                        HostSlot::Out {
+                            bytes: Some(piece),
+                            ty: *ty,
+                            ty_name,
+                        }
+                    } else {
+                        HostSlot::In {
+                            bytes: piece,
+                            ty: *ty,
+                            ty_name,
+                        }
+                    });
+                }
+            }
+        }
+    }
+    let slots: Vec<HostSlot<'_>> = slots.into_iter().flatten().collect();
+    if slots.len() != args.len() {
+        return Err(DeviceError::HostKernel {
+            kernel: name.to_string(),
+            reason: "internal: an argument was not bound".into(),
+        });
+    }
+    let mut host_args = HostKernelArgs {
+        kernel: name,
+        config,
+        slots,
+    };
+    f(&mut host_args)
+}

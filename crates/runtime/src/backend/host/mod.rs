@@ -1,0 +1,81 @@
+//! The host backend: CPU threads with CUDA's stream semantics.
+//!
+//! Each stream is an in-order queue served by one worker thread. Events complete when the
+//! worker reaches them; a wait enqueues a task that blocks the worker until the event is done.
+//! Memory is a word vector behind a reader-writer lock; every task that touches several
+//! allocations locks them in address order, so concurrent streams never deadlock. Capture
+//! records tasks (which are re-runnable `Fn`s) with their dependencies instead of running them;
+//! a replay runs the nodes in recorded (topological) order on the launching stream.
+//!
+//! Host kernels and host functions run on worker threads; they may not block on a stream
+//! (that would deadlock a worker), which is reported as [`DeviceError::Reentrant`].
+
+mod capture;
+mod kernel;
+mod memory;
+mod stream;
+
+pub(crate) use capture::{HostCapture, HostGraph, HostGraphExec};
+pub(crate) use kernel::launch_host_kernel;
+pub(crate) use memory::{HostMemory, HostPinned};
+pub(crate) use stream::{HostEvent, HostStream};
+
+use crate::device::MemoryInfo;
+use crate::error::Result;
+use crate::stream::StreamId;
+use crate::sync::{Mutex, Weak};
+
+/// The host device's state: the live streams, for `Device::synchronize`.
+pub(crate) struct HostDevice {
+    streams: Mutex<Vec<Weak<stream::HostStreamCore>>>,
+}
+
+impl HostDevice {
+    pub(crate) fn new() -> Self {
+        HostDevice {
+            streams: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub(crate) fn new_stream(&self, id: StreamId) -> Result<HostStream> {
+        let s = HostStream::spawn(id)?;
+        let mut list = self.streams.lock();
+        list.retain(|w| w.strong_count() > 0);
+        list.push(s.downgrade());
+        Ok(s)
+    }
+
+    pub(crate) fn synchronize(&self) -> Result<()> {
+        let live: Vec<_> = self
+            .streams
+            .lock()
+            .iter()
+            .filter_map(|w| w.upgrade())
+            .collect();
+        let mut first = Ok(());
+        for core in live {
+            let r = HostStream::from_core(core).synchronize();
+            if first.is_ok() {
+                first = r;
+            }
+        }
+        first
+    }
+
+    pub(crate) fn memory_info(&self) -> MemoryInfo {
+        let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+        let field = |name: &str| -> Option<usize> {
+            meminfo
+                .lines()
+                .find(|l| l.starts_with(name))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<usize>().ok())
+                .map(|kb| kb * 1024)
+        };
+        let total = field("MemTotal:").unwrap_or(0);
+        MemoryInfo {
+            free: field("MemAvailable:").unwrap_or(total),
+            total,
+        }
+    }
+}

@@ -1,0 +1,471 @@
+//! Host streams and events: one worker thread per stream, draining an in-order queue.
+
+use std::cell::Cell;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::mpsc;
+use std::time::Instant;
+
+use super::capture::{CaptureCursor, HostCapture, HostGraph};
+use super::memory::HostPinned;
+use crate::error::{DeviceError, Result};
+use crate::graph::{CaptureBackend, CaptureSession, GraphBackend};
+use crate::memory::Memory;
+use crate::stream::StreamId;
+use crate::sync::{Arc, Condvar, Mutex, Weak};
+
+/// A unit of work on a host stream. `Fn` (not `FnOnce`) so that captured work can be replayed.
+pub(crate) type HostTask = Arc<dyn Fn() -> Result<()> + Send + Sync>;
+
+enum Msg {
+    Run(HostTask),
+    Once(Box<dyn FnOnce() + Send>),
+}
+
+thread_local! {
+    static ON_WORKER: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether the current thread is a host stream's worker.
+pub(crate) fn on_worker_thread() -> bool {
+    ON_WORKER.with(|w| w.get())
+}
+
+pub(crate) struct HostStreamCore {
+    id: StreamId,
+    tx: Mutex<mpsc::Sender<Msg>>,
+    error: Arc<Mutex<Option<DeviceError>>>,
+    capture: Mutex<Option<CaptureCursor>>,
+}
+
+/// A host stream handle (shared by the clones of its `Stream`).
+pub(crate) struct HostStream {
+    core: Arc<HostStreamCore>,
+}
+
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic payload".to_string()
+    }
+}
+
+pub(crate) fn run_task(task: &HostTask) -> Result<()> {
+    match catch_unwind(AssertUnwindSafe(|| task())) {
+        Ok(r) => r,
+        Err(p) => Err(DeviceError::Panicked {
+            op: "a host kernel",
+            message: panic_message(&*p),
+        }),
+    }
+}
+
+impl HostStream {
+    pub(crate) fn spawn(id: StreamId) -> Result<HostStream> {
+        let (tx, rx) = mpsc::channel::<Msg>();
+        let error: Arc<Mutex<Option<DeviceError>>> = Arc::new(Mutex::new(None));
+        let worker_error = error.clone();
+        std::thread::Builder::new()
+            .name(format!("cuflow-host-stream-{}", id.0))
+            .spawn(move || {
+                ON_WORKER.with(|w| w.set(true));
+                for msg in rx {
+                    match msg {
+                        Msg::Run(task) => {
+                            if let Err(e) = run_task(&task) {
+                                let mut slot = worker_error.lock();
+                                if slot.is_none() {
+                                    *slot = Some(e);
+                                }
+                            }
+                        }
+                        Msg::Once(f) => {
+                            if let Err(p) = catch_unwind(AssertUnwindSafe(f)) {
+                                let mut slot = worker_error.lock();
+                                if slot.is_none() {
+                                    *slot = Some(DeviceError::Panicked {
+                                        op: "a host function",
+                                        message: panic_message(&*p),
+                                    });
+                                }
+                            }
+                        }
+                    }
+                }
+            })
+            .map_err(|e| DeviceError::StreamClosed {
+                stream: id.0,
+                reason: format!("could not start the worker thread: {e}"),
+            })?;
+        Ok(HostStream {
+            core: Arc::new(HostStreamCore {
+                id,
+                tx: Mutex::new(tx),
+                error,
+                capture: Mutex::new(None),
+            }),
+        })
+    }
+
+    pub(crate) fn downgrade(&self) -> Weak<HostStreamCore> {
+        Arc::downgrade(&self.core)
+    }
+
+    pub(crate) fn from_core(core: Arc<HostStreamCore>) -> HostStream {
+        HostStream { core }
+    }
+
+    fn send(&self, msg: Msg) -> Result<()> {
+        self.core
+            .tx
+            .lock()
+            .send(msg)
+            .map_err(|_| DeviceError::StreamClosed {
+                stream: self.core.id.0,
+                reason: "its worker thread has stopped".into(),
+            })
+    }
+
+    /// Enqueues a task, or records it when the stream is capturing.
+    pub(crate) fn enqueue(&self, task: HostTask) -> Result<()> {
+        {
+            let mut cap = self.core.capture.lock();
+            if let Some(cursor) = cap.as_mut() {
+                cursor.record(task);
+                return Ok(());
+            }
+        }
+        self.send(Msg::Run(task))
+    }
+
+    pub(crate) fn enqueue_once(&self, f: impl FnOnce() + Send + 'static) -> Result<()> {
+        self.send(Msg::Once(Box::new(f)))
+    }
+
+    pub(crate) fn synchronize(&self) -> Result<()> {
+        if on_worker_thread() {
+            return Err(DeviceError::Reentrant {
+                what: "Stream::synchronize inside a host kernel or host function",
+            });
+        }
+        let done = Arc::new((Mutex::new(false), Condvar::new()));
+        let signal = done.clone();
+        self.send(Msg::Once(Box::new(move || {
+            *signal.0.lock() = true;
+            signal.1.notify_all();
+        })))?;
+        let mut flag = done.0.lock();
+        while !*flag {
+            done.1.wait(&mut flag);
+        }
+        drop(flag);
+        match self.core.error.lock().take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    pub(crate) fn record_event(&self, timed: bool) -> Result<HostEvent> {
+        {
+            let cap = self.core.capture.lock();
+            if let Some(cursor) = cap.as_ref() {
+                return Ok(HostEvent::captured(cursor.frontier().to_vec(), timed));
+            }
+        }
+        let event = HostEvent::pending(timed);
+        let state = event.state.clone();
+        let errors = self.core.error.clone();
+        self.send(Msg::Once(Box::new(move || {
+            let err = errors.lock().clone();
+            state.complete(err);
+        })))?;
+        Ok(event)
+    }
+
+    pub(crate) fn wait_event(&self, event: &HostEvent) -> Result<()> {
+        {
+            let mut cap = self.core.capture.lock();
+            if let Some(cursor) = cap.as_mut() {
+                match &event.frontier {
+                    Some(f) => cursor.add_dependencies(f),
+                    None => {
+                        let state = event.state.clone();
+                        cursor.record(Arc::new(move || state.wait()));
+                    }
+                }
+                return Ok(());
+            }
+        }
+        if event.frontier.is_some() {
+            return Err(DeviceError::Capture {
+                op: "Stream::wait_event".into(),
+                reason: "the event was recorded during a capture that has ended".into(),
+            });
+        }
+        let state = event.state.clone();
+        self.enqueue(Arc::new(move || state.wait()))
+    }
+
+    pub(crate) fn begin_capture(&self) -> Result<CaptureBackend> {
+        let capture = HostCapture::new();
+        *self.core.capture.lock() = Some(CaptureCursor::new(capture.clone()));
+        Ok(CaptureBackend::Host(capture))
+    }
+
+    pub(crate) fn join_capture(&self, session: &CaptureSession) -> Result<()> {
+        match &session.backend {
+            CaptureBackend::Host(c) => {
+                *self.core.capture.lock() = Some(CaptureCursor::new(c.clone()));
+                Ok(())
+            }
+            CaptureBackend::Cuda => Err(DeviceError::usage(
+                "a host stream cannot join a CUDA capture",
+            )),
+        }
+    }
+
+    pub(crate) fn end_capture(&self, session: &CaptureSession) -> Result<GraphBackend> {
+        let cursor = self.core.capture.lock().take();
+        let (CaptureBackend::Host(capture), Some(cursor)) = (&session.backend, cursor) else {
+            return Err(DeviceError::usage(
+                "end_capture on a stream that is not capturing",
+            ));
+        };
+        Ok(GraphBackend::Host(HostGraph::finish(
+            capture,
+            cursor.frontier(),
+        )?))
+    }
+
+    pub(crate) fn leave_capture(&self) {
+        *self.core.capture.lock() = None;
+    }
+
+    pub(crate) fn copy_from_host(
+        &self,
+        mem: Arc<Memory>,
+        offset: usize,
+        data: Vec<u8>,
+    ) -> Result<()> {
+        let data = Arc::new(data);
+        self.enqueue(Arc::new(move || {
+            let h = super::memory::host_mem(&mem)?;
+            let mut w = h.write();
+            let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut w[..]);
+            bytes[offset..offset + data.len()].copy_from_slice(&data);
+            Ok(())
+        }))
+    }
+
+    pub(crate) fn copy_to_host(
+        &self,
+        mem: Arc<Memory>,
+        offset: usize,
+        out: &mut [u8],
+    ) -> Result<()> {
+        // In-order stream: once synchronized, every earlier write has landed.
+        self.synchronize()?;
+        let h = super::memory::host_mem(&mem)?;
+        let r = h.read();
+        let bytes: &[u8] = bytemuck::cast_slice(&r[..]);
+        out.copy_from_slice(&bytes[offset..offset + out.len()]);
+        Ok(())
+    }
+
+    pub(crate) fn copy_device(
+        &self,
+        src: Arc<Memory>,
+        src_offset: usize,
+        dst: Arc<Memory>,
+        dst_offset: usize,
+        len: usize,
+    ) -> Result<()> {
+        self.enqueue(Arc::new(move || {
+            let s = super::memory::host_mem(&src)?;
+            if Arc::ptr_eq(&src, &dst) {
+                let mut w = s.write();
+                let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut w[..]);
+                bytes.copy_within(src_offset..src_offset + len, dst_offset);
+                return Ok(());
+            }
+            let d = super::memory::host_mem(&dst)?;
+            // Lock in address order so that opposite copies on two streams cannot deadlock.
+            let src_first = (s as *const _ as usize) < (d as *const _ as usize);
+            let (r, mut w) = if src_first {
+                let r = s.read();
+                (r, d.write())
+            } else {
+                let w = d.write();
+                (s.read(), w)
+            };
+            let from: &[u8] = bytemuck::cast_slice(&r[..]);
+            let to: &mut [u8] = bytemuck::cast_slice_mut(&mut w[..]);
+            to[dst_offset..dst_offset + len].copy_from_slice(&from[src_offset..src_offset + len]);
+            Ok(())
+        }))
+    }
+
+    pub(crate) fn fill_bytes(
+        &self,
+        mem: Arc<Memory>,
+        offset: usize,
+        len: usize,
+        value: u8,
+    ) -> Result<()> {
+        self.enqueue(Arc::new(move || {
+            let h = super::memory::host_mem(&mem)?;
+            let mut w = h.write();
+            let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut w[..]);
+            bytes[offset..offset + len].fill(value);
+            Ok(())
+        }))
+    }
+
+    pub(crate) fn copy_to_pinned(
+        &self,
+        mem: Arc<Memory>,
+        offset: usize,
+        pinned: &HostPinned,
+        len: usize,
+    ) -> Result<()> {
+        let target = pinned.shared();
+        self.enqueue(Arc::new(move || {
+            let h = super::memory::host_mem(&mem)?;
+            let r = h.read();
+            let from: &[u8] = bytemuck::cast_slice(&r[..]);
+            let mut p = target.lock();
+            let to: &mut [u8] = bytemuck::cast_slice_mut(&mut p[..]);
+            to[..len].copy_from_slice(&from[offset..offset + len]);
+            Ok(())
+        }))
+    }
+
+    pub(crate) fn copy_from_pinned(
+        &self,
+        pinned: &HostPinned,
+        mem: Arc<Memory>,
+        offset: usize,
+        len: usize,
+    ) -> Result<()> {
+        let source = pinned.shared();
+        self.enqueue(Arc::new(move || {
+            let h = super::memory::host_mem(&mem)?;
+            let p = source.lock();
+            let from: &[u8] = bytemuck::cast_slice(&p[..]);
+            let mut w = h.write();
+            let to: &mut [u8] = bytemuck::cast_slice_mut(&mut w[..]);
+            to[offset..offset + len].copy_from_slice(&from[..len]);
+            Ok(())
+        }))
+    }
+
+    pub(crate) fn launch_graph(&self, graph: &HostGraph) -> Result<()> {
+        let nodes = graph.nodes();
+        self.enqueue(Arc::new(move || {
+            for node in nodes.iter() {
+                run_task(&node.task)?;
+            }
+            Ok(())
+        }))
+    }
+}
+
+struct EventState {
+    done: bool,
+    error: Option<DeviceError>,
+    at: Option<Instant>,
+}
+
+/// Completion state of a host event, shared with the task that completes it.
+pub(crate) struct HostEventShared {
+    state: Mutex<EventState>,
+    cv: Condvar,
+    timed: bool,
+}
+
+impl HostEventShared {
+    fn complete(&self, error: Option<DeviceError>) {
+        let mut s = self.state.lock();
+        s.done = true;
+        s.error = error;
+        if self.timed {
+            s.at = Some(Instant::now());
+        }
+        self.cv.notify_all();
+    }
+
+    fn wait(&self) -> Result<()> {
+        let mut s = self.state.lock();
+        while !s.done {
+            self.cv.wait(&mut s);
+        }
+        match &s.error {
+            Some(e) => Err(e.clone()),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A host event; `frontier` is set for events recorded during a capture (the captured nodes
+/// the event stands for).
+pub(crate) struct HostEvent {
+    state: Arc<HostEventShared>,
+    frontier: Option<Vec<usize>>,
+}
+
+impl HostEvent {
+    fn pending(timed: bool) -> HostEvent {
+        HostEvent {
+            state: Arc::new(HostEventShared {
+                state: Mutex::new(EventState {
+                    done: false,
+                    error: None,
+                    at: None,
+                }),
+                cv: Condvar::new(),
+                timed,
+            }),
+            frontier: None,
+        }
+    }
+
+    fn captured(frontier: Vec<usize>, timed: bool) -> HostEvent {
+        let mut e = HostEvent::pending(timed);
+        e.frontier = Some(frontier);
+        e
+    }
+
+    pub(crate) fn is_complete(&self) -> Result<bool> {
+        let s = self.state.state.lock();
+        match (&s.error, s.done) {
+            (Some(e), true) => Err(e.clone()),
+            (_, done) => Ok(done),
+        }
+    }
+
+    pub(crate) fn synchronize(&self) -> Result<()> {
+        if on_worker_thread() {
+            return Err(DeviceError::Reentrant {
+                what: "Event::synchronize inside a host kernel or host function",
+            });
+        }
+        self.state.wait()
+    }
+
+    pub(crate) fn elapsed_ms(&self, end: &HostEvent) -> Result<f32> {
+        let a = self.state.state.lock().at;
+        let b = end.state.state.lock().at;
+        match (a, b) {
+            (Some(a), Some(b)) => Ok(if b >= a {
+                (b - a).as_secs_f32() * 1e3
+            } else {
+                -((a - b).as_secs_f32() * 1e3)
+            }),
+            _ => Err(DeviceError::usage(
+                "Event::elapsed_ms: both events must have completed",
+            )),
+        }
+    }
+}

@@ -1,0 +1,367 @@
+//! Devices: the process-wide handle to one CUDA GPU or to the CPU host backend.
+//!
+//! A [`Device`] is cheap to clone (an `Arc`), `Send + Sync`, and unique per physical device in
+//! the process: `Device::cuda(0)` returns the same device every time, so per-device state such
+//! as the default scheduling policy, the kernel cache and the memory counters is shared by every
+//! thread. Devices live for the whole process once opened.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::OnceLock;
+
+use crate::backend::{cuda, host};
+use crate::error::{BackendKind, DeviceError, Result};
+use crate::stream::Stream;
+use crate::sync::{Arc, AtomicU64, AtomicUsize, Mutex, Ordering};
+
+/// A process-unique identifier of a [`Device`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DeviceId(pub(crate) u64);
+
+impl DeviceId {
+    /// The raw number.
+    pub fn as_u64(self) -> u64 {
+        self.0
+    }
+}
+
+/// Launch limits of a device; launches are checked against them before they reach the driver.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceLimits {
+    /// Most threads in one block.
+    pub max_threads_per_block: u32,
+    /// Most threads along each block dimension.
+    pub max_block_dim: [u32; 3],
+    /// Most blocks along each grid dimension.
+    pub max_grid_dim: [u32; 3],
+    /// Shared memory a block may use without opting in.
+    pub max_shared_mem_per_block: u32,
+    /// Shared memory a block may use after opting in (launches above the default opt in).
+    pub max_shared_mem_per_block_optin: u32,
+    /// Number of multiprocessors (host: worker threads available).
+    pub multiprocessor_count: u32,
+    /// Threads per warp.
+    pub warp_size: u32,
+}
+
+impl DeviceLimits {
+    /// The limits the host backend enforces: those of a CUDA device of compute capability 9.0,
+    /// so that a launch that is valid on host is valid on a GPU too.
+    pub(crate) fn host_default() -> Self {
+        DeviceLimits {
+            max_threads_per_block: 1024,
+            max_block_dim: [1024, 1024, 64],
+            max_grid_dim: [i32::MAX as u32, 65535, 65535],
+            max_shared_mem_per_block: 48 * 1024,
+            max_shared_mem_per_block_optin: 227 * 1024,
+            multiprocessor_count: std::thread::available_parallelism()
+                .map(|n| n.get() as u32)
+                .unwrap_or(1),
+            warp_size: 32,
+        }
+    }
+}
+
+/// Free and total memory of a device, in bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryInfo {
+    /// Bytes free on the device (host: as reported by the system, or `total` if unknown).
+    pub free: usize,
+    /// Bytes the device has in all.
+    pub total: usize,
+}
+
+pub(crate) enum DeviceBackend {
+    Host(host::HostDevice),
+    Cuda(cuda::CudaDevice),
+}
+
+pub(crate) struct DeviceInner {
+    pub(crate) id: DeviceId,
+    pub(crate) name: String,
+    pub(crate) limits: DeviceLimits,
+    pub(crate) backend: DeviceBackend,
+    /// Bytes in live cuflow buffers on this device.
+    pub(crate) bytes_in_use: AtomicUsize,
+    /// Extension slots for crates above the runtime (e.g. the default scheduling policy).
+    pub(crate) extensions: Mutex<HashMap<std::any::TypeId, Arc<dyn std::any::Any + Send + Sync>>>,
+}
+
+/// One CUDA GPU or the CPU host backend.
+///
+/// # Examples
+///
+/// ```
+/// use cuflow_runtime::Device;
+/// # fn main() -> Result<(), cuflow_runtime::DeviceError> {
+/// let device = Device::host();
+/// let stream = device.new_stream()?;
+/// stream.synchronize()?;
+/// assert_eq!(device.kind(), cuflow_runtime::BackendKind::Host);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Device {
+    pub(crate) inner: Arc<DeviceInner>,
+}
+
+static NEXT_DEVICE_ID: AtomicU64 = AtomicU64::new(1);
+
+fn next_device_id() -> DeviceId {
+    DeviceId(NEXT_DEVICE_ID.fetch_add(1, Ordering::Relaxed))
+}
+
+fn cuda_registry() -> &'static Mutex<HashMap<usize, Device>> {
+    static REG: OnceLock<Mutex<HashMap<usize, Device>>> = OnceLock::new();
+    REG.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+impl Device {
+    /// The CPU host backend (one per process).
+    pub fn host() -> Device {
+        static HOST: OnceLock<Device> = OnceLock::new();
+        HOST.get_or_init(|| {
+            let limits = DeviceLimits::host_default();
+            Device {
+                inner: Arc::new(DeviceInner {
+                    id: next_device_id(),
+                    name: format!("host ({} threads)", limits.multiprocessor_count),
+                    limits,
+                    backend: DeviceBackend::Host(host::HostDevice::new()),
+                    bytes_in_use: AtomicUsize::new(0),
+                    extensions: Mutex::new(HashMap::new()),
+                }),
+            }
+        })
+        .clone()
+    }
+
+    /// CUDA device `ordinal` (one [`Device`] per ordinal per process).
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceError::NoDriver`] when libcuda cannot be loaded, [`DeviceError::NoDevice`] when
+    /// there is no such ordinal, [`DeviceError::Driver`] when the driver refuses the context.
+    pub fn cuda(ordinal: usize) -> Result<Device> {
+        let mut reg = cuda_registry().lock();
+        if let Some(d) = reg.get(&ordinal) {
+            return Ok(d.clone());
+        }
+        let (backend, name, limits) = cuda::CudaDevice::open(ordinal)?;
+        let device = Device {
+            inner: Arc::new(DeviceInner {
+                id: next_device_id(),
+                name,
+                limits,
+                backend: DeviceBackend::Cuda(backend),
+                bytes_in_use: AtomicUsize::new(0),
+                extensions: Mutex::new(HashMap::new()),
+            }),
+        };
+        reg.insert(ordinal, device.clone());
+        Ok(device)
+    }
+
+    /// How many CUDA devices are visible (0 when there is no driver).
+    pub fn cuda_count() -> usize {
+        cuda::device_count().unwrap_or(0)
+    }
+
+    /// The device named by `$CUFLOW_DEVICE` (`host`, `cuda` or `cuda:N`); when it is unset, CUDA
+    /// device 0 if it is usable, else the host backend (said once on stderr).
+    ///
+    /// # Errors
+    ///
+    /// When `$CUFLOW_DEVICE` asks for a CUDA device that cannot be had, that error is returned:
+    /// there is no silent fallback to the host. An unknown value is
+    /// [`DeviceError::BadDeviceSelector`].
+    pub fn auto() -> Result<Device> {
+        match std::env::var("CUFLOW_DEVICE") {
+            Ok(value) => Self::from_selector(&value),
+            Err(_) => match Device::cuda(0) {
+                Ok(d) => Ok(d),
+                Err(e) => {
+                    static SAID: std::sync::Once = std::sync::Once::new();
+                    SAID.call_once(|| {
+                        eprintln!("cuflow: no usable CUDA device ({e}); using the host backend")
+                    });
+                    Ok(Device::host())
+                }
+            },
+        }
+    }
+
+    /// Parses a device selector as `$CUFLOW_DEVICE` does: `host`, `cuda` or `cuda:N`.
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceError::BadDeviceSelector`] for anything else, or the error of opening the device.
+    pub fn from_selector(value: &str) -> Result<Device> {
+        let v = value.trim();
+        match v {
+            "host" | "cpu" => Ok(Device::host()),
+            "cuda" | "gpu" => Device::cuda(0),
+            _ => match v.strip_prefix("cuda:").map(str::parse::<usize>) {
+                Some(Ok(n)) => Device::cuda(n),
+                _ => Err(DeviceError::BadDeviceSelector {
+                    value: value.to_string(),
+                }),
+            },
+        }
+    }
+
+    /// The process-unique id of this device.
+    pub fn id(&self) -> DeviceId {
+        self.inner.id
+    }
+
+    /// A human-readable name, e.g. `NVIDIA H100 80GB HBM3` or `host (16 threads)`.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// Which backend runs this device.
+    pub fn kind(&self) -> BackendKind {
+        match self.inner.backend {
+            DeviceBackend::Host(_) => BackendKind::Host,
+            DeviceBackend::Cuda(_) => BackendKind::Cuda,
+        }
+    }
+
+    /// The CUDA ordinal, or `None` for the host.
+    pub fn ordinal(&self) -> Option<usize> {
+        match &self.inner.backend {
+            DeviceBackend::Host(_) => None,
+            DeviceBackend::Cuda(c) => Some(c.ordinal()),
+        }
+    }
+
+    /// The compute capability `(major, minor)`, or `None` for the host.
+    pub fn compute_capability(&self) -> Option<(u32, u32)> {
+        match &self.inner.backend {
+            DeviceBackend::Host(_) => None,
+            DeviceBackend::Cuda(c) => Some(c.compute_capability()),
+        }
+    }
+
+    /// The launch limits of this device.
+    pub fn limits(&self) -> &DeviceLimits {
+        &self.inner.limits
+    }
+
+    /// Free and total device memory.
+    ///
+    /// # Errors
+    ///
+    /// A driver error if the query fails.
+    pub fn memory_info(&self) -> Result<MemoryInfo> {
+        match &self.inner.backend {
+            DeviceBackend::Host(h) => Ok(h.memory_info()),
+            DeviceBackend::Cuda(c) => c.memory_info(),
+        }
+    }
+
+    /// Bytes held by live cuflow buffers on this device (freed buffers leave this count when
+    /// their stream-ordered free is enqueued).
+    pub fn bytes_in_use(&self) -> usize {
+        self.inner.bytes_in_use.load(Ordering::Acquire)
+    }
+
+    /// Creates a new in-order stream.
+    ///
+    /// # Errors
+    ///
+    /// A driver error if the stream cannot be created.
+    pub fn new_stream(&self) -> Result<Stream> {
+        Stream::new(self, None)
+    }
+
+    /// Creates a new stream with a scheduling priority; lower numbers are higher priority, and
+    /// [`Device::stream_priority_range`] gives the valid range (values outside it are clamped).
+    ///
+    /// # Errors
+    ///
+    /// A driver error if the stream cannot be created.
+    pub fn new_stream_with_priority(&self, priority: i32) -> Result<Stream> {
+        Stream::new(self, Some(priority))
+    }
+
+    /// The valid stream priorities as `(least, greatest)`; greatest is numerically lowest.
+    ///
+    /// # Errors
+    ///
+    /// A driver error if the query fails.
+    pub fn stream_priority_range(&self) -> Result<(i32, i32)> {
+        match &self.inner.backend {
+            DeviceBackend::Host(_) => Ok((0, -5)),
+            DeviceBackend::Cuda(c) => c.priority_range(),
+        }
+    }
+
+    /// Waits until all work on all of this device's streams has finished.
+    ///
+    /// # Errors
+    ///
+    /// The first error any of the device's streams hit.
+    pub fn synchronize(&self) -> Result<()> {
+        match &self.inner.backend {
+            DeviceBackend::Host(h) => h.synchronize(),
+            DeviceBackend::Cuda(c) => c.synchronize(),
+        }
+    }
+
+    /// Returns the extension value of type `T` stored on this device, creating it with `init`
+    /// the first time. Crates above the runtime keep per-device, process-wide state here.
+    pub fn extension<T: Send + Sync + 'static>(&self, init: impl FnOnce() -> T) -> Arc<T> {
+        let mut map = self.inner.extensions.lock();
+        let entry = map
+            .entry(std::any::TypeId::of::<T>())
+            .or_insert_with(|| Arc::new(init()));
+        match Arc::clone(entry).downcast::<T>() {
+            Ok(v) => v,
+            // The map is keyed by TypeId, so the entry always has type T.
+            Err(_) => unreachable!("extension map keyed by TypeId holds another type"),
+        }
+    }
+
+    pub(crate) fn backend(&self) -> &DeviceBackend {
+        &self.inner.backend
+    }
+
+    pub(crate) fn same(&self, other: &Device) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+}
+
+impl PartialEq for Device {
+    fn eq(&self, other: &Self) -> bool {
+        self.same(other)
+    }
+}
+
+impl Eq for Device {}
+
+impl std::hash::Hash for Device {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.inner.id.hash(state)
+    }
+}
+
+impl fmt::Debug for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Device")
+            .field("id", &self.inner.id.0)
+            .field("kind", &self.kind())
+            .field("name", &self.inner.name)
+            .finish()
+    }
+}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.ordinal() {
+            Some(n) => write!(f, "cuda:{n} ({})", self.inner.name),
+            None => f.write_str("host"),
+        }
+    }
+}

@@ -1,0 +1,228 @@
+//! The one error type of cuflow.
+//!
+//! Every fallible operation in every cuflow crate returns [`DeviceError`]. Its variants carry
+//! structured fields (what was asked, what the device allows) so that a caller can react to them
+//! and a person reading the message knows what went wrong and how to fix it. Driver errors keep
+//! the name of the call that failed and the driver's own code and message.
+
+use std::fmt;
+
+/// The kind of backend a [`Device`](crate::Device) runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BackendKind {
+    /// CPU threads; the embedded default where no GPU is present and the reference for results.
+    Host,
+    /// An NVIDIA GPU through the CUDA driver.
+    Cuda,
+}
+
+impl fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            BackendKind::Host => "host",
+            BackendKind::Cuda => "cuda",
+        })
+    }
+}
+
+/// Everything that can go wrong in cuflow.
+#[derive(Clone, Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DeviceError {
+    /// The CUDA driver library (libcuda) could not be loaded.
+    #[error(
+        "no CUDA driver: {reason}; install the NVIDIA driver, or use the host backend \
+         (Device::host() or CUFLOW_DEVICE=host)"
+    )]
+    NoDriver {
+        /// Why the driver could not be used.
+        reason: String,
+    },
+    /// NVRTC (the CUDA runtime compiler) could not be loaded, so CUDA C kernels cannot be built.
+    #[error(
+        "no NVRTC library: {reason}; install the CUDA toolkit's libnvrtc and put it on \
+         LD_LIBRARY_PATH"
+    )]
+    NoCompiler {
+        /// Why the compiler could not be used.
+        reason: String,
+    },
+    /// There is no CUDA device with this ordinal.
+    #[error("no CUDA device {ordinal}: {count} device(s) visible")]
+    NoDevice {
+        /// The ordinal that was asked for.
+        ordinal: usize,
+        /// How many devices the driver reports.
+        count: usize,
+    },
+    /// `CUFLOW_DEVICE` holds something cuflow does not understand.
+    #[error("CUFLOW_DEVICE={value:?} is not understood; use `host`, `cuda` or `cuda:N`")]
+    BadDeviceSelector {
+        /// The value that was found.
+        value: String,
+    },
+    /// A CUDA driver call failed.
+    #[error("CUDA driver call {call} failed: {name} ({code}): {message}")]
+    Driver {
+        /// The driver function that failed.
+        call: &'static str,
+        /// The `CUresult` code.
+        code: i32,
+        /// The driver's name for the code, e.g. `CUDA_ERROR_ILLEGAL_ADDRESS`.
+        name: String,
+        /// The driver's description of the code.
+        message: String,
+    },
+    /// A kernel failed to compile; `log` holds the compiler's log.
+    #[error("kernel `{kernel}` failed to compile:\n{log}")]
+    Compile {
+        /// The kernel's name.
+        kernel: String,
+        /// The compiler's log.
+        log: String,
+    },
+    /// A launch configuration the device cannot run.
+    #[error("invalid launch of `{kernel}`: {reason}")]
+    InvalidLaunch {
+        /// The kernel's name.
+        kernel: String,
+        /// What is wrong, with the limit that was exceeded.
+        reason: String,
+    },
+    /// Kernel arguments that do not match what the kernel expects.
+    #[error("invalid argument {index} of `{kernel}`: {reason}")]
+    InvalidArgument {
+        /// The kernel or operation.
+        kernel: String,
+        /// The argument's position.
+        index: usize,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The device has not enough memory for an allocation.
+    #[error("out of memory: could not allocate {bytes} bytes on {device}")]
+    OutOfMemory {
+        /// The size asked for.
+        bytes: usize,
+        /// The device's name.
+        device: String,
+    },
+    /// An operation the backend does not provide.
+    #[error("{what} is not supported on the {backend} backend")]
+    Unsupported {
+        /// What was asked for.
+        what: String,
+        /// The backend that lacks it.
+        backend: BackendKind,
+    },
+    /// Shapes that do not fit together.
+    #[error("shape mismatch in {op}: {lhs:?} vs {rhs:?}")]
+    ShapeMismatch {
+        /// The operation.
+        op: &'static str,
+        /// The first shape.
+        lhs: Vec<usize>,
+        /// The second shape.
+        rhs: Vec<usize>,
+    },
+    /// A shape or index that is invalid by itself.
+    #[error("invalid shape in {op}: {reason}")]
+    InvalidShape {
+        /// The operation.
+        op: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A partition that does not divide the tensor it splits.
+    #[error("invalid partition in {op}: {reason}")]
+    InvalidPartition {
+        /// The operation.
+        op: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+    /// Objects of different devices used together.
+    #[error("device mismatch in {op}: {expected} vs {found}; move data with .to_device(..) first")]
+    DeviceMismatch {
+        /// The operation.
+        op: &'static str,
+        /// The device the operation runs on.
+        expected: String,
+        /// The device of the offending object.
+        found: String,
+    },
+    /// A copy between buffers of different lengths, or a view out of range.
+    #[error("length mismatch in {op}: {expected} elements expected, {found} given")]
+    LengthMismatch {
+        /// The operation.
+        op: &'static str,
+        /// The length expected.
+        expected: usize,
+        /// The length given.
+        found: usize,
+    },
+    /// Something that cannot happen while a stream is being captured into a graph, or a capture
+    /// that went wrong.
+    #[error("capture error in {op}: {reason}")]
+    Capture {
+        /// The operation that broke the capture.
+        op: String,
+        /// What went wrong.
+        reason: String,
+    },
+    /// An op was executed from inside another op's execution on the same thread.
+    #[error(
+        "re-entrant execution: {what} was called while an op is executing on this thread; \
+         compose with `then` instead of syncing inside a closure"
+    )]
+    Reentrant {
+        /// What was called.
+        what: &'static str,
+    },
+    /// A user closure panicked while an op was executing.
+    #[error("a closure panicked during {op}: {message}")]
+    Panicked {
+        /// Where the panic happened.
+        op: &'static str,
+        /// The panic's message, where it was a string.
+        message: String,
+    },
+    /// A shared op whose first execution failed or panicked.
+    #[error("shared op is poisoned: its execution failed earlier: {reason}")]
+    Poisoned {
+        /// What happened to the first execution.
+        reason: String,
+    },
+    /// A kernel's host implementation failed, or the host backend lacks one.
+    #[error("kernel `{kernel}` on the host backend: {reason}")]
+    HostKernel {
+        /// The kernel's name.
+        kernel: String,
+        /// What went wrong.
+        reason: String,
+    },
+    /// A stream's worker is gone (its thread stopped).
+    #[error("stream {stream} is closed: {reason}")]
+    StreamClosed {
+        /// The stream's id.
+        stream: u64,
+        /// Why.
+        reason: String,
+    },
+    /// A mistake in how an API was used that has no more specific variant.
+    #[error("{what}")]
+    Usage {
+        /// What is wrong and how to fix it.
+        what: String,
+    },
+}
+
+impl DeviceError {
+    /// Builds a [`DeviceError::Usage`].
+    pub fn usage(what: impl Into<String>) -> Self {
+        DeviceError::Usage { what: what.into() }
+    }
+}
+
+/// A `Result` whose error is [`DeviceError`].
+pub type Result<T, E = DeviceError> = std::result::Result<T, E>;

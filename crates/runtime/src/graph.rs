@@ -1,0 +1,298 @@
+//! Capture primitives: record a stream's work into a [`Graph`], instantiate it into a
+//! [`GraphExec`], launch (replay) it, and update it in place.
+//!
+//! Invariants: every buffer touched by captured work is kept alive by the graph and by every
+//! executable instantiated from it, and a launch records a use of each such buffer on the
+//! launching stream, so that a buffer's stream-ordered free waits for the last replay.
+//! Allocation during capture is refused with [`DeviceError::Capture`]: a pointer baked into a
+//! graph must outlive every replay.
+
+use std::fmt;
+
+use smallvec::SmallVec;
+
+use crate::backend::{cuda, host};
+use crate::device::Device;
+use crate::error::{DeviceError, Result};
+use crate::memory::Memory;
+use crate::stream::{Stream, StreamBackend, StreamId};
+use crate::sync::{Arc, AtomicBool, Mutex, Ordering};
+
+pub(crate) enum CaptureBackend {
+    Host(host::HostCapture),
+    Cuda,
+}
+
+/// The state shared by the streams taking part in one capture.
+pub(crate) struct CaptureSession {
+    pub(crate) origin: StreamId,
+    pub(crate) members: Mutex<Vec<Stream>>,
+    pub(crate) backend: CaptureBackend,
+    pub(crate) error: Mutex<Option<DeviceError>>,
+    open: AtomicBool,
+    keep_alive: Mutex<Vec<Arc<Memory>>>,
+    deferred_frees: Mutex<Vec<(cuda::CudaMemory, SmallVec<[Stream; 2]>)>>,
+}
+
+impl CaptureSession {
+    pub(crate) fn new(origin: StreamId, backend: CaptureBackend) -> Self {
+        CaptureSession {
+            origin,
+            members: Mutex::new(Vec::new()),
+            backend,
+            error: Mutex::new(None),
+            open: AtomicBool::new(true),
+            keep_alive: Mutex::new(Vec::new()),
+            deferred_frees: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Holds a free that would otherwise be ordered after a capturing stream.
+    pub(crate) fn defer_free(&self, mem: cuda::CudaMemory, uses: SmallVec<[Stream; 2]>) {
+        self.deferred_frees.lock().push((mem, uses));
+    }
+
+    /// Runs the frees held during the capture (call once every member left the capture).
+    pub(crate) fn run_deferred_frees(&self) {
+        let frees = std::mem::take(&mut *self.deferred_frees.lock());
+        for (mut mem, uses) in frees {
+            crate::memory::free_cuda_after_uses(&mut mem, &uses);
+        }
+    }
+
+    pub(crate) fn is_open(&self) -> bool {
+        self.open.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn close(&self) {
+        self.open.store(false, Ordering::Release);
+    }
+
+    pub(crate) fn keep_alive(&self, mem: &Arc<Memory>) {
+        let mut list = self.keep_alive.lock();
+        if !list.iter().any(|m| Arc::ptr_eq(m, mem)) {
+            list.push(mem.clone());
+        }
+    }
+
+    pub(crate) fn take_keep_alive(&self) -> Vec<Arc<Memory>> {
+        std::mem::take(&mut *self.keep_alive.lock())
+    }
+
+    pub(crate) fn record_error(&self, err: DeviceError) {
+        let mut slot = self.error.lock();
+        if slot.is_none() {
+            *slot = Some(err);
+        }
+    }
+}
+
+pub(crate) enum GraphBackend {
+    Host(host::HostGraph),
+    Cuda(cuda::CudaGraphHandle),
+}
+
+/// Work recorded from one or more streams by [`Stream::begin_capture`] /
+/// [`Stream::end_capture`]: nodes and the dependencies between them.
+pub struct Graph {
+    device: Device,
+    backend: GraphBackend,
+    keep_alive: Arc<Vec<Arc<Memory>>>,
+}
+
+impl Graph {
+    pub(crate) fn new(device: Device, backend: GraphBackend, keep_alive: Vec<Arc<Memory>>) -> Self {
+        Graph {
+            device,
+            backend,
+            keep_alive: Arc::new(keep_alive),
+        }
+    }
+
+    /// The device the graph runs on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// How many nodes (kernels, copies, memsets, event waits) the graph holds.
+    ///
+    /// # Errors
+    ///
+    /// A driver error if the query fails.
+    pub fn node_count(&self) -> Result<usize> {
+        match &self.backend {
+            GraphBackend::Host(g) => Ok(g.node_count()),
+            GraphBackend::Cuda(g) => g.node_count(),
+        }
+    }
+
+    /// The dependency edges `(from, to)` between nodes, by node index in
+    /// `0..node_count()`: `to` runs only after `from` has finished.
+    ///
+    /// # Errors
+    ///
+    /// A driver error if the query fails.
+    pub fn edges(&self) -> Result<Vec<(usize, usize)>> {
+        match &self.backend {
+            GraphBackend::Host(g) => Ok(g.edges()),
+            GraphBackend::Cuda(g) => g.edges(),
+        }
+    }
+
+    /// The number of nodes with no dependencies: more than one means the graph starts with
+    /// parallel branches.
+    ///
+    /// # Errors
+    ///
+    /// A driver error if the query fails.
+    pub fn root_count(&self) -> Result<usize> {
+        let n = self.node_count()?;
+        let mut has_dep = vec![false; n];
+        for (_, to) in self.edges()? {
+            if let Some(slot) = has_dep.get_mut(to) {
+                *slot = true;
+            }
+        }
+        Ok(has_dep.iter().filter(|d| !**d).count())
+    }
+
+    /// The largest number of nodes that may run at once (the width of the widest antichain
+    /// layer by longest-path depth): 1 for a chain, `k` for `k` independent branches.
+    ///
+    /// # Errors
+    ///
+    /// A driver error if the query fails.
+    pub fn max_parallelism(&self) -> Result<usize> {
+        let n = self.node_count()?;
+        let edges = self.edges()?;
+        let mut preds: Vec<Vec<usize>> = vec![Vec::new(); n];
+        let mut indeg = vec![0usize; n];
+        let mut succ: Vec<Vec<usize>> = vec![Vec::new(); n];
+        for &(a, b) in &edges {
+            if a < n && b < n {
+                preds[b].push(a);
+                succ[a].push(b);
+                indeg[b] += 1;
+            }
+        }
+        let mut depth = vec![0usize; n];
+        let mut queue: Vec<usize> = (0..n).filter(|&i| indeg[i] == 0).collect();
+        let mut head = 0;
+        while head < queue.len() {
+            let v = queue[head];
+            head += 1;
+            for &w in &succ[v] {
+                depth[w] = depth[w].max(depth[v] + 1);
+                indeg[w] -= 1;
+                if indeg[w] == 0 {
+                    queue.push(w);
+                }
+            }
+        }
+        let mut per_layer = std::collections::HashMap::<usize, usize>::new();
+        for d in depth {
+            *per_layer.entry(d).or_default() += 1;
+        }
+        Ok(per_layer.values().copied().max().unwrap_or(0))
+    }
+
+    /// Instantiates the graph into an executable that can be launched many times.
+    ///
+    /// # Errors
+    ///
+    /// A driver error if instantiation fails.
+    pub fn instantiate(&self) -> Result<GraphExec> {
+        let backend = match &self.backend {
+            GraphBackend::Host(g) => GraphExecBackend::Host(g.instantiate()),
+            GraphBackend::Cuda(g) => GraphExecBackend::Cuda(g.instantiate()?),
+        };
+        Ok(GraphExec {
+            device: self.device.clone(),
+            backend,
+            keep_alive: self.keep_alive.clone(),
+        })
+    }
+}
+
+impl fmt::Debug for Graph {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Graph")
+            .field("device", &self.device)
+            .field("nodes", &self.node_count().ok())
+            .finish()
+    }
+}
+
+pub(crate) enum GraphExecBackend {
+    Host(host::HostGraphExec),
+    Cuda(cuda::CudaGraphExecHandle),
+}
+
+/// An instantiated [`Graph`]: launch it on a stream as many times as needed. `Send + Sync`.
+pub struct GraphExec {
+    device: Device,
+    backend: GraphExecBackend,
+    keep_alive: Arc<Vec<Arc<Memory>>>,
+}
+
+impl GraphExec {
+    /// Enqueues one replay of the graph on `stream`; it does not wait for the replay.
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceError::DeviceMismatch`] for a stream of another device, or a driver error.
+    pub fn launch(&self, stream: &Stream) -> Result<()> {
+        if stream.device() != &self.device {
+            return Err(DeviceError::DeviceMismatch {
+                op: "GraphExec::launch",
+                expected: self.device.to_string(),
+                found: stream.device().to_string(),
+            });
+        }
+        for mem in self.keep_alive.iter() {
+            mem.note_use(stream);
+        }
+        match (&self.backend, stream.backend()) {
+            (GraphExecBackend::Host(g), StreamBackend::Host(s)) => g.launch(s),
+            (GraphExecBackend::Cuda(g), StreamBackend::Cuda(s)) => g.launch(s),
+            _ => Err(DeviceError::usage("graph and stream of different backends")),
+        }
+    }
+
+    /// Replaces the executable's work with `graph`'s when the two have the same topology
+    /// (CUDA's exec update: kernel arguments, copy addresses and sizes may differ). Returns
+    /// `Ok(true)` when updated in place and `Ok(false)` when the topology differs, in which case
+    /// the executable is unchanged and the caller should instantiate `graph` instead.
+    ///
+    /// # Errors
+    ///
+    /// A driver error other than a topology mismatch.
+    pub fn update(&mut self, graph: &Graph) -> Result<bool> {
+        let updated = match (&mut self.backend, &graph.backend) {
+            (GraphExecBackend::Host(e), GraphBackend::Host(g)) => e.update(g),
+            (GraphExecBackend::Cuda(e), GraphBackend::Cuda(g)) => e.update(g)?,
+            _ => {
+                return Err(DeviceError::usage(
+                    "graph and executable of different backends",
+                ))
+            }
+        };
+        if updated {
+            self.keep_alive = graph.keep_alive.clone();
+        }
+        Ok(updated)
+    }
+
+    /// The device the executable runs on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+}
+
+impl fmt::Debug for GraphExec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GraphExec")
+            .field("device", &self.device)
+            .finish()
+    }
+}

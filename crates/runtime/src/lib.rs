@@ -1,0 +1,42 @@
+//! cuflow's device runtime: devices, streams, events, buffers, kernels and capture, on two
+//! backends with the same semantics.
+//!
+//! - **cuda**: NVIDIA GPUs through cudarc, with libcuda and libnvrtc loaded at run time, so
+//!   this crate builds on machines without the CUDA toolkit and reports a missing driver as
+//!   [`DeviceError::NoDriver`] instead of panicking.
+//! - **host**: CPU threads; every stream is an in-order queue with events, waits, capture and
+//!   replay as on CUDA. It is the default where no GPU is present and the reference that GPU
+//!   results are checked against.
+//!
+//! [`Device::auto`] picks the device from `$CUFLOW_DEVICE` (`host`, `cuda`, `cuda:N`), else
+//! CUDA device 0 when usable, else the host.
+//!
+//! ```
+//! use cuflow_runtime::{Device, DeviceBuffer};
+//! # fn main() -> Result<(), cuflow_runtime::DeviceError> {
+//! let device = Device::host();
+//! let (a, b) = (device.new_stream()?, device.new_stream()?);
+//! let buf = DeviceBuffer::from_host(&a, &[1u32, 2, 3])?;
+//! // b reads what a wrote: order it with an event.
+//! b.wait_event(&a.record_event()?)?;
+//! assert_eq!(buf.to_host_vec(&b)?, vec![1, 2, 3]);
+//! # Ok(()) }
+//! ```
+
+mod backend;
+mod device;
+mod error;
+mod graph;
+mod kernel;
+mod memory;
+mod stream;
+pub mod sync;
+
+pub use device::{Device, DeviceId, DeviceLimits, MemoryInfo};
+pub use error::{BackendKind, DeviceError, Result};
+pub use graph::{Graph, GraphExec};
+pub use kernel::{HostKernelArgs, HostKernelFn, Kernel, KernelArgs, LaunchConfig};
+pub use memory::{
+    BufferView, DeviceBuffer, DeviceCopy, PinnedBuffer, PinnedMut, PinnedRef, PinnedTransfer,
+};
+pub use stream::{Event, Stream, StreamId};

@@ -1,0 +1,462 @@
+//! Streams and events.
+//!
+//! A [`Stream`] is an in-order queue of device work: everything enqueued on one stream runs in
+//! the order it was enqueued, and work on different streams is unordered unless an [`Event`]
+//! joins them (`b.wait_event(&a.record_event()?)` makes everything enqueued on `b` afterwards
+//! wait for everything enqueued on `a` before the record).
+//!
+//! Streams also carry the capture state used by graph capture: while a stream is capturing, the
+//! work enqueued on it is recorded rather than run, and a stream that waits on an event recorded
+//! by a capturing stream joins that capture (as on CUDA). Buffers used by captured work are kept
+//! alive by the resulting [`Graph`](crate::Graph).
+
+use std::fmt;
+
+use crate::backend::{cuda, host};
+use crate::device::{Device, DeviceBackend};
+use crate::error::{DeviceError, Result};
+use crate::graph::{CaptureSession, Graph};
+use crate::memory::Memory;
+use crate::sync::{Arc, AtomicBool, AtomicU64, Mutex, Ordering};
+
+/// A process-unique identifier of a [`Stream`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StreamId(pub(crate) u64);
+
+impl StreamId {
+    /// The raw number.
+    pub fn as_u64(self) -> u64 {
+        self.0
+    }
+}
+
+impl fmt::Display for StreamId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "#{}", self.0)
+    }
+}
+
+pub(crate) enum StreamBackend {
+    Host(host::HostStream),
+    Cuda(cuda::CudaStreamHandle),
+}
+
+pub(crate) struct StreamInner {
+    pub(crate) id: StreamId,
+    pub(crate) device: Device,
+    pub(crate) priority: i32,
+    pub(crate) backend: StreamBackend,
+    pub(crate) capturing: AtomicBool,
+    pub(crate) capture: Mutex<Option<Arc<CaptureSession>>>,
+}
+
+/// An in-order queue of work on one device. Cheap to clone (clones share the queue),
+/// `Send + Sync`.
+#[derive(Clone)]
+pub struct Stream {
+    pub(crate) inner: Arc<StreamInner>,
+}
+
+static NEXT_STREAM_ID: AtomicU64 = AtomicU64::new(1);
+
+impl Stream {
+    pub(crate) fn new(device: &Device, priority: Option<i32>) -> Result<Stream> {
+        let id = StreamId(NEXT_STREAM_ID.fetch_add(1, Ordering::Relaxed));
+        let (backend, priority) = match device.backend() {
+            DeviceBackend::Host(h) => (
+                StreamBackend::Host(h.new_stream(id)?),
+                priority.unwrap_or(0),
+            ),
+            DeviceBackend::Cuda(c) => {
+                let (s, p) = c.new_stream(priority)?;
+                (StreamBackend::Cuda(s), p)
+            }
+        };
+        Ok(Stream {
+            inner: Arc::new(StreamInner {
+                id,
+                device: device.clone(),
+                priority,
+                backend,
+                capturing: AtomicBool::new(false),
+                capture: Mutex::new(None),
+            }),
+        })
+    }
+
+    /// The stream's process-unique id.
+    pub fn id(&self) -> StreamId {
+        self.inner.id
+    }
+
+    /// The device the stream belongs to.
+    pub fn device(&self) -> &Device {
+        &self.inner.device
+    }
+
+    /// The stream's priority (lower is more urgent).
+    pub fn priority(&self) -> i32 {
+        self.inner.priority
+    }
+
+    /// Records an event that completes when all work enqueued so far on this stream has
+    /// finished. Timing is disabled on these events; see [`Stream::record_timed_event`].
+    ///
+    /// # Errors
+    ///
+    /// A driver error if the event cannot be created or recorded.
+    pub fn record_event(&self) -> Result<Event> {
+        self.record(false)
+    }
+
+    /// Like [`Stream::record_event`], but the event carries a timestamp usable with
+    /// [`Event::elapsed_ms`].
+    ///
+    /// # Errors
+    ///
+    /// A driver error if the event cannot be created or recorded.
+    pub fn record_timed_event(&self) -> Result<Event> {
+        self.record(true)
+    }
+
+    fn record(&self, timed: bool) -> Result<Event> {
+        let capture = self.capture_session();
+        let backend = match &self.inner.backend {
+            StreamBackend::Host(h) => EventBackend::Host(h.record_event(timed)?),
+            StreamBackend::Cuda(c) => EventBackend::Cuda(c.record_event(timed)?),
+        };
+        Ok(Event {
+            inner: Arc::new(EventInner {
+                device: self.inner.device.clone(),
+                stream: self.inner.id,
+                timed,
+                capture,
+                backend,
+            }),
+        })
+    }
+
+    /// Makes all work enqueued on this stream from now on wait until `event` has completed.
+    /// Waiting on an event recorded during a capture makes this stream join that capture.
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceError::DeviceMismatch`] when the event belongs to another backend, or a driver
+    /// error.
+    pub fn wait_event(&self, event: &Event) -> Result<()> {
+        if let Some(session) = &event.inner.capture {
+            if session.is_open() {
+                self.join_capture(session)?;
+            }
+        }
+        match (&self.inner.backend, &event.inner.backend) {
+            (StreamBackend::Host(s), EventBackend::Host(e)) => s.wait_event(e),
+            (StreamBackend::Cuda(s), EventBackend::Cuda(e)) => s.wait_event(e),
+            _ => Err(DeviceError::DeviceMismatch {
+                op: "Stream::wait_event",
+                expected: self.inner.device.to_string(),
+                found: event.inner.device.to_string(),
+            }),
+        }
+    }
+
+    /// Makes all work enqueued on this stream from now on wait for all work enqueued so far on
+    /// `other`. Joining a stream with itself does nothing.
+    ///
+    /// # Errors
+    ///
+    /// As [`Stream::record_event`] and [`Stream::wait_event`].
+    pub fn join(&self, other: &Stream) -> Result<()> {
+        if self.same(other) {
+            return Ok(());
+        }
+        let event = other.record_event()?;
+        self.wait_event(&event)
+    }
+
+    /// Blocks until all work enqueued on this stream has finished.
+    ///
+    /// # Errors
+    ///
+    /// The first error the stream's work hit (a failed host kernel, a device fault), or
+    /// [`DeviceError::Capture`] while the stream is capturing (a host wait cannot be recorded).
+    pub fn synchronize(&self) -> Result<()> {
+        self.forbid_in_capture("Stream::synchronize")?;
+        match &self.inner.backend {
+            StreamBackend::Host(h) => h.synchronize(),
+            StreamBackend::Cuda(c) => c.synchronize(),
+        }
+    }
+
+    /// Whether the stream is recording into a graph.
+    pub fn is_capturing(&self) -> bool {
+        self.inner.capturing.load(Ordering::Acquire)
+    }
+
+    /// Starts recording the work enqueued on this stream (and on the streams that join it by
+    /// waiting on its events) into a graph, instead of running it.
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceError::Capture`] if the stream is already capturing, or a driver error.
+    pub fn begin_capture(&self) -> Result<()> {
+        let mut slot = self.inner.capture.lock();
+        if slot.is_some() {
+            return Err(DeviceError::Capture {
+                op: "Stream::begin_capture".into(),
+                reason: format!("stream {} is already capturing", self.inner.id),
+            });
+        }
+        let session = match &self.inner.backend {
+            StreamBackend::Host(h) => CaptureSession::new(self.inner.id, h.begin_capture()?),
+            StreamBackend::Cuda(c) => CaptureSession::new(self.inner.id, c.begin_capture()?),
+        };
+        session.members.lock().push(self.clone());
+        *slot = Some(Arc::new(session));
+        self.inner.capturing.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// Ends the capture this stream began and returns the recorded graph. Every stream that
+    /// joined the capture leaves it. The stream is usable afterwards whatever the outcome.
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceError::Capture`] if the stream did not begin a capture, if the capture was
+    /// invalidated by an operation that cannot be captured, or if a joined stream's work was
+    /// not joined back into this stream.
+    pub fn end_capture(&self) -> Result<Graph> {
+        let session = {
+            let slot = self.inner.capture.lock();
+            match &*slot {
+                Some(s) if s.origin == self.inner.id => s.clone(),
+                Some(_) => {
+                    return Err(DeviceError::Capture {
+                        op: "Stream::end_capture".into(),
+                        reason: format!(
+                            "stream {} joined another stream's capture; end it on the stream \
+                             that began it",
+                            self.inner.id
+                        ),
+                    })
+                }
+                None => {
+                    return Err(DeviceError::Capture {
+                        op: "Stream::end_capture".into(),
+                        reason: format!("stream {} is not capturing", self.inner.id),
+                    })
+                }
+            }
+        };
+        let members: Vec<Stream> = std::mem::take(&mut *session.members.lock());
+        let result = match &self.inner.backend {
+            StreamBackend::Host(h) => h.end_capture(&session),
+            StreamBackend::Cuda(c) => c.end_capture(),
+        };
+        session.close();
+        for m in &members {
+            m.inner.capturing.store(false, Ordering::Release);
+            *m.inner.capture.lock() = None;
+            if let StreamBackend::Host(h) = &m.inner.backend {
+                h.leave_capture();
+            }
+        }
+        session.run_deferred_frees();
+        let graph_backend = result?;
+        if let Some(err) = session.error.lock().take() {
+            return Err(err);
+        }
+        Ok(Graph::new(
+            self.inner.device.clone(),
+            graph_backend,
+            session.take_keep_alive(),
+        ))
+    }
+
+    /// Enqueues a host closure that runs on this stream, in order with its device work.
+    /// On CUDA it becomes a host function node (`cuLaunchHostFunc`), so it may not call into
+    /// the device; keep it short.
+    ///
+    /// # Errors
+    ///
+    /// A driver error, or [`DeviceError::Capture`] during capture.
+    pub fn enqueue_host_fn(&self, f: impl FnOnce() + Send + 'static) -> Result<()> {
+        self.forbid_in_capture("Stream::enqueue_host_fn")?;
+        match &self.inner.backend {
+            StreamBackend::Host(h) => h.enqueue_once(f),
+            StreamBackend::Cuda(c) => c.launch_host_fn(Box::new(f)),
+        }
+    }
+
+    /// Whether two handles name the same stream.
+    pub fn same(&self, other: &Stream) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    pub(crate) fn backend(&self) -> &StreamBackend {
+        &self.inner.backend
+    }
+
+    pub(crate) fn capture_session(&self) -> Option<Arc<CaptureSession>> {
+        if !self.is_capturing() {
+            return None;
+        }
+        self.inner.capture.lock().clone()
+    }
+
+    /// Keeps `mem` alive for as long as the graph being captured on this stream, if any.
+    pub(crate) fn note_capture_use(&self, mem: &Arc<Memory>) {
+        if let Some(session) = self.capture_session() {
+            session.keep_alive(mem);
+        }
+    }
+
+    pub(crate) fn forbid_in_capture(&self, op: &'static str) -> Result<()> {
+        if let Some(session) = self.capture_session() {
+            let err = DeviceError::Capture {
+                op: op.to_string(),
+                reason: "this operation waits for the host or allocates, and cannot be \
+                         recorded into a graph; do it before or after the capture"
+                    .into(),
+            };
+            session.record_error(err.clone());
+            return Err(err);
+        }
+        Ok(())
+    }
+
+    fn join_capture(&self, session: &Arc<CaptureSession>) -> Result<()> {
+        let mut slot = self.inner.capture.lock();
+        match &*slot {
+            Some(s) if Arc::ptr_eq(s, session) => Ok(()),
+            Some(_) => Err(DeviceError::Capture {
+                op: "Stream::wait_event".into(),
+                reason: "the stream is part of another capture".into(),
+            }),
+            None => {
+                if let StreamBackend::Host(h) = &self.inner.backend {
+                    h.join_capture(session)?;
+                }
+                session.members.lock().push(self.clone());
+                *slot = Some(session.clone());
+                self.inner.capturing.store(true, Ordering::Release);
+                Ok(())
+            }
+        }
+    }
+}
+
+impl fmt::Debug for Stream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Stream")
+            .field("id", &self.inner.id.0)
+            .field("device", &self.inner.device)
+            .field("priority", &self.inner.priority)
+            .finish()
+    }
+}
+
+impl PartialEq for Stream {
+    fn eq(&self, other: &Self) -> bool {
+        self.same(other)
+    }
+}
+
+impl Eq for Stream {}
+
+pub(crate) enum EventBackend {
+    Host(host::HostEvent),
+    Cuda(cuda::CudaEventHandle),
+}
+
+pub(crate) struct EventInner {
+    pub(crate) device: Device,
+    pub(crate) stream: StreamId,
+    pub(crate) timed: bool,
+    pub(crate) capture: Option<Arc<CaptureSession>>,
+    pub(crate) backend: EventBackend,
+}
+
+/// A point in a stream's work. Cheap to clone, `Send + Sync`.
+#[derive(Clone)]
+pub struct Event {
+    pub(crate) inner: Arc<EventInner>,
+}
+
+impl Event {
+    /// Whether all work before the event has finished.
+    ///
+    /// # Errors
+    ///
+    /// The error that work hit, if it failed.
+    pub fn is_complete(&self) -> Result<bool> {
+        match &self.inner.backend {
+            EventBackend::Host(e) => e.is_complete(),
+            EventBackend::Cuda(e) => e.is_complete(),
+        }
+    }
+
+    /// Blocks until the event has completed.
+    ///
+    /// # Errors
+    ///
+    /// The error the work before the event hit, or [`DeviceError::Capture`] for an event
+    /// recorded during a capture (it never completes on its own).
+    pub fn synchronize(&self) -> Result<()> {
+        if self.inner.capture.is_some() {
+            return Err(DeviceError::Capture {
+                op: "Event::synchronize".into(),
+                reason: "the event was recorded during a capture and only orders captured work"
+                    .into(),
+            });
+        }
+        match &self.inner.backend {
+            EventBackend::Host(e) => e.synchronize(),
+            EventBackend::Cuda(e) => e.synchronize(),
+        }
+    }
+
+    /// Milliseconds between `self` and a later event `end`; both must be timed
+    /// ([`Stream::record_timed_event`]) and complete.
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceError::Usage`] when an event is not timed or not complete, or a driver error.
+    pub fn elapsed_ms(&self, end: &Event) -> Result<f32> {
+        if !self.inner.timed || !end.inner.timed {
+            return Err(DeviceError::usage(
+                "Event::elapsed_ms needs two timed events: record them with \
+                 Stream::record_timed_event",
+            ));
+        }
+        match (&self.inner.backend, &end.inner.backend) {
+            (EventBackend::Host(a), EventBackend::Host(b)) => a.elapsed_ms(b),
+            (EventBackend::Cuda(a), EventBackend::Cuda(b)) => a.elapsed_ms(b),
+            _ => Err(DeviceError::DeviceMismatch {
+                op: "Event::elapsed_ms",
+                expected: self.inner.device.to_string(),
+                found: end.inner.device.to_string(),
+            }),
+        }
+    }
+
+    /// The device the event belongs to.
+    pub fn device(&self) -> &Device {
+        &self.inner.device
+    }
+
+    /// The stream the event was recorded on.
+    pub fn stream_id(&self) -> StreamId {
+        self.inner.stream
+    }
+}
+
+impl fmt::Debug for Event {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Event")
+            .field("device", &self.inner.device)
+            .field("stream", &self.inner.stream.0)
+            .field("timed", &self.inner.timed)
+            .finish()
+    }
+}

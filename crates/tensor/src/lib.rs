@@ -1,0 +1,1 @@
+//! cuflow's tensors, constructors and kernels.

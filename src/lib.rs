@@ -1,0 +1,2 @@
+//! cuflow: compose GPU work as lazy DAGs and run it fast and safely.
+pub use cuflow_runtime as runtime;
