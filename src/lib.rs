@@ -1,2 +1,54 @@
 //! cuflow: compose GPU work as lazy DAGs and run it fast and safely.
+//!
+//! Build [`DeviceOp`] values with [`then`](DeviceOpExt::then), [`zip!`], [`map`](DeviceOpExt::map)
+//! and [`shared`](DeviceOpExt::shared); nothing runs until [`sync`](DeviceOpExt::sync),
+//! [`sync_on`](DeviceOpExt::sync_on) or `.await`. A [`SchedulingPolicy`] maps each part of an op
+//! onto streams (round-robin over a stream pool by default) and the executor joins branches with
+//! events. The same program runs on an NVIDIA GPU through the CUDA driver and on the CPU host
+//! backend, which is the default where no GPU is present.
+//!
+//! ```
+//! use cuflow::prelude::*;
+//! # fn main() -> Result<(), DeviceError> {
+//! let (a, b) = zip!(value(2), value(3)).sync()?;
+//! assert_eq!(a * b, 6);
+//! # Ok(()) }
+//! ```
+//!
+//! The crates behind the facade, lowest first: [`runtime`] (devices, streams, buffers,
+//! kernels), [`scheduler`] (policies), [`device_op`] (ops and execution).
+
+#![forbid(unsafe_code)]
+
+pub use cuflow_device_op as device_op;
 pub use cuflow_runtime as runtime;
+pub use cuflow_scheduler as scheduler;
+
+pub use cuflow_device_op::{
+    default_device, join_all, value, with_context, zip, BoxedOp, DeviceFuture, DeviceOp,
+    DeviceOpExt, ExecutionContext, ExecutionStats, Shared, UnzipExt,
+};
+pub use cuflow_runtime::{
+    BackendKind, Device, DeviceBuffer, DeviceError, Event, Graph, GraphExec, Kernel, KernelArgs,
+    LaunchConfig, PinnedBuffer, Stream,
+};
+pub use cuflow_scheduler::{
+    DevicePolicyExt, LeastLoaded, Placement, Priority, PriorityLevel, SchedulingPolicy,
+    SingleStream, StreamPoolRoundRobin,
+};
+
+/// The names most programs need: `use cuflow::prelude::*;`.
+pub mod prelude {
+    pub use cuflow_device_op::{
+        join_all, value, with_context, zip, BoxedOp, DeviceFuture, DeviceOp, DeviceOpExt,
+        ExecutionContext, UnzipExt,
+    };
+    pub use cuflow_runtime::{
+        BackendKind, Device, DeviceBuffer, DeviceError, Event, Kernel, KernelArgs, LaunchConfig,
+        Stream,
+    };
+    pub use cuflow_scheduler::{
+        DevicePolicyExt, LeastLoaded, Priority, PriorityLevel, SchedulingPolicy, SingleStream,
+        StreamPoolRoundRobin,
+    };
+}

@@ -1,0 +1,149 @@
+//! Executing ops: the default device, re-entrancy checks, panic capture, and the
+//! `sync` / `sync_on` / `schedule` entry points.
+//!
+//! Execution is not re-entrant on a thread: an op's closure that executes another op would
+//! nest one execution's streams and events inside another's and can deadlock the host
+//! backend's workers, so it is refused with [`DeviceError::Reentrant`]. A panic inside an op
+//! is caught, reported as [`DeviceError::Panicked`], and leaves the thread usable.
+
+use std::cell::Cell;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, OnceLock};
+
+use cuflow_runtime::{Device, DeviceError, Event, Stream};
+use cuflow_scheduler::{default_policy, Placement, SchedulingPolicy};
+
+use crate::context::{ExecutionContext, ExecutionStats};
+use crate::future::DeviceFuture;
+use crate::op::DeviceOp;
+
+thread_local! {
+    static EXECUTING: Cell<Option<&'static str>> = const { Cell::new(None) };
+}
+
+/// Marks the current thread as executing an op until dropped.
+pub(crate) struct ExecutionGuard(());
+
+impl ExecutionGuard {
+    pub(crate) fn enter(what: &'static str) -> Result<Self, DeviceError> {
+        EXECUTING.with(|e| match e.get() {
+            Some(_) => Err(DeviceError::Reentrant { what }),
+            None => {
+                e.set(Some(what));
+                Ok(ExecutionGuard(()))
+            }
+        })
+    }
+}
+
+impl Drop for ExecutionGuard {
+    fn drop(&mut self) {
+        EXECUTING.with(|e| e.set(None));
+    }
+}
+
+/// The device `sync()` and `.await` run on: [`Device::auto`], resolved once per process.
+///
+/// # Errors
+///
+/// The error of [`Device::auto`] (e.g. `CUFLOW_DEVICE=cuda` without a usable GPU).
+pub fn default_device() -> Result<Device, DeviceError> {
+    static DEVICE: OnceLock<Device> = OnceLock::new();
+    if let Some(d) = DEVICE.get() {
+        return Ok(d.clone());
+    }
+    let d = Device::auto()?;
+    Ok(DEVICE.get_or_init(|| d).clone())
+}
+
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic payload".to_string()
+    }
+}
+
+fn execute_root<O: DeviceOp>(op: O, ctx: &mut ExecutionContext) -> Result<O::Output, DeviceError> {
+    match catch_unwind(AssertUnwindSafe(|| op.execute(ctx))) {
+        Ok(r) => r,
+        Err(p) => Err(DeviceError::Panicked {
+            op: "op execution",
+            message: panic_message(&*p),
+        }),
+    }
+}
+
+fn run_and_wait<O: DeviceOp>(
+    op: O,
+    policy: Arc<dyn SchedulingPolicy>,
+    root: Option<&Stream>,
+) -> Result<(O::Output, ExecutionStats), DeviceError> {
+    let (stream, prior_work) = match root {
+        Some(s) => (s.clone(), true),
+        None => (policy.place(&Placement::root(policy.device()))?, false),
+    };
+    let mut ctx = ExecutionContext::root(policy, stream.clone(), prior_work);
+    let out = execute_root(op, &mut ctx)?;
+    if ctx.has_device_work() {
+        stream.synchronize()?;
+    }
+    Ok((out, ctx.stats()))
+}
+
+pub(crate) fn sync<O: DeviceOp>(op: O) -> Result<O::Output, DeviceError> {
+    let _guard = ExecutionGuard::enter("DeviceOpExt::sync")?;
+    let device = default_device()?;
+    run_and_wait(op, default_policy(&device)?, None).map(|(out, _)| out)
+}
+
+pub(crate) fn sync_with_policy<O: DeviceOp>(
+    op: O,
+    policy: Arc<dyn SchedulingPolicy>,
+) -> Result<(O::Output, ExecutionStats), DeviceError> {
+    let _guard = ExecutionGuard::enter("DeviceOpExt::sync_with_policy")?;
+    run_and_wait(op, policy, None)
+}
+
+pub(crate) fn sync_on<O: DeviceOp>(
+    op: O,
+    stream: &Stream,
+) -> Result<(O::Output, ExecutionStats), DeviceError> {
+    let _guard = ExecutionGuard::enter("DeviceOpExt::sync_on")?;
+    run_and_wait(op, default_policy(stream.device())?, Some(stream))
+}
+
+/// Enqueues `op` under `policy` without waiting; returns its output and, when it enqueued
+/// device work, an event that completes with that work.
+pub(crate) fn enqueue<O: DeviceOp>(
+    op: O,
+    policy: Arc<dyn SchedulingPolicy>,
+) -> Result<(O::Output, Option<Event>), DeviceError> {
+    let _guard = ExecutionGuard::enter("DeviceOp execution")?;
+    let stream = policy.place(&Placement::root(policy.device()))?;
+    let mut ctx = ExecutionContext::root(policy, stream, false);
+    let out = execute_root(op, &mut ctx)?;
+    let event = if ctx.has_device_work() {
+        Some(ctx.record_event()?)
+    } else {
+        None
+    };
+    Ok((out, event))
+}
+
+pub(crate) fn enqueue_default<O: DeviceOp>(
+    op: O,
+) -> Result<(O::Output, Option<Event>), DeviceError> {
+    let device = default_device()?;
+    enqueue(op, default_policy(&device)?)
+}
+
+pub(crate) fn schedule<O: DeviceOp>(
+    op: O,
+    policy: Arc<dyn SchedulingPolicy>,
+) -> Result<DeviceFuture<O::Output>, DeviceError> {
+    let (out, event) = enqueue(op, policy)?;
+    Ok(DeviceFuture::in_flight(out, event))
+}

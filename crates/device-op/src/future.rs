@@ -1,0 +1,109 @@
+//! [`DeviceFuture`]: the future of an op's completion, for any async runtime.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use cuflow_runtime::{DeviceError, Event};
+
+use crate::completion::CompletionSlot;
+use crate::op::{BoxedOp, DeviceOp, DeviceOpExt};
+
+enum State<T> {
+    Lazy(BoxedOp<'static, T>),
+    InFlight {
+        output: Option<T>,
+        completion: Option<Arc<CompletionSlot>>,
+    },
+    Done,
+}
+
+/// The future of an op: resolves to its output once its device work has completed.
+///
+/// From `.await` on an op (the op is enqueued on the default device at the first poll) or from
+/// [`DeviceOpExt::schedule`](crate::DeviceOpExt::schedule) (enqueued at once). `Send`, and
+/// independent of the async runtime: completion is observed by cuflow's own reactor thread.
+/// Dropping it while the work runs is safe: the work still completes, and its buffers are
+/// freed after it, in stream order.
+#[must_use = "futures do nothing unless polled"]
+pub struct DeviceFuture<T> {
+    state: State<T>,
+}
+
+// The future never pins its output: it moves it out by value when ready.
+impl<T> Unpin for DeviceFuture<T> {}
+
+impl<T: Send> DeviceFuture<T> {
+    /// A future that enqueues `op` on the default device when first polled.
+    pub fn lazy(op: impl DeviceOp<Output = T> + 'static) -> Self {
+        DeviceFuture {
+            state: State::Lazy(op.boxed()),
+        }
+    }
+
+    pub(crate) fn in_flight(output: T, event: Option<Event>) -> Self {
+        DeviceFuture {
+            state: State::InFlight {
+                output: Some(output),
+                completion: event.map(CompletionSlot::new),
+            },
+        }
+    }
+}
+
+impl<T: Send> Future for DeviceFuture<T> {
+    type Output = Result<T, DeviceError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        if matches!(this.state, State::Lazy(_)) {
+            let State::Lazy(op) = std::mem::replace(&mut this.state, State::Done) else {
+                return Poll::Ready(Err(DeviceError::usage("internal: future state")));
+            };
+            match crate::exec::enqueue_default(op) {
+                Ok((out, event)) => {
+                    this.state = State::InFlight {
+                        output: Some(out),
+                        completion: event.map(CompletionSlot::new),
+                    }
+                }
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+        match &mut this.state {
+            State::InFlight { output, completion } => {
+                if let Some(slot) = completion {
+                    match slot.poll(cx) {
+                        Poll::Pending => return Poll::Pending,
+                        Poll::Ready(Err(e)) => {
+                            this.state = State::Done;
+                            return Poll::Ready(Err(e));
+                        }
+                        Poll::Ready(Ok(())) => {}
+                    }
+                }
+                let out = output.take();
+                this.state = State::Done;
+                Poll::Ready(out.ok_or_else(|| DeviceError::usage("internal: no output")))
+            }
+            State::Done => Poll::Ready(Err(DeviceError::usage(
+                "a DeviceFuture was polled after it completed",
+            ))),
+            State::Lazy(_) => Poll::Ready(Err(DeviceError::usage("internal: future state"))),
+        }
+    }
+}
+
+impl<T> std::fmt::Debug for DeviceFuture<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = match self.state {
+            State::Lazy(_) => "lazy",
+            State::InFlight { .. } => "in flight",
+            State::Done => "done",
+        };
+        f.debug_struct("DeviceFuture")
+            .field("state", &state)
+            .finish()
+    }
+}

@@ -1,0 +1,55 @@
+//! `boxed`: type-erased ops.
+
+use cuflow_runtime::DeviceError;
+
+use super::DeviceOp;
+use crate::context::ExecutionContext;
+
+/// Object-safe form of [`DeviceOp`], implemented for every op.
+pub(crate) trait DynDeviceOp: Send {
+    /// What the op produces.
+    type Output: Send;
+    /// Executes the boxed op.
+    ///
+    /// # Errors
+    ///
+    /// As [`DeviceOp::execute`].
+    fn execute_boxed(
+        self: Box<Self>,
+        ctx: &mut ExecutionContext,
+    ) -> Result<Self::Output, DeviceError>;
+}
+
+impl<O: DeviceOp> DynDeviceOp for O {
+    type Output = O::Output;
+    fn execute_boxed(
+        self: Box<Self>,
+        ctx: &mut ExecutionContext,
+    ) -> Result<O::Output, DeviceError> {
+        (*self).execute(ctx)
+    }
+}
+
+/// A type-erased op yielding `T`, from [`DeviceOpExt::boxed`](super::DeviceOpExt::boxed).
+#[must_use = "device ops do nothing until synced or awaited"]
+pub struct BoxedOp<'a, T> {
+    inner: Box<dyn DynDeviceOp<Output = T> + 'a>,
+}
+
+impl<'a, T: Send> BoxedOp<'a, T> {
+    pub(crate) fn new(op: impl DeviceOp<Output = T> + 'a) -> Self {
+        BoxedOp {
+            inner: Box::new(op),
+        }
+    }
+}
+
+impl<T: Send> DeviceOp for BoxedOp<'_, T> {
+    type Output = T;
+
+    fn execute(self, ctx: &mut ExecutionContext) -> Result<T, DeviceError> {
+        self.inner.execute_boxed(ctx)
+    }
+}
+
+crate::impl_op_boilerplate!(['a, T] BoxedOp<'a, T>);

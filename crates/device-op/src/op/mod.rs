@@ -1,0 +1,239 @@
+//! The [`DeviceOp`] trait and its combinators, one per file.
+//!
+//! An op is a value describing device work; building one does nothing. Executing it
+//! ([`DeviceOpExt::sync`], [`DeviceOpExt::sync_on`], [`DeviceOpExt::schedule`], `.await`)
+//! enqueues its work on streams chosen by a scheduling policy and returns its output once the
+//! work has completed.
+//!
+//! Primitives: [`then`](DeviceOpExt::then), [`value`](fn@value), `zip!`, [`join_all`],
+//! [`shared`](DeviceOpExt::shared), [`boxed`](DeviceOpExt::boxed),
+//! [`with_context`](fn@with_context). Derived: [`map`](DeviceOpExt::map) and
+//! [`inspect`](DeviceOpExt::inspect) are `then` + `value`; [`unzip`](UnzipExt::unzip) is
+//! `shared` + `map`.
+
+pub(crate) mod boxed;
+pub(crate) mod map;
+pub(crate) mod shared;
+pub(crate) mod then;
+pub(crate) mod unzip;
+pub(crate) mod value;
+pub(crate) mod with_context;
+#[doc(hidden)]
+pub mod zip;
+
+pub use boxed::BoxedOp;
+pub use map::{Inspect, InspectFn, Map, MapFn};
+pub use shared::Shared;
+pub use then::{Continuation, Then};
+pub use unzip::{Unzip2, Unzip3, UnzipExt};
+pub use value::{value, Value};
+pub use with_context::{with_context, WithContext};
+pub use zip::{join_all, JoinAll};
+
+use std::sync::Arc;
+
+use cuflow_runtime::{DeviceError, Stream};
+use cuflow_scheduler::SchedulingPolicy;
+
+use crate::context::{ExecutionContext, ExecutionStats};
+use crate::future::DeviceFuture;
+
+/// Lazy device work producing `Output`.
+///
+/// Implementations enqueue their work on `ctx.stream()?` (for device work) and return their
+/// output; the framework waits for completion before the output reaches the program. The
+/// output must be `Send` so that futures can move between threads.
+pub trait DeviceOp: Send {
+    /// What the op produces.
+    type Output: Send;
+
+    /// Enqueues the op's work with `ctx`. Called by the framework only.
+    ///
+    /// # Errors
+    ///
+    /// Any [`DeviceError`] hit while enqueueing.
+    fn execute(self, ctx: &mut ExecutionContext) -> Result<Self::Output, DeviceError>;
+}
+
+/// The combinators and executors of every [`DeviceOp`].
+pub trait DeviceOpExt: DeviceOp + Sized {
+    /// Runs `f` on this op's output and then the op it returns, on the same stream, after this
+    /// op's work.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cuflow_device_op::{value, DeviceOpExt};
+    /// let n = value(20).then(|x| value(x + 1)).map(|x| x * 2).sync()?;
+    /// assert_eq!(n, 42);
+    /// # Ok::<(), cuflow_runtime::DeviceError>(())
+    /// ```
+    fn then<F, B>(self, f: F) -> Then<Self, F>
+    where
+        F: FnOnce(Self::Output) -> B + Send,
+        B: DeviceOp,
+    {
+        Then::new(self, f)
+    }
+
+    /// Transforms the output on the host; adds no device work.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cuflow_device_op::{value, DeviceOpExt};
+    /// assert_eq!(value(21).map(|v| v * 2).sync()?, 42);
+    /// # Ok::<(), cuflow_runtime::DeviceError>(())
+    /// ```
+    fn map<F, R>(self, f: F) -> Map<Self, F>
+    where
+        F: FnOnce(Self::Output) -> R + Send,
+        R: Send,
+    {
+        Then::new(self, MapFn(f))
+    }
+
+    /// Looks at the output on the host and passes it on unchanged.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cuflow_device_op::{value, DeviceOpExt};
+    /// let mut seen = 0;
+    /// let v = value(7).inspect(|v| seen = *v).sync()?;
+    /// assert_eq!((v, seen), (7, 7));
+    /// # Ok::<(), cuflow_runtime::DeviceError>(())
+    /// ```
+    fn inspect<F>(self, f: F) -> Inspect<Self, F>
+    where
+        F: FnOnce(&Self::Output) + Send,
+    {
+        Then::new(self, InspectFn(f))
+    }
+
+    /// Makes the op cloneable: it runs at most once, and every clone yields an `Arc` of its
+    /// output. Consumers on other streams wait on the producer's event.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cuflow_device_op::{value, zip, DeviceOpExt};
+    /// let s = value(vec![1, 2, 3]).shared();
+    /// let (a, b) = zip!(s.clone(), s).sync()?;
+    /// assert!(std::sync::Arc::ptr_eq(&a, &b));
+    /// # Ok::<(), cuflow_runtime::DeviceError>(())
+    /// ```
+    fn shared(self) -> Shared<Self>
+    where
+        Self::Output: Sync,
+    {
+        Shared::new(self)
+    }
+
+    /// Erases the op's type, e.g. to keep ops of different types in one `Vec`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cuflow_device_op::{join_all, value, BoxedOp, DeviceOpExt};
+    /// let ops: Vec<BoxedOp<'static, i32>> = vec![value(1).boxed(), value(2).map(|x| x * 10).boxed()];
+    /// assert_eq!(join_all(ops).sync()?, vec![1, 20]);
+    /// # Ok::<(), cuflow_runtime::DeviceError>(())
+    /// ```
+    fn boxed<'a>(self) -> BoxedOp<'a, Self::Output>
+    where
+        Self: 'a,
+    {
+        BoxedOp::new(self)
+    }
+
+    /// Runs the op on the default device with its default policy and waits for it.
+    ///
+    /// # Errors
+    ///
+    /// Any error of the op or its work; [`DeviceError::Reentrant`] when called from inside
+    /// another op's execution; [`DeviceError::Panicked`] when a closure panicked.
+    fn sync(self) -> Result<Self::Output, DeviceError> {
+        crate::exec::sync(self)
+    }
+
+    /// Runs the op with `stream` as its root stream (branches may go elsewhere, per the
+    /// device's default policy) and waits for it.
+    ///
+    /// # Errors
+    ///
+    /// As [`DeviceOpExt::sync`].
+    fn sync_on(self, stream: &Stream) -> Result<Self::Output, DeviceError> {
+        crate::exec::sync_on(self, stream).map(|(out, _)| out)
+    }
+
+    /// Like [`DeviceOpExt::sync_on`], and also reports what the execution did (events,
+    /// waits, streams used).
+    ///
+    /// # Errors
+    ///
+    /// As [`DeviceOpExt::sync`].
+    fn sync_on_with_stats(
+        self,
+        stream: &Stream,
+    ) -> Result<(Self::Output, ExecutionStats), DeviceError> {
+        crate::exec::sync_on(self, stream)
+    }
+
+    /// Like [`DeviceOpExt::sync`] with an explicit policy, also reporting what the execution
+    /// did.
+    ///
+    /// # Errors
+    ///
+    /// As [`DeviceOpExt::sync`].
+    fn sync_with_policy<P>(self, policy: &P) -> Result<(Self::Output, ExecutionStats), DeviceError>
+    where
+        P: SchedulingPolicy + Clone + 'static,
+    {
+        crate::exec::sync_with_policy(self, Arc::new(policy.clone()))
+    }
+
+    /// Enqueues the op now under `policy` and returns a future that resolves when its work
+    /// has completed. The future is `Send` and works on any async runtime.
+    ///
+    /// # Errors
+    ///
+    /// Errors hit while enqueueing; errors of the work itself come from the future.
+    fn schedule<P>(self, policy: &P) -> Result<DeviceFuture<Self::Output>, DeviceError>
+    where
+        P: SchedulingPolicy + Clone + 'static,
+    {
+        crate::exec::schedule(self, Arc::new(policy.clone()))
+    }
+}
+
+impl<T: DeviceOp> DeviceOpExt for T {}
+
+/// Implements the boilerplate every op type shares: `Debug` (naming the op type) and
+/// `IntoFuture` (so that `.await` runs it on the default device). Use it for op types of
+/// crates built on cuflow, as `impl_op_boilerplate!([A: DeviceOp] MyOp<A>);`.
+#[macro_export]
+macro_rules! impl_op_boilerplate {
+    ([$($generics:tt)*] $ty:ty) => {
+        impl<$($generics)*> ::core::fmt::Debug for $ty {
+            fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+                f.write_str(::core::any::type_name::<Self>())
+            }
+        }
+
+        impl<$($generics)*> ::core::future::IntoFuture for $ty
+        where
+            $ty: $crate::DeviceOp + 'static,
+        {
+            type Output = ::core::result::Result<
+                <$ty as $crate::DeviceOp>::Output,
+                $crate::DeviceError,
+            >;
+            type IntoFuture = $crate::DeviceFuture<<$ty as $crate::DeviceOp>::Output>;
+
+            fn into_future(self) -> Self::IntoFuture {
+                $crate::DeviceFuture::lazy(self)
+            }
+        }
+    };
+}

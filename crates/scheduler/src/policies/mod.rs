@@ -1,0 +1,33 @@
+//! The policies cuflow ships, one per file. Users can write their own by implementing
+//! [`SchedulingPolicy`](crate::SchedulingPolicy).
+
+mod least_loaded;
+mod priority;
+mod round_robin;
+mod single_stream;
+
+pub use least_loaded::LeastLoaded;
+pub use priority::Priority;
+pub use round_robin::StreamPoolRoundRobin;
+pub use single_stream::SingleStream;
+
+use cuflow_runtime::{Device, DeviceError, Stream};
+
+/// Creates `n` streams on `device` (at least one).
+pub(crate) fn make_pool(
+    device: &Device,
+    n: usize,
+    priority: Option<i32>,
+) -> Result<Vec<Stream>, DeviceError> {
+    if n == 0 {
+        return Err(DeviceError::usage(
+            "a stream pool needs at least one stream; pass n >= 1",
+        ));
+    }
+    (0..n)
+        .map(|_| match priority {
+            Some(p) => device.new_stream_with_priority(p),
+            None => device.new_stream(),
+        })
+        .collect()
+}
