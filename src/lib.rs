@@ -16,11 +16,13 @@
 //! ```
 //!
 //! The crates behind the facade, lowest first: [`runtime`] (devices, streams, buffers,
-//! kernels), [`scheduler`] (policies), [`device_op`] (ops and execution).
+//! kernels), [`scheduler`] (policies), [`device_op`] (ops and execution), [`graph_capture`]
+//! (record and replay).
 
 #![forbid(unsafe_code)]
 
 pub use cuflow_device_op as device_op;
+pub use cuflow_graph_capture as graph_capture;
 pub use cuflow_runtime as runtime;
 pub use cuflow_scheduler as scheduler;
 
@@ -28,6 +30,7 @@ pub use cuflow_device_op::{
     default_device, join_all, value, with_context, zip, BoxedOp, DeviceFuture, DeviceOp,
     DeviceOpExt, ExecutionContext, ExecutionStats, Shared, UnzipExt,
 };
+pub use cuflow_graph_capture::{CudaGraph, GraphCaptureExt, RecaptureOutcome};
 pub use cuflow_runtime::{
     BackendKind, Device, DeviceBuffer, DeviceError, Event, Graph, GraphExec, Kernel, KernelArgs,
     LaunchConfig, PinnedBuffer, Stream,
@@ -43,6 +46,7 @@ pub mod prelude {
         join_all, value, with_context, zip, BoxedOp, DeviceFuture, DeviceOp, DeviceOpExt,
         ExecutionContext, UnzipExt,
     };
+    pub use cuflow_graph_capture::{CudaGraph, GraphCaptureExt};
     pub use cuflow_runtime::{
         BackendKind, Device, DeviceBuffer, DeviceError, Event, Kernel, KernelArgs, LaunchConfig,
         Stream,

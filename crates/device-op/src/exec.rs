@@ -147,3 +147,26 @@ pub(crate) fn schedule<O: DeviceOp>(
     let (out, event) = enqueue(op, policy)?;
     Ok(DeviceFuture::in_flight(out, event))
 }
+
+/// Enqueues `op` with `stream` as its root and does not wait for it.
+///
+/// `stream` is treated as holding work the op depends on, so every branch placed on another
+/// stream forks from it with an event, and every branch with device work joins back into it.
+/// When `stream` is capturing, this is what makes the whole op, branches included, part of the
+/// capture. The output may still be being computed when this returns: reading it back through
+/// the runtime (e.g. `DeviceBuffer::to_host_vec`) waits for the work that writes it.
+///
+/// # Errors
+///
+/// Errors hit while enqueueing, [`DeviceError::Reentrant`] inside another execution, and
+/// [`DeviceError::Panicked`] when a closure panicked.
+pub fn enqueue_on<O: DeviceOp>(
+    op: O,
+    stream: &Stream,
+    policy: Arc<dyn SchedulingPolicy>,
+) -> Result<(O::Output, ExecutionStats), DeviceError> {
+    let _guard = ExecutionGuard::enter("enqueue_on")?;
+    let mut ctx = ExecutionContext::root(policy, stream.clone(), true);
+    let out = execute_root(op, &mut ctx)?;
+    Ok((out, ctx.stats()))
+}

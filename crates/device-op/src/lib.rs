@@ -29,7 +29,7 @@ pub mod op;
 
 pub use context::{ExecutionContext, ExecutionStats};
 pub use cuflow_runtime::DeviceError;
-pub use exec::default_device;
+pub use exec::{default_device, enqueue_on};
 pub use future::DeviceFuture;
 pub use op::{
     join_all, value, with_context, BoxedOp, Continuation, DeviceOp, DeviceOpExt, Inspect, Map,

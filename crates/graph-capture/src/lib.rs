@@ -1,1 +1,308 @@
-//! cuflow's record-and-replay: capture an op into a CUDA graph and replay it.
+//! Record and replay: freeze an op into a graph once, replay it many times.
+//!
+//! [`GraphCaptureExt::graph_on`] runs an op once while every piece of its device work (on its
+//! root stream and on every stream its `zip!` branches were placed on) is recorded into one
+//! graph, which is instantiated into a [`CudaGraph`]. Replays ([`CudaGraph::launch`]) cost one
+//! enqueue, whatever the number of kernels. Inputs are changed between replays with
+//! [`CudaGraph::update`], which runs a graph-safe op (a copy into a captured buffer) on the
+//! graph's stream, ordered before the next replay. [`CudaGraph::recapture`] re-records an op and
+//! updates the executable in place when the topology is unchanged.
+//!
+//! Safety rules kept here:
+//! - allocation during capture is refused with [`DeviceError::Capture`]: a pointer baked into
+//!   a graph must stay valid for every replay, so captured ops work on buffers made beforehand;
+//! - a host synchronization inside the op (reading a buffer back, `sync`) is refused with
+//!   [`DeviceError::Capture`], the capture is ended and discarded, and the stream stays usable;
+//! - every buffer the graph touches is kept alive by the graph, and each replay records its use
+//!   on the replaying stream, so frees wait for the last replay.
+//!
+//! On the host backend, capture records the enqueued work and replay runs it again: the same
+//! semantics, so the same programs and tests run everywhere.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use cuflow_device_op::{DeviceOp, ExecutionContext};
+//! use cuflow_graph_capture::GraphCaptureExt;
+//! use cuflow_runtime::{Device, DeviceBuffer, DeviceError, Kernel, KernelArgs, LaunchConfig};
+//!
+//! /// Adds one to every element of a buffer it shares.
+//! struct AddOne(Arc<DeviceBuffer<f32>>, Kernel);
+//!
+//! impl DeviceOp for AddOne {
+//!     type Output = Arc<DeviceBuffer<f32>>;
+//!     fn execute(self, ctx: &mut ExecutionContext) -> Result<Self::Output, DeviceError> {
+//!         let n = self.0.len();
+//!         let cfg = LaunchConfig::for_num_elems(n);
+//!         self.1.launch(ctx.stream()?, cfg, KernelArgs::new().output(&*self.0).scalar(n as u32))?;
+//!         Ok(self.0)
+//!     }
+//! }
+//!
+//! # fn main() -> Result<(), DeviceError> {
+//! let add_one = Kernel::new("add_one", r#"extern "C" __global__ void add_one(float* x, unsigned n) {
+//!     unsigned i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) x[i] += 1.0f; }"#)
+//!     .with_host(|a| { for v in a.output::<f32>(0)? { *v += 1.0 } Ok(()) });
+//! let stream = Device::host().new_stream()?;
+//! let x = Arc::new(DeviceBuffer::<f32>::zeroed(&stream, 8)?);
+//! let mut graph = AddOne(x.clone(), add_one).graph_on(stream.clone())?;
+//! for _ in 0..3 {
+//!     graph.launch()?;
+//! }
+//! assert_eq!(x.to_host_vec(&stream)?, vec![3.0; 8]);
+//! # Ok(()) }
+//! ```
+
+#![forbid(unsafe_code)]
+
+use std::fmt;
+use std::sync::Arc;
+
+use cuflow_device_op::{enqueue_on, DeviceOp, ExecutionContext, ExecutionStats};
+use cuflow_runtime::{Device, DeviceError, Graph, GraphExec, Stream};
+use cuflow_scheduler::{default_policy, SchedulingPolicy};
+
+/// An op frozen into an instantiated graph, with its output, bound to a stream.
+///
+/// `Send`: it can move to another thread (e.g. a serving task) with its buffers.
+pub struct CudaGraph<T> {
+    stream: Stream,
+    policy: Arc<dyn SchedulingPolicy>,
+    graph: Graph,
+    exec: GraphExec,
+    output: Option<T>,
+    stats: ExecutionStats,
+    launches: u64,
+}
+
+/// How a recapture was applied.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecaptureOutcome {
+    /// Same topology: the executable was updated in place.
+    Updated,
+    /// The topology changed: a new executable was instantiated.
+    Reinstantiated,
+}
+
+fn capture<O: DeviceOp>(
+    op: O,
+    stream: &Stream,
+    policy: &Arc<dyn SchedulingPolicy>,
+) -> Result<(O::Output, Graph, ExecutionStats), DeviceError> {
+    stream.begin_capture()?;
+    let enqueued = enqueue_on(op, stream, policy.clone());
+    let ended = stream.end_capture();
+    match (enqueued, ended) {
+        (Ok((out, stats)), Ok(graph)) => Ok((out, graph, stats)),
+        (Err(e), _) => Err(match e {
+            DeviceError::Capture { .. } => e,
+            other => DeviceError::Capture {
+                op: "graph capture".into(),
+                reason: format!("the op failed while it was being captured: {other}"),
+            },
+        }),
+        (Ok(_), Err(e)) => Err(e),
+    }
+}
+
+impl<T: Send> CudaGraph<T> {
+    fn new(
+        op: impl DeviceOp<Output = T>,
+        stream: Stream,
+        policy: Arc<dyn SchedulingPolicy>,
+    ) -> Result<Self, DeviceError> {
+        if policy.device() != stream.device() {
+            return Err(DeviceError::DeviceMismatch {
+                op: "graph_on",
+                expected: stream.device().to_string(),
+                found: policy.device().to_string(),
+            });
+        }
+        let (output, graph, stats) = capture(op, &stream, &policy)?;
+        let exec = graph.instantiate()?;
+        Ok(CudaGraph {
+            stream,
+            policy,
+            graph,
+            exec,
+            output: Some(output),
+            stats,
+            launches: 0,
+        })
+    }
+
+    /// The output of the captured op: buffers whose contents each replay rewrites. Taken once.
+    pub fn take_output(&mut self) -> Option<T> {
+        self.output.take()
+    }
+
+    /// Enqueues one replay on the graph's stream. Does not wait.
+    ///
+    /// # Errors
+    ///
+    /// A driver error.
+    pub fn launch(&mut self) -> Result<(), DeviceError> {
+        self.exec.launch(&self.stream)?;
+        self.launches += 1;
+        Ok(())
+    }
+
+    /// Replays once and waits for the replay.
+    ///
+    /// # Errors
+    ///
+    /// A driver error or an error of the replayed work.
+    pub fn replay(&mut self) -> Result<(), DeviceError> {
+        self.launch()?;
+        self.stream.synchronize()
+    }
+
+    /// Waits until every replay enqueued so far has finished.
+    ///
+    /// # Errors
+    ///
+    /// An error of the replayed work.
+    pub fn synchronize(&self) -> Result<(), DeviceError> {
+        self.stream.synchronize()
+    }
+
+    /// Runs a graph-safe op (such as a copy into a captured input buffer) on the graph's
+    /// stream, ordered after earlier replays and before the next one. Does not wait.
+    ///
+    /// # Errors
+    ///
+    /// Errors of the op; allocating ops are refused only during capture, so keep updates to
+    /// copies into existing buffers.
+    pub fn update<O: DeviceOp>(&mut self, op: O) -> Result<O::Output, DeviceError> {
+        enqueue_on(op, &self.stream, self.policy.clone()).map(|(out, _)| out)
+    }
+
+    /// Re-records `op` and applies it: updated in place (the driver's exec update) when the
+    /// topology is unchanged, else re-instantiated. The new output replaces the old one.
+    ///
+    /// # Errors
+    ///
+    /// As [`GraphCaptureExt::graph_on`].
+    pub fn recapture(
+        &mut self,
+        op: impl DeviceOp<Output = T>,
+    ) -> Result<RecaptureOutcome, DeviceError> {
+        self.stream.synchronize()?;
+        let (output, graph, stats) = capture(op, &self.stream, &self.policy)?;
+        let outcome = if self.exec.update(&graph)? {
+            RecaptureOutcome::Updated
+        } else {
+            self.exec = graph.instantiate()?;
+            RecaptureOutcome::Reinstantiated
+        };
+        self.graph = graph;
+        self.output = Some(output);
+        self.stats = stats;
+        Ok(outcome)
+    }
+
+    /// The recorded graph (node count, dependency edges, parallelism).
+    pub fn graph(&self) -> &Graph {
+        &self.graph
+    }
+
+    /// What the capture recorded: events, waits, streams used.
+    pub fn capture_stats(&self) -> &ExecutionStats {
+        &self.stats
+    }
+
+    /// The stream replays are enqueued on.
+    pub fn stream(&self) -> &Stream {
+        &self.stream
+    }
+
+    /// The device the graph runs on.
+    pub fn device(&self) -> &Device {
+        self.stream.device()
+    }
+
+    /// Replays enqueued so far.
+    pub fn launch_count(&self) -> u64 {
+        self.launches
+    }
+
+    /// An op that enqueues one replay wherever it is executed (on the executing stream, which
+    /// must belong to the graph's device), for use inside larger compositions.
+    pub fn launch_op(&self) -> GraphLaunch<'_> {
+        GraphLaunch { exec: &self.exec }
+    }
+}
+
+impl<T> fmt::Debug for CudaGraph<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CudaGraph")
+            .field("stream", &self.stream)
+            .field("graph", &self.graph)
+            .field("launches", &self.launches)
+            .finish()
+    }
+}
+
+/// One replay of a [`CudaGraph`] as an op; from [`CudaGraph::launch_op`].
+#[must_use = "device ops do nothing until synced or awaited"]
+pub struct GraphLaunch<'a> {
+    exec: &'a GraphExec,
+}
+
+impl DeviceOp for GraphLaunch<'_> {
+    type Output = ();
+
+    fn execute(self, ctx: &mut ExecutionContext) -> Result<(), DeviceError> {
+        self.exec.launch(ctx.stream()?)
+    }
+}
+
+impl fmt::Debug for GraphLaunch<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GraphLaunch")
+            .field("exec", self.exec)
+            .finish()
+    }
+}
+
+/// Capture for every op.
+pub trait GraphCaptureExt: DeviceOp + Sized {
+    /// Captures the op on `stream` into a replayable graph; branches the device's default
+    /// policy puts on other streams are captured as parallel branches of the same graph.
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceError::Capture`] when the op allocates or waits for the host while captured
+    /// (the stream stays usable), or when the op fails; driver errors.
+    fn graph_on(self, stream: Stream) -> Result<CudaGraph<Self::Output>, DeviceError> {
+        let policy = default_policy(stream.device())?;
+        CudaGraph::new(self, stream, policy)
+    }
+
+    /// Captures the op under `policy`, on a root stream the policy picks.
+    ///
+    /// # Errors
+    ///
+    /// As [`GraphCaptureExt::graph_on`].
+    fn graph_with_policy<P: SchedulingPolicy + Clone + 'static>(
+        self,
+        policy: &P,
+    ) -> Result<CudaGraph<Self::Output>, DeviceError> {
+        let policy: Arc<dyn SchedulingPolicy> = Arc::new(policy.clone());
+        let stream = policy.place(&cuflow_scheduler::Placement::root(policy.device()))?;
+        CudaGraph::new(self, stream, policy)
+    }
+
+    /// Captures the op on a stream of the default device's default policy.
+    ///
+    /// # Errors
+    ///
+    /// As [`GraphCaptureExt::graph_on`].
+    fn graph(self) -> Result<CudaGraph<Self::Output>, DeviceError> {
+        let device = cuflow_device_op::default_device()?;
+        let policy = default_policy(&device)?;
+        let stream = policy.place(&cuflow_scheduler::Placement::root(&device))?;
+        CudaGraph::new(self, stream, policy)
+    }
+}
+
+impl<O: DeviceOp> GraphCaptureExt for O {}
