@@ -261,8 +261,9 @@ impl Device {
         }
     }
 
-    /// Bytes held by live cuflow buffers on this device (freed buffers leave this count when
-    /// their stream-ordered free is enqueued).
+    /// Bytes held by cuflow buffers on this device. A dropped buffer leaves this count when
+    /// its stream-ordered free is enqueued (CUDA), or when the last queued work using it has run
+    /// (host): after synchronizing, dropped buffers are no longer counted.
     pub fn bytes_in_use(&self) -> usize {
         self.inner.bytes_in_use.load(Ordering::Acquire)
     }
