@@ -2,8 +2,10 @@
 //! of pending futures and wakes them.
 //!
 //! No host callback is added to any stream: a future's work ends with an ordinary event, and
-//! completion is observed by polling that event. A future checks its event once when polled;
-//! if the work is still running it parks its waker in a slot watched by the reactor, which
+//! completion is observed by polling that event. The first poll of a future spins on its event
+//! for a few microseconds (a tiny op completes within them, and handing it to another thread
+//! would cost two thread wake-ups); if the work is still running it parks its waker in a slot
+//! watched by the reactor, which
 //! spins (yielding) while work is pending and sleeps briefly after a millisecond without news,
 //! so short ops complete with microsecond latency and long ones do not burn a core.
 //!
@@ -18,6 +20,9 @@ use std::time::{Duration, Instant};
 
 use cuflow_runtime::sync::{Condvar, Mutex};
 use cuflow_runtime::{DeviceError, Event};
+
+/// How long the first poll of a future waits on its event before parking its waker.
+const FIRST_POLL_SPIN: Duration = Duration::from_micros(20);
 
 struct SlotState {
     result: Option<Result<(), DeviceError>>,
@@ -48,10 +53,17 @@ impl CompletionSlot {
         if let Some(r) = s.result.take() {
             return Poll::Ready(r);
         }
-        match self.event.is_complete() {
-            Ok(true) => return Poll::Ready(Ok(())),
-            Err(e) => return Poll::Ready(Err(e)),
-            Ok(false) => {}
+        let spin_until = (!s.watched).then(|| Instant::now() + FIRST_POLL_SPIN);
+        loop {
+            match self.event.is_complete() {
+                Ok(true) => return Poll::Ready(Ok(())),
+                Err(e) => return Poll::Ready(Err(e)),
+                Ok(false) => {}
+            }
+            match spin_until {
+                Some(t) if Instant::now() < t => std::hint::spin_loop(),
+                _ => break,
+            }
         }
         s.waker = Some(cx.waker().clone());
         if !s.watched {

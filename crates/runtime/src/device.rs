@@ -83,6 +83,8 @@ pub(crate) struct DeviceInner {
     pub(crate) backend: DeviceBackend,
     /// Bytes in live cuflow buffers on this device.
     pub(crate) bytes_in_use: AtomicUsize,
+    /// The device's streams, for `Device::synchronize`.
+    pub(crate) streams: Mutex<Vec<crate::sync::Weak<crate::stream::StreamInner>>>,
     /// Extension slots for crates above the runtime (e.g. the default scheduling policy).
     pub(crate) extensions: Mutex<HashMap<std::any::TypeId, Arc<dyn std::any::Any + Send + Sync>>>,
 }
@@ -129,6 +131,7 @@ impl Device {
                     limits,
                     backend: DeviceBackend::Host(host::HostDevice::new()),
                     bytes_in_use: AtomicUsize::new(0),
+                    streams: Mutex::new(Vec::new()),
                     extensions: Mutex::new(HashMap::new()),
                 }),
             }
@@ -155,6 +158,7 @@ impl Device {
                 limits,
                 backend: DeviceBackend::Cuda(backend),
                 bytes_in_use: AtomicUsize::new(0),
+                streams: Mutex::new(Vec::new()),
                 extensions: Mutex::new(HashMap::new()),
             }),
         };
@@ -299,16 +303,29 @@ impl Device {
         }
     }
 
-    /// Waits until all work on all of this device's streams has finished.
+    /// Waits until all work on all of this device's streams has finished. Streams being
+    /// captured are skipped (their work is recorded, not run).
     ///
     /// # Errors
     ///
     /// The first error any of the device's streams hit.
     pub fn synchronize(&self) -> Result<()> {
-        match &self.inner.backend {
-            DeviceBackend::Host(h) => h.synchronize(),
-            DeviceBackend::Cuda(c) => c.synchronize(),
+        let live: Vec<Stream> = {
+            let mut list = self.inner.streams.lock();
+            list.retain(|w| w.strong_count() > 0);
+            list.iter()
+                .filter_map(|w| w.upgrade())
+                .map(|inner| Stream { inner })
+                .collect()
+        };
+        let mut first = Ok(());
+        for s in live.iter().filter(|s| !s.is_capturing()) {
+            let r = s.synchronize();
+            if first.is_ok() {
+                first = r;
+            }
         }
+        first
     }
 
     /// Returns the extension value of type `T` stored on this device, creating it with `init`

@@ -72,7 +72,7 @@ impl Stream {
                 (StreamBackend::Cuda(s), p)
             }
         };
-        Ok(Stream {
+        let stream = Stream {
             inner: Arc::new(StreamInner {
                 id,
                 device: device.clone(),
@@ -81,7 +81,11 @@ impl Stream {
                 capturing: AtomicBool::new(false),
                 capture: Mutex::new(None),
             }),
-        })
+        };
+        let mut list = device.inner.streams.lock();
+        list.retain(|w| w.strong_count() > 0);
+        list.push(Arc::downgrade(&stream.inner));
+        Ok(stream)
     }
 
     /// The stream's process-unique id.

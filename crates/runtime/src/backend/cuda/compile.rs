@@ -149,6 +149,11 @@ pub(crate) fn compile(
             ),
         )
     })?;
+    // Load the function now rather than lazily at its first launch, which may happen while a
+    // stream is being captured (where loading is not permitted): querying an attribute loads it.
+    function
+        .num_regs()
+        .map_err(|e| driver_err("cuFuncGetAttribute", e))?;
     Ok(CompiledKernel {
         name: name.to_string(),
         function,

@@ -235,13 +235,6 @@ impl CudaDevice {
             .map_err(|e| driver_err("cuCtxGetStreamPriorityRange", e))
     }
 
-    pub(crate) fn synchronize(&self) -> Result<()> {
-        self.shared
-            .ctx
-            .synchronize()
-            .map_err(|e| driver_err("cuCtxSynchronize", e))
-    }
-
     pub(crate) fn new_stream(&self, priority: Option<i32>) -> Result<(CudaStreamHandle, i32)> {
         CudaStreamHandle::new(&self.shared, priority)
     }

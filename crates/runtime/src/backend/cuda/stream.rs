@@ -107,12 +107,13 @@ impl CudaStreamHandle {
     pub(crate) fn begin_capture(&self) -> Result<CaptureBackend> {
         self.shared.bind()?;
         // SAFETY: the stream is alive and not capturing (the runtime checked its capture slot).
-        // Thread-local mode: only this thread's unsafe calls invalidate the capture, so other
-        // threads may keep using the device meanwhile.
+        // Relaxed mode: the runtime itself refuses the operations that cannot be captured
+        // (host waits, allocation), and other work of the process (including loading a kernel
+        // compiled for the first time during the capture) must not be refused meanwhile.
         unsafe {
             result::stream::begin_capture(
                 self.raw(),
-                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
             )
         }
         .map_err(|e| capture_err("Stream::begin_capture", e))?;

@@ -23,43 +23,17 @@ pub(crate) use stream::{HostEvent, HostStream};
 use crate::device::MemoryInfo;
 use crate::error::Result;
 use crate::stream::StreamId;
-use crate::sync::{Mutex, Weak};
 
-/// The host device's state: the live streams, for `Device::synchronize`.
-pub(crate) struct HostDevice {
-    streams: Mutex<Vec<Weak<stream::HostStreamCore>>>,
-}
+/// The host device's state.
+pub(crate) struct HostDevice;
 
 impl HostDevice {
     pub(crate) fn new() -> Self {
-        HostDevice {
-            streams: Mutex::new(Vec::new()),
-        }
+        HostDevice
     }
 
     pub(crate) fn new_stream(&self, id: StreamId) -> Result<HostStream> {
-        let s = HostStream::spawn(id)?;
-        let mut list = self.streams.lock();
-        list.retain(|w| w.strong_count() > 0);
-        list.push(s.downgrade());
-        Ok(s)
-    }
-
-    pub(crate) fn synchronize(&self) -> Result<()> {
-        let live: Vec<_> = self
-            .streams
-            .lock()
-            .iter()
-            .filter_map(|w| w.upgrade())
-            .collect();
-        let mut first = Ok(());
-        for core in live {
-            let r = HostStream::from_core(core).synchronize();
-            if first.is_ok() {
-                first = r;
-            }
-        }
-        first
+        HostStream::spawn(id)
     }
 
     pub(crate) fn memory_info(&self) -> MemoryInfo {

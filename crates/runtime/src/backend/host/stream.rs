@@ -11,7 +11,7 @@ use crate::error::{DeviceError, Result};
 use crate::graph::{CaptureBackend, CaptureSession, GraphBackend};
 use crate::memory::Memory;
 use crate::stream::StreamId;
-use crate::sync::{Arc, Condvar, Mutex, Weak};
+use crate::sync::{Arc, Condvar, Mutex};
 
 /// A unit of work on a host stream. `Fn` (not `FnOnce`) so that captured work can be replayed.
 pub(crate) type HostTask = Arc<dyn Fn() -> Result<()> + Send + Sync>;
@@ -107,14 +107,6 @@ impl HostStream {
                 capture: Mutex::new(None),
             }),
         })
-    }
-
-    pub(crate) fn downgrade(&self) -> Weak<HostStreamCore> {
-        Arc::downgrade(&self.core)
-    }
-
-    pub(crate) fn from_core(core: Arc<HostStreamCore>) -> HostStream {
-        HostStream { core }
     }
 
     fn send(&self, msg: Msg) -> Result<()> {
