@@ -1,8 +1,6 @@
 //! Dropping in-flight futures frees nothing a kernel still uses. In its own test binary so that
 //! no other test allocates while memory is counted.
 
-use std::sync::Arc;
-
 use cuflow_device_op::{DeviceOp, DeviceOpExt, ExecutionContext};
 use cuflow_runtime::{Device, DeviceBuffer, DeviceError, Kernel, KernelArgs, LaunchConfig};
 use cuflow_scheduler::StreamPoolRoundRobin;

@@ -67,10 +67,18 @@ impl CudaGraphHandle {
         .map_err(|e| driver_err("cuGraphGetEdges", e))?;
         let mut from = vec![std::ptr::null_mut(); m];
         let mut to = vec![std::ptr::null_mut(); m];
-        // SAFETY: both arrays have room for the `m` edges the driver reported.
-        unsafe { sys::cuGraphGetEdges(self.graph, from.as_mut_ptr(), to.as_mut_ptr(), &mut m) }
-            .result()
-            .map_err(|e| driver_err("cuGraphGetEdges", e))?;
+        // SAFETY: both arrays have room for the `m` edges the driver reported; no edge data.
+        unsafe {
+            sys::cuGraphGetEdges_v2(
+                self.graph,
+                from.as_mut_ptr(),
+                to.as_mut_ptr(),
+                std::ptr::null_mut(),
+                &mut m,
+            )
+        }
+        .result()
+        .map_err(|e| driver_err("cuGraphGetEdges", e))?;
         Ok(from
             .iter()
             .zip(to.iter())
