@@ -56,23 +56,10 @@ pub fn default_device() -> Result<Device, DeviceError> {
     Ok(DEVICE.get_or_init(|| d).clone())
 }
 
-fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = p.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = p.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "non-string panic payload".to_string()
-    }
-}
-
 fn execute_root<O: DeviceOp>(op: O, ctx: &mut ExecutionContext) -> Result<O::Output, DeviceError> {
     match catch_unwind(AssertUnwindSafe(|| op.execute(ctx))) {
         Ok(r) => r,
-        Err(p) => Err(DeviceError::Panicked {
-            op: "op execution",
-            message: panic_message(&*p),
-        }),
+        Err(p) => Err(DeviceError::from_panic("op execution", &*p)),
     }
 }
 

@@ -295,7 +295,10 @@ fn await_on_tokio_multi_thread_with_a_thousand_ops() -> Result<(), DeviceError> 
         let mut handles = Vec::new();
         for (i, x) in inputs.into_iter().enumerate() {
             handles.push(tokio::spawn(async move {
-                let dst = Arc::new(DeviceBuffer::<f64>::zeroed(&x.device().new_stream()?, 1)?);
+                // Initialized on its own stream, outside any op: wait for it before use.
+                let init = x.device().new_stream()?;
+                let dst = Arc::new(DeviceBuffer::<f64>::zeroed(&init, 1)?);
+                init.synchronize()?;
                 tokio::task::yield_now().await;
                 let out = AddFirst {
                     dst,

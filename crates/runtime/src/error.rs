@@ -218,6 +218,18 @@ pub enum DeviceError {
 }
 
 impl DeviceError {
+    /// Builds a [`DeviceError::Panicked`] from a caught panic's payload.
+    pub fn from_panic(op: &'static str, payload: &(dyn std::any::Any + Send)) -> Self {
+        let message = if let Some(s) = payload.downcast_ref::<&str>() {
+            (*s).to_string()
+        } else if let Some(s) = payload.downcast_ref::<String>() {
+            s.clone()
+        } else {
+            "non-string panic payload".to_string()
+        };
+        DeviceError::Panicked { op, message }
+    }
+
     /// Builds a [`DeviceError::Usage`].
     pub fn usage(what: impl Into<String>) -> Self {
         DeviceError::Usage { what: what.into() }

@@ -42,23 +42,10 @@ pub(crate) struct HostStream {
     core: Arc<HostStreamCore>,
 }
 
-fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = p.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = p.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "non-string panic payload".to_string()
-    }
-}
-
 pub(crate) fn run_task(task: &HostTask) -> Result<()> {
     match catch_unwind(AssertUnwindSafe(|| task())) {
         Ok(r) => r,
-        Err(p) => Err(DeviceError::Panicked {
-            op: "a host kernel",
-            message: panic_message(&*p),
-        }),
+        Err(p) => Err(DeviceError::from_panic("a host kernel", &*p)),
     }
 }
 
@@ -85,10 +72,7 @@ impl HostStream {
                             if let Err(p) = catch_unwind(AssertUnwindSafe(f)) {
                                 let mut slot = worker_error.lock();
                                 if slot.is_none() {
-                                    *slot = Some(DeviceError::Panicked {
-                                        op: "a host function",
-                                        message: panic_message(&*p),
-                                    });
+                                    *slot = Some(DeviceError::from_panic("a host function", &*p));
                                 }
                             }
                         }
