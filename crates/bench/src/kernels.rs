@@ -1,11 +1,23 @@
-//! The kernels the benchmarks launch, as cuflow kernels and as CUDA C for the raw baselines.
+//! The kernels the benchmarks launch: CUDA C sources shared by the cuflow kernels and the raw
+//! cudarc baselines, so that both sides launch the same code.
 
 use std::sync::Arc;
 
 use cuflow::prelude::*;
 
-/// An empty kernel: launch overhead only.
+/// Entry point of [`EMPTY_SRC`].
+pub(crate) const EMPTY_NAME: &str = "empty_kernel";
+
+/// An empty kernel without parameters: launch overhead only.
 pub(crate) const EMPTY_SRC: &str = r#"extern "C" __global__ void empty_kernel() {}"#;
+
+/// Entry point of [`EMPTY_ARG_SRC`].
+pub(crate) const EMPTY_ARG_NAME: &str = "empty_kernel_arg";
+
+/// An empty kernel with one pointer parameter that it never dereferences: launch overhead with
+/// one buffer argument (the case where cudarc's event tracking does work).
+pub(crate) const EMPTY_ARG_SRC: &str =
+    r#"extern "C" __global__ void empty_kernel_arg(float* p) {}"#;
 
 /// A single thread that spins for `cycles` SM clock cycles, then writes `out[0] += 1`.
 pub(crate) const SPIN_SRC: &str = r#"
@@ -15,10 +27,17 @@ extern "C" __global__ void spin_kernel(unsigned long long* out, unsigned long lo
     out[0] += 1ull;
 }"#;
 
+/// [`EMPTY_SRC`] as a cuflow kernel.
 pub(crate) fn empty_kernel() -> Kernel {
-    Kernel::new("empty_kernel", EMPTY_SRC).with_host(|_| Ok(()))
+    Kernel::new(EMPTY_NAME, EMPTY_SRC).with_host(|_| Ok(()))
 }
 
+/// [`EMPTY_ARG_SRC`] as a cuflow kernel; pass it one `f32` buffer.
+pub(crate) fn empty_arg_kernel() -> Kernel {
+    Kernel::new(EMPTY_ARG_NAME, EMPTY_ARG_SRC).with_host(|_| Ok(()))
+}
+
+/// [`SPIN_SRC`] as a cuflow kernel; on the host it sleeps for about the same time.
 pub(crate) fn spin_kernel() -> Kernel {
     Kernel::new("spin_kernel", SPIN_SRC).with_host(|args| {
         let cycles = args.scalar::<u64>(1)?;

@@ -1,119 +1,145 @@
-//! `launch`: the host cost of one kernel launch through cuflow's `Stream`/`Kernel`, beside raw
-//! cudarc with its per-buffer event tracking off and on, in the same process.
+//! `launch`: the host cost of one empty-kernel launch through cuflow's `Stream`/`Kernel`, beside
+//! raw cudarc on the same device in the same process.
+//!
+//! Five variants, each a loop of back-to-back launches of one thread followed by one stream
+//! synchronize, timed with the wall clock (the cost is host-bound: the GPU runs an empty kernel
+//! faster than the host enqueues it):
+//!
+//! - cuflow, `empty_kernel()`, and raw cudarc with event tracking off, the same kernel;
+//! - cuflow, `empty_kernel_arg(float*)` with one buffer, and raw cudarc with tracking off;
+//! - raw cudarc with tracking on (its default), the one-buffer kernel: there, each buffer
+//!   argument costs stream waits and an event record, so it is the baseline a cudarc user who
+//!   keeps the defaults pays.
+//!
+//! Trials of the variants are interleaved (a b c d e a b c d e ...) so that clock and thermal
+//! drift affect all alike; each figure is the median of its trials.
 
-use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use cuflow::prelude::*;
 
-use crate::kernels::{empty_kernel, spin_kernel, EMPTY_SRC, SPIN_SRC};
-use crate::raw::Raw;
-use crate::report::{median, Report, Row};
+use crate::error::BenchError;
+use crate::kernels::{empty_arg_kernel, empty_kernel};
+use crate::raw::{EventTracking, RawKernel, RawLauncher};
+use crate::report::{Goal, Results, Row};
 
+/// Trials of each variant; odd, so the median is one of them.
+const TRIALS: usize = 7;
+
+/// Launches of each variant before the first trial (compilation, module load, first-launch
+/// costs, clocks up).
+const WARMUP_LAUNCHES: usize = 500;
+
+/// The project's goal: cuflow costs at most this many times raw cudarc with tracking off.
+const GOAL: Goal = Goal::AtMost(1.10);
+
+/// Launches `kernel` `n` times on `stream` (with `buffer` as its one argument, if any), then
+/// synchronizes; returns the wall time of the whole, synchronize included.
 fn cuflow_launches(
     stream: &Stream,
     kernel: &Kernel,
-    counter: Option<&DeviceBuffer<u64>>,
+    buffer: Option<&DeviceBuffer<f32>>,
     n: usize,
-) -> Result<f64, DeviceError> {
-    let cfg = LaunchConfig::linear(1, 1);
-    let t = Instant::now();
-    match counter {
+) -> Result<Duration, DeviceError> {
+    let config = LaunchConfig::linear(1, 1);
+    let start = Instant::now();
+    match buffer {
         None => {
-            let args = KernelArgs::new();
             for _ in 0..n {
-                kernel.launch(stream, cfg, &args)?;
+                kernel.launch(stream, config, &KernelArgs::new())?;
             }
         }
-        Some(c) => {
+        Some(buffer) => {
             for _ in 0..n {
-                kernel.launch(stream, cfg, KernelArgs::new().output(c).scalar(0u64))?;
+                kernel.launch(stream, config, KernelArgs::new().output(buffer))?;
             }
         }
     }
     stream.synchronize()?;
-    Ok(t.elapsed().as_secs_f64())
+    Ok(start.elapsed())
 }
 
-pub(crate) fn run(device: &Device, iters: usize) -> Result<Report, String> {
-    let e = |e: DeviceError| e.to_string();
-    let stream = device.new_stream().map_err(e)?;
-    let empty = empty_kernel();
-    let one_arg = spin_kernel();
-    let counter = Arc::new(DeviceBuffer::<u64>::zeroed(&stream, 1).map_err(e)?);
-    let mut raw_off = Raw::new(EMPTY_SRC, "empty_kernel", false, false)?;
-    let mut raw_off_arg = Raw::new(SPIN_SRC, "spin_kernel", false, true)?;
-    let mut raw_on_arg = Raw::new(SPIN_SRC, "spin_kernel", true, true)?;
+/// One variant: a way to run `n` launches, and its per-trial µs per launch.
+struct Variant<'a> {
+    launch_n: Box<dyn FnMut(usize) -> Result<Duration, BenchError> + 'a>,
+    trials: Vec<f64>,
+}
 
-    // Warm up: compile, load, first launches.
-    cuflow_launches(&stream, &empty, None, 500).map_err(e)?;
-    cuflow_launches(&stream, &one_arg, Some(&counter), 500).map_err(e)?;
-    raw_off.launch_n(500, 0)?;
-    raw_off_arg.launch_n(500, 0)?;
-    raw_on_arg.launch_n(500, 0)?;
-
-    let trials = 7;
-    let (mut a, mut b, mut c, mut d, mut f) = (vec![], vec![], vec![], vec![], vec![]);
-    let per = |s: f64| s * 1e6 / iters as f64;
-    for _ in 0..trials {
-        a.push(per(
-            cuflow_launches(&stream, &empty, None, iters).map_err(e)?
-        ));
-        b.push(per(raw_off.launch_n(iters, 0)?));
-        c.push(per(cuflow_launches(
-            &stream,
-            &one_arg,
-            Some(&counter),
-            iters,
-        )
-        .map_err(e)?));
-        d.push(per(raw_off_arg.launch_n(iters, 0)?));
-        f.push(per(raw_on_arg.launch_n(iters, 0)?));
+impl<'a> Variant<'a> {
+    fn new(launch_n: impl FnMut(usize) -> Result<Duration, BenchError> + 'a) -> Variant<'a> {
+        Variant {
+            launch_n: Box::new(launch_n),
+            trials: Vec::with_capacity(TRIALS),
+        }
     }
-    let (a, b, c, d, f) = (
-        median(&mut a),
-        median(&mut b),
-        median(&mut c),
-        median(&mut d),
-        median(&mut f),
-    );
-    let row = |name: &str, value: f64, bname: &str, base: f64, goal| Row {
-        name: name.into(),
-        value,
-        unit: "us",
-        baseline_name: bname.into(),
-        baseline: base,
-        lower_is_better: true,
-        goal,
-    };
-    Ok(Report {
-        benchmark: "launch".into(),
-        device: device.to_string(),
+}
+
+/// Runs the benchmark with `iters` launches per trial.
+pub(crate) fn run(device: &Device, iters: usize) -> Result<Results, BenchError> {
+    let stream = device.new_stream()?;
+    let no_arg = empty_kernel();
+    let one_arg = empty_arg_kernel();
+    // Compile through cuflow first: it reports a missing NVRTC or a compile error as a
+    // `DeviceError`, before any raw cudarc call.
+    no_arg.compile(device)?;
+    one_arg.compile(device)?;
+    let buffer = DeviceBuffer::<f32>::zeroed(&stream, 1)?;
+    stream.synchronize()?;
+
+    let mut raw_off = RawLauncher::new(device, EventTracking::Off, RawKernel::Empty)?;
+    let mut raw_off_arg = RawLauncher::new(device, EventTracking::Off, RawKernel::EmptyOneBuffer)?;
+    let mut raw_on_arg = RawLauncher::new(device, EventTracking::On, RawKernel::EmptyOneBuffer)?;
+
+    let mut variants = [
+        Variant::new(|n| Ok(cuflow_launches(&stream, &no_arg, None, n)?)),
+        Variant::new(|n| raw_off.launch_n(n)),
+        Variant::new(|n| Ok(cuflow_launches(&stream, &one_arg, Some(&buffer), n)?)),
+        Variant::new(|n| raw_off_arg.launch_n(n)),
+        Variant::new(|n| raw_on_arg.launch_n(n)),
+    ];
+    for variant in &mut variants {
+        (variant.launch_n)(WARMUP_LAUNCHES)?;
+    }
+    for _ in 0..TRIALS {
+        for variant in &mut variants {
+            let elapsed = (variant.launch_n)(iters)?;
+            variant
+                .trials
+                .push(elapsed.as_secs_f64() * 1e6 / iters as f64);
+        }
+    }
+    let [cuflow_no_arg, raw_off_no_arg, cuflow_one_arg, raw_off_one_arg, raw_on_one_arg] =
+        variants.map(|v| v.trials);
+
+    Ok(Results {
         notes: vec![format!(
-            "µs per launch, median of {trials} trials of {iters} back-to-back launches of one \
-             thread each, including the final stream synchronize"
+            "µs per launch: median of {TRIALS} interleaved trials of {iters} back-to-back \
+             launches of one thread each, timed on the host including the final stream \
+             synchronize; {WARMUP_LAUNCHES} warm-up launches per variant"
         )],
         rows: vec![
-            row(
-                "cuflow empty kernel",
-                a,
-                "raw cudarc, tracking off",
-                b,
-                Some(("<=", 1.10)),
-            ),
-            row(
-                "cuflow 1-buffer kernel",
-                c,
-                "raw cudarc, tracking off",
-                d,
-                Some(("<=", 1.10)),
-            ),
-            row(
-                "cuflow 1-buffer kernel",
-                c,
-                "raw cudarc, tracking on",
-                f,
-                None,
+            Row::from_trials(
+                "cuflow, empty_kernel()",
+                "us",
+                &cuflow_no_arg,
+                "raw cudarc, tracking off, same kernel",
+                &raw_off_no_arg,
+            )
+            .with_goal(GOAL),
+            Row::from_trials(
+                "cuflow, empty_kernel_arg(float*)",
+                "us",
+                &cuflow_one_arg,
+                "raw cudarc, tracking off, same kernel",
+                &raw_off_one_arg,
+            )
+            .with_goal(GOAL),
+            Row::from_trials(
+                "cuflow, empty_kernel_arg(float*)",
+                "us",
+                &cuflow_one_arg,
+                "raw cudarc, tracking on, same kernel",
+                &raw_on_one_arg,
             ),
         ],
     })

@@ -1,12 +1,24 @@
-//! `cuflow-bench`: cuflow's benchmarks, each figure beside its baseline measured in the same run.
+//! `cuflow-bench`: cuflow's benchmarks, each figure beside its baseline measured in the same
+//! run (raw cudarc on the same device, in the same process), and the ratio.
 //!
 //! ```text
-//! cuflow-bench <launch|ops|overlap> [--iters N] [--json PATH]
+//! cuflow-bench <benchmark> [--iters N] [--json PATH]
+//! cuflow-bench --help
 //! ```
 //!
-//! The benchmarks need a CUDA device (they measure GPU work against raw cudarc); without one
-//! they say so and exit with status 2.
+//! Each benchmark is one module with a `run(&Device, iters) -> Result<Results, BenchError>`
+//! function and one entry in [`BENCHMARKS`]. The benchmarks measure GPU work, so they need a
+//! CUDA device: without one the program says so and exits with status 2 (before any direct
+//! cudarc call, which would panic where libcuda is absent). Exit status 1 means a benchmark
+//! failed; the figures are printed as a table on stdout and, with `--json`, written to `PATH`.
+//! Committed results live in `docs/perf/`.
+//!
+//! `unsafe` is denied everywhere but in [`raw`], the raw cudarc baseline, whose launch API needs
+//! it.
 
+#![deny(unsafe_code)]
+
+mod error;
 mod kernels;
 mod launch;
 mod ops;
@@ -14,111 +26,257 @@ mod overlap;
 mod raw;
 mod report;
 
-use cuflow::Device;
+use std::error::Error as _;
+use std::path::PathBuf;
+use std::process::ExitCode;
 
-const BENCHMARKS: &[(&str, &str, usize)] = &[
-    (
-        "launch",
-        "empty-kernel launch cost vs raw cudarc (tracking off and on)",
-        20_000,
-    ),
-    (
-        "ops",
-        "1000-kernel then-chain vs raw launches; .await vs .sync_on",
-        21,
-    ),
-    (
-        "overlap",
-        "zip! of 8 ~1 ms kernels: round-robin(8) vs SingleStream",
-        9,
-    ),
+use cuflow::prelude::Device;
+
+use crate::error::BenchError;
+use crate::report::{Environment, Report, Results};
+
+/// One benchmark of the program.
+struct Benchmark {
+    /// Its name on the command line.
+    name: &'static str,
+    /// One line for `--help`.
+    about: &'static str,
+    /// What `--iters` counts, for `--help`.
+    iters_meaning: &'static str,
+    /// `--iters` when not given.
+    default_iters: usize,
+    /// Runs it on a CUDA device.
+    run: fn(&Device, usize) -> Result<Results, BenchError>,
+}
+
+/// Every benchmark, in the order `--help` lists them. The next ones (`kernels`, `graph`,
+/// `multigpu`) are each a module beside `launch.rs` and an entry here.
+const BENCHMARKS: &[Benchmark] = &[
+    Benchmark {
+        name: "launch",
+        about: "empty-kernel launch cost, cuflow vs raw cudarc (event tracking off and on)",
+        iters_meaning: "launches per trial",
+        default_iters: 20_000,
+        run: launch::run,
+    },
+    Benchmark {
+        name: "ops",
+        about: "1000-kernel then-chain vs raw cudarc launches; .await vs .sync_on",
+        iters_meaning: "trials",
+        default_iters: 21,
+        run: ops::run,
+    },
+    Benchmark {
+        name: "overlap",
+        about: "zip! of 8 ~1 ms kernels: round-robin over 8 streams vs SingleStream",
+        iters_meaning: "trials",
+        default_iters: 9,
+        run: overlap::run,
+    },
 ];
 
+/// Exit status for a bad command line, or no CUDA device.
+const EXIT_USAGE: u8 = 2;
+
 fn usage() -> String {
-    let mut s =
-        String::from("usage: cuflow-bench <benchmark> [--iters N] [--json PATH]\n\nbenchmarks:\n");
-    for (name, what, _) in BENCHMARKS {
-        s.push_str(&format!("  {name:<10} {what}\n"));
+    let mut s = String::from(
+        "usage: cuflow-bench <benchmark> [--iters N] [--json PATH]\n\
+         \n\
+         Runs one benchmark on CUDA device 0 and prints each figure beside its baseline\n\
+         measured in the same run, and the ratio. --json PATH also writes them as JSON.\n\
+         \n\
+         benchmarks:\n",
+    );
+    let width = BENCHMARKS.iter().map(|b| b.name.len()).max().unwrap_or(0);
+    for b in BENCHMARKS {
+        s.push_str(&format!(
+            "  {:<width$}  {}\n  {:<width$}  --iters: {} (default {})\n",
+            b.name, b.about, "", b.iters_meaning, b.default_iters
+        ));
     }
     s
 }
 
-fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let mut name = None;
-    let mut iters = None;
-    let mut json = None;
-    let mut i = 0;
-    while i < args.len() {
-        match args[i].as_str() {
-            "-h" | "--help" => {
-                print!("{}", usage());
-                return;
-            }
+/// A parsed command line.
+enum Command {
+    Help,
+    Run {
+        benchmark: &'static Benchmark,
+        iters: usize,
+        json: Option<PathBuf>,
+    },
+}
+
+fn parse(args: &[String]) -> Result<Command, String> {
+    let mut name: Option<&str> = None;
+    let mut iters: Option<usize> = None;
+    let mut json: Option<PathBuf> = None;
+    let mut args = args.iter();
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "-h" | "--help" => return Ok(Command::Help),
             "--iters" => {
-                iters = args.get(i + 1).and_then(|v| v.parse::<usize>().ok());
-                if iters.is_none() {
-                    eprintln!("--iters needs a positive number\n\n{}", usage());
-                    std::process::exit(2);
+                let value = args.next().ok_or("--iters needs a value")?;
+                match value.parse::<usize>() {
+                    Ok(n) if n > 0 => iters = Some(n),
+                    _ => return Err(format!("--iters needs a positive integer, not {value:?}")),
                 }
-                i += 1;
             }
-            "--json" => {
-                json = args.get(i + 1).cloned();
-                if json.is_none() {
-                    eprintln!("--json needs a path\n\n{}", usage());
-                    std::process::exit(2);
-                }
-                i += 1;
-            }
-            other if name.is_none() => name = Some(other.to_string()),
-            other => {
-                eprintln!("unexpected argument {other:?}\n\n{}", usage());
-                std::process::exit(2);
-            }
+            "--json" => json = Some(args.next().ok_or("--json needs a path")?.into()),
+            flag if flag.starts_with('-') => return Err(format!("unknown option {flag:?}")),
+            benchmark if name.is_none() => name = Some(benchmark),
+            extra => return Err(format!("unexpected argument {extra:?}")),
         }
-        i += 1;
     }
-    let Some(name) = name else {
-        eprint!("{}", usage());
-        std::process::exit(2);
+    let name = name.ok_or("which benchmark?")?;
+    let benchmark = BENCHMARKS
+        .iter()
+        .find(|b| b.name == name)
+        .ok_or_else(|| format!("unknown benchmark {name:?}"))?;
+    Ok(Command::Run {
+        benchmark,
+        iters: iters.unwrap_or(benchmark.default_iters),
+        json,
+    })
+}
+
+/// `error` and its chain of sources, on one line.
+fn error_chain(error: &BenchError) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(e) = source {
+        text.push_str(&format!(": {e}"));
+        source = e.source();
+    }
+    text
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (benchmark, iters, json) = match parse(&args) {
+        Ok(Command::Help) => {
+            print!("{}", usage());
+            return ExitCode::SUCCESS;
+        }
+        Ok(Command::Run {
+            benchmark,
+            iters,
+            json,
+        }) => (benchmark, iters, json),
+        Err(message) => {
+            eprintln!("cuflow-bench: {message}\n\n{}", usage());
+            return ExitCode::from(EXIT_USAGE);
+        }
     };
-    let Some(&(_, _, default_iters)) = BENCHMARKS.iter().find(|(n, _, _)| *n == name) else {
-        eprintln!("unknown benchmark {name:?}\n\n{}", usage());
-        std::process::exit(2);
-    };
+
+    // Open the device through cuflow first: it reports a missing driver or device as an
+    // error, where a direct cudarc call would panic.
     let device = match Device::cuda(0) {
-        Ok(d) => d,
+        Ok(device) => device,
         Err(e) => {
-            eprintln!("cuflow-bench {name} needs a CUDA device: {e}");
-            std::process::exit(2);
+            eprintln!(
+                "cuflow-bench {}: this benchmark needs a CUDA device, and CUDA device 0 could \
+                 not be opened: {e}",
+                benchmark.name
+            );
+            return ExitCode::from(EXIT_USAGE);
         }
     };
-    let iters = iters.unwrap_or(default_iters).max(1);
-    let result = match name.as_str() {
-        "launch" => launch::run(&device, iters),
-        "ops" => ops::run(&device, iters),
-        _ => overlap::run(&device, iters),
-    };
-    let report = match result {
-        Ok(r) => r,
+
+    let results = match (benchmark.run)(&device, iters) {
+        Ok(results) => results,
         Err(e) => {
-            eprintln!("cuflow-bench {name} failed: {e}");
-            std::process::exit(1);
+            eprintln!(
+                "cuflow-bench {} failed: {}",
+                benchmark.name,
+                error_chain(&e)
+            );
+            return ExitCode::FAILURE;
         }
+    };
+    let report = Report {
+        benchmark: benchmark.name,
+        iters,
+        environment: Environment::collect(&device),
+        results,
     };
     print!("{}", report.table());
+
     if let Some(path) = json {
         let text = match serde_json::to_string_pretty(&report.json()) {
-            Ok(t) => t,
+            Ok(text) => text,
             Err(e) => {
-                eprintln!("could not encode the results: {e}");
-                std::process::exit(1);
+                eprintln!("cuflow-bench: could not encode the results as JSON: {e}");
+                return ExitCode::FAILURE;
             }
         };
         if let Err(e) = std::fs::write(&path, text + "\n") {
-            eprintln!("could not write {path}: {e}");
-            std::process::exit(1);
+            eprintln!("cuflow-bench: could not write {}: {e}", path.display());
+            return ExitCode::FAILURE;
+        }
+        println!("results written to {}", path.display());
+    }
+    ExitCode::SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(line: &str) -> Vec<String> {
+        line.split_whitespace().map(str::to_string).collect()
+    }
+
+    #[test]
+    fn parses_benchmark_iters_and_json() {
+        let Ok(Command::Run {
+            benchmark,
+            iters,
+            json,
+        }) = parse(&args("launch --iters 100 --json out/launch.json"))
+        else {
+            panic!("expected a run");
+        };
+        assert_eq!(benchmark.name, "launch");
+        assert_eq!(iters, 100);
+        assert_eq!(json, Some(PathBuf::from("out/launch.json")));
+    }
+
+    #[test]
+    fn defaults_iters_per_benchmark() {
+        let Ok(Command::Run { iters, json, .. }) = parse(&args("ops")) else {
+            panic!("expected a run");
+        };
+        assert_eq!(iters, 21);
+        assert_eq!(json, None);
+    }
+
+    #[test]
+    fn help_wins() {
+        assert!(matches!(parse(&args("launch --help")), Ok(Command::Help)));
+    }
+
+    #[test]
+    fn rejects_bad_command_lines() {
+        for line in [
+            "",
+            "nope",
+            "launch --iters 0",
+            "launch --iters x",
+            "launch --iters",
+            "launch --json",
+            "launch ops",
+            "launch --fast",
+        ] {
+            assert!(parse(&args(line)).is_err(), "{line:?} was accepted");
+        }
+    }
+
+    #[test]
+    fn every_benchmark_is_listed_once() {
+        for b in BENCHMARKS {
+            assert_eq!(BENCHMARKS.iter().filter(|o| o.name == b.name).count(), 1);
+            assert!(usage().contains(b.name));
         }
     }
 }

@@ -6,9 +6,10 @@ use std::time::Instant;
 
 use cuflow::prelude::*;
 
-use crate::kernels::{empty_kernel, EmptyOp, EMPTY_SRC};
-use crate::raw::Raw;
-use crate::report::{median, Report, Row};
+use crate::error::BenchError;
+use crate::kernels::{empty_kernel, EmptyOp};
+use crate::raw::{EventTracking, RawKernel, RawLauncher};
+use crate::report::{Goal, Results, Row};
 
 fn chain(kernel: &Kernel, n: usize) -> BoxedOp<'static, ()> {
     let mut op = value(()).boxed();
@@ -19,53 +20,49 @@ fn chain(kernel: &Kernel, n: usize) -> BoxedOp<'static, ()> {
     op
 }
 
-pub(crate) fn run(device: &Device, iters: usize) -> Result<Report, String> {
-    let e = |e: DeviceError| e.to_string();
-    let stream = device.new_stream().map_err(e)?;
+/// Runs the benchmark with `iters` trials of the chain (clamped to 5..=51).
+pub(crate) fn run(device: &Device, iters: usize) -> Result<Results, BenchError> {
+    let stream = device.new_stream()?;
     let kernel = empty_kernel();
-    let mut raw = Raw::new(EMPTY_SRC, "empty_kernel", false, false)?;
+    // Compile through cuflow first: it reports a missing NVRTC before any raw cudarc call.
+    kernel.compile(device)?;
+    let mut raw = RawLauncher::new(device, EventTracking::Off, RawKernel::Empty)?;
     let n = 1000;
 
     // Warm up.
-    chain(&kernel, n).sync_on(&stream).map_err(e)?;
-    raw.launch_n(n, 0)?;
+    chain(&kernel, n).sync_on(&stream)?;
+    raw.launch_n(n)?;
 
     let trials = iters.clamp(5, 51);
     let (mut ours, mut theirs) = (Vec::new(), Vec::new());
     for _ in 0..trials {
         let t = Instant::now();
-        chain(&kernel, n).sync_on(&stream).map_err(e)?;
+        chain(&kernel, n).sync_on(&stream)?;
         ours.push(t.elapsed().as_secs_f64() * 1e6 / n as f64);
-        theirs.push(raw.launch_n(n, 0)? * 1e6 / n as f64);
+        theirs.push(raw.launch_n(n)?.as_secs_f64() * 1e6 / n as f64);
     }
-    let chain_ours = median(&mut ours);
-    let chain_raw = median(&mut theirs);
 
     // One tiny op: `.await` (default policy, completion reactor) vs `.sync_on`.
     let rounds = 2000;
     for _ in 0..200 {
-        futures::executor::block_on(async { EmptyOp(kernel.clone()).await }).map_err(e)?;
-        EmptyOp(kernel.clone()).sync_on(&stream).map_err(e)?;
+        futures::executor::block_on(async { EmptyOp(kernel.clone()).await })?;
+        EmptyOp(kernel.clone()).sync_on(&stream)?;
     }
     let (mut awaits, mut syncs) = (Vec::new(), Vec::new());
     for _ in 0..7 {
         let t = Instant::now();
         for _ in 0..rounds {
-            futures::executor::block_on(async { EmptyOp(kernel.clone()).await }).map_err(e)?;
+            futures::executor::block_on(async { EmptyOp(kernel.clone()).await })?;
         }
         awaits.push(t.elapsed().as_secs_f64() * 1e6 / rounds as f64);
         let t = Instant::now();
         for _ in 0..rounds {
-            EmptyOp(kernel.clone()).sync_on(&stream).map_err(e)?;
+            EmptyOp(kernel.clone()).sync_on(&stream)?;
         }
         syncs.push(t.elapsed().as_secs_f64() * 1e6 / rounds as f64);
     }
-    let awaited = median(&mut awaits);
-    let synced = median(&mut syncs);
 
-    Ok(Report {
-        benchmark: "ops".into(),
-        device: device.to_string(),
+    Ok(Results {
         notes: vec![
             format!(
                 "chain: µs per op of a {n}-kernel dependent chain built with `then` (boxed ops, \
@@ -75,24 +72,22 @@ pub(crate) fn run(device: &Device, iters: usize) -> Result<Report, String> {
             format!("round trip: µs per op, median of 7 trials of {rounds} one-kernel ops"),
         ],
         rows: vec![
-            Row {
-                name: "then-chain of 1000 empty kernels".into(),
-                value: chain_ours,
-                unit: "us/op",
-                baseline_name: "raw cudarc launches, tracking off".into(),
-                baseline: chain_raw,
-                lower_is_better: true,
-                goal: Some(("<=", 1.10)),
-            },
-            Row {
-                name: ".await of one tiny op".into(),
-                value: awaited,
-                unit: "us",
-                baseline_name: ".sync_on round trip".into(),
-                baseline: synced,
-                lower_is_better: true,
-                goal: Some(("<=", 1.10)),
-            },
+            Row::from_trials(
+                "then-chain of 1000 empty kernels",
+                "us/op",
+                &ours,
+                "raw cudarc launches, tracking off",
+                &theirs,
+            )
+            .with_goal(Goal::AtMost(1.10)),
+            Row::from_trials(
+                ".await of one tiny op",
+                "us",
+                &awaits,
+                ".sync_on round trip",
+                &syncs,
+            )
+            .with_goal(Goal::AtMost(1.10)),
         ],
     })
 }

@@ -1,86 +1,197 @@
 //! Raw cudarc baselines: the same launches written directly against cudarc, as a user of the
-//! driver bindings would. The only `unsafe` of the benchmark program lives here.
+//! driver bindings would write them, and the driver and NVRTC version queries.
+//!
+//! This is the only module of the benchmark program with `unsafe` code: cudarc's kernel launch
+//! and `disable_event_tracking` are `unsafe`, and so are its version queries. Two invariants
+//! make the blocks here sound:
+//!
+//! - Every function takes the CUDA [`Device`] that cuflow opened, so libcuda is loaded before
+//!   any cudarc call (cudarc panics when a library it calls into is absent). NVRTC is checked
+//!   with `is_culib_present` before its first use.
+//! - Each [`RawLauncher`] owns its own `CudaContext` object (on the device's primary context),
+//!   one stream, and at most one buffer, which is allocated, used and freed on that one stream.
+//!   The kernel and the arguments pushed for it are both chosen by one [`RawKernel`] value, so
+//!   they always match.
+
+#![allow(unsafe_code)]
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
+    sys, CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
 };
-use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
+use cudarc::nvrtc::{self, compile_ptx_with_opts, CompileOptions};
+use cuflow::prelude::Device;
 
-/// A context, stream and loaded kernel of raw cudarc.
-pub(crate) struct Raw {
-    _ctx: Arc<CudaContext>,
+use crate::error::BenchError;
+use crate::kernels;
+
+/// Whether cudarc records an event per buffer use to order streams (its default is on).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum EventTracking {
+    /// `CudaContext::disable_event_tracking`: launches do no event work.
+    Off,
+    /// cudarc's default: each buffer argument adds stream waits and an event record.
+    On,
+}
+
+/// The kernel a [`RawLauncher`] launches; it also fixes the arguments pushed for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RawKernel {
+    /// `empty_kernel()`, no arguments.
+    Empty,
+    /// `empty_kernel_arg(float* p)`, one `CudaSlice<f32>` of one element.
+    EmptyOneBuffer,
+}
+
+impl RawKernel {
+    fn name_and_source(self) -> (&'static str, &'static str) {
+        match self {
+            RawKernel::Empty => (kernels::EMPTY_NAME, kernels::EMPTY_SRC),
+            RawKernel::EmptyOneBuffer => (kernels::EMPTY_ARG_NAME, kernels::EMPTY_ARG_SRC),
+        }
+    }
+}
+
+/// A context object, stream and loaded kernel of raw cudarc, on the device cuflow opened.
+#[derive(Debug)]
+pub(crate) struct RawLauncher {
     stream: Arc<CudaStream>,
-    func: CudaFunction,
-    arg: Option<CudaSlice<u64>>,
+    function: CudaFunction,
+    /// The kernel's one argument: `Some` exactly for [`RawKernel::EmptyOneBuffer`].
+    buffer: Option<CudaSlice<f32>>,
 }
 
-fn err(e: impl std::fmt::Debug) -> String {
-    format!("{e:?}")
+fn require_nvrtc() -> Result<(), BenchError> {
+    // SAFETY: `is_culib_present` only tries to dlopen the candidate library names.
+    if unsafe { nvrtc::sys::is_culib_present() } {
+        Ok(())
+    } else {
+        Err(BenchError::Unavailable {
+            what: "libnvrtc (which the raw cudarc baseline compiles its kernels with)",
+        })
+    }
 }
 
-impl Raw {
-    /// Loads `name` from `src` on device 0; `tracking` selects cudarc's per-buffer event
-    /// tracking; `with_arg` passes one device buffer to the kernel.
+fn ordinal(device: &Device) -> Result<usize, BenchError> {
+    device.ordinal().ok_or(BenchError::Verification(format!(
+        "{device} is not a CUDA device"
+    )))
+}
+
+impl RawLauncher {
+    /// A new `CudaContext` object for `device` with `tracking`, a stream on it, `kernel`
+    /// compiled by NVRTC for the device's architecture and loaded, and its buffer allocated.
     pub(crate) fn new(
-        src: &str,
-        name: &str,
-        tracking: bool,
-        with_arg: bool,
-    ) -> Result<Raw, String> {
-        let ctx = CudaContext::new(0).map_err(err)?;
-        if !tracking {
-            // SAFETY: this context object is used only by this baseline, which synchronizes its
-            // one stream before reading anything back.
+        device: &Device,
+        tracking: EventTracking,
+        kernel: RawKernel,
+    ) -> Result<RawLauncher, BenchError> {
+        let ordinal = ordinal(device)?;
+        require_nvrtc()?;
+        let ctx = CudaContext::new(ordinal).map_err(BenchError::driver("CudaContext::new"))?;
+        if tracking == EventTracking::Off {
+            // SAFETY: tracking is turned off before this context object creates any stream or
+            // buffer, and its one buffer is allocated, used and freed on its one stream (module
+            // docs), so stream order alone synchronizes every use: no buffer is used on another
+            // stream, or freed while another stream uses it.
             unsafe { ctx.disable_event_tracking() };
         }
-        let stream = ctx.new_stream().map_err(err)?;
-        let (major, minor) = ctx.compute_capability().map_err(err)?;
-        let arch: &'static str = Box::leak(format!("sm_{major}{minor}").into_boxed_str());
+        let stream = ctx
+            .new_stream()
+            .map_err(BenchError::driver("CudaContext::new_stream"))?;
+        let (major, minor) = ctx
+            .compute_capability()
+            .map_err(BenchError::driver("CudaContext::compute_capability"))?;
+        let (name, source) = kernel.name_and_source();
         let ptx = compile_ptx_with_opts(
-            src,
+            source,
             CompileOptions {
-                arch: Some(arch),
-                ..Default::default()
+                options: vec![format!("--gpu-architecture=sm_{major}{minor}")],
+                ..CompileOptions::default()
             },
         )
-        .map_err(err)?;
-        let module = ctx.load_module(ptx).map_err(err)?;
-        let func = module.load_function(name).map_err(err)?;
-        let arg = if with_arg {
-            Some(stream.alloc_zeros::<u64>(1).map_err(err)?)
-        } else {
-            None
+        .map_err(|source| BenchError::Compile {
+            kernel: name.to_string(),
+            source,
+        })?;
+        let module = ctx
+            .load_module(ptx)
+            .map_err(BenchError::driver("CudaContext::load_module"))?;
+        let function = module
+            .load_function(name)
+            .map_err(BenchError::driver("CudaModule::load_function"))?;
+        let buffer = match kernel {
+            RawKernel::Empty => None,
+            RawKernel::EmptyOneBuffer => Some(
+                stream
+                    .alloc_zeros::<f32>(1)
+                    .map_err(BenchError::driver("CudaStream::alloc_zeros"))?,
+            ),
         };
-        Ok(Raw {
-            _ctx: ctx,
+        stream
+            .synchronize()
+            .map_err(BenchError::driver("CudaStream::synchronize"))?;
+        Ok(RawLauncher {
             stream,
-            func,
-            arg,
+            function,
+            buffer,
         })
     }
 
-    /// Launches the kernel `n` times (one thread) and synchronizes; returns seconds.
-    pub(crate) fn launch_n(&mut self, n: usize, cycles: u64) -> Result<f64, String> {
-        let cfg = LaunchConfig {
+    /// Launches the kernel `n` times back to back (one block of one thread), then synchronizes
+    /// the stream; returns the wall time of the whole, synchronize included.
+    pub(crate) fn launch_n(&mut self, n: usize) -> Result<Duration, BenchError> {
+        let config = LaunchConfig {
             grid_dim: (1, 1, 1),
             block_dim: (1, 1, 1),
             shared_mem_bytes: 0,
         };
-        let t = Instant::now();
+        let start = Instant::now();
         for _ in 0..n {
-            let mut b = self.stream.launch_builder(&self.func);
-            if let Some(a) = self.arg.as_mut() {
-                b.arg(a);
-                b.arg(&cycles);
+            let mut launch = self.stream.launch_builder(&self.function);
+            if let Some(buffer) = self.buffer.as_mut() {
+                launch.arg(buffer);
             }
-            // SAFETY: the kernel's parameters are exactly what was pushed (none, or one
-            // `unsigned long long*` to a live buffer and one `unsigned long long`).
-            unsafe { b.launch(cfg) }.map_err(err)?;
+            // SAFETY: the arguments pushed are exactly the kernel's parameters, both fixed by the
+            // `RawKernel` of `new` (module docs): none for `empty_kernel()`, one device pointer to a
+            // live one-element f32 allocation for `empty_kernel_arg(float*)`, which never
+            // dereferences it. The buffer is owned by `self`, so it outlives the launch, and it
+            // is freed on the same stream after it. One block of one thread without shared
+            // memory is a valid configuration on every device.
+            unsafe { launch.launch(config) }.map_err(BenchError::driver("LaunchArgs::launch"))?;
         }
-        self.stream.synchronize().map_err(err)?;
-        Ok(t.elapsed().as_secs_f64())
+        self.stream
+            .synchronize()
+            .map_err(BenchError::driver("CudaStream::synchronize"))?;
+        Ok(start.elapsed())
     }
+}
+
+/// The CUDA version the installed driver supports (`cuDriverGetVersion`), as (major, minor).
+pub(crate) fn cuda_driver_version(device: &Device) -> Result<(i32, i32), BenchError> {
+    ordinal(device)?;
+    let mut version = 0;
+    // SAFETY: `device` is a CUDA device cuflow opened, so libcuda is loaded and initialized
+    // (module docs); `version` is a valid out-pointer for the duration of the call.
+    unsafe { sys::cuDriverGetVersion(&mut version) }
+        .result()
+        .map_err(BenchError::driver("cuDriverGetVersion"))?;
+    Ok((version / 1000, (version % 1000) / 10))
+}
+
+/// The version of the NVRTC library loaded (`nvrtcVersion`), as (major, minor).
+pub(crate) fn nvrtc_version() -> Result<(i32, i32), BenchError> {
+    require_nvrtc()?;
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: `require_nvrtc` found libnvrtc, so the call cannot panic on a missing library;
+    // both out-pointers are valid for the duration of the call.
+    unsafe { nvrtc::sys::nvrtcVersion(&mut major, &mut minor) }
+        .result()
+        .map_err(|source| BenchError::Nvrtc {
+            call: "nvrtcVersion",
+            source,
+        })?;
+    Ok((major, minor))
 }

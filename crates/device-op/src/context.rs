@@ -39,6 +39,8 @@ pub struct ExecutionContext {
     touched: bool,
     priority: PriorityLevel,
     stats: Arc<Mutex<ExecutionStats>>,
+    /// The streams that received device work, shared by the whole execution.
+    used: Arc<Mutex<Vec<Stream>>>,
 }
 
 impl ExecutionContext {
@@ -59,6 +61,7 @@ impl ExecutionContext {
             touched: prior_work,
             priority: PriorityLevel::Normal,
             stats: Arc::new(Mutex::new(ExecutionStats::default())),
+            used: Arc::new(Mutex::new(Vec::new())),
         }
     }
 
@@ -109,6 +112,7 @@ impl ExecutionContext {
             let mut stats = self.stats.lock();
             if !stats.streams.contains(&self.stream.id()) {
                 stats.streams.push(self.stream.id());
+                self.used.lock().push(self.stream.clone());
             }
         }
         Ok(&self.stream)
@@ -161,6 +165,7 @@ impl ExecutionContext {
             touched: false,
             priority: self.priority,
             stats: self.stats.clone(),
+            used: self.used.clone(),
         })
     }
 
@@ -240,6 +245,11 @@ impl ExecutionContext {
 
     pub(crate) fn stats(&self) -> ExecutionStats {
         self.stats.lock().clone()
+    }
+
+    /// The streams that received device work in this execution, in first-use order.
+    pub(crate) fn used_streams(&self) -> Vec<Stream> {
+        self.used.lock().clone()
     }
 }
 

@@ -5,6 +5,11 @@
 //! nest one execution's streams and events inside another's and can deadlock the host
 //! backend's workers, so it is refused with [`DeviceError::Reentrant`]. A panic inside an op
 //! is caught, reported as [`DeviceError::Panicked`], and leaves the thread usable.
+//!
+//! An execution that fails part-way (an error or a panic in a later part) may already have
+//! enqueued work on several streams. Before the error is returned, that work is waited for, so
+//! that the program can reuse the op's buffers as soon as it sees the error: no leftover kernel
+//! of the failed execution overwrites them later.
 
 use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -57,9 +62,28 @@ pub fn default_device() -> Result<Device, DeviceError> {
 }
 
 fn execute_root<O: DeviceOp>(op: O, ctx: &mut ExecutionContext) -> Result<O::Output, DeviceError> {
-    match catch_unwind(AssertUnwindSafe(|| op.execute(ctx))) {
+    let result = match catch_unwind(AssertUnwindSafe(|| op.execute(ctx))) {
         Ok(r) => r,
         Err(p) => Err(DeviceError::from_panic("op execution", &*p)),
+    };
+    if result.is_err() {
+        wait_for_enqueued_work(ctx);
+    }
+    result
+}
+
+/// Waits for the work a failed execution enqueued before it failed. Streams being captured
+/// are skipped (their work is recorded, not run). The errors of that work are not reported:
+/// the execution's own error is. Waiting on an event leaves each stream's error to be reported
+/// by its next synchronization.
+fn wait_for_enqueued_work(ctx: &ExecutionContext) {
+    for stream in ctx.used_streams() {
+        if stream.is_capturing() {
+            continue;
+        }
+        if let Ok(done) = stream.record_event() {
+            let _ = done.synchronize();
+        }
     }
 }
 
@@ -146,7 +170,8 @@ pub(crate) fn schedule<O: DeviceOp>(
 /// # Errors
 ///
 /// Errors hit while enqueueing, [`DeviceError::Reentrant`] inside another execution, and
-/// [`DeviceError::Panicked`] when a closure panicked.
+/// [`DeviceError::Panicked`] when a closure panicked. On an error, the work enqueued before it
+/// has finished (except on streams being captured, whose work is only recorded).
 pub fn enqueue_on<O: DeviceOp>(
     op: O,
     stream: &Stream,

@@ -35,3 +35,77 @@ pub use op::{
     join_all, value, with_context, BoxedOp, Continuation, DeviceOp, DeviceOpExt, Inspect, Map,
     Shared, Then, UnzipExt, Value, WithContext,
 };
+
+/// Negative auto-trait cases, checked by the compiler (`compile_fail` doctests); the positive
+/// ones are pinned in `tests/auto_traits.rs`.
+///
+/// An op that captures an `Rc` is not `Send`, so it is not an op at all: neither a closure
+/// given to a combinator...
+///
+/// ```compile_fail,E0277
+/// use std::rc::Rc;
+/// use cuflow_device_op::{value, DeviceOpExt};
+/// let rc = Rc::new(1);
+/// let _ = value(1).map(move |x| x + *rc).sync();
+/// ```
+///
+/// ...nor a value...
+///
+/// ```compile_fail,E0277
+/// use std::rc::Rc;
+/// use cuflow_device_op::{value, DeviceOpExt};
+/// let _ = value(Rc::new(1)).sync();
+/// ```
+///
+/// ...nor an op type holding one, so it can never be run on, or moved to, another thread:
+///
+/// ```compile_fail,E0277
+/// use std::rc::Rc;
+/// use cuflow_device_op::{DeviceError, DeviceOp, ExecutionContext};
+/// struct Local(Rc<i32>);
+/// impl DeviceOp for Local {
+///     type Output = i32;
+///     fn execute(self, _: &mut ExecutionContext) -> Result<i32, DeviceError> {
+///         Ok(*self.0)
+///     }
+/// }
+/// ```
+///
+/// A `BoxedOp` is `Send` but not `Sync`: it cannot be shared between threads by reference.
+///
+/// ```compile_fail,E0277
+/// use cuflow_device_op::BoxedOp;
+/// fn assert_sync<T: Sync>() {}
+/// assert_sync::<BoxedOp<'static, i32>>();
+/// ```
+///
+/// `shared` hands one output to several threads at once, so the output must be `Sync`.
+///
+/// ```compile_fail,E0277
+/// use std::cell::Cell;
+/// use cuflow_device_op::{value, DeviceOpExt};
+/// let _ = value(Cell::new(1)).shared();
+/// ```
+///
+/// A `DeviceFuture` of a non-`Send` output cannot be moved to another thread.
+///
+/// ```compile_fail,E0277
+/// use cuflow_device_op::DeviceFuture;
+/// fn assert_send<T: Send>() {}
+/// assert_send::<DeviceFuture<std::rc::Rc<i32>>>();
+/// ```
+///
+/// For contrast, the same shapes with `Arc` compile:
+///
+/// ```
+/// use std::sync::Arc;
+/// use cuflow_device_op::{value, BoxedOp, DeviceOpExt};
+/// fn assert_send<T: Send>() {}
+/// let arc = Arc::new(1);
+/// assert_eq!(value(1).map(move |x| x + *arc).sync()?, 2);
+/// assert_eq!(value(Arc::new(3)).shared().sync()?.as_ref(), &Arc::new(3));
+/// assert_send::<BoxedOp<'static, i32>>();
+/// # Ok::<(), cuflow_device_op::DeviceError>(())
+/// ```
+#[doc(hidden)]
+pub mod compile_fail_checks {}

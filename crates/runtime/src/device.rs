@@ -298,7 +298,7 @@ impl Device {
     /// A driver error if the query fails.
     pub fn stream_priority_range(&self) -> Result<(i32, i32)> {
         match &self.inner.backend {
-            DeviceBackend::Host(_) => Ok((0, -5)),
+            DeviceBackend::Host(_) => Ok(host::PRIORITY_RANGE),
             DeviceBackend::Cuda(c) => c.priority_range(),
         }
     }

@@ -595,7 +595,9 @@ impl<T: DeviceCopy> PinnedBuffer<T> {
     ///
     /// # Errors
     ///
-    /// [`DeviceError::LengthMismatch`] when lengths differ.
+    /// [`DeviceError::LengthMismatch`] when lengths differ, [`DeviceError::DeviceMismatch`]
+    /// when the view is of another device than the stream, or the pinned buffer of another
+    /// backend.
     pub fn copy_from_device(
         self,
         stream: &Stream,
@@ -622,7 +624,7 @@ impl<T: DeviceCopy> PinnedBuffer<T> {
             (PinnedBackend::Cuda(p), MemoryBackend::Cuda(m), StreamBackend::Cuda(s)) => {
                 s.copy_to_pinned(m, src.byte_offset(), p, byte_len)?
             }
-            _ => return Err(backend_mismatch("PinnedBuffer::copy_from_device")),
+            _ => return Err(this.backend_mismatch("PinnedBuffer::copy_from_device", stream)),
         }
         let event = stream.record_event()?;
         Ok(PinnedTransfer {
@@ -636,7 +638,9 @@ impl<T: DeviceCopy> PinnedBuffer<T> {
     ///
     /// # Errors
     ///
-    /// [`DeviceError::LengthMismatch`] when lengths differ.
+    /// [`DeviceError::LengthMismatch`] when lengths differ, [`DeviceError::DeviceMismatch`]
+    /// when the view is of another device than the stream, or the pinned buffer of another
+    /// backend.
     pub fn copy_to_device(
         self,
         stream: &Stream,
@@ -661,13 +665,25 @@ impl<T: DeviceCopy> PinnedBuffer<T> {
             (PinnedBackend::Cuda(p), MemoryBackend::Cuda(m), StreamBackend::Cuda(s)) => {
                 s.copy_from_pinned(p, m, dst.byte_offset(), byte_len)?
             }
-            _ => return Err(backend_mismatch("PinnedBuffer::copy_to_device")),
+            _ => return Err(self.backend_mismatch("PinnedBuffer::copy_to_device", stream)),
         }
         let event = stream.record_event()?;
         Ok(PinnedTransfer {
             buffer: Some(self),
             event,
         })
+    }
+}
+
+impl<T> PinnedBuffer<T> {
+    /// The error for a pinned buffer of one backend used with a stream of the other. (Views
+    /// are checked against the stream before, so this is the only way backends can differ.)
+    fn backend_mismatch(&self, op: &'static str, stream: &Stream) -> DeviceError {
+        DeviceError::DeviceMismatch {
+            op,
+            expected: stream.device().to_string(),
+            found: format!("{} (pinned buffer)", self.device),
+        }
     }
 }
 

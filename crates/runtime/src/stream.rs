@@ -63,10 +63,14 @@ impl Stream {
     pub(crate) fn new(device: &Device, priority: Option<i32>) -> Result<Stream> {
         let id = StreamId(NEXT_STREAM_ID.fetch_add(1, Ordering::Relaxed));
         let (backend, priority) = match device.backend() {
-            DeviceBackend::Host(h) => (
-                StreamBackend::Host(h.new_stream(id)?),
-                priority.unwrap_or(0),
-            ),
+            DeviceBackend::Host(h) => {
+                // Clamped to the advertised range, as the CUDA backend does.
+                let (least, greatest) = host::PRIORITY_RANGE;
+                (
+                    StreamBackend::Host(h.new_stream(id)?),
+                    priority.map_or(0, |p| p.clamp(greatest, least)),
+                )
+            }
             DeviceBackend::Cuda(c) => {
                 let (s, p) = c.new_stream(priority)?;
                 (StreamBackend::Cuda(s), p)
@@ -145,13 +149,21 @@ impl Stream {
     ///
     /// # Errors
     ///
-    /// [`DeviceError::DeviceMismatch`] when the event belongs to another backend, or a driver
-    /// error.
+    /// [`DeviceError::DeviceMismatch`] when the event belongs to another backend,
+    /// [`DeviceError::Capture`] when it was recorded during a capture that has ended, or a
+    /// driver error.
     pub fn wait_event(&self, event: &Event) -> Result<()> {
         if let Some(session) = &event.inner.capture {
-            if session.is_open() {
-                self.join_capture(session)?;
+            if !session.is_open() {
+                // The event stands for captured nodes, which never run by themselves: once the
+                // capture has ended it orders nothing. Refused here, before either backend
+                // sees it, so that both answer alike.
+                return Err(DeviceError::Capture {
+                    op: "Stream::wait_event".into(),
+                    reason: "the event was recorded during a capture that has ended".into(),
+                });
             }
+            self.join_capture(session)?;
         }
         match (&self.inner.backend, &event.inner.backend) {
             (StreamBackend::Host(s), EventBackend::Host(e)) => s.wait_event(e),

@@ -1,40 +1,73 @@
-//! Memory accounting, in its own test binary so that no other test allocates meanwhile.
+//! Memory accounting, in its own process so that no other test allocates on the device
+//! meanwhile.
 
-use cuflow_runtime::{Device, DeviceBuffer, DeviceError, Kernel, KernelArgs, LaunchConfig};
+mod common;
+
+use common::{add_one, device, random_f32, rng};
+use cuflow_runtime::{DeviceBuffer, DeviceError, KernelArgs, LaunchConfig};
 
 #[test]
 fn bytes_in_use_returns_to_its_baseline_after_buffers_drop() -> Result<(), DeviceError> {
-    let device = Device::auto().expect("the device selected by CUFLOW_DEVICE must be usable");
+    let device = device();
     let s = device.new_stream()?;
+    let other = device.new_stream()?;
     let before = device.bytes_in_use();
-    let touch = Kernel::new(
-        "touch",
-        r#"extern "C" __global__ void touch(unsigned char* x, unsigned n) {
-            unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
-            if (i < n) x[i] = (unsigned char)i;
-        }"#,
-    )
-    .with_host(|args| {
-        for (i, v) in args.output::<u8>(0)?.iter_mut().enumerate() {
-            *v = i as u8;
-        }
-        Ok(())
-    });
+
     let mut live = Vec::new();
-    for _ in 0..8 {
-        let b = DeviceBuffer::<u8>::zeroed(&s, 1 << 20)?;
-        touch.launch(
+    for n in [1usize, 1000, 4097, (1 << 20) + 3] {
+        let b = DeviceBuffer::from_host(&s, &random_f32(&mut rng(), n))?;
+        add_one().launch(
             &s,
-            LaunchConfig::for_num_elems(1 << 20),
-            KernelArgs::new().output(&b).scalar(1u32 << 20),
+            LaunchConfig::for_num_elems(n),
+            KernelArgs::new().output(&b).scalar(n as u32),
         )?;
         live.push(b);
     }
-    assert_eq!(device.bytes_in_use(), before + 8 * (1 << 20));
-    // Dropped while their kernels may still run: the frees are stream-ordered.
+    let bytes: usize = live.iter().map(|b| b.len() * 4).sum();
+    assert_eq!(device.bytes_in_use(), before + bytes);
+    let bytes_u8 = DeviceBuffer::<u8>::zeroed(&other, 333)?;
+    let words = DeviceBuffer::<u64>::zeroed(&other, 7)?;
+    assert_eq!(device.bytes_in_use(), before + bytes + 333 + 56);
+
+    // Dropped while their kernels may still run: the frees are ordered after them.
     drop(live);
+    drop(bytes_u8);
+    s.synchronize()?;
+    other.synchronize()?;
+    assert_eq!(device.bytes_in_use(), before + 56);
+    drop(words);
+    other.synchronize()?;
+    assert_eq!(device.bytes_in_use(), before);
+
+    // A buffer captured into a graph stays counted while the graph holds it.
+    let x = DeviceBuffer::<f32>::zeroed(&s, 1024)?;
+    s.synchronize()?;
+    s.begin_capture()?;
+    add_one().launch(
+        &s,
+        LaunchConfig::for_num_elems(1024),
+        KernelArgs::new().output(&x).scalar(1024u32),
+    )?;
+    let graph = s.end_capture()?;
+    let exec = graph.instantiate()?;
+    drop(x);
+    exec.launch(&s)?;
+    s.synchronize()?;
+    assert_eq!(
+        device.bytes_in_use(),
+        before + 4096,
+        "the graph's buffer was freed"
+    );
+    drop(graph);
+    assert_eq!(
+        device.bytes_in_use(),
+        before + 4096,
+        "the executable's buffer was freed"
+    );
+    drop(exec);
     s.synchronize()?;
     assert_eq!(device.bytes_in_use(), before);
+
     let info = device.memory_info()?;
     assert!(info.total > 0 && info.free <= info.total);
     Ok(())

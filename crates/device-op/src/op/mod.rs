@@ -152,7 +152,9 @@ pub trait DeviceOpExt: DeviceOp + Sized {
     /// # Errors
     ///
     /// Any error of the op or its work; [`DeviceError::Reentrant`] when called from inside
-    /// another op's execution; [`DeviceError::Panicked`] when a closure panicked.
+    /// another op's execution; [`DeviceError::Panicked`] when a closure panicked. When the op
+    /// fails part-way, the work it had already enqueued has finished before the error is
+    /// returned.
     fn sync(self) -> Result<Self::Output, DeviceError> {
         crate::exec::sync(self)
     }
@@ -198,7 +200,8 @@ pub trait DeviceOpExt: DeviceOp + Sized {
     ///
     /// # Errors
     ///
-    /// Errors hit while enqueueing; errors of the work itself come from the future.
+    /// Errors hit while enqueueing (the work enqueued before the error has then finished);
+    /// errors of the work itself come from the future.
     fn schedule<P>(self, policy: &P) -> Result<DeviceFuture<Self::Output>, DeviceError>
     where
         P: SchedulingPolicy + Clone + 'static,

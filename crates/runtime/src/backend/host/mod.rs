@@ -24,6 +24,10 @@ use crate::device::MemoryInfo;
 use crate::error::Result;
 use crate::stream::StreamId;
 
+/// Stream priorities of the host backend as `(least, greatest)`, CUDA's usual range. Host
+/// streams do not schedule by priority, but they keep the value within this range as CUDA does.
+pub(crate) const PRIORITY_RANGE: (i32, i32) = (0, -5);
+
 /// The host device's state.
 pub(crate) struct HostDevice;
 

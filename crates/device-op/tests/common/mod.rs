@@ -1,0 +1,750 @@
+//! Shared pieces of the DeviceOp and scheduler conformance suite.
+//!
+//! - [`device`]: the device under test, from `Device::auto()` (the host backend in CI; CUDA under
+//!   `CUFLOW_DEVICE=cuda`, where a device that cannot be had fails the test instead of skipping
+//!   it).
+//! - Small ops built from runtime kernels, each kernel with CUDA C source and a host
+//!   implementation, holding their buffers as `Arc<DeviceBuffer<f32>>` so that the ops are
+//!   `'static` (they can be awaited, spawned and shared).
+//! - Making and reading buffers. Reading a buffer back orders itself after every stream that
+//!   used it, so a test that checks the executor's events must combine results *on the device*
+//!   (with [`add`], [`copy`] or [`sum_into`] in a later `then`) before reading them: a
+//!   missing wait then shows as a wrong value.
+//!
+//! Each test binary uses a part of this module.
+#![allow(dead_code, unreachable_pub)]
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, OnceLock};
+
+use cuflow_device_op::{DeviceOp, ExecutionContext};
+use cuflow_runtime::{
+    Device, DeviceBuffer, DeviceError, Event, Kernel, KernelArgs, LaunchConfig, Stream, StreamId,
+};
+
+/// A buffer shared between ops and the test.
+pub type Buf = Arc<DeviceBuffer<f32>>;
+
+/// Elements per test buffer.
+pub const LEN: usize = 1024;
+
+/// Cycles of a long spin: about 20 ms at 2 GHz on CUDA, a 20 ms sleep on the host.
+pub const SPIN: u64 = 40_000_000;
+
+/// The device under test.
+pub fn device() -> Device {
+    Device::auto().expect("the device selected by CUFLOW_DEVICE must be usable")
+}
+
+// ---------------------------------------------------------------------------------------------
+// Kernels: one per operation, compiled once per process.
+// ---------------------------------------------------------------------------------------------
+
+fn kernel(slot: &'static OnceLock<Kernel>, make: fn() -> Kernel) -> &'static Kernel {
+    slot.get_or_init(make)
+}
+
+/// `x[i] = value` for `i < n`.
+pub fn fill_kernel() -> &'static Kernel {
+    static K: OnceLock<Kernel> = OnceLock::new();
+    kernel(&K, || {
+        Kernel::new(
+            "test_fill",
+            r#"extern "C" __global__ void test_fill(float* x, float value, unsigned n) {
+                for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
+                     i += blockDim.x * gridDim.x) {
+                    x[i] = value;
+                }
+            }"#,
+        )
+        .with_host(|args| {
+            let value = args.scalar::<f32>(1)?;
+            let n = args.scalar::<u32>(2)? as usize;
+            for x in &mut args.output::<f32>(0)?[..n] {
+                *x = value;
+            }
+            Ok(())
+        })
+    })
+}
+
+/// `x[i] += value` for `i < n`.
+pub fn add_scalar_kernel() -> &'static Kernel {
+    static K: OnceLock<Kernel> = OnceLock::new();
+    kernel(&K, || {
+        Kernel::new(
+            "test_add_scalar",
+            r#"extern "C" __global__ void test_add_scalar(float* x, float value, unsigned n) {
+                for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
+                     i += blockDim.x * gridDim.x) {
+                    x[i] += value;
+                }
+            }"#,
+        )
+        .with_host(|args| {
+            let value = args.scalar::<f32>(1)?;
+            let n = args.scalar::<u32>(2)? as usize;
+            for x in &mut args.output::<f32>(0)?[..n] {
+                *x += value;
+            }
+            Ok(())
+        })
+    })
+}
+
+/// `x[i] *= value` for `i < n`.
+pub fn mul_scalar_kernel() -> &'static Kernel {
+    static K: OnceLock<Kernel> = OnceLock::new();
+    kernel(&K, || {
+        Kernel::new(
+            "test_mul_scalar",
+            r#"extern "C" __global__ void test_mul_scalar(float* x, float value, unsigned n) {
+                for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
+                     i += blockDim.x * gridDim.x) {
+                    x[i] *= value;
+                }
+            }"#,
+        )
+        .with_host(|args| {
+            let value = args.scalar::<f32>(1)?;
+            let n = args.scalar::<u32>(2)? as usize;
+            for x in &mut args.output::<f32>(0)?[..n] {
+                *x *= value;
+            }
+            Ok(())
+        })
+    })
+}
+
+/// `dst[i] = src[i]` for `i < n`.
+pub fn copy_kernel() -> &'static Kernel {
+    static K: OnceLock<Kernel> = OnceLock::new();
+    kernel(&K, || {
+        Kernel::new(
+            "test_copy",
+            r#"extern "C" __global__ void test_copy(float* dst, const float* src, unsigned n) {
+                for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
+                     i += blockDim.x * gridDim.x) {
+                    dst[i] = src[i];
+                }
+            }"#,
+        )
+        .with_host(|args| {
+            let src = args.input::<f32>(1)?;
+            let n = args.scalar::<u32>(2)? as usize;
+            args.output::<f32>(0)?[..n].copy_from_slice(&src[..n]);
+            Ok(())
+        })
+    })
+}
+
+/// `dst[i] = a[i] + b[i]` for `i < n`.
+pub fn add_kernel() -> &'static Kernel {
+    static K: OnceLock<Kernel> = OnceLock::new();
+    kernel(&K, || {
+        Kernel::new(
+            "test_add",
+            r#"extern "C" __global__ void test_add(float* dst, const float* a, const float* b,
+                                                   unsigned n) {
+                for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
+                     i += blockDim.x * gridDim.x) {
+                    dst[i] = a[i] + b[i];
+                }
+            }"#,
+        )
+        .with_host(|args| {
+            let a = args.input::<f32>(1)?;
+            let b = args.input::<f32>(2)?;
+            let n = args.scalar::<u32>(3)? as usize;
+            for ((d, a), b) in args.output::<f32>(0)?[..n].iter_mut().zip(a).zip(b) {
+                *d = a + b;
+            }
+            Ok(())
+        })
+    })
+}
+
+/// `dst[i] += src[i]` for `i < n`.
+pub fn accumulate_kernel() -> &'static Kernel {
+    static K: OnceLock<Kernel> = OnceLock::new();
+    kernel(&K, || {
+        Kernel::new(
+            "test_accumulate",
+            r#"extern "C" __global__ void test_accumulate(float* dst, const float* src,
+                                                          unsigned n) {
+                for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
+                     i += blockDim.x * gridDim.x) {
+                    dst[i] += src[i];
+                }
+            }"#,
+        )
+        .with_host(|args| {
+            let src = args.input::<f32>(1)?;
+            let n = args.scalar::<u32>(2)? as usize;
+            for (d, s) in args.output::<f32>(0)?[..n].iter_mut().zip(src) {
+                *d += s;
+            }
+            Ok(())
+        })
+    })
+}
+
+/// One thread busy-waits `cycles` clock cycles (a dependent loop of `clock64()` reads); the
+/// host implementation sleeps for the same time at 2 GHz.
+pub fn spin_kernel() -> &'static Kernel {
+    static K: OnceLock<Kernel> = OnceLock::new();
+    kernel(&K, || {
+        Kernel::new(
+            "test_spin",
+            r#"extern "C" __global__ void test_spin(unsigned long long cycles) {
+                long long start = clock64();
+                while ((unsigned long long)(clock64() - start) < cycles) { }
+            }"#,
+        )
+        .with_host(|args| {
+            let cycles = args.scalar::<u64>(0)?;
+            std::thread::sleep(std::time::Duration::from_micros(cycles / 2000));
+            Ok(())
+        })
+    })
+}
+
+fn elems(buf: &DeviceBuffer<f32>) -> (LaunchConfig, u32) {
+    (LaunchConfig::for_num_elems(buf.len()), buf.len() as u32)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Ops.
+// ---------------------------------------------------------------------------------------------
+
+/// Writes `value` into every element of `buf`; yields `buf`.
+pub struct Fill {
+    buf: Buf,
+    value: f32,
+}
+
+/// See [`Fill`].
+pub fn fill(buf: &Buf, value: f32) -> Fill {
+    Fill {
+        buf: buf.clone(),
+        value,
+    }
+}
+
+impl DeviceOp for Fill {
+    type Output = Buf;
+    fn execute(self, ctx: &mut ExecutionContext) -> Result<Buf, DeviceError> {
+        let (config, n) = elems(&self.buf);
+        fill_kernel().launch(
+            ctx.stream()?,
+            config,
+            KernelArgs::new()
+                .output(&*self.buf)
+                .scalar(self.value)
+                .scalar(n),
+        )?;
+        Ok(self.buf)
+    }
+}
+
+cuflow_device_op::impl_op_boilerplate!([] Fill);
+
+/// Adds `value` to every element of `buf`; yields `buf`.
+pub struct AddScalar {
+    buf: Buf,
+    value: f32,
+}
+
+/// See [`AddScalar`].
+pub fn add_scalar(buf: &Buf, value: f32) -> AddScalar {
+    AddScalar {
+        buf: buf.clone(),
+        value,
+    }
+}
+
+impl DeviceOp for AddScalar {
+    type Output = Buf;
+    fn execute(self, ctx: &mut ExecutionContext) -> Result<Buf, DeviceError> {
+        let (config, n) = elems(&self.buf);
+        add_scalar_kernel().launch(
+            ctx.stream()?,
+            config,
+            KernelArgs::new()
+                .output(&*self.buf)
+                .scalar(self.value)
+                .scalar(n),
+        )?;
+        Ok(self.buf)
+    }
+}
+
+cuflow_device_op::impl_op_boilerplate!([] AddScalar);
+
+/// Multiplies every element of `buf` by `value`; yields `buf`.
+pub struct MulScalar {
+    buf: Buf,
+    value: f32,
+}
+
+/// See [`MulScalar`].
+pub fn mul_scalar(buf: &Buf, value: f32) -> MulScalar {
+    MulScalar {
+        buf: buf.clone(),
+        value,
+    }
+}
+
+impl DeviceOp for MulScalar {
+    type Output = Buf;
+    fn execute(self, ctx: &mut ExecutionContext) -> Result<Buf, DeviceError> {
+        let (config, n) = elems(&self.buf);
+        mul_scalar_kernel().launch(
+            ctx.stream()?,
+            config,
+            KernelArgs::new()
+                .output(&*self.buf)
+                .scalar(self.value)
+                .scalar(n),
+        )?;
+        Ok(self.buf)
+    }
+}
+
+cuflow_device_op::impl_op_boilerplate!([] MulScalar);
+
+/// Spins for `cycles`, then writes `value` into every element of `buf`; yields `buf`.
+///
+/// The spin is its own kernel that touches no buffer, followed by the write. On the host
+/// backend a kernel holds its buffers' locks while it runs, so a reader on another stream would
+/// wait for a single spin-and-write kernel even without an event, which would hide a missing
+/// dependency; with the spin apart, a reader that is not ordered after the write reads the old
+/// contents on every backend.
+pub struct SpinThenWrite {
+    buf: Buf,
+    value: f32,
+    cycles: u64,
+}
+
+/// See [`SpinThenWrite`].
+pub fn spin_then_write(buf: &Buf, value: f32, cycles: u64) -> SpinThenWrite {
+    SpinThenWrite {
+        buf: buf.clone(),
+        value,
+        cycles,
+    }
+}
+
+impl DeviceOp for SpinThenWrite {
+    type Output = Buf;
+    fn execute(self, ctx: &mut ExecutionContext) -> Result<Buf, DeviceError> {
+        let stream = ctx.stream()?;
+        spin_kernel().launch(
+            stream,
+            LaunchConfig::linear(1, 1),
+            KernelArgs::new().scalar(self.cycles),
+        )?;
+        let (config, n) = elems(&self.buf);
+        fill_kernel().launch(
+            stream,
+            config,
+            KernelArgs::new()
+                .output(&*self.buf)
+                .scalar(self.value)
+                .scalar(n),
+        )?;
+        Ok(self.buf)
+    }
+}
+
+cuflow_device_op::impl_op_boilerplate!([] SpinThenWrite);
+
+/// Copies `src` into `dst` (same length); yields `dst`.
+pub struct CopyBuf {
+    dst: Buf,
+    src: Buf,
+}
+
+/// See [`CopyBuf`].
+pub fn copy(dst: &Buf, src: &Buf) -> CopyBuf {
+    CopyBuf {
+        dst: dst.clone(),
+        src: src.clone(),
+    }
+}
+
+impl DeviceOp for CopyBuf {
+    type Output = Buf;
+    fn execute(self, ctx: &mut ExecutionContext) -> Result<Buf, DeviceError> {
+        let (config, n) = elems(&self.dst);
+        copy_kernel().launch(
+            ctx.stream()?,
+            config,
+            KernelArgs::new()
+                .output(&*self.dst)
+                .input(&*self.src)
+                .scalar(n),
+        )?;
+        Ok(self.dst)
+    }
+}
+
+cuflow_device_op::impl_op_boilerplate!([] CopyBuf);
+
+/// `dst = a + b` elementwise (same lengths); yields `dst`.
+pub struct Add {
+    dst: Buf,
+    a: Buf,
+    b: Buf,
+}
+
+/// See [`Add`].
+pub fn add(dst: &Buf, a: &Buf, b: &Buf) -> Add {
+    Add {
+        dst: dst.clone(),
+        a: a.clone(),
+        b: b.clone(),
+    }
+}
+
+impl DeviceOp for Add {
+    type Output = Buf;
+    fn execute(self, ctx: &mut ExecutionContext) -> Result<Buf, DeviceError> {
+        let (config, n) = elems(&self.dst);
+        add_kernel().launch(
+            ctx.stream()?,
+            config,
+            KernelArgs::new()
+                .output(&*self.dst)
+                .input(&*self.a)
+                .input(&*self.b)
+                .scalar(n),
+        )?;
+        Ok(self.dst)
+    }
+}
+
+cuflow_device_op::impl_op_boilerplate!([] Add);
+
+/// `dst += src` elementwise (same lengths); yields `dst`.
+pub struct Accumulate {
+    dst: Buf,
+    src: Buf,
+}
+
+/// See [`Accumulate`].
+pub fn accumulate(dst: &Buf, src: &Buf) -> Accumulate {
+    Accumulate {
+        dst: dst.clone(),
+        src: src.clone(),
+    }
+}
+
+impl DeviceOp for Accumulate {
+    type Output = Buf;
+    fn execute(self, ctx: &mut ExecutionContext) -> Result<Buf, DeviceError> {
+        let (config, n) = elems(&self.dst);
+        accumulate_kernel().launch(
+            ctx.stream()?,
+            config,
+            KernelArgs::new()
+                .output(&*self.dst)
+                .input(&*self.src)
+                .scalar(n),
+        )?;
+        Ok(self.dst)
+    }
+}
+
+cuflow_device_op::impl_op_boilerplate!([] Accumulate);
+
+/// Sums `srcs` into `dst` on the device, one accumulation after another on one stream (so
+/// the sum is right only if every source was written before it runs); yields `dst`.
+pub struct SumInto {
+    dst: Buf,
+    srcs: Vec<Buf>,
+}
+
+/// See [`SumInto`]. `dst` is overwritten.
+pub fn sum_into(dst: &Buf, srcs: Vec<Buf>) -> SumInto {
+    SumInto {
+        dst: dst.clone(),
+        srcs,
+    }
+}
+
+impl DeviceOp for SumInto {
+    type Output = Buf;
+    fn execute(self, ctx: &mut ExecutionContext) -> Result<Buf, DeviceError> {
+        let mut dst = fill(&self.dst, 0.0).execute(ctx)?;
+        for src in &self.srcs {
+            dst = accumulate(&dst, src).execute(ctx)?;
+        }
+        Ok(dst)
+    }
+}
+
+cuflow_device_op::impl_op_boilerplate!([] SumInto);
+
+/// Allocates `len` elements on the op's stream, spins for `cycles`, then fills them with
+/// `value`; yields the new buffer (owned, so dropping the output frees it).
+pub struct AllocSpinFill {
+    len: usize,
+    value: f32,
+    cycles: u64,
+}
+
+/// See [`AllocSpinFill`].
+pub fn alloc_spin_fill(len: usize, value: f32, cycles: u64) -> AllocSpinFill {
+    AllocSpinFill { len, value, cycles }
+}
+
+impl DeviceOp for AllocSpinFill {
+    type Output = DeviceBuffer<f32>;
+    fn execute(self, ctx: &mut ExecutionContext) -> Result<DeviceBuffer<f32>, DeviceError> {
+        let stream = ctx.stream()?;
+        let buf = DeviceBuffer::<f32>::alloc(stream, self.len)?;
+        spin_kernel().launch(
+            stream,
+            LaunchConfig::linear(1, 1),
+            KernelArgs::new().scalar(self.cycles),
+        )?;
+        let (config, n) = elems(&buf);
+        fill_kernel().launch(
+            stream,
+            config,
+            KernelArgs::new().output(&buf).scalar(self.value).scalar(n),
+        )?;
+        Ok(buf)
+    }
+}
+
+cuflow_device_op::impl_op_boilerplate!([] AllocSpinFill);
+
+/// A launch the device refuses (a grid of zero blocks): fails with
+/// [`DeviceError::InvalidLaunch`] on every backend.
+pub struct BadLaunch {
+    buf: Buf,
+}
+
+/// See [`BadLaunch`].
+pub fn bad_launch(buf: &Buf) -> BadLaunch {
+    BadLaunch { buf: buf.clone() }
+}
+
+impl DeviceOp for BadLaunch {
+    type Output = Buf;
+    fn execute(self, ctx: &mut ExecutionContext) -> Result<Buf, DeviceError> {
+        fill_kernel().launch(
+            ctx.stream()?,
+            LaunchConfig::linear(0, 1),
+            KernelArgs::new()
+                .output(&*self.buf)
+                .scalar(1.0f32)
+                .scalar(self.buf.len() as u32),
+        )?;
+        Ok(self.buf)
+    }
+}
+
+cuflow_device_op::impl_op_boilerplate!([] BadLaunch);
+
+/// Sets `flag` from the stream, in order with the op's earlier device work (a host function).
+pub struct SetFlag {
+    flag: Arc<AtomicBool>,
+}
+
+/// See [`SetFlag`].
+pub fn set_flag(flag: &Arc<AtomicBool>) -> SetFlag {
+    SetFlag { flag: flag.clone() }
+}
+
+impl DeviceOp for SetFlag {
+    type Output = ();
+    fn execute(self, ctx: &mut ExecutionContext) -> Result<(), DeviceError> {
+        let flag = self.flag;
+        ctx.stream()?
+            .enqueue_host_fn(move || flag.store(true, Ordering::SeqCst))
+    }
+}
+
+cuflow_device_op::impl_op_boilerplate!([] SetFlag);
+
+/// Makes the op's stream wait for `event`.
+pub struct WaitEvent {
+    event: Event,
+}
+
+/// See [`WaitEvent`].
+pub fn wait_event(event: &Event) -> WaitEvent {
+    WaitEvent {
+        event: event.clone(),
+    }
+}
+
+impl DeviceOp for WaitEvent {
+    type Output = ();
+    fn execute(self, ctx: &mut ExecutionContext) -> Result<(), DeviceError> {
+        ctx.wait_for(&self.event)
+    }
+}
+
+cuflow_device_op::impl_op_boilerplate!([] WaitEvent);
+
+/// Runs `op` and adds one to `runs` each time it executes.
+pub struct Counted<O> {
+    runs: Arc<AtomicUsize>,
+    op: O,
+}
+
+/// See [`Counted`].
+pub fn counted<O: DeviceOp>(runs: &Arc<AtomicUsize>, op: O) -> Counted<O> {
+    Counted {
+        runs: runs.clone(),
+        op,
+    }
+}
+
+impl<O: DeviceOp> DeviceOp for Counted<O> {
+    type Output = O::Output;
+    fn execute(self, ctx: &mut ExecutionContext) -> Result<O::Output, DeviceError> {
+        self.runs.fetch_add(1, Ordering::SeqCst);
+        self.op.execute(ctx)
+    }
+}
+
+cuflow_device_op::impl_op_boilerplate!([O: DeviceOp] Counted<O>);
+
+/// Runs `op` and yields its output with the stream its context ran on.
+pub struct WithStream<O>(O);
+
+/// See [`WithStream`].
+pub fn with_stream<O: DeviceOp>(op: O) -> WithStream<O> {
+    WithStream(op)
+}
+
+impl<O: DeviceOp> DeviceOp for WithStream<O> {
+    type Output = (O::Output, StreamId);
+    fn execute(self, ctx: &mut ExecutionContext) -> Result<Self::Output, DeviceError> {
+        let out = self.0.execute(ctx)?;
+        Ok((out, ctx.stream_id()))
+    }
+}
+
+cuflow_device_op::impl_op_boilerplate!([O: DeviceOp] WithStream<O>);
+
+// ---------------------------------------------------------------------------------------------
+// Gates: streams held back until the test lets them go.
+// ---------------------------------------------------------------------------------------------
+
+/// A stream blocked by a host function until [`Gate::open`] (or drop), with an event after
+/// it. Work that waits on [`Gate::event`] cannot finish while the gate is closed, which
+/// makes "still in flight" a certainty rather than a matter of timing.
+///
+/// While a gate is closed, nothing in its test binary may wait for all of the device's streams
+/// (`Device::synchronize`).
+pub struct Gate {
+    release: Option<mpsc::Sender<()>>,
+    event: Event,
+    _stream: Stream,
+}
+
+impl Gate {
+    /// A closed gate on a new stream of `device`.
+    pub fn closed(device: &Device) -> Result<Gate, DeviceError> {
+        let stream = device.new_stream()?;
+        let (release, held) = mpsc::channel::<()>();
+        // Returns when the sender is dropped.
+        stream.enqueue_host_fn(move || {
+            let _ = held.recv();
+        })?;
+        let event = stream.record_event()?;
+        Ok(Gate {
+            release: Some(release),
+            event,
+            _stream: stream,
+        })
+    }
+
+    /// Completes when the gate is opened.
+    pub fn event(&self) -> &Event {
+        &self.event
+    }
+
+    /// Opens the gate.
+    pub fn open(&mut self) {
+        self.release = None;
+    }
+}
+
+impl Drop for Gate {
+    fn drop(&mut self) {
+        self.open();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Buffers.
+// ---------------------------------------------------------------------------------------------
+
+thread_local! {
+    /// This thread's stream for creating and reading back test buffers.
+    static HOST_IO: Stream = device().new_stream().expect("a stream for test buffers");
+}
+
+/// This thread's stream for creating and reading back test buffers.
+pub fn io_stream() -> Stream {
+    HOST_IO.with(Stream::clone)
+}
+
+/// A buffer holding `data`, written before this returns.
+pub fn buffer_from(data: &[f32]) -> Buf {
+    let stream = io_stream();
+    let buf = DeviceBuffer::from_host(&stream, data).expect("allocate a test buffer");
+    stream.synchronize().expect("initialize a test buffer");
+    Arc::new(buf)
+}
+
+/// A buffer of [`LEN`] elements equal to `value`, written before this returns.
+pub fn buffer(value: f32) -> Buf {
+    buffer_from(&[value; LEN])
+}
+
+/// `n` buffers of [`LEN`] elements, the `i`-th equal to `values[i]`, written before this returns.
+pub fn buffers(values: &[f32]) -> Vec<Buf> {
+    let stream = io_stream();
+    let bufs = values
+        .iter()
+        .map(|v| {
+            DeviceBuffer::from_host(&stream, &[*v; LEN])
+                .map(Arc::new)
+                .expect("allocate a test buffer")
+        })
+        .collect();
+    stream.synchronize().expect("initialize test buffers");
+    bufs
+}
+
+/// The contents of `buf`, after all work that used it.
+pub fn read(buf: &DeviceBuffer<f32>) -> Vec<f32> {
+    buf.to_host_vec(&io_stream())
+        .expect("read a test buffer back")
+}
+
+/// Asserts that every element of `buf` equals `value`.
+#[track_caller]
+pub fn assert_all(buf: &DeviceBuffer<f32>, value: f32, what: &str) {
+    let got = read(buf);
+    if let Some((i, v)) = got.iter().enumerate().find(|(_, v)| **v != value) {
+        panic!("{what}: element {i} is {v}, expected {value} everywhere");
+    }
+}
+
+/// The number of distinct stream ids in `ids`.
+pub fn distinct(ids: &[StreamId]) -> usize {
+    let mut v = ids.to_vec();
+    v.sort();
+    v.dedup();
+    v.len()
+}

@@ -1,0 +1,212 @@
+//! `.await` and `DeviceFuture`: many concurrent ops on a multi-thread runtime, futures that
+//! move between threads while their work runs, pending until the work completes.
+//!
+//! Work that must still be running when a future is polled waits on a [`Gate`], so "pending"
+//! is certain, not a matter of timing. The watchdog only turns a lost wake-up into a failure
+//! instead of a hang; no test depends on how long anything takes.
+
+mod common;
+
+use std::future::{Future, IntoFuture};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use common::*;
+use cuflow_device_op::{value, DeviceError, DeviceFuture, DeviceOpExt};
+use cuflow_scheduler::StreamPoolRoundRobin;
+use rand::{Rng, SeedableRng};
+
+/// Generous bound on a test's wait for a future that should complete.
+const WATCHDOG: Duration = Duration::from_secs(60);
+
+/// Wakes a thread blocked on the receiving end.
+struct ChannelWaker(mpsc::Sender<()>);
+
+impl std::task::Wake for ChannelWaker {
+    fn wake(self: Arc<Self>) {
+        let _ = self.0.send(());
+    }
+}
+
+fn poll_once<T: Send>(future: &mut DeviceFuture<T>) -> Poll<Result<T, DeviceError>> {
+    Pin::new(future).poll(&mut Context::from_waker(Waker::noop()))
+}
+
+fn multi_thread_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_time()
+        .build()
+        .expect("a tokio runtime")
+}
+
+#[test]
+fn a_thousand_concurrent_awaits_on_a_multi_thread_runtime() -> Result<(), DeviceError> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0x00c0_ffee);
+    let starts: Vec<f32> = (0..1000)
+        .map(|_| rng.gen_range(-1000.0f32..1000.0))
+        .collect();
+    let bufs = buffers(&starts);
+    let rt = multi_thread_runtime();
+    let outputs = rt.block_on(async {
+        let tasks: Vec<_> = bufs
+            .iter()
+            .cloned()
+            .enumerate()
+            .map(|(i, buf)| {
+                // Each task owns a 'static op on its own buffer.
+                tokio::spawn(async move {
+                    add_scalar(&buf, i as f32)
+                        .then(|b| mul_scalar(&b, 2.0))
+                        .await
+                })
+            })
+            .collect();
+        let mut outputs = Vec::with_capacity(tasks.len());
+        for task in tasks {
+            let joined = tokio::time::timeout(WATCHDOG, task)
+                .await
+                .expect("an awaited op never completed");
+            outputs.push(joined.expect("the task panicked")?);
+        }
+        Ok::<_, DeviceError>(outputs)
+    })?;
+    assert_eq!(outputs.len(), 1000);
+    for (i, (out, start)) in outputs.iter().zip(&starts).enumerate() {
+        assert!(Arc::ptr_eq(out, &bufs[i]));
+        assert_all(out, (start + i as f32) * 2.0, &format!("op {i}"));
+    }
+    Ok(())
+}
+
+#[test]
+fn a_future_moved_to_another_thread_mid_flight_is_woken_there() -> Result<(), DeviceError> {
+    let device = device();
+    let policy = StreamPoolRoundRobin::new(&device, 4)?;
+    let mut gate = Gate::closed(&device)?;
+    let buf = buffer(0.0);
+    let mut future = wait_event(gate.event())
+        .then({
+            let buf = buf.clone();
+            move |()| fill(&buf, 11.0)
+        })
+        .schedule(&policy)?;
+    assert!(poll_once(&mut future).is_pending(), "the gate is closed");
+
+    // Polled next on another thread, with that thread's waker, still before the gate opens;
+    // from then on it is polled only when woken. The wake-up must go to that waker, not to the
+    // first one.
+    let (first_poll, polled) = mpsc::channel();
+    let finisher = std::thread::spawn(move || {
+        let (woken, wakes) = mpsc::channel();
+        let waker = Waker::from(Arc::new(ChannelWaker(woken)));
+        let mut cx = Context::from_waker(&waker);
+        let first = Pin::new(&mut future).poll(&mut cx);
+        let _ = first_poll.send(first.is_pending());
+        if let Poll::Ready(r) = first {
+            return Some(r);
+        }
+        loop {
+            wakes.recv_timeout(WATCHDOG).ok()?;
+            if let Poll::Ready(r) = Pin::new(&mut future).poll(&mut cx) {
+                return Some(r);
+            }
+        }
+    });
+    assert_eq!(
+        polled.recv().ok(),
+        Some(true),
+        "pending on the other thread too"
+    );
+    gate.open();
+    let out = finisher
+        .join()
+        .expect("the other thread panicked")
+        .expect("the moved future was never woken")?;
+    assert_all(&out, 11.0, "the moved future's output");
+    Ok(())
+}
+
+#[test]
+fn futures_hop_between_tokio_tasks_and_workers_mid_flight() -> Result<(), DeviceError> {
+    let policy = StreamPoolRoundRobin::new(&device(), 4)?;
+    let bufs = buffers(&[0.0; 64]);
+    let rt = multi_thread_runtime();
+    let outputs = rt.block_on(async {
+        let tasks: Vec<_> = bufs
+            .iter()
+            .cloned()
+            .enumerate()
+            .map(|(i, buf)| {
+                let policy = policy.clone();
+                tokio::spawn(async move {
+                    let mut future = spin_then_write(&buf, i as f32, SPIN / 100)
+                        .then(|b| add_scalar(&b, 0.5))
+                        .schedule(&policy)?;
+                    // Polled here, then handed to another task that may run on any worker.
+                    if let Poll::Ready(r) = poll_once(&mut future) {
+                        return r;
+                    }
+                    tokio::task::yield_now().await;
+                    tokio::spawn(future)
+                        .await
+                        .expect("the awaiting task panicked")
+                })
+            })
+            .collect();
+        let mut outputs = Vec::with_capacity(tasks.len());
+        for task in tasks {
+            let joined = tokio::time::timeout(WATCHDOG, task)
+                .await
+                .expect("an awaited op never completed");
+            outputs.push(joined.expect("the task panicked")?);
+        }
+        Ok::<_, DeviceError>(outputs)
+    })?;
+    for (i, out) in outputs.iter().enumerate() {
+        assert_all(out, i as f32 + 0.5, &format!("op {i}"));
+    }
+    Ok(())
+}
+
+#[test]
+fn a_future_stays_pending_until_its_work_completes() -> Result<(), DeviceError> {
+    let device = device();
+    let policy = StreamPoolRoundRobin::new(&device, 4)?;
+    let mut gate = Gate::closed(&device)?;
+    let buf = buffer(0.0);
+    // Enqueueing does not wait for the work, even work that cannot start yet.
+    let mut future = wait_event(gate.event())
+        .then({
+            let buf = buf.clone();
+            move |()| fill(&buf, 2.0)
+        })
+        .schedule(&policy)?;
+    for _ in 0..3 {
+        assert!(poll_once(&mut future).is_pending(), "the gate is closed");
+    }
+    gate.open();
+    let out = futures::executor::block_on(future)?;
+    assert_all(&out, 2.0, "after the gate opened");
+
+    // No device work: ready at the first poll.
+    let mut ready = value(7).map(|v| v * 6).schedule(&policy)?;
+    assert!(matches!(poll_once(&mut ready), Poll::Ready(Ok(42))));
+    let mut lazy = value(8).into_future();
+    assert!(matches!(poll_once(&mut lazy), Poll::Ready(Ok(8))));
+    Ok(())
+}
+
+#[test]
+fn a_lazy_future_dropped_before_its_first_poll_runs_nothing() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let buf = buffer(1.0);
+    let lazy = counted(&runs, fill(&buf, 5.0)).into_future();
+    assert!(format!("{lazy:?}").contains("lazy"), "{lazy:?}");
+    drop(lazy);
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    assert_all(&buf, 1.0, "a dropped lazy future");
+}

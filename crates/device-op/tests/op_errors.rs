@@ -1,0 +1,203 @@
+//! Errors are values: nested execution is refused, panics in closures become
+//! `DeviceError::Panicked`, failed launches come back from the op that hit them, and the
+//! thread and the device stay usable afterwards.
+
+mod common;
+
+use std::future::IntoFuture;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use common::*;
+use cuflow_device_op::{value, with_context, zip, BoxedOp, DeviceError, DeviceOpExt};
+use cuflow_scheduler::StreamPoolRoundRobin;
+use parking_lot::Mutex;
+
+#[test]
+fn executing_an_op_inside_another_ops_closure_is_refused() -> Result<(), DeviceError> {
+    let device = device();
+    let policy = StreamPoolRoundRobin::new(&device, 2)?;
+    let stream = device.new_stream()?;
+    let buf = buffer(0.0);
+    type Outcomes = Vec<(&'static str, Result<i32, DeviceError>)>;
+    let nested: Arc<Mutex<Outcomes>> = Arc::default();
+    let seen = nested.clone();
+    let out = spin_then_write(&buf, 1.0, SPIN)
+        .then(move |b| {
+            let mut seen = seen.lock();
+            seen.push(("sync", value(2).sync()));
+            seen.push(("sync_on", value(2).sync_on(&stream)));
+            seen.push((
+                "sync_with_policy",
+                value(2).sync_with_policy(&policy).map(|(v, _)| v),
+            ));
+            seen.push((
+                "schedule",
+                value(2)
+                    .schedule(&policy)
+                    .and_then(futures::executor::block_on),
+            ));
+            seen.push((
+                ".await",
+                futures::executor::block_on(value(2).into_future()),
+            ));
+            add_scalar(&b, 1.0)
+        })
+        .sync()?;
+    assert_all(&out, 2.0, "the outer op completes");
+    let nested = nested.lock();
+    assert_eq!(nested.len(), 5);
+    for (entry, r) in nested.iter() {
+        assert!(
+            matches!(r, Err(DeviceError::Reentrant { .. })),
+            "{entry} inside an op's closure gave {r:?}"
+        );
+    }
+    // Outside any op, the same calls work.
+    assert_eq!(value(2).sync()?, 2);
+    Ok(())
+}
+
+#[test]
+fn a_panic_in_a_closure_is_an_error_and_the_thread_stays_usable() -> Result<(), DeviceError> {
+    let buf = buffer(0.0);
+    let r = value(1)
+        .map(|_: i32| -> i32 { panic!("a map closure panics") })
+        .sync();
+    assert!(matches!(r, Err(DeviceError::Panicked { .. })), "{r:?}");
+
+    // After device work was enqueued.
+    let r = spin_then_write(&buf, 1.0, SPIN)
+        .then(|_| -> BoxedOp<'static, Buf> { panic!("a continuation panics") })
+        .sync();
+    assert!(matches!(r, Err(DeviceError::Panicked { .. })), "{r:?}");
+
+    // In one branch of a zip while the other has work in flight.
+    let other = buffer(0.0);
+    let r = zip!(
+        spin_then_write(&other, 1.0, SPIN),
+        with_context(|_| -> BoxedOp<'static, ()> { panic!("a branch panics") })
+    )
+    .sync();
+    assert!(matches!(r, Err(DeviceError::Panicked { .. })), "{r:?}");
+
+    // The same thread runs ops normally.
+    let out = fill(&buf, 2.0).then(|b| mul_scalar(&b, 3.0)).sync()?;
+    assert_all(&out, 6.0, "an op after the panics");
+    assert_eq!(value(3).map(|v| v + 1).sync()?, 4);
+    Ok(())
+}
+
+#[test]
+fn panics_reach_schedule_and_await_as_errors() -> Result<(), DeviceError> {
+    let policy = StreamPoolRoundRobin::new(&device(), 2)?;
+    let r = value(1)
+        .map(|_: i32| -> i32 { panic!("panics under schedule") })
+        .schedule(&policy);
+    assert!(matches!(r, Err(DeviceError::Panicked { .. })), "{r:?}");
+    let r = futures::executor::block_on(
+        value(1)
+            .map(|_: i32| -> i32 { panic!("panics under await") })
+            .into_future(),
+    );
+    assert!(matches!(r, Err(DeviceError::Panicked { .. })), "{r:?}");
+    assert_eq!(
+        futures::executor::block_on(value(5).map(|v| v * 2).into_future())?,
+        10
+    );
+    Ok(())
+}
+
+#[test]
+fn a_failed_launch_comes_back_from_every_entry_point() -> Result<(), DeviceError> {
+    let device = device();
+    let policy = StreamPoolRoundRobin::new(&device, 4)?;
+    let stream = device.new_stream()?;
+    let buf = buffer(0.0);
+    let invalid =
+        |r: &Result<Buf, DeviceError>| matches!(r, Err(DeviceError::InvalidLaunch { .. }));
+
+    let r = bad_launch(&buf).sync();
+    assert!(invalid(&r), "sync: {r:?}");
+    let r = bad_launch(&buf).sync_on(&stream);
+    assert!(invalid(&r), "sync_on: {r:?}");
+    let r = bad_launch(&buf).sync_with_policy(&policy).map(|(b, _)| b);
+    assert!(invalid(&r), "sync_with_policy: {r:?}");
+    let r = bad_launch(&buf).schedule(&policy).map(|_| buf.clone());
+    assert!(invalid(&r), "schedule: {r:?}");
+    let r = futures::executor::block_on(bad_launch(&buf).into_future());
+    assert!(invalid(&r), ".await: {r:?}");
+
+    // From a branch, with another branch's work in flight.
+    let r = zip!(spin_then_write(&buf, 1.0, SPIN), bad_launch(&buf))
+        .map(|(a, _)| a)
+        .sync_with_policy(&policy)
+        .map(|(b, _)| b);
+    assert!(invalid(&r), "zip branch: {r:?}");
+
+    // The continuation of a failed op does not run.
+    let continued = Arc::new(AtomicUsize::new(0));
+    let c = continued.clone();
+    let r = bad_launch(&buf)
+        .then(move |b| {
+            c.fetch_add(1, Ordering::SeqCst);
+            fill(&b, 9.0)
+        })
+        .sync();
+    assert!(invalid(&r), "then: {r:?}");
+    assert_eq!(continued.load(Ordering::SeqCst), 0);
+
+    // The device is healthy afterwards.
+    let out = fill(&buf, 4.0)
+        .then(|b| add_scalar(&b, 1.0))
+        .sync_on(&stream)?;
+    assert_all(&out, 5.0, "an op after the failed launches");
+    Ok(())
+}
+
+#[test]
+fn a_failed_execution_waits_for_the_work_it_had_enqueued() -> Result<(), DeviceError> {
+    let device = device();
+    let policy = StreamPoolRoundRobin::new(&device, 4)?;
+    let other = device.new_stream()?;
+    let buf = buffer(0.0);
+    // Each failing op first enqueues a slow write of 1 on another stream than its root; the
+    // write of 2 made after the error must not be overwritten by it.
+    type Failing<'a> = Box<dyn Fn() -> Result<(), DeviceError> + 'a>;
+    let failures: Vec<(&str, Failing<'_>)> = vec![
+        (
+            "an error in a branch",
+            Box::new(|| {
+                zip!(spin_then_write(&buf, 1.0, SPIN), bad_launch(&buf))
+                    .sync_with_policy(&policy)
+                    .map(drop)
+            }),
+        ),
+        (
+            "a panic in a branch",
+            Box::new(|| {
+                zip!(
+                    spin_then_write(&buf, 1.0, SPIN),
+                    with_context(|_| -> BoxedOp<'static, ()> { panic!("a branch panics") })
+                )
+                .sync()
+                .map(drop)
+            }),
+        ),
+        (
+            "an error under schedule",
+            Box::new(|| {
+                zip!(spin_then_write(&buf, 1.0, SPIN), bad_launch(&buf))
+                    .schedule(&policy)
+                    .map(drop)
+            }),
+        ),
+    ];
+    for (what, run) in failures {
+        let r = run();
+        assert!(r.is_err(), "{what}: {r:?}");
+        let out = fill(&buf, 2.0).sync_on(&other)?;
+        assert_all(&out, 2.0, what);
+    }
+    Ok(())
+}

@@ -1,0 +1,151 @@
+//! The entry points: `sync`, `sync_on`, `sync_with_policy`, `schedule`, `.await` and
+//! `enqueue_on`. Outputs reach the program only after their work has completed.
+
+mod common;
+
+use std::future::IntoFuture;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use common::*;
+use cuflow_device_op::{
+    default_device, enqueue_on, value, with_context, DeviceError, DeviceOp, DeviceOpExt,
+};
+use cuflow_runtime::Device;
+use cuflow_scheduler::{SingleStream, StreamPoolRoundRobin};
+
+/// A slow write followed by a host function that sets `flag`: the flag is set only once the
+/// write has finished, so a caller that sees the op's output must also see the flag.
+fn slow_then_flag(buf: &Buf, v: f32, flag: &Arc<AtomicBool>) -> impl DeviceOp<Output = Buf> {
+    let flag = flag.clone();
+    spin_then_write(buf, v, SPIN).then(move |b| set_flag(&flag).map(move |()| b))
+}
+
+#[test]
+fn every_entry_point_returns_only_after_the_work_completed() -> Result<(), DeviceError> {
+    let device = device();
+    let policy = StreamPoolRoundRobin::new(&device, 4)?;
+    let stream = device.new_stream()?;
+    let buf = buffer(0.0);
+    let check = |entry: &str, out: Buf, flag: &AtomicBool, v: f32| {
+        assert!(
+            flag.load(Ordering::SeqCst),
+            "{entry} returned before the op's work completed"
+        );
+        assert_all(&out, v, entry);
+    };
+
+    let flag = Arc::new(AtomicBool::new(false));
+    let out = slow_then_flag(&buf, 1.0, &flag).sync()?;
+    check("sync", out, &flag, 1.0);
+
+    let flag = Arc::new(AtomicBool::new(false));
+    let out = slow_then_flag(&buf, 2.0, &flag).sync_on(&stream)?;
+    check("sync_on", out, &flag, 2.0);
+
+    let flag = Arc::new(AtomicBool::new(false));
+    let (out, _) = slow_then_flag(&buf, 3.0, &flag).sync_with_policy(&policy)?;
+    check("sync_with_policy", out, &flag, 3.0);
+
+    let flag = Arc::new(AtomicBool::new(false));
+    let future = slow_then_flag(&buf, 4.0, &flag).schedule(&policy)?;
+    let out = futures::executor::block_on(future)?;
+    check("schedule + block_on", out, &flag, 4.0);
+
+    let flag = Arc::new(AtomicBool::new(false));
+    let op = spin_then_write(&buf, 5.0, SPIN).then({
+        let flag = flag.clone();
+        move |b| set_flag(&flag).map(move |()| b)
+    });
+    let out = futures::executor::block_on(async move { op.await })?;
+    check(".await under futures::executor::block_on", out, &flag, 5.0);
+
+    let flag = Arc::new(AtomicBool::new(false));
+    let op = spin_then_write(&buf, 6.0, SPIN).then({
+        let flag = flag.clone();
+        move |b| set_flag(&flag).map(move |()| b)
+    });
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("a tokio runtime");
+    let out = rt.block_on(async move { op.await })?;
+    check(".await on a tokio current-thread runtime", out, &flag, 6.0);
+    Ok(())
+}
+
+#[test]
+fn sync_on_runs_after_the_streams_earlier_work_and_stays_on_it() -> Result<(), DeviceError> {
+    let stream = device().new_stream()?;
+    let buf = buffer(0.0);
+    // Earlier work on the stream, enqueued and not waited for.
+    enqueue_on(
+        spin_then_write(&buf, 5.0, SPIN),
+        &stream,
+        Arc::new(SingleStream::on(&stream)),
+    )?;
+    let (out, stats) = add_scalar(&buf, 1.0)
+        .then(|b| mul_scalar(&b, 2.0))
+        .sync_on_with_stats(&stream)?;
+    assert_all(
+        &out,
+        12.0,
+        "sync_on must run after the stream's earlier work",
+    );
+    assert_eq!(stats.streams, vec![stream.id()], "{stats:?}");
+    assert_eq!(
+        (stats.events_recorded, stats.event_waits),
+        (0, 0),
+        "{stats:?}"
+    );
+    Ok(())
+}
+
+#[test]
+fn schedule_enqueues_at_once_and_await_at_the_first_poll() -> Result<(), DeviceError> {
+    let policy = StreamPoolRoundRobin::new(&device(), 4)?;
+    let buf = buffer(0.0);
+    let runs = Arc::new(AtomicUsize::new(0));
+
+    let scheduled = counted(&runs, fill(&buf, 3.0)).schedule(&policy)?;
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "schedule enqueues the op at once"
+    );
+    let out = futures::executor::block_on(scheduled)?;
+    assert_all(&out, 3.0, "the scheduled fill");
+
+    let lazy = counted(&runs, add_scalar(&buf, 1.0)).into_future();
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "into_future does not run the op"
+    );
+    let out = futures::executor::block_on(lazy)?;
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    assert_all(&out, 4.0, "the awaited add");
+
+    // enqueue_on neither waits nor needs the output to be awaited.
+    let stream = device().new_stream()?;
+    let (out, _) = enqueue_on(
+        counted(&runs, mul_scalar(&buf, 2.0)),
+        &stream,
+        Arc::new(policy.clone()),
+    )?;
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+    assert_all(&out, 8.0, "reading back waits for the enqueued multiply");
+    Ok(())
+}
+
+#[test]
+fn sync_and_await_run_on_the_default_device() -> Result<(), DeviceError> {
+    let device = device();
+    assert_eq!(default_device()?, device);
+    assert_eq!(default_device()?, Device::auto()?);
+    let seen = with_context(|ctx| value(ctx.device().clone())).sync()?;
+    assert_eq!(seen, device);
+    let seen =
+        futures::executor::block_on(with_context(|ctx| value(ctx.device().clone())).into_future())?;
+    assert_eq!(seen, device);
+    Ok(())
+}

@@ -1,0 +1,252 @@
+//! `shared`: runs at most once whatever the number of clones and threads; consumers on other
+//! streams wait on the producer's event; failures and panics reach every consumer.
+
+mod common;
+
+use std::future::IntoFuture;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier};
+
+use common::*;
+use cuflow_device_op::{value, with_context, zip, BoxedOp, DeviceError, DeviceOpExt};
+use cuflow_scheduler::StreamPoolRoundRobin;
+use parking_lot::Mutex;
+
+#[test]
+fn shared_runs_once_across_eight_clones_consumed_from_four_threads() -> Result<(), DeviceError> {
+    let device = device();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let produced = buffer(0.0);
+    let shared = counted(&runs, spin_then_write(&produced, 7.0, SPIN)).shared();
+    let clones: Vec<_> = (0..8).map(|_| shared.clone()).collect();
+    drop(shared);
+    let start = Barrier::new(4);
+    let results: Vec<(Arc<Buf>, Arc<Buf>, Buf)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = clones
+            .chunks(2)
+            .map(|pair| {
+                let (first, second) = (pair[0].clone(), pair[1].clone());
+                let (device, start) = (device.clone(), &start);
+                scope.spawn(move || -> Result<_, DeviceError> {
+                    let own = device.new_stream()?;
+                    let copied = buffer(0.0);
+                    start.wait();
+                    let a = first.sync()?;
+                    // The second clone is consumed on this thread's own stream, and copied
+                    // there: the copy must be ordered after the producer's write.
+                    let (b, copy_out) = second
+                        .then({
+                            let copied = copied.clone();
+                            move |b| copy(&copied, &b).map(move |c| (b, c))
+                        })
+                        .sync_on(&own)?;
+                    Ok((a, b, copy_out))
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("consumer thread"))
+            .collect::<Result<Vec<_>, _>>()
+    })?;
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "the shared op ran more than once"
+    );
+    let first = &results[0].0;
+    for (a, b, copied) in &results {
+        assert!(
+            Arc::ptr_eq(a, first) && Arc::ptr_eq(b, first),
+            "clones see the same Arc"
+        );
+        assert_all(copied, 7.0, "a consumer on another stream saw the write");
+    }
+    assert!(Arc::ptr_eq(&**first, &produced));
+    assert_all(first, 7.0, "the shared output");
+    Ok(())
+}
+
+#[test]
+fn a_consumer_in_a_later_execution_waits_on_the_producers_event() -> Result<(), DeviceError> {
+    let device = device();
+    let policy = StreamPoolRoundRobin::new(&device, 4)?;
+    let (produced, copied) = (buffer(0.0), buffer(0.0));
+    let shared = spin_then_write(&produced, 3.0, SPIN).shared();
+    // The producer is enqueued and not waited for.
+    let in_flight = shared.clone().schedule(&policy)?;
+    let other = device.new_stream()?;
+    let (out, stats) = shared
+        .clone()
+        .then({
+            let copied = copied.clone();
+            move |_| copy(&copied, &produced)
+        })
+        .sync_on_with_stats(&other)?;
+    assert_all(
+        &out,
+        3.0,
+        "the consumer's copy must wait for the producer's write",
+    );
+    // The consumer's stream waits on the producer's event; nothing else is needed.
+    assert_eq!(
+        (stats.events_recorded, stats.event_waits),
+        (0, 1),
+        "{stats:?}"
+    );
+    let from_future = futures::executor::block_on(in_flight)?;
+    assert!(shared.is_finished());
+    assert!(Arc::ptr_eq(&from_future, &shared.sync()?));
+    Ok(())
+}
+
+#[test]
+fn consumers_in_one_dag_on_other_streams_wait_on_the_producer() -> Result<(), DeviceError> {
+    let policy = StreamPoolRoundRobin::new(&device(), 8)?;
+    let (produced, d1, d2) = (buffer(0.0), buffer(0.0), buffer(0.0));
+    let shared = spin_then_write(&produced, 4.0, SPIN).shared();
+    let consume = |dst: &Buf| {
+        let dst = dst.clone();
+        with_stream(shared.clone().then(move |b| copy(&dst, &b)))
+    };
+    let (((c1, on_1), (c2, on_2)), stats) =
+        zip!(consume(&d1), consume(&d2)).sync_with_policy(&policy)?;
+    assert_ne!(on_1, on_2);
+    assert_all(&c1, 4.0, "the producing branch");
+    assert_all(
+        &c2,
+        4.0,
+        "the consuming branch must wait on the producer's event",
+    );
+    // The producer's event, and one join per branch; the second branch waits on the producer.
+    assert_eq!(
+        (stats.events_recorded, stats.event_waits),
+        (3, 3),
+        "{stats:?}"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_shared_host_value_adds_no_events() -> Result<(), DeviceError> {
+    let policy = StreamPoolRoundRobin::new(&device(), 4)?;
+    let shared = value(vec![1, 2, 3])
+        .map(|v| v.into_iter().sum::<i32>())
+        .shared();
+    let ((a, b, c), stats) =
+        zip!(shared.clone(), shared.clone(), shared).sync_with_policy(&policy)?;
+    assert_eq!((*a, *b, *c), (6, 6, 6));
+    assert!(Arc::ptr_eq(&a, &b) && Arc::ptr_eq(&b, &c));
+    assert_eq!(
+        (stats.events_recorded, stats.event_waits),
+        (0, 0),
+        "{stats:?}"
+    );
+    assert!(stats.streams.is_empty(), "{stats:?}");
+    Ok(())
+}
+
+#[test]
+fn a_failing_shared_op_gives_its_error_to_every_consumer() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let failing = counted(&runs, bad_launch(&buffer(0.0))).shared();
+    let errors: Vec<_> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..4)
+            .map(|_| {
+                let op = failing.clone();
+                scope.spawn(move || op.sync())
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("consumer thread"))
+            .collect()
+    });
+    for e in errors.iter().chain([&failing.clone().sync()]) {
+        assert!(
+            matches!(e, Err(DeviceError::InvalidLaunch { .. })),
+            "every consumer gets the producer's error, got {e:?}"
+        );
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert!(failing.is_finished());
+    // Awaiting it gives the error too.
+    assert!(matches!(
+        futures::executor::block_on(failing.into_future()),
+        Err(DeviceError::InvalidLaunch { .. })
+    ));
+}
+
+#[test]
+fn a_panicking_shared_op_poisons_every_consumer_and_threads_stay_usable() {
+    let panicking = spin_then_write(&buffer(0.0), 1.0, SPIN / 10)
+        .then(|_| -> BoxedOp<'static, i32> { panic!("the shared producer panics") })
+        .shared();
+    let start = Barrier::new(4);
+    let outcomes: Vec<Vec<Result<Arc<i32>, DeviceError>>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..4)
+            .map(|_| {
+                let (a, b) = (panicking.clone(), panicking.clone());
+                let start = &start;
+                scope.spawn(move || {
+                    start.wait();
+                    let outcomes = vec![a.sync(), b.sync()];
+                    // This thread can run ops normally afterwards.
+                    let buf = buffer(0.0);
+                    let after = fill(&buf, 2.0).then(|b| add_scalar(&b, 1.0)).sync();
+                    assert_all(
+                        &after.expect("an op after the panic"),
+                        3.0,
+                        "after the panic",
+                    );
+                    outcomes
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("consumer thread"))
+            .collect()
+    });
+    let all: Vec<_> = outcomes.into_iter().flatten().collect();
+    let panicked = all
+        .iter()
+        .filter(|r| matches!(r, Err(DeviceError::Panicked { .. })))
+        .count();
+    let poisoned = all
+        .iter()
+        .filter(|r| matches!(r, Err(DeviceError::Poisoned { .. })))
+        .count();
+    assert_eq!((panicked, poisoned), (1, 7), "{all:?}");
+    assert!(matches!(
+        panicking.sync(),
+        Err(DeviceError::Poisoned { .. })
+    ));
+    assert_eq!(
+        value(5)
+            .map(|v| v + 1)
+            .sync()
+            .expect("this thread still works"),
+        6
+    );
+}
+
+#[test]
+fn a_shared_op_consumed_while_it_is_being_produced_is_refused() {
+    // The op consumes its own shared handle while it runs: a cycle, reported instead of hanging.
+    let slot: Arc<Mutex<Option<cuflow_device_op::Shared<BoxedOp<'static, i32>>>>> =
+        Arc::new(Mutex::new(None));
+    let inner = slot.clone();
+    let cyclic = with_context(move |_| {
+        let me = inner.lock().take().expect("the shared handle was stored");
+        me.map(|v| *v + 1)
+    })
+    .boxed()
+    .shared();
+    *slot.lock() = Some(cyclic.clone());
+    assert!(matches!(
+        cyclic.clone().sync(),
+        Err(DeviceError::Reentrant { .. })
+    ));
+    assert!(matches!(cyclic.sync(), Err(DeviceError::Reentrant { .. })));
+}

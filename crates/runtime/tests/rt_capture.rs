@@ -1,0 +1,358 @@
+//! Capture and replay: work recorded from one or more streams into a graph, replayed, and
+//! updated in place; operations that cannot be recorded are refused and leave the streams
+//! usable.
+
+mod common;
+
+use common::{add, add_one, device, random_f32, rng};
+use cuflow_runtime::{DeviceBuffer, DeviceError, Kernel, KernelArgs, LaunchConfig, Stream};
+
+fn add_one_to(s: &Stream, x: &DeviceBuffer<f32>) -> Result<(), DeviceError> {
+    add_one().launch(
+        s,
+        LaunchConfig::for_num_elems(x.len()),
+        KernelArgs::new().output(x).scalar(x.len() as u32),
+    )
+}
+
+/// `v` plus 1.0 added `times` times in f32, as the kernel does it.
+fn plus_ones(v: &[f32], times: usize) -> Vec<f32> {
+    v.iter()
+        .map(|x| (0..times).fold(*x, |acc, _| acc + 1.0))
+        .collect()
+}
+
+#[track_caller]
+fn assert_capture_error<T: std::fmt::Debug>(r: Result<T, DeviceError>, what: &str) {
+    assert!(
+        matches!(r, Err(DeviceError::Capture { .. })),
+        "{what}: expected a capture error, got {r:?}"
+    );
+}
+
+/// Checks that `s` runs ordinary work again.
+fn assert_usable(s: &Stream) -> Result<(), DeviceError> {
+    assert!(!s.is_capturing());
+    let y = DeviceBuffer::from_host(s, &[1.0f32, 2.0, 3.0])?;
+    add_one_to(s, &y)?;
+    s.synchronize()?;
+    assert_eq!(y.to_host_vec(s)?, vec![2.0, 3.0, 4.0]);
+    Ok(())
+}
+
+#[test]
+fn replaying_a_capture_n_times_has_n_times_its_effect() -> Result<(), DeviceError> {
+    let device = device();
+    let s = device.new_stream()?;
+    let n = 1001;
+    let x0 = random_f32(&mut rng(), n);
+    let x = DeviceBuffer::from_host(&s, &x0)?;
+    s.synchronize()?;
+
+    s.begin_capture()?;
+    assert!(s.is_capturing());
+    add_one_to(&s, &x)?;
+    let graph = s.end_capture()?;
+    assert!(!s.is_capturing());
+    assert_eq!(graph.device(), &device);
+    assert_eq!(graph.node_count()?, 1);
+    assert_eq!(x.to_host_vec(&s)?, x0, "capturing must not run the work");
+
+    let exec = graph.instantiate()?;
+    assert_eq!(exec.device(), &device);
+    for _ in 0..5 {
+        exec.launch(&s)?;
+    }
+    assert_eq!(x.to_host_vec(&s)?, plus_ones(&x0, 5));
+
+    // Replays on another stream are ordered before a later read on the first.
+    let other = device.new_stream()?;
+    exec.launch(&other)?;
+    exec.launch(&other)?;
+    assert_eq!(x.to_host_vec(&s)?, plus_ones(&x0, 7));
+    Ok(())
+}
+
+#[test]
+fn a_multi_stream_capture_records_two_parallel_branches() -> Result<(), DeviceError> {
+    let device = device();
+    let origin = device.new_stream()?;
+    let side = device.new_stream()?;
+    let n = 513;
+    let mut rng = rng();
+    let (a0, b0) = (random_f32(&mut rng, n), random_f32(&mut rng, n));
+    let a = DeviceBuffer::from_host(&origin, &a0)?;
+    let b = DeviceBuffer::from_host(&origin, &b0)?;
+    let c = DeviceBuffer::<f32>::zeroed(&origin, n)?;
+    origin.synchronize()?;
+
+    origin.begin_capture()?;
+    side.wait_event(&origin.record_event()?)?;
+    assert!(
+        side.is_capturing(),
+        "waiting on a capture's event joins the capture"
+    );
+    add_one_to(&origin, &a)?;
+    add_one_to(&side, &b)?;
+    origin.wait_event(&side.record_event()?)?;
+    add().launch(
+        &origin,
+        LaunchConfig::linear(2, 128),
+        KernelArgs::new()
+            .output(&c)
+            .input(&a)
+            .input(&b)
+            .scalar(n as u32),
+    )?;
+    let graph = origin.end_capture()?;
+    assert!(
+        !side.is_capturing(),
+        "ending the capture releases the joined stream"
+    );
+
+    // Two roots (one per branch), both feeding the join.
+    let edges = graph.edges()?;
+    assert_eq!(graph.node_count()?, 3, "edges {edges:?}");
+    assert_eq!(graph.root_count()?, 2, "edges {edges:?}");
+    assert!(graph.max_parallelism()? >= 2, "edges {edges:?}");
+    assert_eq!(edges.len(), 2, "edges {edges:?}");
+    let join = edges[0].1;
+    assert!(edges.iter().all(|(_, to)| *to == join), "edges {edges:?}");
+    assert_ne!(edges[0].0, edges[1].0, "edges {edges:?}");
+
+    let exec = graph.instantiate()?;
+    exec.launch(&origin)?;
+    exec.launch(&origin)?;
+    let (a2, b2) = (plus_ones(&a0, 2), plus_ones(&b0, 2));
+    let c2: Vec<f32> = a2.iter().zip(&b2).map(|(x, y)| x + y).collect();
+    assert_eq!(a.to_host_vec(&origin)?, a2);
+    assert_eq!(b.to_host_vec(&origin)?, b2);
+    assert_eq!(c.to_host_vec(&origin)?, c2);
+    Ok(())
+}
+
+#[test]
+fn captured_copies_and_fills_replay_in_order() -> Result<(), DeviceError> {
+    let device = device();
+    let s = device.new_stream()?;
+    let n = 777;
+    let s0 = random_f32(&mut rng(), n);
+    let src = DeviceBuffer::from_host(&s, &s0)?;
+    let dst = DeviceBuffer::<f32>::zeroed(&s, n)?;
+    let scratch = DeviceBuffer::from_host(&s, &s0)?;
+    s.synchronize()?;
+
+    s.begin_capture()?;
+    dst.copy_from(&s, &src)?;
+    add_one_to(&s, &src)?;
+    scratch.view().fill_bytes(&s, 0)?;
+    add_one_to(&s, &scratch)?;
+    let graph = s.end_capture()?;
+    assert_eq!(graph.node_count()?, 4);
+    assert_eq!(graph.max_parallelism()?, 1, "one stream records a chain");
+
+    let exec = graph.instantiate()?;
+    for _ in 0..3 {
+        exec.launch(&s)?;
+    }
+    assert_eq!(src.to_host_vec(&s)?, plus_ones(&s0, 3));
+    assert_eq!(
+        dst.to_host_vec(&s)?,
+        plus_ones(&s0, 2),
+        "the copy runs before the add"
+    );
+    assert_eq!(
+        scratch.to_host_vec(&s)?,
+        vec![1.0; n],
+        "the fill runs on every replay"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_joined_stream_that_is_not_joined_back_fails_the_capture() -> Result<(), DeviceError> {
+    let device = device();
+    let origin = device.new_stream()?;
+    let side = device.new_stream()?;
+    let x0 = random_f32(&mut rng(), 16);
+    let x = DeviceBuffer::from_host(&origin, &x0)?;
+    origin.synchronize()?;
+
+    origin.begin_capture()?;
+    side.wait_event(&origin.record_event()?)?;
+    add_one_to(&side, &x)?;
+    assert_capture_error(origin.end_capture(), "an unjoined branch");
+    assert!(!origin.is_capturing() && !side.is_capturing());
+    assert_usable(&origin)?;
+    assert_usable(&side)?;
+    assert_eq!(
+        x.to_host_vec(&origin)?,
+        x0,
+        "the failed capture ran its work"
+    );
+    Ok(())
+}
+
+#[test]
+fn host_waits_and_allocations_during_a_capture_are_refused() -> Result<(), DeviceError> {
+    let device = device();
+    let s = device.new_stream()?;
+    let x = DeviceBuffer::<f32>::zeroed(&s, 8)?;
+    s.synchronize()?;
+
+    type Op<'a> = (
+        &'a str,
+        Box<dyn Fn(&Stream) -> Result<(), DeviceError> + 'a>,
+    );
+    let ops: Vec<Op<'_>> = vec![
+        ("Stream::synchronize", Box::new(|s| s.synchronize())),
+        (
+            "DeviceBuffer::alloc",
+            Box::new(|s| DeviceBuffer::<f32>::alloc(s, 4).map(drop)),
+        ),
+        (
+            "DeviceBuffer::zeroed",
+            Box::new(|s| DeviceBuffer::<f32>::zeroed(s, 4).map(drop)),
+        ),
+        (
+            "copy_from_host",
+            Box::new(|s| x.copy_from_host(s, &[1.0; 8])),
+        ),
+        ("to_host_vec", Box::new(|s| x.to_host_vec(s).map(drop))),
+        ("enqueue_host_fn", Box::new(|s| s.enqueue_host_fn(|| {}))),
+    ];
+    for (what, op) in &ops {
+        s.begin_capture()?;
+        add_one_to(&s, &x)?;
+        assert_capture_error(op(&s), what);
+        assert_capture_error(s.end_capture(), &format!("end_capture after {what}"));
+        assert_usable(&s)?;
+    }
+    assert_eq!(
+        x.to_host_vec(&s)?,
+        vec![0.0; 8],
+        "a refused capture ran its work"
+    );
+    Ok(())
+}
+
+#[test]
+fn updating_with_a_graph_of_the_same_topology_swaps_its_work() -> Result<(), DeviceError> {
+    let device = device();
+    let s = device.new_stream()?;
+    let n = 300;
+    let mut rng = rng();
+    let (x0, y0) = (random_f32(&mut rng, n), random_f32(&mut rng, n));
+    let x = DeviceBuffer::from_host(&s, &x0)?;
+    let y = DeviceBuffer::from_host(&s, &y0)?;
+    s.synchronize()?;
+
+    s.begin_capture()?;
+    add_one_to(&s, &x)?;
+    let on_x = s.end_capture()?;
+    s.begin_capture()?;
+    add_one_to(&s, &y)?;
+    let on_y = s.end_capture()?;
+    s.begin_capture()?;
+    add_one_to(&s, &x)?;
+    add_one_to(&s, &x)?;
+    let twice_on_x = s.end_capture()?;
+
+    let mut exec = on_x.instantiate()?;
+    exec.launch(&s)?;
+    assert!(exec.update(&on_y)?, "same topology must update in place");
+    drop(on_y);
+    exec.launch(&s)?;
+    assert_eq!(x.to_host_vec(&s)?, plus_ones(&x0, 1));
+    assert_eq!(y.to_host_vec(&s)?, plus_ones(&y0, 1));
+
+    assert!(
+        !exec.update(&twice_on_x)?,
+        "another topology must not update"
+    );
+    exec.launch(&s)?;
+    assert_eq!(
+        x.to_host_vec(&s)?,
+        plus_ones(&x0, 1),
+        "a refused update changed the work"
+    );
+    assert_eq!(y.to_host_vec(&s)?, plus_ones(&y0, 2));
+    Ok(())
+}
+
+#[test]
+fn capture_misuse_is_a_capture_error() -> Result<(), DeviceError> {
+    let device = device();
+    let origin = device.new_stream()?;
+    let side = device.new_stream()?;
+    let x = DeviceBuffer::<f32>::zeroed(&origin, 4)?;
+    let y = DeviceBuffer::<f32>::zeroed(&origin, 4)?;
+    origin.synchronize()?;
+
+    assert_capture_error(origin.end_capture(), "end_capture without begin_capture");
+
+    origin.begin_capture()?;
+    assert_capture_error(origin.begin_capture(), "a second begin_capture");
+    side.wait_event(&origin.record_event()?)?;
+    add_one_to(&origin, &x)?;
+    add_one_to(&side, &y)?;
+    let in_capture = side.record_event()?;
+    assert_capture_error(
+        in_capture.synchronize(),
+        "Event::synchronize of a captured event",
+    );
+    origin.wait_event(&in_capture)?;
+    assert_capture_error(side.end_capture(), "end_capture on a joined stream");
+    assert!(origin.is_capturing() && side.is_capturing());
+    let graph = origin.end_capture()?;
+    assert_eq!(graph.node_count()?, 2);
+
+    // The capture's events order nothing once it has ended.
+    assert_capture_error(
+        side.wait_event(&in_capture),
+        "waiting on an ended capture's event",
+    );
+    assert_usable(&origin)?;
+    assert_usable(&side)?;
+    graph.instantiate()?.launch(&side)?;
+    assert_eq!(x.to_host_vec(&origin)?, vec![1.0; 4]);
+    assert_eq!(y.to_host_vec(&origin)?, vec![1.0; 4]);
+    Ok(())
+}
+
+#[test]
+fn a_kernel_first_launched_during_a_capture_is_built_and_replayed() -> Result<(), DeviceError> {
+    let device = device();
+    let s = device.new_stream()?;
+    // A kernel of its own, so that no other test has built it yet.
+    let triple = Kernel::new(
+        "rt_triple_in_capture",
+        r#"extern "C" __global__ void rt_triple_in_capture(float* x, unsigned n) {
+            unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+            if (i < n) x[i] *= 3.0f;
+        }"#,
+    )
+    .with_host(|args| {
+        let n = args.scalar::<u32>(1)? as usize;
+        for v in common::prefix_mut("rt_triple_in_capture", args.output::<f32>(0)?, n)? {
+            *v *= 3.0;
+        }
+        Ok(())
+    });
+    let n = 100;
+    let x0 = random_f32(&mut rng(), n);
+    let x = DeviceBuffer::from_host(&s, &x0)?;
+    s.synchronize()?;
+    s.begin_capture()?;
+    triple.launch(
+        &s,
+        LaunchConfig::for_num_elems(n),
+        KernelArgs::new().output(&x).scalar(n as u32),
+    )?;
+    let exec = s.end_capture()?.instantiate()?;
+    exec.launch(&s)?;
+    exec.launch(&s)?;
+    let want: Vec<f32> = x0.iter().map(|v| v * 3.0 * 3.0).collect();
+    assert_eq!(x.to_host_vec(&s)?, want);
+    Ok(())
+}

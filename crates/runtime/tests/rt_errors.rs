@@ -1,0 +1,484 @@
+//! Errors are values: compile errors, impossible allocations, bad launches, bad arguments,
+//! objects of another device and failing host implementations all come back as `DeviceError`,
+//! and the device keeps working afterwards.
+//!
+//! Tests of host implementations (what they read, how they fail) run on `Device::host()`
+//! whatever the device under test is: only the host backend runs them. Device faults are not
+//! provoked on CUDA, where one would poison the context of the whole test process.
+
+mod common;
+
+use common::{add_one, device, random_f32, rng, saxpy, spin_write, POISON, SHORT_SPIN};
+use cuflow_runtime::{
+    BackendKind, Device, DeviceBuffer, DeviceError, Kernel, KernelArgs, LaunchConfig, PinnedBuffer,
+    Stream,
+};
+
+/// Checks that `s` still runs kernels and copies correctly.
+fn assert_usable(s: &Stream) -> Result<(), DeviceError> {
+    let x0 = random_f32(&mut rng(), 37);
+    let x = DeviceBuffer::from_host(s, &x0)?;
+    add_one().launch(
+        s,
+        LaunchConfig::for_num_elems(37),
+        KernelArgs::new().output(&x).scalar(37u32),
+    )?;
+    let want: Vec<f32> = x0.iter().map(|v| v + 1.0).collect();
+    assert_eq!(x.to_host_vec(s)?, want);
+    s.synchronize()
+}
+
+#[test]
+fn a_bad_kernel_source_is_a_compile_error_on_cuda_and_needs_a_host_impl_on_host(
+) -> Result<(), DeviceError> {
+    let device = device();
+    let s = device.new_stream()?;
+    let x = DeviceBuffer::<f32>::zeroed(&s, 4)?;
+    let broken = Kernel::new(
+        "rt_broken",
+        r#"extern "C" __global__ void rt_broken(float* x) { x[0] = rt_undefined_symbol; }"#,
+    );
+    match device.kind() {
+        BackendKind::Cuda => {
+            match broken.compile(&device) {
+                Err(DeviceError::Compile { kernel, log }) => {
+                    assert_eq!(kernel, "rt_broken");
+                    assert!(!log.trim().is_empty(), "the compile log is empty");
+                    assert!(
+                        log.contains("rt_undefined_symbol"),
+                        "the log does not name the error: {log}"
+                    );
+                }
+                other => panic!("expected a compile error, got {other:?}"),
+            }
+            // Launching compiles, and fails the same way, without enqueuing anything.
+            let launched =
+                broken.launch(&s, LaunchConfig::linear(1, 1), KernelArgs::new().output(&x));
+            match launched {
+                Err(e @ DeviceError::Compile { .. }) => {
+                    assert!(e.to_string().contains("rt_undefined_symbol"), "{e}")
+                }
+                other => panic!("expected a compile error, got {other:?}"),
+            }
+            // An entry point that the source does not define.
+            let misnamed = Kernel::new(
+                "rt_not_defined_here",
+                r#"extern "C" __global__ void rt_defined(float* x) { x[0] = 1.0f; }"#,
+            );
+            match misnamed.compile(&device) {
+                Err(DeviceError::Compile { kernel, log }) => {
+                    assert_eq!(kernel, "rt_not_defined_here");
+                    assert!(log.contains("rt_not_defined_here"), "{log}");
+                }
+                other => panic!("expected a compile error, got {other:?}"),
+            }
+        }
+        BackendKind::Host => {
+            // There is no compiler on the host: building is a no-op, and a kernel without a
+            // host implementation cannot run.
+            broken.compile(&device)?;
+            match broken.launch(&s, LaunchConfig::linear(1, 1), KernelArgs::new().output(&x)) {
+                Err(DeviceError::HostKernel { kernel, reason }) => {
+                    assert_eq!(kernel, "rt_broken");
+                    assert!(reason.contains("host implementation"), "{reason}");
+                }
+                other => panic!("expected a missing host implementation, got {other:?}"),
+            }
+        }
+    }
+    assert_eq!(x.to_host_vec(&s)?, vec![0.0; 4], "the failed launch ran");
+    assert_usable(&s)
+}
+
+#[test]
+fn a_kernel_without_a_host_impl_cannot_run_on_the_host() -> Result<(), DeviceError> {
+    let s = Device::host().new_stream()?;
+    let cuda_only = Kernel::new(
+        "rt_cuda_only",
+        r#"extern "C" __global__ void rt_cuda_only() {}"#,
+    );
+    assert!(matches!(
+        cuda_only.launch(&s, LaunchConfig::linear(1, 1), &KernelArgs::new()),
+        Err(DeviceError::HostKernel { .. })
+    ));
+    assert_usable(&s)
+}
+
+#[test]
+fn an_impossible_allocation_is_out_of_memory_and_the_device_keeps_working(
+) -> Result<(), DeviceError> {
+    let device = device();
+    let s = device.new_stream()?;
+    let before = device.bytes_in_use();
+    // 2^50 bytes: a pebibyte.
+    match DeviceBuffer::<f32>::alloc(&s, 1 << 48) {
+        Err(DeviceError::OutOfMemory {
+            bytes,
+            device: name,
+        }) => {
+            assert_eq!(bytes, 1 << 50);
+            assert!(!name.is_empty());
+        }
+        other => panic!("expected OutOfMemory, got {other:?}"),
+    }
+    assert!(matches!(
+        DeviceBuffer::<u8>::zeroed(&s, 1 << 50),
+        Err(DeviceError::OutOfMemory { .. })
+    ));
+    // A size that does not fit in the address space at all.
+    assert!(matches!(
+        DeviceBuffer::<f64>::alloc(&s, usize::MAX / 4),
+        Err(DeviceError::InvalidShape { .. })
+    ));
+    assert!(
+        device.bytes_in_use() <= before + (1 << 30),
+        "failed allocations were counted as in use"
+    );
+    assert_usable(&s)
+}
+
+#[test]
+fn bad_launch_configurations_are_refused_before_they_run() -> Result<(), DeviceError> {
+    let device = device();
+    let s = device.new_stream()?;
+    let x0 = random_f32(&mut rng(), 64);
+    let x = DeviceBuffer::from_host(&s, &x0)?;
+    let limits = *device.limits();
+    let bad = [
+        LaunchConfig::linear(1, 2048),
+        LaunchConfig::linear(0, 32),
+        LaunchConfig::linear(1, 0),
+        LaunchConfig {
+            grid: (1, 1, 1),
+            block: (1, 1, 65),
+            shared_mem_bytes: 0,
+        },
+        LaunchConfig {
+            grid: (1, 1, 1),
+            block: (32, 32, 2),
+            shared_mem_bytes: 0,
+        },
+        LaunchConfig {
+            grid: (1, limits.max_grid_dim[1] + 1, 1),
+            block: (32, 1, 1),
+            shared_mem_bytes: 0,
+        },
+        LaunchConfig::linear(1, 32).with_shared_mem(limits.max_shared_mem_per_block_optin + 1),
+    ];
+    for cfg in bad {
+        match add_one().launch(&s, cfg, KernelArgs::new().output(&x).scalar(64u32)) {
+            Err(DeviceError::InvalidLaunch { kernel, reason }) => {
+                assert_eq!(kernel, "rt_add_one");
+                assert!(!reason.is_empty());
+            }
+            other => panic!("{cfg:?}: expected InvalidLaunch, got {other:?}"),
+        }
+        assert!(cfg.validate("rt_add_one", &limits).is_err());
+    }
+    // The limits themselves are valid.
+    let widest = LaunchConfig {
+        grid: (2, 1, 1),
+        block: (limits.max_threads_per_block, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    widest.validate("rt_add_one", &limits)?;
+    add_one().launch(&s, widest, KernelArgs::new().output(&x).scalar(64u32))?;
+    let want: Vec<f32> = x0.iter().map(|v| v + 1.0).collect();
+    assert_eq!(x.to_host_vec(&s)?, want, "only the valid launch ran");
+    assert_usable(&s)
+}
+
+#[test]
+fn a_scalar_larger_than_sixteen_bytes_is_an_invalid_argument() -> Result<(), DeviceError> {
+    let s = device().new_stream()?;
+    let x = DeviceBuffer::<f32>::zeroed(&s, 4)?;
+    let r = add_one().launch(
+        &s,
+        LaunchConfig::linear(1, 4),
+        KernelArgs::new().output(&x).scalar([0u64; 3]),
+    );
+    match r {
+        Err(DeviceError::InvalidArgument { kernel, index, .. }) => {
+            assert_eq!(kernel, "rt_add_one");
+            assert_eq!(index, 1);
+        }
+        other => panic!("expected InvalidArgument, got {other:?}"),
+    }
+    assert_eq!(x.to_host_vec(&s)?, vec![0.0; 4]);
+    assert_usable(&s)
+}
+
+#[test]
+fn a_host_impl_reading_the_wrong_argument_type_is_an_invalid_argument() -> Result<(), DeviceError> {
+    let s = Device::host().new_stream()?;
+    let ints = DeviceBuffer::<i32>::zeroed(&s, 4)?;
+    let floats = DeviceBuffer::<f32>::zeroed(&s, 4)?;
+    let other = DeviceBuffer::<f32>::zeroed(&s, 4)?;
+    type Launch<'a> = Box<dyn Fn() -> Result<(), DeviceError> + 'a>;
+    let cases: Vec<(usize, Launch<'_>)> = vec![
+        // rt_add_one writes argument 0 as f32: an i32 buffer.
+        (
+            0,
+            Box::new(|| {
+                add_one().launch(
+                    &s,
+                    LaunchConfig::linear(1, 4),
+                    KernelArgs::new().output(&ints).scalar(4u32),
+                )
+            }),
+        ),
+        // rt_add_one reads its count as u32: an f64.
+        (
+            1,
+            Box::new(|| {
+                add_one().launch(
+                    &s,
+                    LaunchConfig::linear(1, 4),
+                    KernelArgs::new().output(&floats).scalar(4.0f64),
+                )
+            }),
+        ),
+        // rt_saxpy writes argument 0: an input buffer there.
+        (
+            0,
+            Box::new(|| {
+                saxpy().launch(
+                    &s,
+                    LaunchConfig::linear(1, 4),
+                    KernelArgs::new()
+                        .input(&floats)
+                        .input(&other)
+                        .scalar(1.0f32)
+                        .scalar(4u32),
+                )
+            }),
+        ),
+        // Too few arguments.
+        (
+            1,
+            Box::new(|| {
+                add_one().launch(
+                    &s,
+                    LaunchConfig::linear(1, 4),
+                    KernelArgs::new().output(&floats),
+                )
+            }),
+        ),
+    ];
+    for (want_index, launch) in &cases {
+        // The launch is accepted; the host implementation finds the mismatch when it runs.
+        launch()?;
+        match s.synchronize() {
+            Err(DeviceError::InvalidArgument { index, .. }) => assert_eq!(index, *want_index),
+            other => panic!("expected InvalidArgument, got {other:?}"),
+        }
+    }
+    assert_eq!(floats.to_host_vec(&s)?, vec![0.0; 4]);
+    assert_eq!(ints.to_host_vec(&s)?, vec![0; 4]);
+    assert_usable(&s)
+}
+
+#[test]
+fn lengths_and_ranges_are_checked() -> Result<(), DeviceError> {
+    let device = device();
+    let s = device.new_stream()?;
+    let a = DeviceBuffer::<u32>::zeroed(&s, 10)?;
+    let b = DeviceBuffer::<u32>::zeroed(&s, 11)?;
+    assert!(matches!(
+        a.copy_from_host(&s, &[1, 2, 3]),
+        Err(DeviceError::LengthMismatch {
+            expected: 10,
+            found: 3,
+            ..
+        })
+    ));
+    assert!(matches!(
+        a.copy_from(&s, &b),
+        Err(DeviceError::LengthMismatch { .. })
+    ));
+    let mut out = [0u32; 9];
+    assert!(matches!(
+        a.view().copy_to_host(&s, &mut out),
+        Err(DeviceError::LengthMismatch { .. })
+    ));
+    assert!(matches!(
+        a.slice(5..11),
+        Err(DeviceError::InvalidShape { .. })
+    ));
+    assert!(matches!(
+        a.slice(11..),
+        Err(DeviceError::InvalidShape { .. })
+    ));
+    #[allow(clippy::reversed_empty_ranges)]
+    let backwards = a.slice(6..5);
+    assert!(matches!(backwards, Err(DeviceError::InvalidShape { .. })));
+    assert!(matches!(
+        a.slice(2..8)?.slice(..7),
+        Err(DeviceError::InvalidShape { .. })
+    ));
+    let pinned = PinnedBuffer::<u32>::new(&device, 3)?;
+    assert!(matches!(
+        pinned.copy_to_device(&s, a.view()),
+        Err(DeviceError::LengthMismatch { .. })
+    ));
+    assert_eq!(a.to_host_vec(&s)?, vec![0; 10]);
+    assert_usable(&s)
+}
+
+/// Uses objects of `a` on a stream of `b` and checks that each use is a device mismatch.
+fn assert_device_mismatches(a: &Device, b: &Device) -> Result<(), DeviceError> {
+    let (sa, sb) = (a.new_stream()?, b.new_stream()?);
+    let on_a = DeviceBuffer::from_host(&sa, &[1.0f32, 2.0, 3.0, 4.0])?;
+    let on_b = DeviceBuffer::from_host(&sb, &[5.0f32, 6.0, 7.0, 8.0])?;
+    sa.synchronize()?;
+    sb.synchronize()?;
+    let mismatch = |what: &str, r: Result<(), DeviceError>| {
+        assert!(
+            matches!(r, Err(DeviceError::DeviceMismatch { .. })),
+            "{what} with objects of {a} on {b}: {r:?}"
+        );
+    };
+    mismatch(
+        "Kernel::launch",
+        add_one().launch(
+            &sb,
+            LaunchConfig::linear(1, 4),
+            KernelArgs::new().output(&on_a).scalar(4u32),
+        ),
+    );
+    mismatch("copy_from (source)", on_b.copy_from(&sb, &on_a));
+    mismatch("copy_from (stream)", on_a.copy_from(&sb, &on_a));
+    mismatch("copy_from_host", on_a.copy_from_host(&sb, &[0.0; 4]));
+    mismatch("to_host_vec", on_a.to_host_vec(&sb).map(drop));
+    mismatch("fill_bytes", on_a.view().fill_bytes(&sb, POISON));
+    mismatch("wait_event", sb.wait_event(&sa.record_event()?));
+    let pinned = PinnedBuffer::<f32>::new(a, 4)?;
+    mismatch(
+        "PinnedBuffer::copy_to_device",
+        pinned.copy_to_device(&sb, on_b.view()).map(drop),
+    );
+    sa.begin_capture()?;
+    add_one().launch(
+        &sa,
+        LaunchConfig::linear(1, 4),
+        KernelArgs::new().output(&on_a).scalar(4u32),
+    )?;
+    let exec = sa.end_capture()?.instantiate()?;
+    mismatch("GraphExec::launch", exec.launch(&sb));
+    // Nothing ran, and both devices still work.
+    assert_eq!(on_a.to_host_vec(&sa)?, vec![1.0, 2.0, 3.0, 4.0]);
+    assert_eq!(on_b.to_host_vec(&sb)?, vec![5.0, 6.0, 7.0, 8.0]);
+    assert_usable(&sa)?;
+    assert_usable(&sb)
+}
+
+#[test]
+fn objects_of_another_device_are_a_device_mismatch() -> Result<(), DeviceError> {
+    let device = device();
+    match device.kind() {
+        BackendKind::Cuda => {
+            let host = Device::host();
+            assert_device_mismatches(&host, &device)?;
+            assert_device_mismatches(&device, &host)
+        }
+        BackendKind::Host => match Device::cuda(0) {
+            Ok(gpu) => {
+                assert_device_mismatches(&gpu, &device)?;
+                assert_device_mismatches(&device, &gpu)
+            }
+            // With the host as the only device there is no second device to mix in; the
+            // host device is one per process.
+            Err(_) => {
+                assert_eq!(Device::host(), device);
+                Ok(())
+            }
+        },
+    }
+}
+
+#[test]
+fn a_failing_host_impl_reports_from_synchronize_and_the_stream_stays_usable(
+) -> Result<(), DeviceError> {
+    let s = Device::host().new_stream()?;
+    let failing = Kernel::new(
+        "rt_failing",
+        r#"extern "C" __global__ void rt_failing() {}"#,
+    )
+    .with_host(|args| {
+        Err(DeviceError::HostKernel {
+            kernel: args.kernel_name().to_string(),
+            reason: "deliberate failure".into(),
+        })
+    });
+    failing.launch(&s, LaunchConfig::linear(1, 1), &KernelArgs::new())?;
+    let after = s.record_event()?;
+    match s.synchronize() {
+        Err(DeviceError::HostKernel { kernel, reason }) => {
+            assert_eq!(kernel, "rt_failing");
+            assert_eq!(reason, "deliberate failure");
+        }
+        other => panic!("expected the host kernel's error, got {other:?}"),
+    }
+    // An event recorded after the failure reports it.
+    assert!(matches!(
+        after.is_complete(),
+        Err(DeviceError::HostKernel { .. })
+    ));
+    assert!(matches!(
+        after.synchronize(),
+        Err(DeviceError::HostKernel { .. })
+    ));
+    // The error was reported once; the stream runs new work.
+    s.synchronize()?;
+    assert_usable(&s)?;
+
+    // A stream that waits on the failed work fails too, rather than hanging or going on.
+    let waiter = Device::host().new_stream()?;
+    failing.launch(&s, LaunchConfig::linear(1, 1), &KernelArgs::new())?;
+    waiter.wait_event(&s.record_event()?)?;
+    assert!(matches!(
+        waiter.synchronize(),
+        Err(DeviceError::HostKernel { .. })
+    ));
+    assert!(matches!(
+        s.synchronize(),
+        Err(DeviceError::HostKernel { .. })
+    ));
+    assert_usable(&waiter)?;
+    assert_usable(&s)
+}
+
+#[test]
+fn a_panicking_host_impl_reports_from_synchronize_and_the_stream_stays_usable(
+) -> Result<(), DeviceError> {
+    let s = Device::host().new_stream()?;
+    let panicking = Kernel::new(
+        "rt_panicking",
+        r#"extern "C" __global__ void rt_panicking() {}"#,
+    )
+    .with_host(|_| panic!("deliberate panic in a host kernel"));
+    // Work before and after the panic still runs in order.
+    let flag = DeviceBuffer::<f32>::zeroed(&s, 1)?;
+    spin_write().launch(
+        &s,
+        LaunchConfig::linear(1, 1),
+        KernelArgs::new()
+            .output(&flag)
+            .scalar(5.0f32)
+            .scalar(SHORT_SPIN),
+    )?;
+    panicking.launch(&s, LaunchConfig::linear(1, 1), &KernelArgs::new())?;
+    match s.synchronize() {
+        Err(DeviceError::Panicked { message, .. }) => {
+            assert!(message.contains("deliberate panic"), "{message}")
+        }
+        other => panic!("expected Panicked, got {other:?}"),
+    }
+    assert_eq!(flag.to_host_vec(&s)?, vec![5.0]);
+    assert_usable(&s)?;
+
+    // A host function that panics is reported the same way.
+    s.enqueue_host_fn(|| panic!("deliberate panic in a host function"))?;
+    assert!(matches!(s.synchronize(), Err(DeviceError::Panicked { .. })));
+    assert_usable(&s)
+}

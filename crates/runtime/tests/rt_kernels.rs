@@ -1,0 +1,311 @@
+//! Kernels: one source, two implementations. A kernel gives the same values on the device
+//! under test and on the host backend, and both match a float64 reference.
+
+mod common;
+
+use std::sync::OnceLock;
+
+use common::{
+    add_one, assert_close, device, prefix, random_f32, rel_err, rng, saxpy, ODD_SIZES, POISON,
+    POISON_U32,
+};
+use cuflow_runtime::{
+    BackendKind, Device, DeviceBuffer, DeviceError, Kernel, KernelArgs, LaunchConfig,
+};
+use rand::Rng;
+
+const TOL: f64 = 1e-6;
+
+/// Runs saxpy on `device` and returns `y` afterwards.
+fn run_saxpy(
+    device: &Device,
+    a: f32,
+    x: &[f32],
+    y: &[f32],
+    config: LaunchConfig,
+) -> Result<Vec<f32>, DeviceError> {
+    let s = device.new_stream()?;
+    let xb = DeviceBuffer::from_host(&s, x)?;
+    let yb = DeviceBuffer::from_host(&s, y)?;
+    saxpy().launch(
+        &s,
+        config,
+        KernelArgs::new()
+            .output(&yb)
+            .input(&xb)
+            .scalar(a)
+            .scalar(x.len() as u32),
+    )?;
+    yb.to_host_vec(&s)
+}
+
+#[test]
+fn saxpy_matches_the_host_backend_and_a_float64_reference() -> Result<(), DeviceError> {
+    let device = device();
+    let host = Device::host();
+    let mut rng = rng();
+    for n in ODD_SIZES {
+        let x = random_f32(&mut rng, n);
+        let y = random_f32(&mut rng, n);
+        let a: f32 = rng.gen_range(0.5..4.0);
+        let want: Vec<f64> = x
+            .iter()
+            .zip(&y)
+            .map(|(x, y)| a as f64 * *x as f64 + *y as f64)
+            .collect();
+        // A small grid: the grid-stride loop visits most elements several times over.
+        let config = LaunchConfig::linear(7, 128);
+        let on_device = run_saxpy(&device, a, &x, &y, config)?;
+        let on_host = run_saxpy(&host, a, &x, &y, config)?;
+        assert_close(&format!("saxpy n={n} on {device}"), &on_device, &want, TOL);
+        assert_close(&format!("saxpy n={n} on the host"), &on_host, &want, TOL);
+        let host_ref: Vec<f64> = on_host.iter().map(|v| *v as f64).collect();
+        assert_close(
+            &format!("saxpy n={n}, {device} vs host"),
+            &on_device,
+            &host_ref,
+            TOL,
+        );
+        // One thread per element gives the same values.
+        let wide = run_saxpy(&device, a, &x, &y, LaunchConfig::for_num_elems(n))?;
+        assert_close(&format!("saxpy n={n}, one thread each"), &wide, &want, TOL);
+    }
+    Ok(())
+}
+
+/// `out[r][c] = x[r][c] * row_scale[r] + col_bias[c]` for an `rows x cols` row-major matrix,
+/// with a 2-D launch: x along columns, y along rows. The host implementation walks the launch's
+/// grid and blocks as the GPU's threads do, so a configuration that does not cover the matrix
+/// leaves poison on both backends.
+fn scale_rows_add_cols() -> &'static Kernel {
+    static K: OnceLock<Kernel> = OnceLock::new();
+    K.get_or_init(|| {
+        Kernel::new(
+            "rt_scale_rows_add_cols",
+            r#"extern "C" __global__ void rt_scale_rows_add_cols(
+                    float* out, const float* x, const float* row_scale, const float* col_bias,
+                    unsigned rows, unsigned cols) {
+                unsigned c = blockIdx.x * blockDim.x + threadIdx.x;
+                unsigned r = blockIdx.y * blockDim.y + threadIdx.y;
+                if (r < rows && c < cols) {
+                    out[r * cols + c] = x[r * cols + c] * row_scale[r] + col_bias[c];
+                }
+            }"#,
+        )
+        .with_host(|args| {
+            const NAME: &str = "rt_scale_rows_add_cols";
+            let rows = args.scalar::<u32>(4)? as usize;
+            let cols = args.scalar::<u32>(5)? as usize;
+            let x = prefix(NAME, args.input::<f32>(1)?, rows * cols)?;
+            let row_scale = prefix(NAME, args.input::<f32>(2)?, rows)?;
+            let col_bias = prefix(NAME, args.input::<f32>(3)?, cols)?;
+            let cfg = args.config();
+            let out = common::prefix_mut(NAME, args.output::<f32>(0)?, rows * cols)?;
+            let (grid, block) = (cfg.grid, cfg.block);
+            for by in 0..grid.1 as usize {
+                for bx in 0..grid.0 as usize {
+                    for ty in 0..block.1 as usize {
+                        for tx in 0..block.0 as usize {
+                            let c = bx * block.0 as usize + tx;
+                            let r = by * block.1 as usize + ty;
+                            if r < rows && c < cols {
+                                out[r * cols + c] = x[r * cols + c] * row_scale[r] + col_bias[c];
+                            }
+                        }
+                    }
+                }
+            }
+            Ok(())
+        })
+    })
+}
+
+fn run_2d(
+    device: &Device,
+    x: &[f32],
+    row_scale: &[f32],
+    col_bias: &[f32],
+    config: LaunchConfig,
+) -> Result<Vec<f32>, DeviceError> {
+    let (rows, cols) = (row_scale.len(), col_bias.len());
+    let s = device.new_stream()?;
+    let xb = DeviceBuffer::from_host(&s, x)?;
+    let rb = DeviceBuffer::from_host(&s, row_scale)?;
+    let cb = DeviceBuffer::from_host(&s, col_bias)?;
+    let out = DeviceBuffer::<f32>::alloc(&s, rows * cols)?;
+    out.view().fill_bytes(&s, POISON)?;
+    scale_rows_add_cols().launch(
+        &s,
+        config,
+        KernelArgs::new()
+            .output(&out)
+            .input(&xb)
+            .input(&rb)
+            .input(&cb)
+            .scalar(rows as u32)
+            .scalar(cols as u32),
+    )?;
+    out.to_host_vec(&s)
+}
+
+#[test]
+fn a_two_dimensional_launch_matches_the_host_backend_and_a_float64_reference(
+) -> Result<(), DeviceError> {
+    let device = device();
+    let host = Device::host();
+    let mut rng = rng();
+    for (rows, cols) in [(1usize, 1usize), (37, 1001), (129, 63)] {
+        let x = random_f32(&mut rng, rows * cols);
+        let row_scale = random_f32(&mut rng, rows);
+        let col_bias = random_f32(&mut rng, cols);
+        let mut want = vec![0f64; rows * cols];
+        for r in 0..rows {
+            for c in 0..cols {
+                want[r * cols + c] =
+                    x[r * cols + c] as f64 * row_scale[r] as f64 + col_bias[c] as f64;
+            }
+        }
+        let block = (16u32, 8u32, 1u32);
+        let config = LaunchConfig {
+            grid: (
+                (cols as u32).div_ceil(block.0),
+                (rows as u32).div_ceil(block.1),
+                1,
+            ),
+            block,
+            shared_mem_bytes: 0,
+        };
+        let on_device = run_2d(&device, &x, &row_scale, &col_bias, config)?;
+        let on_host = run_2d(&host, &x, &row_scale, &col_bias, config)?;
+        let what = format!("{rows}x{cols}");
+        assert_close(&format!("{what} on {device}"), &on_device, &want, TOL);
+        assert_close(&format!("{what} on the host"), &on_host, &want, TOL);
+        let host_ref: Vec<f64> = on_host.iter().map(|v| *v as f64).collect();
+        assert_close(
+            &format!("{what}, {device} vs host"),
+            &on_device,
+            &host_ref,
+            TOL,
+        );
+
+        // A grid one block short along y leaves the last rows' poison in place.
+        if rows > block.1 as usize {
+            let short = LaunchConfig {
+                grid: (config.grid.0, config.grid.1 - 1, 1),
+                ..config
+            };
+            let covered = (config.grid.1 as usize - 1) * block.1 as usize * cols;
+            for got in [
+                run_2d(&device, &x, &row_scale, &col_bias, short)?,
+                run_2d(&host, &x, &row_scale, &col_bias, short)?,
+            ] {
+                assert_close(&what, &got[..covered], &want[..covered], TOL);
+                assert!(
+                    got[covered..].iter().all(|v| v.to_bits() == POISON_U32),
+                    "{what}: rows outside the grid were written"
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn kernels_on_sub_views_touch_only_their_range() -> Result<(), DeviceError> {
+    let device = device();
+    let s = device.new_stream()?;
+    let mut rng = rng();
+    let n = 4097;
+    let x = random_f32(&mut rng, n);
+    let y = random_f32(&mut rng, n);
+    let a = 2.5f32;
+    let xb = DeviceBuffer::from_host(&s, &x)?;
+    let yb = DeviceBuffer::from_host(&s, &y)?;
+    // y[1001..3002] += a * x[17..2018]
+    let (ys, xs, len) = (1001, 17, 2001);
+    saxpy().launch(
+        &s,
+        LaunchConfig::linear(3, 64),
+        KernelArgs::new()
+            .output(yb.slice(ys..ys + len)?)
+            .input(xb.slice(xs..xs + len)?)
+            .scalar(a)
+            .scalar(len as u32),
+    )?;
+    let got = yb.to_host_vec(&s)?;
+    assert_eq!(&got[..ys], &y[..ys], "elements before the view changed");
+    assert_eq!(
+        &got[ys + len..],
+        &y[ys + len..],
+        "elements after the view changed"
+    );
+    let want: Vec<f64> = (0..len)
+        .map(|i| a as f64 * x[xs + i] as f64 + y[ys + i] as f64)
+        .collect();
+    assert_close("saxpy on views", &got[ys..ys + len], &want, TOL);
+    assert_eq!(xb.to_host_vec(&s)?, x, "the input changed");
+    Ok(())
+}
+
+#[test]
+fn repeated_launches_accumulate_in_stream_order() -> Result<(), DeviceError> {
+    let device = device();
+    let s = device.new_stream()?;
+    let mut rng = rng();
+    let n = 1000;
+    let x = random_f32(&mut rng, n);
+    let xb = DeviceBuffer::from_host(&s, &x)?;
+    for _ in 0..10 {
+        add_one().launch(
+            &s,
+            LaunchConfig::for_num_elems(n),
+            KernelArgs::new().output(&xb).scalar(n as u32),
+        )?;
+    }
+    // Ten additions of 1.0 in f32, in the same order as the kernel: exact on both backends.
+    let want: Vec<f32> = x
+        .iter()
+        .map(|v| (0..10).fold(*v, |acc, _| acc + 1.0))
+        .collect();
+    assert_eq!(xb.to_host_vec(&s)?, want);
+    Ok(())
+}
+
+#[test]
+fn kernels_describe_themselves_and_compile_ahead_of_launch() -> Result<(), DeviceError> {
+    let device = device();
+    let k = saxpy().clone();
+    assert_eq!(k.name(), "rt_saxpy");
+    assert!(k.has_host_impl());
+    assert!(k.supports(BackendKind::Host) && k.supports(BackendKind::Cuda));
+    let bare = Kernel::new("rt_bare", "extern \"C\" __global__ void rt_bare() {}");
+    assert!(!bare.has_host_impl());
+    assert!(!bare.supports(BackendKind::Host));
+    // Compiling ahead is a no-op on the host and builds the kernel on CUDA.
+    k.compile(&device)?;
+    bare.compile(&device)?;
+
+    let s = device.new_stream()?;
+    let buf = DeviceBuffer::<f32>::zeroed(&s, 4)?;
+    let mut args = KernelArgs::new();
+    assert!(args.is_empty());
+    args.output(&buf).input(&buf).scalar(1.0f32).scalar(4u32);
+    assert_eq!(args.len(), 4);
+
+    // A clone shares the kernel (and its compiled code): launching it runs saxpy.
+    let x = random_f32(&mut rng(), 5);
+    let xb = DeviceBuffer::from_host(&s, &x)?;
+    let yb = DeviceBuffer::from_host(&s, &x)?;
+    k.launch(
+        &s,
+        LaunchConfig::linear(1, 32),
+        KernelArgs::new()
+            .output(&yb)
+            .input(&xb)
+            .scalar(1.0f32)
+            .scalar(5u32),
+    )?;
+    let want: Vec<f64> = x.iter().map(|v| 2.0 * *v as f64).collect();
+    assert!(rel_err(&yb.to_host_vec(&s)?, &want) <= TOL);
+    Ok(())
+}
