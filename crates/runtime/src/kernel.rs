@@ -397,7 +397,11 @@ pub(crate) struct KernelInner {
 }
 
 /// A kernel: CUDA C source with an `extern "C" __global__` function named `name`, and an
-/// optional host implementation. Cheap to clone; compile results are shared by the clones.
+/// optional host implementation. Cheap to clone.
+///
+/// Compiled modules are cached per device by (name, source, options): clones, and kernels
+/// declared again from the same source, share one module, which stays loaded while the device
+/// lives (captured graphs keep launching it).
 ///
 /// # Examples
 ///
@@ -488,6 +492,9 @@ impl Kernel {
 
     /// Compiles the kernel for `device` now rather than at its first launch (no-op on host).
     ///
+    /// Loading a module can wait for work in flight on the device, so a program that blocks a
+    /// stream with a host function compiles its kernels before doing so.
+    ///
     /// # Errors
     ///
     /// [`DeviceError::Compile`] with the compiler log, or [`DeviceError::NoCompiler`].
@@ -509,11 +516,8 @@ impl Kernel {
         let crate::device::DeviceBackend::Cuda(cuda_device) = device.backend() else {
             return Err(DeviceError::usage("compiling for a non-CUDA device"));
         };
-        let compiled = Arc::new(cuda_device.compile(
-            &self.inner.name,
-            &self.inner.source,
-            &self.inner.options,
-        )?);
+        let compiled =
+            cuda_device.compile(&self.inner.name, &self.inner.source, &self.inner.options)?;
         let mut cache = self.inner.compiled.lock();
         if let Some((_, k)) = cache.iter().find(|(d, _)| *d == id) {
             return Ok(k.clone());

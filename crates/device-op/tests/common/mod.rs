@@ -652,7 +652,21 @@ pub struct Gate {
 
 impl Gate {
     /// A closed gate on a new stream of `device`.
+    ///
+    /// Every test kernel is compiled first: loading a module waits for the device's work in
+    /// flight, the gate's blocked host function included.
     pub fn closed(device: &Device) -> Result<Gate, DeviceError> {
+        for k in [
+            fill_kernel(),
+            add_scalar_kernel(),
+            mul_scalar_kernel(),
+            copy_kernel(),
+            add_kernel(),
+            accumulate_kernel(),
+            spin_kernel(),
+        ] {
+            k.compile(device)?;
+        }
         let stream = device.new_stream()?;
         let (release, held) = mpsc::channel::<()>();
         // Returns when the sender is dropped.

@@ -54,10 +54,14 @@ impl CudaGraphHandle {
             .map(|(i, n)| (*n as usize, i))
             .collect();
         let mut m = 0usize;
+        // The `_v2` entry point on purpose: CUDA 13 drivers export the unsuffixed name with the
+        // five-argument signature, so the four-argument CUDA 12 binding would hand the driver a
+        // garbage count pointer.
         // SAFETY: the graph is alive; null arrays ask only for the edge count.
         unsafe {
-            sys::cuGraphGetEdges(
+            sys::cuGraphGetEdges_v2(
                 self.graph,
+                std::ptr::null_mut(),
                 std::ptr::null_mut(),
                 std::ptr::null_mut(),
                 &mut m,
@@ -65,6 +69,10 @@ impl CudaGraphHandle {
         }
         .result()
         .map_err(|e| driver_err("cuGraphGetEdges", e))?;
+        if m == 0 {
+            // The driver refuses arrays with a zero count.
+            return Ok(Vec::new());
+        }
         let mut from = vec![std::ptr::null_mut(); m];
         let mut to = vec![std::ptr::null_mut(); m];
         // SAFETY: both arrays have room for the `m` edges the driver reported; no edge data.

@@ -26,6 +26,7 @@ pub(crate) use graph::{CudaGraphExecHandle, CudaGraphHandle};
 pub(crate) use memory::{CudaMemory, CudaPinned};
 pub(crate) use stream::{CudaEventHandle, CudaStreamHandle};
 
+use std::collections::HashMap;
 use std::sync::OnceLock;
 
 use cudarc::driver::{result, sys, CudaContext, DriverError};
@@ -103,7 +104,14 @@ pub(crate) struct CudaDeviceShared {
     pub(crate) ordinal: usize,
     pub(crate) cc: (u32, u32),
     event_pool: Mutex<Vec<RawEvent>>,
+    /// Every kernel loaded on this device, by (name, source, options). Modules stay loaded
+    /// while the device lives: a captured graph keeps the functions it launches, and a
+    /// `Kernel` declared again with the same source reuses the compiled module.
+    modules: Mutex<HashMap<ModuleKey, Arc<CompiledKernel>>>,
 }
+
+/// What identifies a compiled kernel on one device.
+type ModuleKey = (String, String, Vec<String>);
 
 impl CudaDeviceShared {
     pub(crate) fn bind(&self) -> Result<()> {
@@ -208,6 +216,7 @@ impl CudaDevice {
             ordinal,
             cc: (major.max(0) as u32, minor.max(0) as u32),
             event_pool: Mutex::new(Vec::new()),
+            modules: Mutex::new(HashMap::new()),
         });
         Ok((CudaDevice { shared }, name, limits))
     }
@@ -239,13 +248,28 @@ impl CudaDevice {
         CudaStreamHandle::new(&self.shared, priority)
     }
 
+    /// The kernel compiled and loaded for this device: from the device's module cache, else
+    /// compiled now and kept for the device's lifetime.
     pub(crate) fn compile(
         &self,
         name: &str,
         source: &str,
         options: &[String],
-    ) -> Result<CompiledKernel> {
-        compile::compile(&self.shared, name, source, options)
+    ) -> Result<Arc<CompiledKernel>> {
+        let key: ModuleKey = (name.to_owned(), source.to_owned(), options.to_vec());
+        if let Some(k) = self.shared.modules.lock().get(&key) {
+            return Ok(k.clone());
+        }
+        // Compiled outside the lock: NVRTC takes milliseconds and other kernels may load
+        // meanwhile. Two threads racing on one key both compile; the first insert wins.
+        let compiled = Arc::new(compile::compile(&self.shared, name, source, options)?);
+        Ok(self
+            .shared
+            .modules
+            .lock()
+            .entry(key)
+            .or_insert(compiled)
+            .clone())
     }
 
     pub(crate) fn alloc_pinned(&self, bytes: usize) -> Result<CudaPinned> {
