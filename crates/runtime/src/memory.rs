@@ -257,6 +257,13 @@ impl<T: DeviceCopy> DeviceBuffer<T> {
         self.view().to_host_vec(stream)
     }
 
+    /// The stream of the most recent work enqueued on this buffer (the allocating stream when
+    /// nothing used it since). Reading back on it orders the read after that work without
+    /// adding a wait; a read on any stream is ordered after every use anyway.
+    pub fn last_stream(&self) -> Option<Stream> {
+        self.mem.uses.lock().last().cloned()
+    }
+
     /// Overwrites the buffer with `data` (same length).
     ///
     /// # Errors

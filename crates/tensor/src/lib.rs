@@ -1,1 +1,36 @@
 //! cuflow's tensors, constructors and kernels.
+//!
+//! A [`Tensor<T>`] is a dense row-major array on a device. The functions of [`api`] build
+//! tensors and the functions of [`kernels`] compute with them; every one returns a lazy op
+//! to chain with `then`, combine with `zip!`, and run with `.sync()`, `.sync_on(&stream)` or
+//! `.await`. Each kernel has a CUDA C implementation (compiled by NVRTC for the device, once
+//! per process) and a host implementation, so the same program runs on a GPU and on the CPU
+//! host backend.
+//!
+//! ```
+//! use cuflow_device_op::DeviceOpExt;
+//! use cuflow_runtime::Device;
+//! use cuflow_tensor::{api, kernels, PartitionExt};
+//! # fn main() -> Result<(), cuflow_runtime::DeviceError> {
+//! let stream = Device::host().new_stream()?;
+//! let mut z = api::zeros::<f32>(&[16, 16]).sync_on(&stream)?;
+//! let x = api::ones::<f32>(&[16, 16]).sync_on(&stream)?;
+//! // Borrow-based: &mut z for output, &x for input. z holds the result afterwards.
+//! let _ = kernels::saxpy((&mut z).partition([4, 4]), 2.0, &x).sync_on(&stream)?;
+//! assert_eq!(z.to_host_vec()?, vec![2.0f32; 256]);
+//! # Ok(()) }
+//! ```
+
+pub mod api;
+mod dtype;
+pub mod kernels;
+mod op;
+mod tensor;
+
+pub use dtype::{DType, FloatDType};
+pub use half::{bf16, f16};
+pub use op::TensorOp;
+pub use tensor::{
+    Partition, PartitionExt, ReshapeOpExt, Shape, Tensor, TensorInput, TensorMut, TensorOpExt,
+    TensorRef,
+};

@@ -1,0 +1,467 @@
+//! Constructors and copies. Each returns an op; nothing runs until it is executed, and the
+//! new tensor lives on the device of the stream it runs on.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use cuflow_device_op::{DeviceOp, ExecutionContext};
+use cuflow_runtime::{DeviceBuffer, DeviceError, Kernel, KernelArgs, LaunchConfig, Stream};
+
+use crate::dtype::{cuda_defs, cuda_prelude, DType, FloatDType};
+use crate::kernels::{alloc, check_device, fill};
+use crate::op::{cached_kernel, cached_kernel2, TensorOp};
+use crate::tensor::{numel, Shape, Tensor, TensorInput, TensorRef};
+
+/// The result of a constructor op.
+pub type TensorResult<T> = Result<Tensor<T>, DeviceError>;
+
+/// A tensor of `shape` filled with zeros.
+///
+/// ```
+/// use cuflow_device_op::DeviceOpExt;
+/// use cuflow_tensor::{api, TensorOpExt};
+/// assert_eq!(api::zeros::<f32>(&[2, 3]).to_host_vec()?, vec![0.0; 6]);
+/// # Ok::<(), cuflow_runtime::DeviceError>(())
+/// ```
+pub fn zeros<T: DType>(
+    shape: &[usize],
+) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
+    let shape: Shape = shape.into();
+    TensorOp::new(move |ctx: &mut ExecutionContext| {
+        let stream = ctx.stream()?;
+        let out = alloc::<T>(stream, &shape)?;
+        out.buffer().view().fill_bytes(stream, 0)?;
+        Ok(out)
+    })
+}
+
+/// A tensor of `shape` filled with ones.
+pub fn ones<T: DType>(
+    shape: &[usize],
+) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
+    fill(shape, T::from_f64(1.0))
+}
+
+/// A tensor of `shape` filled with `value`.
+pub fn full<T: DType>(
+    shape: &[usize],
+    value: T,
+) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
+    fill(shape, value)
+}
+
+fn iota_kernel<T: DType>() -> Kernel {
+    cached_kernel("iota", T::NAME, || {
+        let name = format!("iota_{}", T::NAME);
+        let source = format!(
+            r#"{prelude}
+extern "C" __global__ void {name}(T* out, double a0, double d, unsigned long long n,
+                                  unsigned long long eye_cols) {{
+  for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += (unsigned long long)blockDim.x * gridDim.x) {{
+    double v = eye_cols ? ((i / eye_cols == i % eye_cols) ? 1.0 : 0.0) : a0 + (double)i * d;
+    out[i] = st((A)v);
+  }}
+}}
+"#,
+            prelude = cuda_prelude::<T>()
+        );
+        Kernel::new(name, source).with_host(|args| {
+            let a0 = args.scalar::<f64>(1)?;
+            let d = args.scalar::<f64>(2)?;
+            let eye = args.scalar::<u64>(4)?;
+            for (i, o) in args.output::<T>(0)?.iter_mut().enumerate() {
+                let i = i as u64;
+                let v = match i.checked_div(eye) {
+                    Some(row) if row == i % eye => 1.0,
+                    Some(_) => 0.0,
+                    None => a0 + i as f64 * d,
+                };
+                *o = T::from_f64(v);
+            }
+            Ok(())
+        })
+    })
+}
+
+fn grid_for(stream: &Stream, n: usize) -> LaunchConfig {
+    let sms = stream.device().limits().multiprocessor_count.max(1) as usize;
+    LaunchConfig::linear(n.div_ceil(256).clamp(1, sms * 32) as u32, 256)
+}
+
+fn iota<T: DType>(
+    shape: Shape,
+    a0: f64,
+    d: f64,
+    eye_cols: u64,
+) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
+    TensorOp::new(move |ctx: &mut ExecutionContext| {
+        let stream = ctx.stream()?;
+        let out = alloc::<T>(stream, &shape)?;
+        if !out.is_empty() {
+            iota_kernel::<T>().launch(
+                stream,
+                grid_for(stream, out.len()),
+                KernelArgs::new()
+                    .output(&**out.buffer())
+                    .scalar(a0)
+                    .scalar(d)
+                    .scalar(out.len() as u64)
+                    .scalar(eye_cols),
+            )?;
+        }
+        Ok(out)
+    })
+}
+
+/// The 1-D tensor `start, start + step, ...` of the values below `end` (above it for a
+/// negative step), computed in `f64` and rounded to `T`.
+///
+/// # Errors
+///
+/// [`DeviceError::InvalidShape`] (when run) for a zero or non-finite step.
+pub fn arange<T: DType>(
+    start: f64,
+    end: f64,
+    step: f64,
+) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
+    let n = if step != 0.0 && step.is_finite() && start.is_finite() && end.is_finite() {
+        Ok(((end - start) / step).ceil().max(0.0) as usize)
+    } else {
+        Err(DeviceError::InvalidShape {
+            op: "arange",
+            reason: format!(
+                "the step must be finite and non-zero, got {step} (from {start} to {end})"
+            ),
+        })
+    };
+    let inner = iota::<T>(
+        Shape::from_slice(&[n.as_ref().copied().unwrap_or(0)]),
+        start,
+        step,
+        0,
+    );
+    TensorOp::new(move |ctx: &mut ExecutionContext| {
+        n?;
+        inner.execute(ctx)
+    })
+}
+
+/// `steps` values evenly spaced from `start` to `end` inclusive (one value: `start`).
+pub fn linspace<T: DType>(
+    start: f64,
+    end: f64,
+    steps: usize,
+) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
+    let d = if steps > 1 {
+        (end - start) / (steps - 1) as f64
+    } else {
+        0.0
+    };
+    iota::<T>(Shape::from_slice(&[steps]), start, d, 0)
+}
+
+/// The `n × n` identity matrix.
+pub fn eye<T: DType>(
+    n: usize,
+) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
+    iota::<T>(Shape::from_slice(&[n, n]), 0.0, 0.0, n.max(1) as u64)
+}
+
+static NEXT_SEED: AtomicU64 = AtomicU64::new(0x5eed_c0ff_ee00_0001);
+
+/// Sets the seed that [`rand`] and [`randn`] draw their seeds from (each call takes the next
+/// one), so a program that calls them in the same order gets the same tensors.
+pub fn manual_seed(seed: u64) {
+    NEXT_SEED.store(seed, Ordering::SeqCst);
+}
+
+fn next_seed() -> u64 {
+    NEXT_SEED.fetch_add(1, Ordering::SeqCst)
+}
+
+/// The random-number kernel: Philox4x32-10 on the element index keyed by the seed, the same
+/// counter-based generator on both backends. Uniform values take the top 24 bits of the first
+/// output word; normal values use the Box–Muller transform of the first two words, in `f64`.
+fn random_kernel<T: DType>() -> Kernel {
+    cached_kernel("random", T::NAME, || {
+        let name = format!("random_{}", T::NAME);
+        let source = format!(
+            r#"{prelude}
+__device__ __forceinline__ void philox(unsigned c[4], unsigned k0, unsigned k1) {{
+  for (int r = 0; r < 10; ++r) {{
+    unsigned long long p0 = (unsigned long long)0xD2511F53u * c[0];
+    unsigned long long p1 = (unsigned long long)0xCD9E8D57u * c[2];
+    unsigned hi0 = (unsigned)(p0 >> 32), lo0 = (unsigned)p0;
+    unsigned hi1 = (unsigned)(p1 >> 32), lo1 = (unsigned)p1;
+    unsigned n0 = hi1 ^ c[1] ^ k0, n2 = hi0 ^ c[3] ^ k1;
+    c[0] = n0; c[1] = lo1; c[2] = n2; c[3] = lo0;
+    k0 += 0x9E3779B9u; k1 += 0xBB67AE85u;
+  }}
+}}
+extern "C" __global__ void {name}(T* out, unsigned long long n, unsigned long long seed,
+                                  double a, double b, int normal) {{
+  for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += (unsigned long long)blockDim.x * gridDim.x) {{
+    unsigned c[4] = {{(unsigned)i, (unsigned)(i >> 32), 0u, 0u}};
+    philox(c, (unsigned)seed, (unsigned)(seed >> 32));
+    double v;
+    if (normal) {{
+      double u1 = ((double)(c[0] >> 8) + 0.5) * (1.0 / 16777216.0);
+      double u2 = (double)(c[1] >> 8) * (1.0 / 16777216.0);
+      v = a + b * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+    }} else {{
+      v = a + (b - a) * ((double)(c[0] >> 8) * (1.0 / 16777216.0));
+    }}
+    out[i] = st((A)v);
+  }}
+}}
+"#,
+            prelude = cuda_prelude::<T>()
+        );
+        Kernel::new(name, source).with_host(|args| {
+            let seed = args.scalar::<u64>(2)?;
+            let a = args.scalar::<f64>(3)?;
+            let b = args.scalar::<f64>(4)?;
+            let normal = args.scalar::<i32>(5)? != 0;
+            for (i, o) in args.output::<T>(0)?.iter_mut().enumerate() {
+                let c = philox(i as u64, seed);
+                let v = if normal {
+                    let u1 = ((c[0] >> 8) as f64 + 0.5) / 16_777_216.0;
+                    let u2 = (c[1] >> 8) as f64 / 16_777_216.0;
+                    a + b * (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+                } else {
+                    a + (b - a) * ((c[0] >> 8) as f64 / 16_777_216.0)
+                };
+                *o = T::from_f64(v);
+            }
+            Ok(())
+        })
+    })
+}
+
+/// Philox4x32-10 of counter `(i, 0)` under key `seed`.
+fn philox(i: u64, seed: u64) -> [u32; 4] {
+    let mut c = [i as u32, (i >> 32) as u32, 0, 0];
+    let (mut k0, mut k1) = (seed as u32, (seed >> 32) as u32);
+    for _ in 0..10 {
+        let p0 = 0xD251_1F53u64 * c[0] as u64;
+        let p1 = 0xCD9E_8D57u64 * c[2] as u64;
+        let (hi0, lo0) = ((p0 >> 32) as u32, p0 as u32);
+        let (hi1, lo1) = ((p1 >> 32) as u32, p1 as u32);
+        c = [hi1 ^ c[1] ^ k0, lo1, hi0 ^ c[3] ^ k1, lo0];
+        k0 = k0.wrapping_add(0x9E37_79B9);
+        k1 = k1.wrapping_add(0xBB67_AE85);
+    }
+    c
+}
+
+fn random<T: FloatDType>(
+    shape: &[usize],
+    seed: u64,
+    a: f64,
+    b: f64,
+    normal: bool,
+) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
+    let shape: Shape = shape.into();
+    TensorOp::new(move |ctx: &mut ExecutionContext| {
+        let stream = ctx.stream()?;
+        let out = alloc::<T>(stream, &shape)?;
+        if !out.is_empty() {
+            random_kernel::<T>().launch(
+                stream,
+                grid_for(stream, out.len()),
+                KernelArgs::new()
+                    .output(&**out.buffer())
+                    .scalar(out.len() as u64)
+                    .scalar(seed)
+                    .scalar(a)
+                    .scalar(b)
+                    .scalar(i32::from(normal)),
+            )?;
+        }
+        Ok(out)
+    })
+}
+
+/// Uniform random values in `[low, high)`, seeded from the sequence [`manual_seed`] sets.
+///
+/// Both backends use the counter-based Philox4x32-10 generator, so a seed gives the same
+/// values on host and CUDA up to the final rounding.
+pub fn rand<T: FloatDType>(
+    low: f64,
+    high: f64,
+    shape: &[usize],
+) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
+    random::<T>(shape, next_seed(), low, high, false)
+}
+
+/// [`rand`] with an explicit seed.
+pub fn rand_seeded<T: FloatDType>(
+    low: f64,
+    high: f64,
+    shape: &[usize],
+    seed: u64,
+) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
+    random::<T>(shape, seed, low, high, false)
+}
+
+/// Normal random values with `mean` and standard deviation `std`, seeded from the sequence
+/// [`manual_seed`] sets (Philox4x32-10 and Box–Muller on both backends).
+pub fn randn<T: FloatDType>(
+    mean: f64,
+    std: f64,
+    shape: &[usize],
+) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
+    random::<T>(shape, next_seed(), mean, std, true)
+}
+
+/// [`randn`] with an explicit seed.
+pub fn randn_seeded<T: FloatDType>(
+    mean: f64,
+    std: f64,
+    shape: &[usize],
+    seed: u64,
+) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
+    random::<T>(shape, seed, mean, std, true)
+}
+
+/// A tensor of `shape` holding `data` (copied to the device when the op runs).
+///
+/// # Errors
+///
+/// [`DeviceError::InvalidShape`] (when run) when `data` does not have `shape`'s element count.
+pub fn from_vec<T: DType>(
+    data: Vec<T>,
+    shape: &[usize],
+) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
+    let shape: Shape = shape.into();
+    TensorOp::new(move |ctx: &mut ExecutionContext| upload(ctx, &data, &shape))
+}
+
+/// A tensor of `shape` holding a copy of `data`.
+///
+/// # Errors
+///
+/// As [`from_vec`].
+pub fn from_slice<'a, T: DType>(
+    data: &'a [T],
+    shape: &[usize],
+) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send + 'a> {
+    let shape: Shape = shape.into();
+    TensorOp::new(move |ctx: &mut ExecutionContext| upload(ctx, data, &shape))
+}
+
+fn upload<T: DType>(ctx: &mut ExecutionContext, data: &[T], shape: &[usize]) -> TensorResult<T> {
+    let n = numel("from_vec", shape)?;
+    if n != data.len() {
+        return Err(DeviceError::InvalidShape {
+            op: "from_vec",
+            reason: format!(
+                "shape {shape:?} has {n} elements but {} were given",
+                data.len()
+            ),
+        });
+    }
+    let stream = ctx.stream()?;
+    Tensor::from_buffer(Arc::new(DeviceBuffer::from_host(stream, data)?), shape)
+}
+
+/// A copy of `x` in new memory.
+pub fn dup<T: DType, X: TensorInput<T>>(
+    x: X,
+) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
+    let x = x.into_op();
+    TensorOp::new(move |ctx: &mut ExecutionContext| {
+        let x = x.execute(ctx)?;
+        let x = x.tensor();
+        let stream = ctx.stream()?;
+        check_device("dup", stream, x)?;
+        let out = alloc::<T>(stream, x.shape())?;
+        out.buffer().copy_from(stream, x.buffer())?;
+        Ok(out)
+    })
+}
+
+/// Copies `src` into `dst` (same shape) on the executing stream. It never allocates, so it is
+/// graph-safe: use it to feed new inputs to a captured graph between replays.
+///
+/// # Errors
+///
+/// [`DeviceError::ShapeMismatch`] (when run) when the shapes differ.
+pub fn memcpy<'a, T: DType, S: TensorInput<T> + 'a>(
+    dst: &'a mut Tensor<T>,
+    src: S,
+) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> Result<(), DeviceError> + Send + 'a> {
+    let src = src.into_op();
+    TensorOp::new(move |ctx: &mut ExecutionContext| {
+        let src = src.execute(ctx)?;
+        let src = src.tensor();
+        let stream = ctx.stream()?;
+        check_device("memcpy", stream, dst)?;
+        check_device("memcpy", stream, src)?;
+        if dst.shape() != src.shape() {
+            return Err(DeviceError::ShapeMismatch {
+                op: "memcpy",
+                lhs: dst.shape().to_vec(),
+                rhs: src.shape().to_vec(),
+            });
+        }
+        dst.buffer().copy_from(stream, src.buffer())
+    })
+}
+
+fn cast_kernel<I: DType, O: DType>() -> Kernel {
+    cached_kernel2("cast", I::NAME, O::NAME, || {
+        let name = format!("cast_{}_{}", I::NAME, O::NAME);
+        let defs = if I::NAME == O::NAME {
+            cuda_defs::<I>()
+        } else {
+            format!("{}{}", cuda_defs::<I>(), cuda_defs::<O>())
+        };
+        let (i, o) = (I::NAME, O::NAME);
+        let source = format!(
+            r#"{defs}
+extern "C" __global__ void {name}(T_{o}* out, const T_{i}* x, unsigned long long n) {{
+  for (unsigned long long k = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; k < n;
+       k += (unsigned long long)blockDim.x * gridDim.x) {{
+    out[k] = st_{o}((A_{o})ld_{i}(x[k]));
+  }}
+}}
+"#
+        );
+        Kernel::new(name, source).with_host(|args| {
+            let x = args.input::<I>(1)?;
+            for (o, v) in args.output::<O>(0)?.iter_mut().zip(x) {
+                *o = O::from_f64(v.to_f64());
+            }
+            Ok(())
+        })
+    })
+}
+
+/// `x` converted to `O` elementwise (floats to integers truncate toward zero and saturate;
+/// NaN becomes 0).
+pub fn cast<I: DType, O: DType, X: TensorInput<I>>(
+    x: X,
+) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<O> + Send> {
+    let x = x.into_op();
+    TensorOp::new(move |ctx: &mut ExecutionContext| {
+        let x = x.execute(ctx)?;
+        let x = x.tensor();
+        let stream = ctx.stream()?;
+        check_device("cast", stream, x)?;
+        let out = alloc::<O>(stream, x.shape())?;
+        if !out.is_empty() {
+            cast_kernel::<I, O>().launch(
+                stream,
+                grid_for(stream, out.len()),
+                KernelArgs::new()
+                    .output(&**out.buffer())
+                    .input(&**x.buffer())
+                    .scalar(out.len() as u64),
+            )?;
+        }
+        Ok(out)
+    })
+}

@@ -1,0 +1,199 @@
+//! Element types of tensors and how kernels see them.
+
+use std::fmt;
+
+use cuflow_runtime::DeviceCopy;
+use half::{bf16, f16};
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// An element type of [`Tensor`](crate::Tensor): `f32`, `f64`, `f16`, `bf16`, `i32`, `u32`,
+/// `i64`, `u8`. Sealed: kernels are generated for exactly these.
+///
+/// Kernels compute floating-point types in `float` (`f16`, `bf16`, `f32`) or `double`
+/// (`f64`), rounding once on store, and integers in their own type with wrapping arithmetic.
+pub trait DType:
+    DeviceCopy + Copy + PartialEq + PartialOrd + Default + fmt::Debug + sealed::Sealed
+{
+    /// The short name used in kernel names and errors (`"f32"`, `"bf16"`, ...).
+    const NAME: &'static str;
+    /// Whether this is a floating-point type.
+    const IS_FLOAT: bool;
+    /// The CUDA C storage type.
+    #[doc(hidden)]
+    const CUDA_STORAGE: &'static str;
+    /// The CUDA C type kernels compute in.
+    #[doc(hidden)]
+    const CUDA_ACC: &'static str;
+    /// The CUDA C body converting storage `x` to the compute type.
+    #[doc(hidden)]
+    const CUDA_LD: &'static str;
+    /// The CUDA C body converting compute-type `x` to storage, rounding once.
+    #[doc(hidden)]
+    const CUDA_ST: &'static str;
+
+    /// The value as `f64` (exact for every type but `i64`/`u64` beyond 2^53).
+    fn to_f64(self) -> f64;
+    /// The nearest value of this type (saturating for integers; NaN becomes 0).
+    fn from_f64(v: f64) -> Self;
+    /// `self + rhs` as kernels compute it.
+    fn add(self, rhs: Self) -> Self;
+    /// `self - rhs` as kernels compute it.
+    fn sub(self, rhs: Self) -> Self;
+    /// `self * rhs` as kernels compute it.
+    fn mul(self, rhs: Self) -> Self;
+    /// `self / rhs` as kernels compute it (integer division by zero gives zero).
+    fn div(self, rhs: Self) -> Self;
+}
+
+macro_rules! float_dtype {
+    ($t:ty, $name:literal, $storage:literal, $acc:literal, $ld:literal, $st:literal, |$x:ident| $to:expr, |$v:ident| $from:expr) => {
+        impl sealed::Sealed for $t {}
+        impl DType for $t {
+            const NAME: &'static str = $name;
+            const IS_FLOAT: bool = true;
+            const CUDA_STORAGE: &'static str = $storage;
+            const CUDA_ACC: &'static str = $acc;
+            const CUDA_LD: &'static str = $ld;
+            const CUDA_ST: &'static str = $st;
+            fn to_f64(self) -> f64 {
+                let $x = self;
+                $to
+            }
+            fn from_f64($v: f64) -> Self {
+                $from
+            }
+            fn add(self, rhs: Self) -> Self {
+                Self::from_f64(self.to_f64() + rhs.to_f64())
+            }
+            fn sub(self, rhs: Self) -> Self {
+                Self::from_f64(self.to_f64() - rhs.to_f64())
+            }
+            fn mul(self, rhs: Self) -> Self {
+                Self::from_f64(self.to_f64() * rhs.to_f64())
+            }
+            fn div(self, rhs: Self) -> Self {
+                Self::from_f64(self.to_f64() / rhs.to_f64())
+            }
+        }
+    };
+}
+
+float_dtype!(
+    f32,
+    "f32",
+    "float",
+    "float",
+    "return x;",
+    "return x;",
+    |x| x as f64,
+    |v| v as f32
+);
+float_dtype!(
+    f64,
+    "f64",
+    "double",
+    "double",
+    "return x;",
+    "return x;",
+    |x| x,
+    |v| v
+);
+float_dtype!(
+    f16,
+    "f16",
+    "unsigned short",
+    "float",
+    "float f; asm(\"cvt.f32.f16 %0, %1;\" : \"=f\"(f) : \"h\"(x)); return f;",
+    "unsigned short h; asm(\"cvt.rn.f16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(x)); return h;",
+    |x| x.to_f64(),
+    |v| f16::from_f64(v)
+);
+float_dtype!(
+    bf16,
+    "bf16",
+    "unsigned short",
+    "float",
+    "return __uint_as_float(((unsigned)x) << 16);",
+    "unsigned u = __float_as_uint(x); \
+     if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)0x7fc0; \
+     return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);",
+    |x| x.to_f64(),
+    |v| bf16::from_f64(v)
+);
+
+macro_rules! int_dtype {
+    ($t:ty, $name:literal, $ctype:literal) => {
+        impl sealed::Sealed for $t {}
+        impl DType for $t {
+            const NAME: &'static str = $name;
+            const IS_FLOAT: bool = false;
+            const CUDA_STORAGE: &'static str = $ctype;
+            const CUDA_ACC: &'static str = $ctype;
+            const CUDA_LD: &'static str = "return x;";
+            const CUDA_ST: &'static str = "return x;";
+            fn to_f64(self) -> f64 {
+                self as f64
+            }
+            fn from_f64(v: f64) -> Self {
+                v as $t
+            }
+            fn add(self, rhs: Self) -> Self {
+                self.wrapping_add(rhs)
+            }
+            fn sub(self, rhs: Self) -> Self {
+                self.wrapping_sub(rhs)
+            }
+            fn mul(self, rhs: Self) -> Self {
+                self.wrapping_mul(rhs)
+            }
+            fn div(self, rhs: Self) -> Self {
+                if rhs == 0 {
+                    0
+                } else {
+                    self.wrapping_div(rhs)
+                }
+            }
+        }
+    };
+}
+
+int_dtype!(i32, "i32", "int");
+int_dtype!(u32, "u32", "unsigned int");
+int_dtype!(i64, "i64", "long long");
+int_dtype!(u8, "u8", "unsigned char");
+
+/// The CUDA C definitions of `T`'s types and conversions, suffixed with its name:
+/// `T_f32`, `A_f32`, `ld_f32`, `st_f32`.
+pub(crate) fn cuda_defs<T: DType>() -> String {
+    let n = T::NAME;
+    format!(
+        "typedef {s} T_{n}; typedef {a} A_{n};\n\
+         __device__ __forceinline__ A_{n} ld_{n}(T_{n} x) {{ {ld} }}\n\
+         __device__ __forceinline__ T_{n} st_{n}(A_{n} x) {{ {st} }}\n",
+        s = T::CUDA_STORAGE,
+        a = T::CUDA_ACC,
+        ld = T::CUDA_LD,
+        st = T::CUDA_ST,
+    )
+}
+
+/// [`cuda_defs`] plus the unsuffixed names `T`, `A`, `ld`, `st` for one-type kernels.
+pub(crate) fn cuda_prelude<T: DType>() -> String {
+    let n = T::NAME;
+    format!(
+        "{}typedef T_{n} T; typedef A_{n} A;\n#define ld ld_{n}\n#define st st_{n}\n",
+        cuda_defs::<T>()
+    )
+}
+
+/// The floating-point element types (`f32`, `f64`, `f16`, `bf16`), which transcendental
+/// kernels (`exp`, `gelu`, `softmax`, ...) accept.
+pub trait FloatDType: DType {}
+
+impl FloatDType for f32 {}
+impl FloatDType for f64 {}
+impl FloatDType for f16 {}
+impl FloatDType for bf16 {}

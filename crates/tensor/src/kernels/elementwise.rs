@@ -1,0 +1,360 @@
+//! Elementwise kernels: one generated CUDA C kernel per (operation, dtype), with a host
+//! implementation computing the same function.
+//!
+//! Every elementwise kernel has the shape `out[i] = OP(out[i], x[i], y[j], s)` where `y` is
+//! either a tensor of the same shape (`j = i`) or a row vector broadcast over rows
+//! (`j = i % cols`), and `s` a scalar. Without a partition the launch is a grid-stride loop
+//! with 16-byte vector accesses; with one, each tile is one block.
+
+use std::sync::Arc;
+
+use cuflow_device_op::op::zip::Zip2;
+use cuflow_device_op::{DeviceOp, ExecutionContext};
+use cuflow_runtime::{DeviceBuffer, DeviceError, Kernel, KernelArgs, LaunchConfig, Stream};
+
+use crate::dtype::{cuda_prelude, DType};
+use crate::op::{cached_kernel, TensorOp};
+use crate::tensor::{tiling, Partition, Tensor, TensorInput, TensorMut, TensorRef, Tiling};
+
+/// The host function of an elementwise kernel: `(out, x, y, s) -> out`.
+pub(crate) type HostFn<T> = fn(T, T, T, T) -> T;
+
+/// One elementwise operation.
+pub(crate) struct Ew<T> {
+    /// The kernel's base name; the dtype is appended.
+    pub(crate) name: &'static str,
+    /// A CUDA C expression in `o`, `a`, `b`, `s` (all of type `A`).
+    pub(crate) expr: &'static str,
+    /// Number of tensor inputs: 0 (fill), 1 (`x`) or 2 (`x`, `y`).
+    pub(crate) inputs: u8,
+    /// Whether `o`, the old output, is read.
+    pub(crate) reads_out: bool,
+    /// Extra CUDA C device functions the expression uses.
+    pub(crate) helpers: &'static str,
+    /// The host implementation of the expression.
+    pub(crate) host: HostFn<T>,
+}
+
+impl<T: DType> Ew<T> {
+    fn source(&self, fname: &str) -> String {
+        let x_param = if self.inputs >= 1 {
+            ", const T* __restrict__ x"
+        } else {
+            ""
+        };
+        let y_param = if self.inputs >= 2 {
+            ", const T* __restrict__ y"
+        } else {
+            ""
+        };
+        format!(
+            r#"{prelude}
+{helpers}
+#define HAS_X {has_x}
+#define HAS_Y {has_y}
+#define READS_OUT {reads_out}
+typedef unsigned long long u64;
+__device__ __forceinline__ A op_(A o, A a, A b, A s) {{ return ({expr}); }}
+extern "C" __global__ void {fname}(T* __restrict__ out{x_param}{y_param}, T s_, u64 R, u64 C,
+                                   u64 tr, u64 tc, int ybc) {{
+  A s = ld(s_);
+  u64 n = R * C;
+#define ELEM(i) {{ \
+    A o_ = READS_OUT ? ld(out[i]) : (A)0; \
+    A a_ = (A)0, b_ = (A)0; \
+    IF_X(a_ = ld(x[i]);) \
+    IF_Y(b_ = ld(y[ybc ? (i) % C : (i)]);) \
+    out[i] = st(op_(o_, a_, b_, s)); }}
+  if (tr == 0) {{
+    const int V = 16 / sizeof(T);
+    u64 stride = (u64)blockDim.x * gridDim.x;
+    u64 t = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (n % V == 0 && (!ybc || C % V == 0)) {{
+      union Vec {{ uint4 u; T v[16 / sizeof(T)]; }};
+      u64 nv = n / V;
+      for (u64 w = t; w < nv; w += stride) {{
+        Vec xo, xa, xb, r;
+        if (READS_OUT) xo.u = ((const uint4*)out)[w];
+        IF_X(xa.u = ((const uint4*)x)[w];)
+        IF_Y(xb.u = ((const uint4*)y)[ybc ? ((w * V) % C) / V : w];)
+#pragma unroll
+        for (int k = 0; k < V; ++k) {{
+          A o_ = READS_OUT ? ld(xo.v[k]) : (A)0;
+          A a_ = (A)0, b_ = (A)0;
+          IF_X(a_ = ld(xa.v[k]);)
+          IF_Y(b_ = ld(xb.v[k]);)
+          r.v[k] = st(op_(o_, a_, b_, s));
+        }}
+        ((uint4*)out)[w] = r.u;
+      }}
+    }} else {{
+      for (u64 i = t; i < n; i += stride) ELEM(i)
+    }}
+    return;
+  }}
+  u64 tiles_c = C / tc;
+  u64 row0 = (blockIdx.x / tiles_c) * tr, col0 = (blockIdx.x % tiles_c) * tc;
+  u64 te = tr * tc;
+  if (tc == C) {{
+    u64 base = row0 * C;
+    for (u64 k = threadIdx.x; k < te; k += blockDim.x) {{ u64 i = base + k; ELEM(i) }}
+  }} else {{
+    for (u64 k = threadIdx.x; k < te; k += blockDim.x) {{
+      u64 i = (row0 + k / tc) * C + col0 + k % tc;
+      ELEM(i)
+    }}
+  }}
+}}
+"#,
+            prelude = cuda_prelude::<T>(),
+            helpers = self.helpers,
+            has_x = u8::from(self.inputs >= 1),
+            has_y = u8::from(self.inputs >= 2),
+            reads_out = u8::from(self.reads_out),
+            expr = self.expr,
+        )
+        .replace(
+            "#define HAS_X",
+            &format!(
+                "#define IF_X(s) {}\n#define IF_Y(s) {}\n#define HAS_X",
+                if self.inputs >= 1 { "s" } else { "" },
+                if self.inputs >= 2 { "s" } else { "" }
+            ),
+        )
+    }
+
+    fn kernel(&self) -> Kernel {
+        let host = self.host;
+        let inputs = self.inputs;
+        let name = self.name;
+        cached_kernel(name, T::NAME, || {
+            let fname = format!("{name}_{}", T::NAME);
+            let source = self.source(&fname);
+            Kernel::new(fname, source).with_host(move |args| {
+                let s = args.scalar::<T>(1 + inputs as usize)?;
+                let cols = args.scalar::<u64>(3 + inputs as usize)? as usize;
+                let ybc = args.scalar::<i32>(6 + inputs as usize)? != 0;
+                let x = if inputs >= 1 {
+                    Some(args.input::<T>(1)?)
+                } else {
+                    None
+                };
+                let y = if inputs >= 2 {
+                    Some(args.input::<T>(2)?)
+                } else {
+                    None
+                };
+                let out = args.output::<T>(0)?;
+                let zero = T::default();
+                for (i, o) in out.iter_mut().enumerate() {
+                    let a = x.map_or(zero, |x| x[i]);
+                    let b = y.map_or(zero, |y| y[if ybc { i % cols.max(1) } else { i }]);
+                    *o = host(*o, a, b, s);
+                }
+                Ok(())
+            })
+        })
+    }
+
+    /// Enqueues `out = OP(out, x, y, s)` on `stream`, over `tiling` (a partition) or the
+    /// whole tensor.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn launch(
+        &self,
+        stream: &Stream,
+        out: &DeviceBuffer<T>,
+        x: Option<&DeviceBuffer<T>>,
+        y: Option<(&DeviceBuffer<T>, bool)>,
+        s: T,
+        rows_cols: (usize, usize),
+        tiling: Option<Tiling>,
+    ) -> Result<(), DeviceError> {
+        let (rows, cols) = rows_cols;
+        let n = out.len();
+        if n == 0 {
+            return Ok(());
+        }
+        let (config, tr, tc) = match tiling {
+            Some(t) => {
+                let te = t.tile_rows * t.tile_cols;
+                let block = te.div_ceil(32).clamp(1, 8) as u32 * 32;
+                let grid = u32::try_from(t.tiles()).map_err(|_| DeviceError::InvalidPartition {
+                    op: self.name,
+                    reason: format!("{} tiles are more blocks than a launch can have", t.tiles()),
+                })?;
+                (LaunchConfig::linear(grid, block), t.tile_rows, t.tile_cols)
+            }
+            None => {
+                let v = (16 / std::mem::size_of::<T>()).max(1);
+                let sms = stream.device().limits().multiprocessor_count.max(1) as usize;
+                let grid = n.div_ceil(v * 256).clamp(1, sms * 32) as u32;
+                (LaunchConfig::linear(grid, 256), 0, 0)
+            }
+        };
+        let mut args = KernelArgs::new();
+        args.output(out);
+        if let Some(x) = x {
+            args.input(x);
+        }
+        if let Some((y, _)) = y {
+            args.input(y);
+        }
+        args.scalar(s)
+            .scalar(rows as u64)
+            .scalar(cols as u64)
+            .scalar(tr as u64)
+            .scalar(tc as u64)
+            .scalar(i32::from(y.is_some_and(|(_, b)| b)));
+        self.kernel().launch(stream, config, &args)
+    }
+}
+
+pub(crate) fn check_device<T: DType>(
+    op: &'static str,
+    stream: &Stream,
+    t: &Tensor<T>,
+) -> Result<(), DeviceError> {
+    if t.device() != stream.device() {
+        return Err(DeviceError::DeviceMismatch {
+            op,
+            expected: stream.device().to_string(),
+            found: format!("a tensor {:?} on {}", t.shape(), t.device()),
+        });
+    }
+    Ok(())
+}
+
+/// A new tensor of `shape` on the context's stream (contents unspecified).
+pub(crate) fn alloc<T: DType>(stream: &Stream, shape: &[usize]) -> Result<Tensor<T>, DeviceError> {
+    let n = crate::tensor::numel("alloc", shape)?;
+    Tensor::from_buffer(Arc::new(DeviceBuffer::alloc(stream, n)?), shape)
+}
+
+/// `x OP s` into a new tensor.
+pub(crate) fn unary<T: DType, X: TensorInput<T>>(
+    ew: Ew<T>,
+    x: X,
+    s: T,
+) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> Result<Tensor<T>, DeviceError> + Send> {
+    let x = x.into_op();
+    TensorOp::new(move |ctx: &mut ExecutionContext| {
+        let x = x.execute(ctx)?;
+        let x = x.tensor();
+        let stream = ctx.stream()?;
+        check_device(ew.name, stream, x)?;
+        let out = alloc::<T>(stream, x.shape())?;
+        ew.launch(
+            stream,
+            out.buffer(),
+            Some(x.buffer()),
+            None,
+            s,
+            x.rows_cols(),
+            None,
+        )?;
+        Ok(out)
+    })
+}
+
+/// `x OP y` into a new tensor; `y` has `x`'s shape or is a row of `x`'s last-axis length.
+pub(crate) fn binary<T: DType, X: TensorInput<T>, Y: TensorInput<T>>(
+    ew: Ew<T>,
+    x: X,
+    y: Y,
+) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> Result<Tensor<T>, DeviceError> + Send> {
+    let both = Zip2::new(x.into_op(), y.into_op());
+    TensorOp::new(move |ctx: &mut ExecutionContext| {
+        let (x, y) = both.execute(ctx)?;
+        let (x, y) = (x.tensor(), y.tensor());
+        let stream = ctx.stream()?;
+        check_device(ew.name, stream, x)?;
+        check_device(ew.name, stream, y)?;
+        let broadcast = if x.shape() == y.shape() {
+            false
+        } else if y.rank() == 1 && x.rank() >= 1 && y.len() == x.rows_cols().1 {
+            true
+        } else {
+            return Err(DeviceError::ShapeMismatch {
+                op: ew.name,
+                lhs: x.shape().to_vec(),
+                rhs: y.shape().to_vec(),
+            });
+        };
+        let out = alloc::<T>(stream, x.shape())?;
+        ew.launch(
+            stream,
+            out.buffer(),
+            Some(x.buffer()),
+            Some((y.buffer(), broadcast)),
+            T::default(),
+            x.rows_cols(),
+            None,
+        )?;
+        Ok(out)
+    })
+}
+
+/// Writes `OP(out, x, s)` into a partitioned output, in place; yields the partition and `x`.
+#[allow(clippy::type_complexity)]
+pub(crate) fn into_partition<T: DType, P: TensorMut<T>, X: TensorInput<T>>(
+    ew: Ew<T>,
+    out: Partition<P>,
+    x: X,
+    s: T,
+) -> TensorOp<
+    impl FnOnce(&mut ExecutionContext) -> Result<(Partition<P>, X::Value), DeviceError> + Send,
+> {
+    let x = x.into_op();
+    TensorOp::new(move |ctx: &mut ExecutionContext| {
+        let x = x.execute(ctx)?;
+        let stream = ctx.stream()?;
+        {
+            let (o, xt) = (out.get().tensor(), x.tensor());
+            check_device(ew.name, stream, o)?;
+            check_device(ew.name, stream, xt)?;
+            if o.shape() != xt.shape() {
+                return Err(DeviceError::ShapeMismatch {
+                    op: ew.name,
+                    lhs: o.shape().to_vec(),
+                    rhs: xt.shape().to_vec(),
+                });
+            }
+            let t = tiling(ew.name, o.shape(), out.tile())?;
+            ew.launch(
+                stream,
+                o.buffer(),
+                Some(xt.buffer()),
+                None,
+                s,
+                o.rows_cols(),
+                Some(t),
+            )?;
+        }
+        Ok((out, x))
+    })
+}
+
+/// Fills a new tensor of `shape` with `v`.
+pub(crate) fn fill<T: DType>(
+    shape: &[usize],
+    v: T,
+) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> Result<Tensor<T>, DeviceError> + Send> {
+    let shape: crate::tensor::Shape = shape.into();
+    TensorOp::new(move |ctx: &mut ExecutionContext| {
+        let stream = ctx.stream()?;
+        let out = alloc::<T>(stream, &shape)?;
+        fill_ew::<T>().launch(stream, out.buffer(), None, None, v, out.rows_cols(), None)?;
+        Ok(out)
+    })
+}
+
+pub(crate) fn fill_ew<T: DType>() -> Ew<T> {
+    Ew {
+        name: "fill",
+        expr: "s",
+        inputs: 0,
+        reads_out: false,
+        helpers: "",
+        host: |_, _, _, s| s,
+    }
+}

@@ -1,0 +1,227 @@
+//! Kernels to chain: each returns an op, takes its inputs as `Tensor<T>`, `Arc<Tensor<T>>`,
+//! `&Tensor<T>` or an op producing one, and has a CUDA C implementation (compiled by NVRTC
+//! for the device, once per process) and a host implementation computing the same function.
+//!
+//! Two output conventions:
+//! - functional kernels (`add`, `relu`, `softmax`, `matmul`, ...) allocate their output on the
+//!   executing stream and yield it as a new `Tensor<T>`;
+//! - kernels with an explicit output (`saxpy`) write into a [`Partition`] of an owned tensor or
+//!   of a `&mut Tensor` (in place) and yield the partition and their input back, in the mode
+//!   they were given. The partition's tile shape sets the launch decomposition (one block per
+//!   tile) and must divide the tensor.
+//!
+//! A wrong shape, dtype, device or partition is a [`DeviceError`] naming the kernel and the
+//! shapes, returned when the op runs.
+//!
+//! [`DeviceError`]: cuflow_runtime::DeviceError
+
+mod elementwise;
+
+use cuflow_device_op::ExecutionContext;
+use cuflow_runtime::DeviceError;
+
+pub(crate) use elementwise::{alloc, check_device, fill, Ew};
+
+use crate::dtype::{DType, FloatDType};
+use crate::op::TensorOp;
+use crate::tensor::{Partition, Tensor, TensorInput, TensorMut};
+
+/// The op type of kernels that yield a new tensor.
+pub type TensorResult<T> = Result<Tensor<T>, DeviceError>;
+
+macro_rules! binary_kernel {
+    ($(#[$doc:meta])* $fn:ident, $name:literal, $expr:literal, $int_expr:literal, $host:path) => {
+        $(#[$doc])*
+        pub fn $fn<T: DType, X: TensorInput<T>, Y: TensorInput<T>>(
+            x: X,
+            y: Y,
+        ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
+            elementwise::binary(
+                Ew {
+                    name: $name,
+                    expr: if T::IS_FLOAT { $expr } else { $int_expr },
+                    inputs: 2,
+                    reads_out: false,
+                    helpers: "",
+                    host: |_, a, b, _| $host(a, b),
+                },
+                x,
+                y,
+            )
+        }
+    };
+}
+
+binary_kernel!(
+    /// `x + y` elementwise; `y` has `x`'s shape, or is a row vector of `x`'s last-axis
+    /// length, broadcast over the rows.
+    add, "add", "a + b", "a + b", DType::add
+);
+binary_kernel!(
+    /// `x - y` elementwise, with `y` broadcast as in [`add`].
+    sub, "sub", "a - b", "a - b", DType::sub
+);
+binary_kernel!(
+    /// `x * y` elementwise, with `y` broadcast as in [`add`].
+    mul, "mul", "a * b", "a * b", DType::mul
+);
+binary_kernel!(
+    /// `x / y` elementwise, with `y` broadcast as in [`add`]. Integer division by zero gives 0.
+    div, "div", "a / b", "(b == (A)0 ? (A)0 : a / b)", DType::div
+);
+
+macro_rules! scalar_kernel {
+    ($(#[$doc:meta])* $fn:ident, $name:literal, $expr:literal, $int_expr:literal, $host:path) => {
+        $(#[$doc])*
+        pub fn $fn<T: DType, X: TensorInput<T>>(
+            x: X,
+            s: T,
+        ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
+            elementwise::unary(
+                Ew {
+                    name: $name,
+                    expr: if T::IS_FLOAT { $expr } else { $int_expr },
+                    inputs: 1,
+                    reads_out: false,
+                    helpers: "",
+                    host: |_, a, _, s| $host(a, s),
+                },
+                x,
+                s,
+            )
+        }
+    };
+}
+
+scalar_kernel!(
+    /// `x + s` elementwise.
+    add_scalar, "add_scalar", "a + s", "a + s", DType::add
+);
+scalar_kernel!(
+    /// `x - s` elementwise.
+    sub_scalar, "sub_scalar", "a - s", "a - s", DType::sub
+);
+scalar_kernel!(
+    /// `x * s` elementwise.
+    mul_scalar, "mul_scalar", "a * s", "a * s", DType::mul
+);
+scalar_kernel!(
+    /// `x / s` elementwise. Integer division by zero gives 0.
+    div_scalar, "div_scalar", "a / s", "(s == (A)0 ? (A)0 : a / s)", DType::div
+);
+
+/// `x * s` elementwise (the same as [`mul_scalar`]).
+pub fn scale<T: DType, X: TensorInput<T>>(
+    x: X,
+    s: T,
+) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
+    mul_scalar(x, s)
+}
+
+macro_rules! float_unary_kernel {
+    ($(#[$doc:meta])* $fn:ident, $name:literal, $expr:literal, |$v:ident| $host:expr) => {
+        $(#[$doc])*
+        pub fn $fn<T: FloatDType, X: TensorInput<T>>(
+            x: X,
+        ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
+            elementwise::unary(
+                Ew {
+                    name: $name,
+                    expr: $expr,
+                    inputs: 1,
+                    reads_out: false,
+                    helpers: "",
+                    host: |_, a: T, _, _| {
+                        let $v = a.to_f64();
+                        T::from_f64($host)
+                    },
+                },
+                x,
+                T::default(),
+            )
+        }
+    };
+}
+
+float_unary_kernel!(
+    /// `max(x, 0)` elementwise.
+    relu, "relu", "(a > (A)0 ? a : (A)0)", |v| if v > 0.0 { v } else { 0.0 }
+);
+float_unary_kernel!(
+    /// GELU with the exact error function: `x · Φ(x) = 0.5 · x · (1 + erf(x / √2))`.
+    gelu, "gelu", "(A)0.5 * a * ((A)1 + erf(a * (A)0.70710678118654752440))",
+    |v| 0.5 * v * (1.0 + erf(v * std::f64::consts::FRAC_1_SQRT_2))
+);
+float_unary_kernel!(
+    /// SiLU (swish): `x · sigmoid(x)`.
+    silu, "silu", "a / ((A)1 + exp(-a))", |v| v / (1.0 + (-v).exp())
+);
+float_unary_kernel!(
+    /// `eˣ` elementwise.
+    exp, "exp", "exp(a)", |v| v.exp()
+);
+float_unary_kernel!(
+    /// `tanh(x)` elementwise.
+    tanh, "tanh", "tanh(a)", |v| v.tanh()
+);
+
+/// `out = a · x + out` (BLAS saxpy) over a partitioned output, written in place. Yields the
+/// partition and `x` back.
+///
+/// # Examples
+///
+/// ```
+/// use cuflow_device_op::DeviceOpExt;
+/// use cuflow_runtime::Device;
+/// use cuflow_tensor::{api, kernels, PartitionExt};
+/// # fn main() -> Result<(), cuflow_runtime::DeviceError> {
+/// let stream = Device::host().new_stream()?;
+/// let mut z = api::zeros::<f32>(&[16, 16]).sync_on(&stream)?;
+/// let x = api::ones::<f32>(&[16, 16]).sync_on(&stream)?;
+/// let _ = kernels::saxpy((&mut z).partition([4, 4]), 2.0, &x).sync_on(&stream)?;
+/// assert_eq!(z.to_host_vec()?, vec![2.0f32; 256]);
+/// # Ok(()) }
+/// ```
+#[allow(clippy::type_complexity)]
+pub fn saxpy<T: DType, P: TensorMut<T>, X: TensorInput<T>>(
+    out: Partition<P>,
+    a: T,
+    x: X,
+) -> TensorOp<
+    impl FnOnce(&mut ExecutionContext) -> Result<(Partition<P>, X::Value), DeviceError> + Send,
+> {
+    elementwise::into_partition(
+        Ew {
+            name: "saxpy",
+            expr: "s * a + o",
+            inputs: 1,
+            reads_out: true,
+            helpers: "",
+            host: |o: T, x: T, _, s: T| s.mul(x).add(o),
+        },
+        out,
+        x,
+        a,
+    )
+}
+
+/// The error function for the host GELU: the Chebyshev fit of `erfc` from Numerical Recipes
+/// (`erfcc`), with a fractional error below 1.2e-7 everywhere, so host and CUDA GELU agree to
+/// about that relative precision (within every dtype's tolerance except exact `f64` equality).
+pub(crate) fn erf(x: f64) -> f64 {
+    let z = x.abs();
+    let t = 1.0 / (1.0 + 0.5 * z);
+    let ans = t
+        * (-z * z - 1.265_512_23
+            + t * (1.000_023_68
+                + t * (0.374_091_96
+                    + t * (0.096_784_18
+                        + t * (-0.186_288_06
+                            + t * (0.278_868_07
+                                + t * (-1.135_203_98
+                                    + t * (1.488_515_87
+                                        + t * (-0.822_152_23 + t * 0.170_872_77)))))))))
+            .exp();
+    let erfc = if x >= 0.0 { ans } else { 2.0 - ans };
+    1.0 - erfc
+}

@@ -1,0 +1,68 @@
+//! The op type returned by constructors and kernels, and the per-dtype kernel cache.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+
+use cuflow_device_op::{DeviceOp, ExecutionContext};
+use cuflow_runtime::{DeviceError, Kernel};
+
+/// A lazy tensor operation: a constructor or a kernel launch that runs when executed, on the
+/// stream its context gives. Returned by every function of [`api`](crate::api) and
+/// [`kernels`](crate::kernels); combine it like any other [`DeviceOp`].
+#[must_use = "device ops do nothing until synced or awaited"]
+pub struct TensorOp<F>(F);
+
+impl<F> TensorOp<F> {
+    /// An op that runs `f` with the execution context. `f` enqueues its work on
+    /// `ctx.stream()?` and returns the op's output.
+    pub fn new<R>(f: F) -> Self
+    where
+        F: FnOnce(&mut ExecutionContext) -> Result<R, DeviceError> + Send,
+        R: Send,
+    {
+        TensorOp(f)
+    }
+}
+
+impl<F, R> DeviceOp for TensorOp<F>
+where
+    F: FnOnce(&mut ExecutionContext) -> Result<R, DeviceError> + Send,
+    R: Send,
+{
+    type Output = R;
+
+    fn execute(self, ctx: &mut ExecutionContext) -> Result<R, DeviceError> {
+        (self.0)(ctx)
+    }
+}
+
+cuflow_device_op::impl_op_boilerplate!([F] TensorOp<F>);
+
+/// The kernel `name` for dtype `dtype`, declared once per process by `make`. Declaring it once
+/// keeps launches from hashing kernel sources.
+pub(crate) fn cached_kernel(
+    name: &'static str,
+    dtype: &'static str,
+    make: impl FnOnce() -> Kernel,
+) -> Kernel {
+    cached_kernel2(name, dtype, "", make)
+}
+
+/// [`cached_kernel`] for kernels over two dtypes.
+pub(crate) fn cached_kernel2(
+    name: &'static str,
+    dtype: &'static str,
+    dtype2: &'static str,
+    make: impl FnOnce() -> Kernel,
+) -> Kernel {
+    type Key = (&'static str, &'static str, &'static str);
+    static CACHE: OnceLock<Mutex<HashMap<Key, Kernel>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
+    let mut map = match cache.lock() {
+        Ok(m) => m,
+        Err(poisoned) => poisoned.into_inner(),
+    };
+    map.entry((name, dtype, dtype2))
+        .or_insert_with(make)
+        .clone()
+}

@@ -1,0 +1,465 @@
+//! `Tensor<T>`, the argument modes kernels accept, and partitions.
+
+use std::fmt;
+use std::sync::Arc;
+
+use cuflow_device_op::op::{BoxedOp, Shared, Then, Value};
+use cuflow_device_op::{value, DeviceOp, DeviceOpExt};
+use cuflow_runtime::{Device, DeviceBuffer, DeviceError, Stream};
+use smallvec::SmallVec;
+
+use crate::dtype::DType;
+use crate::op::TensorOp;
+
+/// A shape: the length of every axis, outermost first.
+pub type Shape = SmallVec<[usize; 4]>;
+
+/// A dense, row-major array of `T` on a device: a device buffer shared through `Arc`, with a
+/// shape and strides.
+///
+/// A tensor is not `Clone`: an owned tensor or a `&mut Tensor` is the only writer of its
+/// memory, which is what lets kernels write in place. Share one read-only through `Arc`, or
+/// copy it with [`api::dup`](crate::api::dup).
+///
+/// Reading it back ([`Tensor::to_host_vec`]) waits for every piece of queued work that used
+/// its memory.
+pub struct Tensor<T> {
+    buf: Arc<DeviceBuffer<T>>,
+    shape: Shape,
+    strides: Shape,
+}
+
+pub(crate) fn contiguous_strides(shape: &[usize]) -> Shape {
+    let mut strides: Shape = SmallVec::from_elem(1, shape.len());
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        strides[i] = strides[i + 1] * shape[i + 1];
+    }
+    strides
+}
+
+pub(crate) fn numel(op: &'static str, shape: &[usize]) -> Result<usize, DeviceError> {
+    shape
+        .iter()
+        .try_fold(1usize, |n, d| n.checked_mul(*d))
+        .ok_or_else(|| DeviceError::InvalidShape {
+            op,
+            reason: format!("{shape:?} has more elements than fit in usize"),
+        })
+}
+
+impl<T: DType> Tensor<T> {
+    /// A tensor over `buf` with `shape`, whose element count must equal the buffer's length.
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceError::InvalidShape`] when the counts differ.
+    pub fn from_buffer(buf: Arc<DeviceBuffer<T>>, shape: &[usize]) -> Result<Self, DeviceError> {
+        let n = numel("Tensor::from_buffer", shape)?;
+        if n != buf.len() {
+            return Err(DeviceError::InvalidShape {
+                op: "Tensor::from_buffer",
+                reason: format!(
+                    "shape {shape:?} has {n} elements but the buffer holds {}",
+                    buf.len()
+                ),
+            });
+        }
+        Ok(Tensor {
+            buf,
+            shape: SmallVec::from_slice(shape),
+            strides: contiguous_strides(shape),
+        })
+    }
+
+    /// The length of every axis.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// Elements between neighbours along each axis (row-major: the last is 1).
+    pub fn strides(&self) -> &[usize] {
+        &self.strides
+    }
+
+    /// The number of axes.
+    pub fn rank(&self) -> usize {
+        self.shape.len()
+    }
+
+    /// The number of elements.
+    pub fn len(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// Whether the tensor has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.buf.is_empty()
+    }
+
+    /// The device holding the tensor.
+    pub fn device(&self) -> &Device {
+        self.buf.device()
+    }
+
+    /// The buffer behind the tensor.
+    pub fn buffer(&self) -> &Arc<DeviceBuffer<T>> {
+        &self.buf
+    }
+
+    /// The length of the last axis (1 for a scalar), and the number of rows before it.
+    pub(crate) fn rows_cols(&self) -> (usize, usize) {
+        let cols = self.shape.last().copied().unwrap_or(1);
+        let rows = if cols == 0 { 0 } else { self.len() / cols };
+        (rows, cols)
+    }
+
+    /// Copies the tensor to a host vector after all queued work that used it.
+    ///
+    /// # Errors
+    ///
+    /// Any error the queued work hit.
+    pub fn to_host_vec(&self) -> Result<Vec<T>, DeviceError> {
+        let stream = match self.buf.last_stream() {
+            Some(s) => s,
+            None => self.device().new_stream()?,
+        };
+        self.buf.to_host_vec(&stream)
+    }
+
+    /// Copies the tensor to a host vector on `stream`, after all queued work that used it.
+    ///
+    /// # Errors
+    ///
+    /// Any error the queued work hit.
+    pub fn to_host_vec_on(&self, stream: &Stream) -> Result<Vec<T>, DeviceError> {
+        self.buf.to_host_vec(stream)
+    }
+
+    /// The same elements under another shape with the same element count. Consumes the
+    /// tensor: the result is the memory's one writer.
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceError::InvalidShape`] when the element counts differ.
+    pub fn reshape(self, shape: &[usize]) -> Result<Tensor<T>, DeviceError> {
+        let n = numel("reshape", shape)?;
+        if n != self.len() {
+            return Err(DeviceError::InvalidShape {
+                op: "reshape",
+                reason: format!(
+                    "cannot view {:?} ({} elements) as {shape:?} ({n} elements)",
+                    self.shape,
+                    self.len()
+                ),
+            });
+        }
+        Ok(Tensor {
+            buf: self.buf,
+            shape: SmallVec::from_slice(shape),
+            strides: contiguous_strides(shape),
+        })
+    }
+}
+
+impl<T> fmt::Debug for Tensor<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Tensor")
+            .field("dtype", &std::any::type_name::<T>())
+            .field("shape", &self.shape)
+            .field("buffer", &self.buf)
+            .finish()
+    }
+}
+
+/// A tensor held in one of the modes kernels accept as input: `Tensor<T>`,
+/// `Arc<Tensor<T>>` or `&Tensor<T>`. A kernel gives the same value back.
+pub trait TensorRef<T: DType>: Send {
+    /// The tensor.
+    fn tensor(&self) -> &Tensor<T>;
+}
+
+impl<T: DType> TensorRef<T> for Tensor<T> {
+    fn tensor(&self) -> &Tensor<T> {
+        self
+    }
+}
+
+impl<T: DType> TensorRef<T> for Arc<Tensor<T>> {
+    fn tensor(&self) -> &Tensor<T> {
+        self
+    }
+}
+
+impl<T: DType> TensorRef<T> for &Tensor<T> {
+    fn tensor(&self) -> &Tensor<T> {
+        self
+    }
+}
+
+/// What a kernel accepts as an input: a tensor in one of the [`TensorRef`] modes, or an op
+/// that produces one (the kernel then runs its lazy inputs as a `zip!`).
+pub trait TensorInput<T: DType>: Send {
+    /// The tensor value the input resolves to.
+    type Value: TensorRef<T>;
+    /// The op producing it.
+    type Op: DeviceOp<Output = Self::Value>;
+    /// The input as an op.
+    fn into_op(self) -> Self::Op;
+}
+
+macro_rules! value_input {
+    ([$($g:tt)*] $ty:ty) => {
+        impl<$($g)*> TensorInput<T> for $ty {
+            type Value = $ty;
+            type Op = Value<$ty>;
+            fn into_op(self) -> Self::Op {
+                value(self)
+            }
+        }
+    };
+}
+
+value_input!([T: DType] Tensor<T>);
+value_input!([T: DType] Arc<Tensor<T>>);
+value_input!(['a, T: DType] &'a Tensor<T>);
+
+impl<T: DType, V: TensorRef<T>> TensorInput<T> for Value<V> {
+    type Value = V;
+    type Op = Self;
+    fn into_op(self) -> Self {
+        self
+    }
+}
+
+impl<T: DType, F, V> TensorInput<T> for TensorOp<F>
+where
+    F: FnOnce(&mut cuflow_device_op::ExecutionContext) -> Result<V, DeviceError> + Send,
+    V: TensorRef<T>,
+{
+    type Value = V;
+    type Op = Self;
+    fn into_op(self) -> Self {
+        self
+    }
+}
+
+impl<T: DType, A, F> TensorInput<T> for Then<A, F>
+where
+    Then<A, F>: DeviceOp,
+    <Then<A, F> as DeviceOp>::Output: TensorRef<T>,
+{
+    type Value = <Then<A, F> as DeviceOp>::Output;
+    type Op = Self;
+    fn into_op(self) -> Self {
+        self
+    }
+}
+
+impl<T: DType, O> TensorInput<T> for Shared<O>
+where
+    O: DeviceOp<Output = Tensor<T>>,
+    Shared<O>: DeviceOp<Output = Arc<Tensor<T>>>,
+{
+    type Value = Arc<Tensor<T>>;
+    type Op = Self;
+    fn into_op(self) -> Self {
+        self
+    }
+}
+
+impl<'a, T: DType, V: TensorRef<T> + 'a> TensorInput<T> for BoxedOp<'a, V> {
+    type Value = V;
+    type Op = Self;
+    fn into_op(self) -> Self {
+        self
+    }
+}
+
+/// A tensor a kernel may write: an owned `Tensor<T>` or a `&mut Tensor<T>` (in place).
+pub trait TensorMut<T: DType>: Send {
+    /// The tensor, for reading its shape.
+    fn tensor(&self) -> &Tensor<T>;
+}
+
+impl<T: DType> TensorMut<T> for Tensor<T> {
+    fn tensor(&self) -> &Tensor<T> {
+        self
+    }
+}
+
+impl<T: DType> TensorMut<T> for &mut Tensor<T> {
+    fn tensor(&self) -> &Tensor<T> {
+        self
+    }
+}
+
+/// An output tensor split into equal tiles: `tile` is the shape of one tile, which must
+/// divide the tensor's shape axis by axis. Each tile is one block of the launch, so the
+/// partition sets the launch decomposition.
+///
+/// Built with [`PartitionExt::partition`] on a `Tensor<T>` (owned; the kernel gives it back)
+/// or a `&mut Tensor<T>` (the kernel writes in place).
+pub struct Partition<P> {
+    inner: P,
+    tile: Shape,
+}
+
+impl<P> Partition<P> {
+    /// The shape of one tile.
+    pub fn tile(&self) -> &[usize] {
+        &self.tile
+    }
+
+    /// The partitioned tensor (or borrow) back.
+    pub fn unpartition(self) -> P {
+        self.inner
+    }
+
+    /// The partitioned value.
+    pub fn get(&self) -> &P {
+        &self.inner
+    }
+}
+
+impl<P: fmt::Debug> fmt::Debug for Partition<P> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Partition")
+            .field("tile", &self.tile)
+            .field("tensor", &self.inner)
+            .finish()
+    }
+}
+
+/// `.partition([..])` on `Tensor<T>` and `&mut Tensor<T>`.
+pub trait PartitionExt: Sized {
+    /// Splits the tensor into tiles of shape `tile` (checked when the kernel runs).
+    fn partition<const N: usize>(self, tile: [usize; N]) -> Partition<Self>;
+}
+
+impl<T: DType> PartitionExt for Tensor<T> {
+    fn partition<const N: usize>(self, tile: [usize; N]) -> Partition<Self> {
+        Partition {
+            inner: self,
+            tile: SmallVec::from_slice(&tile),
+        }
+    }
+}
+
+impl<T: DType> PartitionExt for &mut Tensor<T> {
+    fn partition<const N: usize>(self, tile: [usize; N]) -> Partition<Self> {
+        Partition {
+            inner: self,
+            tile: SmallVec::from_slice(&tile),
+        }
+    }
+}
+
+/// The launch decomposition a partition describes, over the tensor flattened to
+/// `rows × cols` (cols = the last axis): tiles of `tile_rows × tile_cols`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Tiling {
+    pub(crate) rows: usize,
+    pub(crate) cols: usize,
+    pub(crate) tile_rows: usize,
+    pub(crate) tile_cols: usize,
+}
+
+impl Tiling {
+    pub(crate) fn tiles(&self) -> usize {
+        if self.tile_rows == 0 || self.tile_cols == 0 {
+            0
+        } else {
+            (self.rows / self.tile_rows) * (self.cols / self.tile_cols)
+        }
+    }
+}
+
+/// Checks that `tile` divides `shape` and returns the tiling. Tiles may split the first and
+/// the last axis freely; axes in between are taken whole.
+pub(crate) fn tiling(
+    op: &'static str,
+    shape: &[usize],
+    tile: &[usize],
+) -> Result<Tiling, DeviceError> {
+    let bad = |reason: String| DeviceError::InvalidPartition { op, reason };
+    if tile.len() != shape.len() {
+        return Err(bad(format!(
+            "the tile {tile:?} has {} axes but the tensor {shape:?} has {}",
+            tile.len(),
+            shape.len()
+        )));
+    }
+    for (axis, (t, s)) in tile.iter().zip(shape).enumerate() {
+        if *t == 0 || s % t != 0 {
+            return Err(bad(format!(
+                "the tile {tile:?} does not divide the tensor {shape:?} along axis {axis} \
+                 ({s} is not a multiple of {t})"
+            )));
+        }
+    }
+    let r = shape.len();
+    if r == 0 {
+        return Ok(Tiling {
+            rows: 1,
+            cols: 1,
+            tile_rows: 1,
+            tile_cols: 1,
+        });
+    }
+    for axis in 1..r.saturating_sub(1) {
+        if tile[axis] != shape[axis] {
+            return Err(bad(format!(
+                "the tile {tile:?} splits the middle axis {axis} of {shape:?}; only the first \
+                 and the last axis may be split"
+            )));
+        }
+    }
+    let cols = shape[r - 1];
+    let rows: usize = shape[..r - 1].iter().product();
+    let tile_cols = tile[r - 1];
+    let tile_rows = if r == 1 {
+        1
+    } else {
+        tile[..r - 1].iter().product()
+    };
+    Ok(Tiling {
+        rows,
+        cols,
+        tile_rows,
+        tile_cols,
+    })
+}
+
+/// `.to_host_vec()` and `.reshape(..)` on ops that yield tensors.
+pub trait TensorOpExt<T: DType>: DeviceOp + Sized
+where
+    Self::Output: TensorRef<T>,
+{
+    /// Runs the op on the default device's default policy and reads its tensor back.
+    ///
+    /// # Errors
+    ///
+    /// Any error of the op or of the copy.
+    fn to_host_vec(self) -> Result<Vec<T>, DeviceError> {
+        let out = self.sync()?;
+        out.tensor().to_host_vec()
+    }
+}
+
+impl<T: DType, O: DeviceOp> TensorOpExt<T> for O where O::Output: TensorRef<T> {}
+
+/// `.reshape(..)` on ops that yield an owned tensor.
+pub trait ReshapeOpExt<T: DType>: DeviceOp<Output = Tensor<T>> + Sized {
+    /// The op's tensor under another shape with the same element count.
+    fn reshape(
+        self,
+        shape: &[usize],
+    ) -> TensorOp<
+        impl FnOnce(&mut cuflow_device_op::ExecutionContext) -> Result<Tensor<T>, DeviceError> + Send,
+    > {
+        let shape: Shape = SmallVec::from_slice(shape);
+        TensorOp::new(move |ctx| self.execute(ctx)?.reshape(&shape))
+    }
+}
+
+impl<T: DType, O: DeviceOp<Output = Tensor<T>>> ReshapeOpExt<T> for O {}
