@@ -109,7 +109,7 @@ impl<T: DType> Tensor<T> {
     /// The length of the last axis (1 for a scalar), and the number of rows before it.
     pub(crate) fn rows_cols(&self) -> (usize, usize) {
         let cols = self.shape.last().copied().unwrap_or(1);
-        let rows = if cols == 0 { 0 } else { self.len() / cols };
+        let rows = self.len().checked_div(cols).unwrap_or(0);
         (rows, cols)
     }
 
