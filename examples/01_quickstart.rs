@@ -1,96 +1,62 @@
-//! The first steps: pick a device, move data to it, run a kernel, compose ops.
+//! The quickstart: tensors, kernels, chaining, combining, placement, async, record and replay.
 //!
 //! Runs on CUDA device 0 when one is usable, else on the host backend
 //! (`CUFLOW_DEVICE=host|cuda|cuda:N` chooses explicitly).
 
-use std::sync::Arc;
-
 use cuflow::prelude::*;
 
-/// `y = a * x + y` over `n` elements, on the GPU and on the host.
-fn saxpy_kernel() -> Kernel {
-    Kernel::new(
-        "saxpy",
-        r#"extern "C" __global__ void saxpy(float* y, const float* x, float a, unsigned n) {
-            for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
-                 i += blockDim.x * gridDim.x) {
-                y[i] = a * x[i] + y[i];
-            }
-        }"#,
-    )
-    .with_host(|args| {
-        let x = args.input::<f32>(1)?;
-        let a = args.scalar::<f32>(2)?;
-        let y = args.output::<f32>(0)?;
-        for (y, x) in y.iter_mut().zip(x) {
-            *y += a * x;
-        }
-        Ok(())
-    })
-}
-
-/// An op that runs saxpy on buffers it owns and hands `y` back.
-struct Saxpy {
-    y: Arc<DeviceBuffer<f32>>,
-    x: Arc<DeviceBuffer<f32>>,
-    a: f32,
-}
-
-impl DeviceOp for Saxpy {
-    type Output = Arc<DeviceBuffer<f32>>;
-
-    fn execute(self, ctx: &mut ExecutionContext) -> Result<Self::Output, DeviceError> {
-        let n = self.y.len();
-        saxpy_kernel().launch(
-            ctx.stream()?,
-            LaunchConfig::for_num_elems(n),
-            KernelArgs::new()
-                .output(&*self.y)
-                .input(&*self.x)
-                .scalar(self.a)
-                .scalar(n as u32),
-        )?;
-        Ok(self.y)
-    }
-}
-
 fn main() -> Result<(), DeviceError> {
-    let device = Device::auto()?;
+    let device = Device::auto()?; // $CUFLOW_DEVICE if set, else CUDA device 0 if usable, else host
     println!("device: {device}");
     let stream = device.new_stream()?;
 
-    // Buffers: copy in, run a kernel on the stream, read back (the read waits for the kernel).
-    let n = 256;
-    let z = DeviceBuffer::<f32>::zeroed(&stream, n)?;
-    let x = DeviceBuffer::from_host(&stream, &vec![1.0f32; n])?;
-    saxpy_kernel().launch(
-        &stream,
-        LaunchConfig::for_num_elems(n),
-        KernelArgs::new()
-            .output(&z)
-            .input(&x)
-            .scalar(2.0f32)
-            .scalar(n as u32),
-    )?;
-    assert_eq!(z.to_host_vec(&stream)?, vec![2.0f32; n]);
-    println!("saxpy: z = 2 * x + 0 = {:?}", &z.to_host_vec(&stream)?[..4]);
+    let mut z = api::zeros::<f32>(&[16, 16]).sync_on(&stream)?;
+    let x = api::ones::<f32>(&[16, 16]).sync_on(&stream)?;
+    // Borrow-based: &mut z for output, &x for input. z holds the result afterwards.
+    let _ = kernels::saxpy((&mut z).partition([4, 4]), 2.0, &x).sync_on(&stream)?;
+    assert_eq!(z.to_host_vec()?, vec![2.0f32; 256]);
+    println!("saxpy over 4x4 tiles: z = 2 * x + z = {:?}...", &z.to_host_vec()?[..4]);
 
-    // Ops: nothing runs until sync. Two independent saxpys may run on different streams.
-    let make = |v: f32| -> Result<Saxpy, DeviceError> {
-        Ok(Saxpy {
-            y: Arc::new(DeviceBuffer::from_host(&stream, &vec![v; n])?),
-            x: Arc::new(DeviceBuffer::from_host(&stream, &vec![1.0f32; n])?),
-            a: 10.0,
-        })
-    };
-    stream.synchronize()?;
-    let (a, b) = zip!(make(1.0)?, make(2.0)?).sync()?;
-    let (a, b) = (a.to_host_vec(&stream)?, b.to_host_vec(&stream)?);
-    assert!(a.iter().all(|v| *v == 11.0) && b.iter().all(|v| *v == 12.0));
-    println!("zip!: {} and {}", a[0], b[0]);
+    // Chain dependent work (same stream, in order); combine independent work.
+    let y = api::ones::<f32>(&[1 << 20])
+        .then(|t| kernels::scale(t, 3.0))
+        .sync()?;
+    let (a, b) = zip!(api::ones::<f32>(&[64]), api::zeros::<f32>(&[64])).sync()?;
+    let n = value(21).map(|v| v * 2).sync()?; // host-only transform
+    let s = api::randn::<f32>(0.0, 1.0, &[256]).shared(); // Clone, runs at most once, yields Arc<Tensor<f32>>
+    assert!(y.to_host_vec()?.iter().all(|v| *v == 3.0));
+    assert_eq!((a.to_host_vec()?[0], b.to_host_vec()?[0], n), (1.0, 0.0, 42));
 
-    // Host-only transforms and chaining.
-    let n = value(21).map(|v| v * 2).sync()?;
-    println!("value(21).map(|v| v * 2) = {n}");
+    // Two consumers of the shared op: it runs once; both see the same values.
+    let (sum, prod) = zip!(
+        kernels::add(s.clone(), s.clone()),
+        kernels::mul(s.clone(), s.clone())
+    )
+    .sync()?;
+    let (s_host, sum, prod) = (s.sync()?.to_host_vec()?, sum.to_host_vec()?, prod.to_host_vec()?);
+    assert!(s_host.iter().zip(&sum).all(|(v, w)| *w == v + v));
+    assert!(s_host.iter().zip(&prod).all(|(v, w)| *w == v * v));
+    println!("shared randn: s[0] = {:.4}, s+s = {:.4}, s*s = {:.4}", s_host[0], sum[0], prod[0]);
+
+    // Placement: default policy, explicit stream, explicit policy, async.
+    let policy = StreamPoolRoundRobin::new(&device, 8)?;
+    let t = futures::executor::block_on(async { kernels::relu(y).schedule(&policy)?.await })?;
+    assert!(t.to_host_vec()?.iter().all(|v| *v == 3.0));
+    println!("relu(y) awaited under a round-robin policy of 8 streams");
+
+    // Record once, replay many times, feeding a new input before each replay. The graph keeps
+    // clones of `input` and `acc` (handles to the same memory).
+    let mut input = api::zeros::<f32>(&[4]).sync_on(&stream)?;
+    let acc = api::zeros::<f32>(&[4]).sync_on(&stream)?;
+    let mut graph = kernels::saxpy(acc.clone().partition([4]), 2.0, input.clone())
+        .graph_on(stream.clone())?;
+    let _ = graph.take_output(); // the partition of `acc` and the input, given back
+    for token in [1.0f32, 2.0, 3.0] {
+        let token = api::from_vec(vec![token, token, token, token], &[4]).sync_on(&stream)?;
+        graph.update(api::memcpy(&mut input, &token))?;
+        graph.replay()?; // acc += 2 * input
+        println!("replay with input {:?}: acc = {:?}", token.to_host_vec()?, acc.to_host_vec()?);
+    }
+    assert_eq!(acc.to_host_vec()?, vec![12.0; 4]);
     Ok(())
 }

@@ -10,14 +10,15 @@
 //! ```
 //! use cuflow::prelude::*;
 //! # fn main() -> Result<(), DeviceError> {
-//! let (a, b) = zip!(value(2), value(3)).sync()?;
-//! assert_eq!(a * b, 6);
+//! let (a, b) = zip!(api::ones::<f32>(&[64]), api::full::<f32>(&[64], 2.0)).sync()?;
+//! let c = kernels::add(&a, &b).sync()?;
+//! assert_eq!(c.to_host_vec()?, vec![3.0; 64]);
 //! # Ok(()) }
 //! ```
 //!
 //! The crates behind the facade, lowest first: [`runtime`] (devices, streams, buffers,
 //! kernels), [`scheduler`] (policies), [`device_op`] (ops and execution), [`graph_capture`]
-//! (record and replay).
+//! (record and replay), [`tensor`] (tensors, constructors in [`api`], [`kernels`]).
 
 #![forbid(unsafe_code)]
 
@@ -25,6 +26,9 @@ pub use cuflow_device_op as device_op;
 pub use cuflow_graph_capture as graph_capture;
 pub use cuflow_runtime as runtime;
 pub use cuflow_scheduler as scheduler;
+pub use cuflow_tensor as tensor;
+
+pub use cuflow_tensor::{api, kernels};
 
 pub use cuflow_device_op::{
     default_device, join_all, value, with_context, zip, BoxedOp, DeviceFuture, DeviceOp,
@@ -38,6 +42,10 @@ pub use cuflow_runtime::{
 pub use cuflow_scheduler::{
     DevicePolicyExt, LeastLoaded, Placement, Priority, PriorityLevel, SchedulingPolicy,
     SingleStream, StreamPoolRoundRobin,
+};
+pub use cuflow_tensor::{
+    bf16, f16, DType, FloatDType, Launch, Partition, PartitionExt, ReshapeOpExt, Tensor,
+    TensorInput, TensorMut, TensorOpExt, TensorRef,
 };
 
 /// The names most programs need: `use cuflow::prelude::*;`.
@@ -54,5 +62,9 @@ pub mod prelude {
     pub use cuflow_scheduler::{
         DevicePolicyExt, LeastLoaded, Priority, PriorityLevel, SchedulingPolicy, SingleStream,
         StreamPoolRoundRobin,
+    };
+    pub use cuflow_tensor::{
+        api, bf16, f16, kernels, DType, FloatDType, Launch, Partition, PartitionExt,
+        ReshapeOpExt, Tensor, TensorOpExt,
     };
 }

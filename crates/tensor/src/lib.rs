@@ -22,11 +22,13 @@
 //! ```
 
 pub mod api;
+mod custom;
 mod dtype;
 pub mod kernels;
 mod op;
 mod tensor;
 
+pub use custom::Launch;
 pub use dtype::{DType, FloatDType};
 pub use half::{bf16, f16};
 pub use op::TensorOp;

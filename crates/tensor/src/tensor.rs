@@ -17,9 +17,12 @@ pub type Shape = SmallVec<[usize; 4]>;
 /// A dense, row-major array of `T` on a device: a device buffer shared through `Arc`, with a
 /// shape and strides.
 ///
-/// A tensor is not `Clone`: an owned tensor or a `&mut Tensor` is the only writer of its
-/// memory, which is what lets kernels write in place. Share one read-only through `Arc`, or
-/// copy it with [`api::dup`](crate::api::dup).
+/// Cloning a tensor is cheap and shares its memory, like cloning an `Arc`: a kernel that
+/// writes one clone (an output `Partition`) changes what the others read. This is what lets a
+/// captured graph keep a handle to its input while the program feeds it with
+/// [`api::memcpy`](crate::api::memcpy). Copy the data with [`api::dup`](crate::api::dup).
+/// Work on clones is ordered like any other work: within one op by its streams and events,
+/// and across ops by their completion.
 ///
 /// Reading it back ([`Tensor::to_host_vec`]) waits for every piece of queued work that used
 /// its memory.
@@ -135,8 +138,7 @@ impl<T: DType> Tensor<T> {
         self.buf.to_host_vec(stream)
     }
 
-    /// The same elements under another shape with the same element count. Consumes the
-    /// tensor: the result is the memory's one writer.
+    /// The same elements under another shape with the same element count (sharing memory).
     ///
     /// # Errors
     ///
@@ -158,6 +160,16 @@ impl<T: DType> Tensor<T> {
             shape: SmallVec::from_slice(shape),
             strides: contiguous_strides(shape),
         })
+    }
+}
+
+impl<T> Clone for Tensor<T> {
+    fn clone(&self) -> Self {
+        Tensor {
+            buf: self.buf.clone(),
+            shape: self.shape.clone(),
+            strides: self.strides.clone(),
+        }
     }
 }
 
