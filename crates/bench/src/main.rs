@@ -1,5 +1,6 @@
 //! `cuflow-bench`: cuflow's benchmarks, each figure beside its baseline measured in the same
-//! run (raw cudarc on the same device, in the same process), and the ratio.
+//! run (raw cudarc on the same device, in the same process, or PyTorch, which the `kernels`
+//! benchmark runs itself), and the ratio.
 //!
 //! ```text
 //! cuflow-bench <benchmark> [--iters N] [--json PATH]
@@ -25,6 +26,7 @@ mod ops;
 mod overlap;
 mod raw;
 mod report;
+mod tensor_kernels;
 
 use std::error::Error as _;
 use std::path::PathBuf;
@@ -49,8 +51,8 @@ struct Benchmark {
     run: fn(&Device, usize) -> Result<Results, BenchError>,
 }
 
-/// Every benchmark, in the order `--help` lists them. The next ones (`kernels`, `graph`,
-/// `multigpu`) are each a module beside `launch.rs` and an entry here.
+/// Every benchmark, in the order `--help` lists them. The next ones (`graph`, `multigpu`) are
+/// each a module beside `launch.rs` and an entry here.
 const BENCHMARKS: &[Benchmark] = &[
     Benchmark {
         name: "launch",
@@ -72,6 +74,13 @@ const BENCHMARKS: &[Benchmark] = &[
         iters_meaning: "trials",
         default_iters: 9,
         run: overlap::run,
+    },
+    Benchmark {
+        name: "kernels",
+        about: "tensor kernels (saxpy, rms_norm, softmax, matmul) vs PyTorch eager, GPU time",
+        iters_meaning: "launches per trial",
+        default_iters: 50,
+        run: tensor_kernels::run,
     },
 ];
 

@@ -2,6 +2,10 @@
 //! printed as an aligned table and written as JSON together with the environment they were
 //! measured in (device, driver, NVRTC, host CPU, build). Nothing here reads a clock: the files
 //! are meant to be committed, and differ only when a figure or the environment does.
+//!
+//! A baseline that could not be measured in the run (an external one, such as PyTorch, that is
+//! not installed) is absent rather than made up: the row keeps its figure, and its ratio and any
+//! goal on the ratio are reported as unknown (`n/a` in the table, `null` in the JSON).
 
 use std::fmt::Write as _;
 
@@ -10,27 +14,35 @@ use serde_json::json;
 
 use crate::raw;
 
-/// A bound on `value / baseline` that the project aims for.
+/// A bound that the project aims for: on `value / baseline`, or on the value itself.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) enum Goal {
     /// The ratio must not exceed this (times: lower is better).
     AtMost(f64),
     /// The ratio must reach at least this (speed-ups, throughput).
     AtLeast(f64),
+    /// The value itself must reach at least this, in the row's unit: an absolute target (a
+    /// bandwidth, say), met or not whatever the baseline measured.
+    ValueAtLeast(f64),
 }
 
 impl Goal {
-    fn met_by(self, ratio: f64) -> bool {
+    /// Whether `row` meets the goal; `None` for a goal on the ratio when the row has no
+    /// baseline.
+    fn met_by(self, row: &Row) -> Option<bool> {
         match self {
-            Goal::AtMost(bound) => ratio <= bound,
-            Goal::AtLeast(bound) => ratio >= bound,
+            Goal::AtMost(bound) => row.ratio().map(|ratio| ratio <= bound),
+            Goal::AtLeast(bound) => row.ratio().map(|ratio| ratio >= bound),
+            Goal::ValueAtLeast(bound) => Some(row.value >= bound),
         }
     }
 
-    fn describe(self) -> String {
+    /// The goal as text, with `unit` for an absolute goal.
+    fn describe(self, unit: &str) -> String {
         match self {
             Goal::AtMost(bound) => format!("<= {bound:.2}x"),
             Goal::AtLeast(bound) => format!(">= {bound:.2}x"),
+            Goal::ValueAtLeast(bound) => format!(">= {bound:.2} {unit}"),
         }
     }
 }
@@ -46,11 +58,12 @@ pub(crate) struct Row {
     pub(crate) value: f64,
     /// What the figure is compared with.
     pub(crate) baseline_name: String,
-    /// The baseline (the median of `baseline_trials` where there are trials).
-    pub(crate) baseline: f64,
+    /// The baseline (the median of `baseline_trials` where there are trials); `None` when it
+    /// could not be measured in this run.
+    pub(crate) baseline: Option<f64>,
     /// Whether a smaller value is better (times) or a larger one (speed-ups).
     pub(crate) lower_is_better: bool,
-    /// The project's goal on `value / baseline`, if it has one.
+    /// The project's goal on `value / baseline` or on `value`, if it has one.
     pub(crate) goal: Option<Goal>,
     /// Every trial of the figure, in the order measured (empty for a derived figure).
     pub(crate) trials: Vec<f64>,
@@ -72,11 +85,32 @@ impl Row {
             unit,
             value: median(trials),
             baseline_name: baseline_name.into(),
-            baseline: median(baseline_trials),
+            baseline: Some(median(baseline_trials)),
             lower_is_better: true,
             goal: None,
             trials: trials.to_vec(),
             baseline_trials: baseline_trials.to_vec(),
+        }
+    }
+
+    /// A figure as the median of its trials, whose baseline (`baseline_name`) could not be
+    /// measured in this run; lower is better.
+    pub(crate) fn without_baseline(
+        figure: impl Into<String>,
+        unit: &'static str,
+        trials: &[f64],
+        baseline_name: impl Into<String>,
+    ) -> Row {
+        Row {
+            figure: figure.into(),
+            unit,
+            value: median(trials),
+            baseline_name: baseline_name.into(),
+            baseline: None,
+            lower_is_better: true,
+            goal: None,
+            trials: trials.to_vec(),
+            baseline_trials: Vec::new(),
         }
     }
 
@@ -93,7 +127,7 @@ impl Row {
             unit,
             value,
             baseline_name: baseline_name.into(),
-            baseline,
+            baseline: Some(baseline),
             lower_is_better: true,
             goal: None,
             trials: Vec::new(),
@@ -101,7 +135,7 @@ impl Row {
         }
     }
 
-    /// The same row with the project's goal on its ratio.
+    /// The same row with the project's goal on its ratio or value.
     pub(crate) fn with_goal(mut self, goal: Goal) -> Row {
         self.goal = Some(goal);
         self
@@ -113,27 +147,27 @@ impl Row {
         self
     }
 
-    /// `value / baseline`.
-    pub(crate) fn ratio(&self) -> f64 {
-        self.value / self.baseline
+    /// `value / baseline`; `None` without a baseline.
+    pub(crate) fn ratio(&self) -> Option<f64> {
+        self.baseline.map(|baseline| self.value / baseline)
     }
 
-    /// Whether the goal is met; `None` without a goal.
+    /// Whether the goal is met; `None` without a goal, or for a goal on the ratio without a
+    /// baseline.
     pub(crate) fn goal_met(&self) -> Option<bool> {
-        self.goal.map(|g| g.met_by(self.ratio()))
+        self.goal.and_then(|g| g.met_by(self))
     }
 
     fn goal_text(&self) -> String {
-        match (self.goal, self.goal_met()) {
-            (Some(goal), Some(met)) => {
-                format!(
-                    "{}: {}",
-                    goal.describe(),
-                    if met { "met" } else { "NOT met" }
-                )
-            }
-            _ => String::new(),
-        }
+        let Some(goal) = self.goal else {
+            return String::new();
+        };
+        let verdict = match self.goal_met() {
+            Some(true) => "met",
+            Some(false) => "NOT met",
+            None => "no baseline",
+        };
+        format!("{}: {verdict}", goal.describe(self.unit))
     }
 }
 
@@ -285,8 +319,10 @@ impl Report {
                     format!("{:.3}", r.value),
                     r.unit.to_string(),
                     r.baseline_name.clone(),
-                    format!("{:.3}", r.baseline),
-                    format!("{:.3}x", r.ratio()),
+                    r.baseline
+                        .map_or_else(|| "n/a".into(), |b| format!("{b:.3}")),
+                    r.ratio()
+                        .map_or_else(|| "n/a".into(), |q| format!("{q:.3}x")),
                     r.goal_text(),
                 ]
             })
@@ -353,7 +389,7 @@ impl Report {
                 "baseline_value": r.baseline,
                 "ratio": r.ratio(),
                 "lower_is_better": r.lower_is_better,
-                "goal": r.goal.map(Goal::describe),
+                "goal": r.goal.map(|g| g.describe(r.unit)),
                 "goal_met": r.goal_met(),
                 "trials": r.trials,
                 "baseline_trials": r.baseline_trials,
@@ -419,14 +455,61 @@ mod tests {
     #[test]
     fn goals() {
         let r = report();
-        assert_eq!(r.results.rows[0].ratio(), 1.0);
+        assert_eq!(r.results.rows[0].ratio(), Some(1.0));
         assert_eq!(r.results.rows[0].goal_met(), Some(true));
-        assert_eq!(r.results.rows[1].ratio(), 0.375);
+        assert_eq!(r.results.rows[1].ratio(), Some(0.375));
         assert_eq!(r.results.rows[2].goal_met(), Some(true));
         let slow = Row::derived("slow", "us", 1.2, "base", 1.0).with_goal(Goal::AtMost(1.10));
         assert_eq!(slow.goal_met(), Some(false));
         assert!(slow.goal_text().contains("NOT met"));
         assert_eq!(Row::derived("x", "us", 1.0, "y", 1.0).goal_met(), None);
+    }
+
+    #[test]
+    fn absolute_goals_ignore_the_baseline() {
+        let fast = Row::derived("bandwidth", "TB/s", 3.2, "other", 4.0)
+            .higher_is_better()
+            .with_goal(Goal::ValueAtLeast(3.0));
+        assert_eq!(fast.goal_met(), Some(true));
+        assert_eq!(fast.goal_text(), ">= 3.00 TB/s: met");
+        let slow = Row::derived("bandwidth", "TB/s", 2.9, "other", 1.0)
+            .higher_is_better()
+            .with_goal(Goal::ValueAtLeast(3.0));
+        assert_eq!(slow.goal_met(), Some(false));
+        assert_eq!(slow.goal_text(), ">= 3.00 TB/s: NOT met");
+    }
+
+    #[test]
+    fn rows_without_a_baseline() {
+        let row = Row::without_baseline("kernel", "TB/s", &[1.0, 3.0, 2.0], "PyTorch")
+            .higher_is_better()
+            .with_goal(Goal::AtLeast(1.0));
+        assert_eq!(row.value, 2.0);
+        assert_eq!(row.baseline, None);
+        assert_eq!(row.ratio(), None);
+        assert_eq!(row.goal_met(), None);
+        assert_eq!(row.goal_text(), ">= 1.00x: no baseline");
+        // An absolute goal is still decided.
+        let row = row.with_goal(Goal::ValueAtLeast(1.5));
+        assert_eq!(row.goal_met(), Some(true));
+
+        let mut r = report();
+        r.results.rows.push(
+            Row::without_baseline("no baseline", "us", &[5.0], "PyTorch (unavailable)")
+                .with_goal(Goal::AtMost(1.10)),
+        );
+        let text = r.table();
+        let last = text.lines().last().unwrap();
+        assert!(last.contains("PyTorch (unavailable)"), "{text}");
+        assert_eq!(last.matches(" n/a").count(), 2, "{text}");
+        assert!(last.ends_with("<= 1.10x: no baseline"), "{text}");
+        let json = r.json();
+        let row = &json["rows"][3];
+        assert_eq!(row["value"], 5.0);
+        assert_eq!(row["baseline_value"], serde_json::Value::Null);
+        assert_eq!(row["ratio"], serde_json::Value::Null);
+        assert_eq!(row["goal_met"], serde_json::Value::Null);
+        assert_eq!(row["baseline_trials"], serde_json::json!([]));
     }
 
     #[test]

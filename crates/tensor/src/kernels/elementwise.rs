@@ -65,28 +65,29 @@ extern "C" __global__ void {fname}(T* __restrict__ out{x_param}{y_param}, T s_, 
     IF_X(a_ = ld(x[i]);) \
     IF_Y(b_ = ld(y[ybc ? (i) % C : (i)]);) \
     out[i] = st(op_(o_, a_, b_, s)); }}
+  const int V = 16 / sizeof(T);
+  union Vec {{ uint4 u; T v[16 / sizeof(T)]; }};
+#define VSTEP(w) {{ \
+    Vec xo, xa, xb, r; \
+    if (READS_OUT) xo.u = ((const uint4*)out)[w]; \
+    IF_X(xa.u = ((const uint4*)x)[w];) \
+    IF_Y(xb.u = ((const uint4*)y)[ybc ? (((w) * V) % C) / V : (w)];) \
+    _Pragma("unroll") \
+    for (int k_ = 0; k_ < V; ++k_) {{ \
+      A o_ = READS_OUT ? ld(xo.v[k_]) : (A)0; \
+      A a_ = (A)0, b_ = (A)0; \
+      IF_X(a_ = ld(xa.v[k_]);) \
+      IF_Y(b_ = ld(xb.v[k_]);) \
+      r.v[k_] = st(op_(o_, a_, b_, s)); \
+    }} \
+    ((uint4*)out)[w] = r.u; }}
+  bool vec_ok = !ybc || C % V == 0;
   if (tr == 0) {{
-    const int V = 16 / sizeof(T);
     u64 stride = (u64)blockDim.x * gridDim.x;
     u64 t = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (n % V == 0 && (!ybc || C % V == 0)) {{
-      union Vec {{ uint4 u; T v[16 / sizeof(T)]; }};
+    if (n % V == 0 && vec_ok) {{
       u64 nv = n / V;
-      for (u64 w = t; w < nv; w += stride) {{
-        Vec xo, xa, xb, r;
-        if (READS_OUT) xo.u = ((const uint4*)out)[w];
-        IF_X(xa.u = ((const uint4*)x)[w];)
-        IF_Y(xb.u = ((const uint4*)y)[ybc ? ((w * V) % C) / V : w];)
-#pragma unroll
-        for (int k = 0; k < V; ++k) {{
-          A o_ = READS_OUT ? ld(xo.v[k]) : (A)0;
-          A a_ = (A)0, b_ = (A)0;
-          IF_X(a_ = ld(xa.v[k]);)
-          IF_Y(b_ = ld(xb.v[k]);)
-          r.v[k] = st(op_(o_, a_, b_, s));
-        }}
-        ((uint4*)out)[w] = r.u;
-      }}
+      for (u64 w = t; w < nv; w += stride) VSTEP(w)
     }} else {{
       for (u64 i = t; i < n; i += stride) ELEM(i)
     }}
@@ -97,7 +98,12 @@ extern "C" __global__ void {fname}(T* __restrict__ out{x_param}{y_param}, T s_, 
   u64 te = tr * tc;
   if (tc == C) {{
     u64 base = row0 * C;
-    for (u64 k = threadIdx.x; k < te; k += blockDim.x) {{ u64 i = base + k; ELEM(i) }}
+    if (te % V == 0 && base % V == 0 && vec_ok) {{
+      u64 wb = base / V;
+      for (u64 k = threadIdx.x; k < te / V; k += blockDim.x) {{ u64 w = wb + k; VSTEP(w) }}
+    }} else {{
+      for (u64 k = threadIdx.x; k < te; k += blockDim.x) {{ u64 i = base + k; ELEM(i) }}
+    }}
   }} else {{
     for (u64 k = threadIdx.x; k < te; k += blockDim.x) {{
       u64 i = (row0 + k / tc) * C + col0 + k % tc;
