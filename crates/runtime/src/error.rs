@@ -47,6 +47,16 @@ pub enum DeviceError {
         /// Why the compiler could not be used.
         reason: String,
     },
+    /// cuBLAS (the CUDA toolkit's BLAS library) could not be loaded, so [`gemm`](crate::gemm)
+    /// cannot run on CUDA devices.
+    #[error(
+        "no cuBLAS library: {reason}; install the CUDA toolkit's libcublas (CUDA 12 or 13), \
+         add its lib64 directory to LD_LIBRARY_PATH, or point CUDA_HOME at the toolkit"
+    )]
+    NoBlas {
+        /// Which libraries were tried and why they could not be used.
+        reason: String,
+    },
     /// There is no CUDA device with this ordinal.
     #[error("no CUDA device {ordinal}: {count} device(s) visible")]
     NoDevice {
@@ -71,6 +81,18 @@ pub enum DeviceError {
         /// The driver's name for the code, e.g. `CUDA_ERROR_ILLEGAL_ADDRESS`.
         name: String,
         /// The driver's description of the code.
+        message: String,
+    },
+    /// A cuBLAS call failed.
+    #[error("cuBLAS call {call} failed: {name} ({status}): {message}")]
+    Blas {
+        /// The cuBLAS function that failed.
+        call: &'static str,
+        /// The `cublasStatus_t` code.
+        status: i32,
+        /// cuBLAS's name for the code, e.g. `CUBLAS_STATUS_NOT_SUPPORTED`.
+        name: String,
+        /// cuBLAS's description of the code.
         message: String,
     },
     /// A kernel failed to compile; `log` holds the compiler's log.

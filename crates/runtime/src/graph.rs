@@ -32,6 +32,9 @@ pub(crate) struct CaptureSession {
     open: AtomicBool,
     keep_alive: Mutex<Vec<Arc<Memory>>>,
     deferred_frees: Mutex<Vec<(cuda::CudaMemory, SmallVec<[Stream; 2]>)>>,
+    /// The cuBLAS workspace of each member stream (see `crate::blas::capture_workspace`);
+    /// those that captured GEMMs used are also in `keep_alive`.
+    blas_workspaces: Mutex<Vec<(StreamId, Arc<Memory>)>>,
 }
 
 impl CaptureSession {
@@ -44,7 +47,28 @@ impl CaptureSession {
             open: AtomicBool::new(true),
             keep_alive: Mutex::new(Vec::new()),
             deferred_frees: Mutex::new(Vec::new()),
+            blas_workspaces: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Gives `stream`, which is about to take part in the capture, its GEMM workspace.
+    pub(crate) fn add_blas_workspace(&self, stream: StreamId, workspace: Arc<Memory>) {
+        self.blas_workspaces.lock().push((stream, workspace));
+    }
+
+    /// The GEMM workspace of member `stream`, if it has one.
+    pub(crate) fn blas_workspace(&self, stream: StreamId) -> Option<Arc<Memory>> {
+        self.blas_workspaces
+            .lock()
+            .iter()
+            .find(|(id, _)| *id == stream)
+            .map(|(_, mem)| mem.clone())
+    }
+
+    /// Drops the session's hold on the GEMM workspaces (call once every member left the
+    /// capture): those no captured GEMM used are freed now, the others with the graph.
+    pub(crate) fn release_blas_workspaces(&self) {
+        drop(std::mem::take(&mut *self.blas_workspaces.lock()));
     }
 
     /// Holds a free that would otherwise be ordered after a capturing stream.

@@ -8,6 +8,10 @@
 //!   replay as on CUDA. It is the default where no GPU is present and the reference that GPU
 //!   results are checked against.
 //!
+//! Besides kernels, the runtime provides one library primitive, [`gemm`]: a stream-ordered,
+//! capturable matrix multiply (cuBLAS on CUDA, loaded at run time like the driver; a blocked CPU
+//! GEMM on the host).
+//!
 //! [`Device::auto`] picks the device from `$CUFLOW_DEVICE` (`host`, `cuda`, `cuda:N`), else
 //! CUDA device 0 when usable, else the host.
 //!
@@ -24,6 +28,7 @@
 //! ```
 
 mod backend;
+mod blas;
 mod device;
 mod error;
 mod graph;
@@ -32,6 +37,7 @@ mod memory;
 mod stream;
 pub mod sync;
 
+pub use blas::{gemm, GemmConfig, GemmDtype, GemmElem};
 pub use device::{Device, DeviceId, DeviceLimits, MemoryInfo};
 pub use error::{BackendKind, DeviceError, Result};
 pub use graph::{Graph, GraphExec};

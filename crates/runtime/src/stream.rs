@@ -223,10 +223,15 @@ impl Stream {
                 reason: format!("stream {} is already capturing", self.inner.id),
             });
         }
+        // Allocated before the capture begins: an allocation cannot be captured.
+        let blas_workspace = crate::blas::capture_workspace(self);
         let session = match &self.inner.backend {
             StreamBackend::Host(h) => CaptureSession::new(self.inner.id, h.begin_capture()?),
             StreamBackend::Cuda(c) => CaptureSession::new(self.inner.id, c.begin_capture()?),
         };
+        if let Some(workspace) = blas_workspace {
+            session.add_blas_workspace(self.inner.id, workspace);
+        }
         session.members.lock().push(self.clone());
         *slot = Some(Arc::new(session));
         self.inner.capturing.store(true, Ordering::Release);
@@ -278,6 +283,7 @@ impl Stream {
             }
         }
         session.run_deferred_frees();
+        session.release_blas_workspaces();
         let graph_backend = result?;
         if let Some(err) = session.error.lock().take() {
             return Err(err);
@@ -352,6 +358,10 @@ impl Stream {
             None => {
                 if let StreamBackend::Host(h) = &self.inner.backend {
                     h.join_capture(session)?;
+                }
+                // This stream is not capturing yet, so the allocation is not captured.
+                if let Some(workspace) = crate::blas::capture_workspace(self) {
+                    session.add_blas_workspace(self.inner.id, workspace);
                 }
                 session.members.lock().push(self.clone());
                 *slot = Some(session.clone());

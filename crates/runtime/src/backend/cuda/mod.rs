@@ -14,13 +14,16 @@
 //! - **Handles**: raw handles (`CUevent`, `CUgraph`, `CUgraphExec`, device pointers, pinned host
 //!   pointers) are owned by exactly one wrapper, which destroys them once, in `Drop`.
 //! - **Presence**: nothing here touches libcuda before `is_culib_present()` said it can be
-//!   loaded (cudarc panics otherwise), nor libnvrtc before its own presence check.
+//!   loaded (cudarc panics otherwise), nor libnvrtc before its own presence check. libcublas is
+//!   loaded by `blas` itself, which reports a missing library as an error.
 
+mod blas;
 mod compile;
 mod graph;
 mod memory;
 mod stream;
 
+pub(crate) use blas::BlasWorkspace;
 pub(crate) use compile::CompiledKernel;
 pub(crate) use graph::{CudaGraphExecHandle, CudaGraphHandle};
 pub(crate) use memory::{CudaMemory, CudaPinned};
@@ -33,7 +36,7 @@ use cudarc::driver::{result, sys, CudaContext, DriverError};
 
 use crate::device::{DeviceLimits, MemoryInfo};
 use crate::error::{DeviceError, Result};
-use crate::sync::{Arc, Mutex};
+use crate::sync::{Arc, AtomicBool, Mutex};
 
 /// Converts a driver error into a [`DeviceError::Driver`] naming the call.
 pub(crate) fn driver_err(call: &'static str, e: DriverError) -> DeviceError {
@@ -108,6 +111,10 @@ pub(crate) struct CudaDeviceShared {
     /// while the device lives: a captured graph keeps the functions it launches, and a
     /// `Kernel` declared again with the same source reuses the compiled module.
     modules: Mutex<HashMap<ModuleKey, Arc<CompiledKernel>>>,
+    /// Idle cuBLAS handles of this device; a GEMM takes one for the length of its call.
+    blas_handles: Mutex<Vec<blas::RawBlasHandle>>,
+    /// Whether a cuBLAS handle was ever created here (then captures reserve GEMM workspaces).
+    blas_ready: AtomicBool,
 }
 
 /// What identifies a compiled kernel on one device.
@@ -152,6 +159,9 @@ impl Drop for CudaDeviceShared {
     fn drop(&mut self) {
         for ev in self.event_pool.get_mut().drain(..) {
             destroy_event(&self.ctx, ev);
+        }
+        for handle in std::mem::take(self.blas_handles.get_mut()) {
+            blas::destroy_handle(self, handle);
         }
     }
 }
@@ -217,6 +227,8 @@ impl CudaDevice {
             cc: (major.max(0) as u32, minor.max(0) as u32),
             event_pool: Mutex::new(Vec::new()),
             modules: Mutex::new(HashMap::new()),
+            blas_handles: Mutex::new(Vec::new()),
+            blas_ready: AtomicBool::new(false),
         });
         Ok((CudaDevice { shared }, name, limits))
     }

@@ -13,12 +13,15 @@ use super::{driver_err, CudaDeviceShared, RawEvent};
 use crate::error::{DeviceError, Result};
 use crate::graph::{CaptureBackend, GraphBackend};
 use crate::kernel::{KernelArg, KernelArgs, LaunchConfig};
-use crate::sync::Arc;
+use crate::sync::{Arc, Mutex};
 
 /// A CUDA stream (non-blocking with respect to the legacy default stream).
 pub(crate) struct CudaStreamHandle {
     pub(crate) stream: Arc<CudaStream>,
     pub(crate) shared: Arc<CudaDeviceShared>,
+    /// The cuBLAS workspace of this stream's GEMMs outside captures, allocated on the stream at
+    /// its first GEMM and freed on it when the stream is dropped (see `blas`).
+    pub(crate) blas_workspace: Mutex<Option<CudaMemory>>,
 }
 
 impl CudaStreamHandle {
@@ -52,6 +55,7 @@ impl CudaStreamHandle {
             CudaStreamHandle {
                 stream,
                 shared: shared.clone(),
+                blas_workspace: Mutex::new(None),
             },
             prio,
         ))
@@ -345,6 +349,16 @@ impl CudaStreamHandle {
             }
             _ => driver_err("cuLaunchKernel", e),
         })
+    }
+}
+
+impl Drop for CudaStreamHandle {
+    fn drop(&mut self) {
+        // Only this stream's GEMMs used the workspace, so freeing it on the stream orders the
+        // free after them; the stream itself is destroyed afterwards, with its fields.
+        if let Some(mut workspace) = self.blas_workspace.get_mut().take() {
+            workspace.free_on(self);
+        }
     }
 }
 

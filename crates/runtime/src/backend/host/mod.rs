@@ -10,11 +10,13 @@
 //! Host kernels and host functions run on worker threads; they may not block on a stream
 //! (that would deadlock a worker), which is reported as [`DeviceError::Reentrant`].
 
+mod blas;
 mod capture;
 mod kernel;
 mod memory;
 mod stream;
 
+pub(crate) use blas::{gemm, GemmOperand};
 pub(crate) use capture::{HostCapture, HostGraph, HostGraphExec};
 pub(crate) use kernel::launch_host_kernel;
 pub(crate) use memory::{HostMemory, HostPinned};

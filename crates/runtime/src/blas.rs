@@ -1,0 +1,383 @@
+//! Dense matrix multiplication (GEMM), enqueued on a stream like a kernel.
+//!
+//! [`gemm`] computes `C = alpha · op(A) · op(B) + beta · C` over dense row-major matrices, as
+//! PyTorch's `addmm` does, optionally over a batch of matrices at fixed strides. It runs in
+//! stream order: after the work enqueued before it on the stream, before the work enqueued after
+//! it. It records the buffers it uses as a kernel launch does, so frees are ordered after it and
+//! a capture keeps them alive; it never allocates on the stream it runs on, so it can be
+//! captured into a graph.
+//!
+//! - **cuda**: cuBLAS (`cublasGemmEx` / `cublasGemmStridedBatchedEx`), loaded at run time; a
+//!   missing library is [`DeviceError::NoBlas`]. f16 and bf16 accumulate in f32; f32 is computed
+//!   in full f32 precision (TF32 is never enabled); f64 in f64.
+//! - **host**: a blocked GEMM over CPU threads with the same accumulation types, rounding each
+//!   result once.
+//!
+//! Semantics shared by both backends, as in BLAS: with `beta == 0`, `C` is not read (whatever it
+//! holds, NaN included, is overwritten); with `k == 0`, `C` becomes `beta · C`; with `m`, `n` or
+//! `batch` zero nothing is enqueued.
+
+use crate::backend::host;
+use crate::error::{DeviceError, Result};
+use crate::memory::{BufferView, DeviceCopy, Memory, MemoryBackend};
+use crate::stream::{Stream, StreamBackend};
+use crate::sync::Arc;
+
+/// The element types [`gemm`] supports, as the backends name them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum GemmDtype {
+    /// IEEE binary16 (`half::f16`), accumulated in f32.
+    F16,
+    /// bfloat16 (`half::bf16`), accumulated in f32.
+    BF16,
+    /// IEEE binary32, accumulated in f32.
+    F32,
+    /// IEEE binary64, accumulated in f64.
+    F64,
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for f64 {}
+    impl Sealed for half::f16 {}
+    impl Sealed for half::bf16 {}
+}
+
+/// Element types [`gemm`] supports: `f32`, `f64`, `half::f16` and `half::bf16`. Sealed.
+pub trait GemmElem: DeviceCopy + sealed::Sealed {
+    /// The type's tag.
+    const DTYPE: GemmDtype;
+}
+
+impl GemmElem for f32 {
+    const DTYPE: GemmDtype = GemmDtype::F32;
+}
+
+impl GemmElem for f64 {
+    const DTYPE: GemmDtype = GemmDtype::F64;
+}
+
+impl GemmElem for half::f16 {
+    const DTYPE: GemmDtype = GemmDtype::F16;
+}
+
+impl GemmElem for half::bf16 {
+    const DTYPE: GemmDtype = GemmDtype::BF16;
+}
+
+/// The shape and scaling of a [`gemm`]: `C[m×n] = alpha · op(A)[m×k] · op(B)[k×n] + beta · C`
+/// for each of `batch` matrix triples.
+///
+/// All matrices are dense and row-major. `A` is stored `m×k`, or `k×m` when `trans_a` (then
+/// `op(A)` is its transpose); `B` is stored `k×n`, or `n×k` when `trans_b`; `C` is `m×n`.
+/// Matrix `i` of a batch starts `i · stride_a` elements into `A` (likewise `B`, `C`); a stride of
+/// 0 for `A` or `B` uses one matrix for the whole batch. `alpha` and `beta` are converted to
+/// the accumulation type (f64 for f64 GEMMs, else f32).
+///
+/// # Examples
+///
+/// ```
+/// use cuflow_runtime::{gemm, Device, DeviceBuffer, GemmConfig};
+/// # fn main() -> Result<(), cuflow_runtime::DeviceError> {
+/// let stream = Device::host().new_stream()?;
+/// // [1 2 3]   [1 0]   [ 4  5]
+/// // [4 5 6] · [0 1] = [10 11]
+/// //           [1 1]
+/// let a = DeviceBuffer::from_host(&stream, &[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0])?;
+/// let b = DeviceBuffer::from_host(&stream, &[1.0f32, 0.0, 0.0, 1.0, 1.0, 1.0])?;
+/// let c = DeviceBuffer::<f32>::alloc(&stream, 4)?;
+/// gemm(&stream, GemmConfig::new(2, 2, 3), a.view(), b.view(), c.view())?;
+/// assert_eq!(c.to_host_vec(&stream)?, vec![4.0, 5.0, 10.0, 11.0]);
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GemmConfig {
+    /// Rows of `op(A)` and of `C`.
+    pub m: usize,
+    /// Columns of `op(B)` and of `C`.
+    pub n: usize,
+    /// Columns of `op(A)`, rows of `op(B)`: the length of the dot products.
+    pub k: usize,
+    /// `A` is stored `k×m` and used transposed.
+    pub trans_a: bool,
+    /// `B` is stored `n×k` and used transposed.
+    pub trans_b: bool,
+    /// Scale of the product.
+    pub alpha: f32,
+    /// Scale of `C`'s previous contents; 0 overwrites `C` without reading it.
+    pub beta: f32,
+    /// Number of matrix triples.
+    pub batch: usize,
+    /// Elements between consecutive `A` matrices of a batch (0: the same `A` for all).
+    pub stride_a: usize,
+    /// Elements between consecutive `B` matrices of a batch (0: the same `B` for all).
+    pub stride_b: usize,
+    /// Elements between consecutive `C` matrices of a batch (at least `m · n` when `batch > 1`).
+    pub stride_c: usize,
+}
+
+impl GemmConfig {
+    /// `C = A · B` for one `m×k` by `k×n` product: no transposes, `alpha = 1`, `beta = 0`.
+    pub fn new(m: usize, n: usize, k: usize) -> Self {
+        GemmConfig {
+            m,
+            n,
+            k,
+            trans_a: false,
+            trans_b: false,
+            alpha: 1.0,
+            beta: 0.0,
+            batch: 1,
+            stride_a: m.saturating_mul(k),
+            stride_b: k.saturating_mul(n),
+            stride_c: m.saturating_mul(n),
+        }
+    }
+
+    /// The same product with `A` and/or `B` stored transposed.
+    pub fn transpose(mut self, trans_a: bool, trans_b: bool) -> Self {
+        self.trans_a = trans_a;
+        self.trans_b = trans_b;
+        self
+    }
+
+    /// The same product with `C = alpha · op(A) · op(B) + beta · C`.
+    pub fn scale(mut self, alpha: f32, beta: f32) -> Self {
+        self.alpha = alpha;
+        self.beta = beta;
+        self
+    }
+
+    /// The same product over `batch` densely packed matrix triples (strides `m·k`, `k·n`,
+    /// `m·n`).
+    pub fn batched(mut self, batch: usize) -> Self {
+        self.batch = batch;
+        self.stride_a = self.m.saturating_mul(self.k);
+        self.stride_b = self.k.saturating_mul(self.n);
+        self.stride_c = self.m.saturating_mul(self.n);
+        self
+    }
+
+    /// The same batch with explicit strides, in elements.
+    pub fn strides(mut self, stride_a: usize, stride_b: usize, stride_c: usize) -> Self {
+        self.stride_a = stride_a;
+        self.stride_b = stride_b;
+        self.stride_c = stride_c;
+        self
+    }
+
+    /// `A` as stored: `(rows, cols)`.
+    pub(crate) fn a_dims(&self) -> (usize, usize) {
+        if self.trans_a {
+            (self.k, self.m)
+        } else {
+            (self.m, self.k)
+        }
+    }
+
+    /// `B` as stored: `(rows, cols)`.
+    pub(crate) fn b_dims(&self) -> (usize, usize) {
+        if self.trans_b {
+            (self.n, self.k)
+        } else {
+            (self.k, self.n)
+        }
+    }
+}
+
+fn shape_err(reason: String) -> DeviceError {
+    DeviceError::InvalidShape { op: "gemm", reason }
+}
+
+/// Elements a view must hold for `batch` matrices of `rows × cols` at `stride`.
+fn span(batch: usize, stride: usize, rows: usize, cols: usize) -> Option<usize> {
+    let one = rows.checked_mul(cols)?;
+    if batch == 0 {
+        return Some(0);
+    }
+    (batch - 1).checked_mul(stride)?.checked_add(one)
+}
+
+fn check_operand<T>(
+    name: &str,
+    view: &BufferView<'_, T>,
+    cfg: &GemmConfig,
+    (rows, cols): (usize, usize),
+    stride: usize,
+    transposed: bool,
+) -> Result<()> {
+    let shape = format!(
+        "{name} is stored {rows}×{cols}{} (m={}, n={}, k={}), batch {} at stride {stride}",
+        if transposed { ", used transposed" } else { "" },
+        cfg.m,
+        cfg.n,
+        cfg.k,
+        cfg.batch,
+    );
+    let need = span(cfg.batch, stride, rows, cols)
+        .ok_or_else(|| shape_err(format!("{shape}: the sizes overflow the address space")))?;
+    if view.len != need {
+        return Err(shape_err(format!(
+            "{shape}: it needs a view of {need} elements, the view has {}",
+            view.len
+        )));
+    }
+    Ok(())
+}
+
+/// The element range `[start, end)` of `view` within its allocation.
+fn range<T>(view: &BufferView<'_, T>) -> (usize, usize) {
+    (view.offset, view.offset + view.len)
+}
+
+fn overlaps<T>(x: &BufferView<'_, T>, y: &BufferView<'_, T>) -> bool {
+    let ((xs, xe), (ys, ye)) = (range(x), range(y));
+    Arc::ptr_eq(x.mem, y.mem) && xs < xe && ys < ye && xs < ye && ys < xe
+}
+
+fn validate<T: GemmElem>(
+    stream: &Stream,
+    cfg: &GemmConfig,
+    a: &BufferView<'_, T>,
+    b: &BufferView<'_, T>,
+    c: &BufferView<'_, T>,
+) -> Result<()> {
+    for v in [a, b, c] {
+        v.mem.check_device(stream, "gemm")?;
+    }
+    check_operand("A", a, cfg, cfg.a_dims(), cfg.stride_a, cfg.trans_a)?;
+    check_operand("B", b, cfg, cfg.b_dims(), cfg.stride_b, cfg.trans_b)?;
+    check_operand("C", c, cfg, (cfg.m, cfg.n), cfg.stride_c, false)?;
+    let c_size = cfg.m * cfg.n;
+    if cfg.batch > 1 && c_size > 0 && cfg.stride_c < c_size {
+        return Err(shape_err(format!(
+            "C is {}×{} (m×n) and the batch of {} is at stride {}: the output matrices would \
+             overlap; stride_c must be at least m·n = {c_size}",
+            cfg.m, cfg.n, cfg.batch, cfg.stride_c
+        )));
+    }
+    for (index, name, input) in [(0, "A", a), (1, "B", b)] {
+        if overlaps(c, input) {
+            return Err(DeviceError::InvalidArgument {
+                kernel: "gemm".into(),
+                index: 2,
+                reason: format!(
+                    "C overlaps {name} (argument {index}) in the same buffer; the output must \
+                     not alias an input"
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Enqueues `C = alpha · op(A) · op(B) + beta · C` on `stream`, for dense row-major matrices
+/// described by `cfg` (see [`GemmConfig`] for the layout and the batch strides).
+///
+/// The views must hold exactly the elements the product addresses: `(batch − 1) · stride + rows ·
+/// cols` for each operand (`m·k`, `k·n` and `m·n` for one product). `C` must not overlap `A` or
+/// `B`. The call is stream-ordered and may be captured into a graph; it does not wait.
+///
+/// # Examples
+///
+/// ```
+/// use cuflow_runtime::{gemm, Device, DeviceBuffer, GemmConfig};
+/// # fn main() -> Result<(), cuflow_runtime::DeviceError> {
+/// let stream = Device::host().new_stream()?;
+/// let x = DeviceBuffer::from_host(&stream, &[1.0f32, 2.0, 3.0, 4.0])?; // 2×2
+/// let acc = DeviceBuffer::from_host(&stream, &[1.0f32; 4])?;
+/// // acc = 0.5 · x · xᵀ + acc
+/// let cfg = GemmConfig::new(2, 2, 2).transpose(false, true).scale(0.5, 1.0);
+/// gemm(&stream, cfg, x.view(), x.view(), acc.view())?;
+/// assert_eq!(acc.to_host_vec(&stream)?, vec![3.5, 6.5, 6.5, 13.5]);
+/// # Ok(()) }
+/// ```
+///
+/// # Errors
+///
+/// [`DeviceError::InvalidShape`] (naming `gemm` and the shapes) when a view's length does not
+/// match `cfg`, or the output matrices of a batch overlap; [`DeviceError::InvalidArgument`] when
+/// `C` overlaps `A` or `B`; [`DeviceError::DeviceMismatch`] for a view of another device than
+/// the stream's; on CUDA, [`DeviceError::NoBlas`] when libcublas cannot be loaded,
+/// [`DeviceError::Unsupported`] for a dimension cuBLAS cannot address (over `i32::MAX`), and
+/// [`DeviceError::Blas`] when cuBLAS refuses the call. Errors of the computation itself on the
+/// host backend come back from the stream's next synchronization, as for kernels.
+pub fn gemm<T: GemmElem>(
+    stream: &Stream,
+    cfg: GemmConfig,
+    a: BufferView<'_, T>,
+    b: BufferView<'_, T>,
+    c: BufferView<'_, T>,
+) -> Result<()> {
+    validate(stream, &cfg, &a, &b, &c)?;
+    if cfg.m == 0 || cfg.n == 0 || cfg.batch == 0 {
+        return Ok(());
+    }
+    match stream.backend() {
+        StreamBackend::Host(s) => {
+            for v in [&a, &b, &c] {
+                v.mem.note_use(stream);
+            }
+            host::gemm(
+                s,
+                T::DTYPE,
+                cfg,
+                host::GemmOperand::new(a.mem.clone(), a.byte_offset(), a.byte_len()),
+                host::GemmOperand::new(b.mem.clone(), b.byte_offset(), b.byte_len()),
+                host::GemmOperand::new(c.mem.clone(), c.byte_offset(), c.byte_len()),
+            )
+        }
+        StreamBackend::Cuda(s) => {
+            let ptr = |v: &BufferView<'_, T>| match &v.mem.backend {
+                MemoryBackend::Cuda(m) => Ok(m.ptr() + v.byte_offset() as u64),
+                MemoryBackend::Host(_) => Err(DeviceError::usage(
+                    "gemm: a host buffer was passed to a CUDA stream",
+                )),
+            };
+            let (pa, pb, pc) = (ptr(&a)?, ptr(&b)?, ptr(&c)?);
+            let workspace = match stream.capture_session() {
+                // Captured: the capture's own workspace for this stream, which the graph keeps
+                // (see `capture_workspace`), or none when cuBLAS was first used in this capture.
+                Some(session) => match session.blas_workspace(stream.id()) {
+                    Some(mem) => {
+                        mem.note_use(stream);
+                        match &mem.backend {
+                            MemoryBackend::Cuda(m) => {
+                                crate::backend::cuda::BlasWorkspace::Borrowed {
+                                    ptr: m.ptr(),
+                                    bytes: mem.bytes,
+                                }
+                            }
+                            MemoryBackend::Host(_) => crate::backend::cuda::BlasWorkspace::None,
+                        }
+                    }
+                    None => crate::backend::cuda::BlasWorkspace::None,
+                },
+                None => crate::backend::cuda::BlasWorkspace::Stream,
+            };
+            for v in [&a, &b, &c] {
+                v.mem.note_use(stream);
+            }
+            s.gemm(T::DTYPE, &cfg, pa, pb, pc, workspace)
+        }
+    }
+}
+
+/// The cuBLAS workspace a capture gives `stream` (which is about to begin or join it): cuBLAS
+/// kernels captured into a graph keep their workspace's address, so each stream of a capture
+/// gets one of its own, allocated before it starts capturing and kept by the graph when a
+/// captured GEMM used it. `None` on the host backend, and on devices where no GEMM ran yet (a
+/// GEMM captured there runs without a workspace: correct, possibly slower). Like any buffer a
+/// graph uses, the workspace is allocated in `stream`'s order: replaying the graph on another
+/// stream assumes that what `stream` had queued before the capture has been ordered before the
+/// replay, as the allocation of the graph's other buffers does.
+pub(crate) fn capture_workspace(stream: &Stream) -> Option<Arc<Memory>> {
+    let StreamBackend::Cuda(s) = stream.backend() else {
+        return None;
+    };
+    let bytes = s.blas_capture_workspace_bytes()?;
+    // An allocation failure is not the capture's failure: its GEMMs run without a workspace.
+    Memory::alloc(stream, bytes).ok()
+}
