@@ -16,11 +16,13 @@
 //! [`DeviceError`]: cuflow_runtime::DeviceError
 
 mod elementwise;
+mod matmul;
 
 use cuflow_device_op::ExecutionContext;
 use cuflow_runtime::DeviceError;
 
 pub(crate) use elementwise::{alloc, check_device, fill, Ew};
+pub use matmul::{linear, matmul};
 
 use crate::dtype::{DType, FloatDType};
 use crate::op::TensorOp;

@@ -1,0 +1,106 @@
+//! Matrix products through the runtime's GEMM (cuBLAS on CUDA, a blocked GEMM on host).
+
+use cuflow_device_op::op::zip::Zip2;
+use cuflow_device_op::{DeviceOp, ExecutionContext};
+use cuflow_runtime::{gemm, DeviceError, GemmConfig, GemmElem};
+
+use super::{alloc, check_device, TensorResult};
+use crate::dtype::DType;
+use crate::op::TensorOp;
+use crate::tensor::{Tensor, TensorInput, TensorRef};
+
+/// `(batch, rows, cols)` of a 2-D matrix or a 3-D batch of matrices.
+fn matrix_dims(
+    op: &'static str,
+    t: &Tensor<impl DType>,
+) -> Result<(usize, usize, usize), DeviceError> {
+    match *t.shape() {
+        [r, c] => Ok((1, r, c)),
+        [b, r, c] => Ok((b, r, c)),
+        _ => Err(DeviceError::InvalidShape {
+            op,
+            reason: format!(
+                "expects a matrix [rows, cols] or a batch [batch, rows, cols], got {:?}",
+                t.shape()
+            ),
+        }),
+    }
+}
+
+fn product<T: DType + GemmElem, A: TensorInput<T>, B: TensorInput<T>>(
+    op: &'static str,
+    a: A,
+    b: B,
+    trans_b: bool,
+) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
+    let both = Zip2::new(a.into_op(), b.into_op());
+    TensorOp::new(move |ctx: &mut ExecutionContext| {
+        let (a, b) = both.execute(ctx)?;
+        let (a, b) = (a.tensor(), b.tensor());
+        let stream = ctx.stream()?;
+        check_device(op, stream, a)?;
+        check_device(op, stream, b)?;
+        let mismatch = || DeviceError::ShapeMismatch {
+            op,
+            lhs: a.shape().to_vec(),
+            rhs: b.shape().to_vec(),
+        };
+        let (batch, m, k) = matrix_dims(op, a)?;
+        let (b_batch, b_rows, b_cols) = matrix_dims(op, b)?;
+        let (kb, n) = if trans_b {
+            (b_cols, b_rows)
+        } else {
+            (b_rows, b_cols)
+        };
+        if kb != k || (b.rank() == 3 && (a.rank() != 3 || b_batch != batch)) {
+            return Err(mismatch());
+        }
+        let shape: Vec<usize> = if a.rank() == 3 {
+            vec![batch, m, n]
+        } else {
+            vec![m, n]
+        };
+        let out = alloc::<T>(stream, &shape)?;
+        let cfg = GemmConfig::new(m, n, k)
+            .transpose(false, trans_b)
+            .batched(batch)
+            .strides(m * k, if b.rank() == 3 { k * n } else { 0 }, m * n);
+        gemm(
+            stream,
+            cfg,
+            a.buffer().view(),
+            b.buffer().view(),
+            out.buffer().view(),
+        )?;
+        Ok(out)
+    })
+}
+
+/// The matrix product `a · b`: `[m, k] · [k, n] → [m, n]`, or batched
+/// `[batch, m, k] · [batch, k, n] → [batch, m, n]` (a 2-D `b` is shared by the whole batch).
+/// `f32`, `f64`, `f16` and `bf16`; half types accumulate in `f32`. cuBLAS on CUDA (full `f32`
+/// precision, no TF32), a blocked GEMM on host.
+///
+/// # Errors
+///
+/// [`DeviceError::ShapeMismatch`] naming `matmul` and both shapes when the inner dimensions
+/// differ, [`DeviceError::InvalidShape`] for tensors that are not 2-D or 3-D.
+pub fn matmul<T: DType + GemmElem, A: TensorInput<T>, B: TensorInput<T>>(
+    a: A,
+    b: B,
+) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
+    product("matmul", a, b, false)
+}
+
+/// `x · wᵀ` for a weight stored `[out_features, in_features]` (as in a linear layer):
+/// `[m, k] · [n, k]ᵀ → [m, n]`, batched like [`matmul`].
+///
+/// # Errors
+///
+/// As [`matmul`], naming `linear`.
+pub fn linear<T: DType + GemmElem, X: TensorInput<T>, W: TensorInput<T>>(
+    x: X,
+    w: W,
+) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
+    product("linear", x, w, true)
+}
