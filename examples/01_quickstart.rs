@@ -15,7 +15,10 @@ fn main() -> Result<(), DeviceError> {
     // Borrow-based: &mut z for output, &x for input. z holds the result afterwards.
     let _ = kernels::saxpy((&mut z).partition([4, 4]), 2.0, &x).sync_on(&stream)?;
     assert_eq!(z.to_host_vec()?, vec![2.0f32; 256]);
-    println!("saxpy over 4x4 tiles: z = 2 * x + z = {:?}...", &z.to_host_vec()?[..4]);
+    println!(
+        "saxpy over 4x4 tiles: z = 2 * x + z = {:?}...",
+        &z.to_host_vec()?[..4]
+    );
 
     // Chain dependent work (same stream, in order); combine independent work.
     let y = api::ones::<f32>(&[1 << 20])
@@ -25,7 +28,10 @@ fn main() -> Result<(), DeviceError> {
     let n = value(21).map(|v| v * 2).sync()?; // host-only transform
     let s = api::randn::<f32>(0.0, 1.0, &[256]).shared(); // Clone, runs at most once, yields Arc<Tensor<f32>>
     assert!(y.to_host_vec()?.iter().all(|v| *v == 3.0));
-    assert_eq!((a.to_host_vec()?[0], b.to_host_vec()?[0], n), (1.0, 0.0, 42));
+    assert_eq!(
+        (a.to_host_vec()?[0], b.to_host_vec()?[0], n),
+        (1.0, 0.0, 42)
+    );
 
     // Two consumers of the shared op: it runs once; both see the same values.
     let (sum, prod) = zip!(
@@ -33,10 +39,17 @@ fn main() -> Result<(), DeviceError> {
         kernels::mul(s.clone(), s.clone())
     )
     .sync()?;
-    let (s_host, sum, prod) = (s.sync()?.to_host_vec()?, sum.to_host_vec()?, prod.to_host_vec()?);
+    let (s_host, sum, prod) = (
+        s.sync()?.to_host_vec()?,
+        sum.to_host_vec()?,
+        prod.to_host_vec()?,
+    );
     assert!(s_host.iter().zip(&sum).all(|(v, w)| *w == v + v));
     assert!(s_host.iter().zip(&prod).all(|(v, w)| *w == v * v));
-    println!("shared randn: s[0] = {:.4}, s+s = {:.4}, s*s = {:.4}", s_host[0], sum[0], prod[0]);
+    println!(
+        "shared randn: s[0] = {:.4}, s+s = {:.4}, s*s = {:.4}",
+        s_host[0], sum[0], prod[0]
+    );
 
     // Placement: default policy, explicit stream, explicit policy, async.
     let policy = StreamPoolRoundRobin::new(&device, 8)?;
@@ -48,14 +61,18 @@ fn main() -> Result<(), DeviceError> {
     // clones of `input` and `acc` (handles to the same memory).
     let mut input = api::zeros::<f32>(&[4]).sync_on(&stream)?;
     let acc = api::zeros::<f32>(&[4]).sync_on(&stream)?;
-    let mut graph = kernels::saxpy(acc.clone().partition([4]), 2.0, input.clone())
-        .graph_on(stream.clone())?;
+    let mut graph =
+        kernels::saxpy(acc.clone().partition([4]), 2.0, input.clone()).graph_on(stream.clone())?;
     let _ = graph.take_output(); // the partition of `acc` and the input, given back
     for token in [1.0f32, 2.0, 3.0] {
         let token = api::from_vec(vec![token, token, token, token], &[4]).sync_on(&stream)?;
         graph.update(api::memcpy(&mut input, &token))?;
         graph.replay()?; // acc += 2 * input
-        println!("replay with input {:?}: acc = {:?}", token.to_host_vec()?, acc.to_host_vec()?);
+        println!(
+            "replay with input {:?}: acc = {:?}",
+            token.to_host_vec()?,
+            acc.to_host_vec()?
+        );
     }
     assert_eq!(acc.to_host_vec()?, vec![12.0; 4]);
     Ok(())

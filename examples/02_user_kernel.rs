@@ -64,7 +64,9 @@ fn main() -> Result<(), DeviceError> {
     }
     println!("scale_shift then relu over {rows}x{cols} in tiles of {tile_rows} rows: max relative error {worst:.2e}");
     if worst > 1e-5 {
-        return Err(DeviceError::usage(format!("results differ from the reference by {worst}")));
+        return Err(DeviceError::usage(format!(
+            "results differ from the reference by {worst}"
+        )));
     }
     Ok(())
 }

@@ -64,7 +64,7 @@ pub mod prelude {
         StreamPoolRoundRobin,
     };
     pub use cuflow_tensor::{
-        api, bf16, f16, kernels, DType, FloatDType, Launch, Partition, PartitionExt,
-        ReshapeOpExt, Tensor, TensorOpExt,
+        api, bf16, f16, kernels, DType, FloatDType, Launch, Partition, PartitionExt, ReshapeOpExt,
+        Tensor, TensorOpExt,
     };
 }

@@ -56,10 +56,12 @@ fn iota_kernel<T: DType>() -> Kernel {
         let source = format!(
             r#"{prelude}
 extern "C" __global__ void {name}(T* out, double a0, double d, unsigned long long n,
-                                  unsigned long long eye_cols) {{
+                                  unsigned long long eye_cols, double last, int pin_last) {{
   for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
        i += (unsigned long long)blockDim.x * gridDim.x) {{
-    double v = eye_cols ? ((i / eye_cols == i % eye_cols) ? 1.0 : 0.0) : a0 + (double)i * d;
+    // Rounded multiply and add (no contraction into a fused multiply-add), as on the host.
+    double v = eye_cols ? ((i / eye_cols == i % eye_cols) ? 1.0 : 0.0)
+             : (pin_last && i == n - 1) ? last : __dadd_rn(a0, __dmul_rn((double)i, d));
     out[i] = st((A)v);
   }}
 }}
@@ -69,12 +71,16 @@ extern "C" __global__ void {name}(T* out, double a0, double d, unsigned long lon
         Kernel::new(name, source).with_host(|args| {
             let a0 = args.scalar::<f64>(1)?;
             let d = args.scalar::<f64>(2)?;
+            let n = args.scalar::<u64>(3)?;
             let eye = args.scalar::<u64>(4)?;
+            let last = args.scalar::<f64>(5)?;
+            let pin_last = args.scalar::<i32>(6)? != 0;
             for (i, o) in args.output::<T>(0)?.iter_mut().enumerate() {
                 let i = i as u64;
                 let v = match i.checked_div(eye) {
                     Some(row) if row == i % eye => 1.0,
                     Some(_) => 0.0,
+                    None if pin_last && i + 1 == n => last,
                     None => a0 + i as f64 * d,
                 };
                 *o = T::from_f64(v);
@@ -89,11 +95,13 @@ fn grid_for(stream: &Stream, n: usize) -> LaunchConfig {
     LaunchConfig::linear(n.div_ceil(256).clamp(1, sms * 32) as u32, 256)
 }
 
+/// `a0 + i·d` (or the identity, for `eye_cols > 0`), with the last element `last` where given.
 fn iota<T: DType>(
     shape: Shape,
     a0: f64,
     d: f64,
     eye_cols: u64,
+    last: Option<f64>,
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
     TensorOp::new(move |ctx: &mut ExecutionContext| {
         let stream = ctx.stream()?;
@@ -107,7 +115,9 @@ fn iota<T: DType>(
                     .scalar(a0)
                     .scalar(d)
                     .scalar(out.len() as u64)
-                    .scalar(eye_cols),
+                    .scalar(eye_cols)
+                    .scalar(last.unwrap_or(0.0))
+                    .scalar(i32::from(last.is_some())),
             )?;
         }
         Ok(out)
@@ -140,6 +150,7 @@ pub fn arange<T: DType>(
         start,
         step,
         0,
+        None,
     );
     TensorOp::new(move |ctx: &mut ExecutionContext| {
         n?;
@@ -147,25 +158,26 @@ pub fn arange<T: DType>(
     })
 }
 
-/// `steps` values evenly spaced from `start` to `end` inclusive (one value: `start`).
+/// `steps` values evenly spaced from `start` to `end` inclusive (one value: `start`). The
+/// first and the last value are `start` and `end` exactly (rounded to `T`).
 pub fn linspace<T: DType>(
     start: f64,
     end: f64,
     steps: usize,
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
-    let d = if steps > 1 {
-        (end - start) / (steps - 1) as f64
+    let (d, last) = if steps > 1 {
+        ((end - start) / (steps - 1) as f64, Some(end))
     } else {
-        0.0
+        (0.0, None)
     };
-    iota::<T>(Shape::from_slice(&[steps]), start, d, 0)
+    iota::<T>(Shape::from_slice(&[steps]), start, d, 0, last)
 }
 
 /// The `n × n` identity matrix.
 pub fn eye<T: DType>(
     n: usize,
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
-    iota::<T>(Shape::from_slice(&[n, n]), 0.0, 0.0, n.max(1) as u64)
+    iota::<T>(Shape::from_slice(&[n, n]), 0.0, 0.0, n.max(1) as u64, None)
 }
 
 static NEXT_SEED: AtomicU64 = AtomicU64::new(0x5eed_c0ff_ee00_0001);
@@ -212,6 +224,15 @@ extern "C" __global__ void {name}(T* out, unsigned long long n, unsigned long lo
       v = a + b * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
     }} else {{
       v = a + (b - a) * ((double)(c[0] >> 8) * (1.0 / 16777216.0));
+      if (b > a && (double)ld(st((A)v)) >= b) {{
+        // Rounding to T reached b: bisect for the largest value that rounds below it.
+        double lo = a, hi = v;
+        for (int k = 0; k < 64; ++k) {{
+          double m = 0.5 * (lo + hi);
+          if ((double)ld(st((A)m)) < b) lo = m; else hi = m;
+        }}
+        v = lo;
+      }}
     }}
     out[i] = st((A)v);
   }}
@@ -226,18 +247,38 @@ extern "C" __global__ void {name}(T* out, unsigned long long n, unsigned long lo
             let normal = args.scalar::<i32>(5)? != 0;
             for (i, o) in args.output::<T>(0)?.iter_mut().enumerate() {
                 let c = philox(i as u64, seed);
-                let v = if normal {
+                *o = if normal {
                     let u1 = ((c[0] >> 8) as f64 + 0.5) / 16_777_216.0;
                     let u2 = (c[1] >> 8) as f64 / 16_777_216.0;
-                    a + b * (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+                    T::from_f64(
+                        a + b * (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos(),
+                    )
                 } else {
-                    a + (b - a) * ((c[0] >> 8) as f64 / 16_777_216.0)
+                    round_below(a + (b - a) * ((c[0] >> 8) as f64 / 16_777_216.0), a, b)
                 };
-                *o = T::from_f64(v);
             }
             Ok(())
         })
     })
+}
+
+/// `v` (in `[a, b)`) rounded to `T`, or, where the rounding reaches `b`, the largest value that
+/// rounds below `b` (bisected, as the CUDA kernel does), so uniform values stay below `b`.
+fn round_below<T: DType>(v: f64, a: f64, b: f64) -> T {
+    let r = T::from_f64(v);
+    if b <= a || r.to_f64() < b {
+        return r;
+    }
+    let (mut lo, mut hi) = (a, v);
+    for _ in 0..64 {
+        let m = 0.5 * (lo + hi);
+        if T::from_f64(m).to_f64() < b {
+            lo = m;
+        } else {
+            hi = m;
+        }
+    }
+    T::from_f64(lo)
 }
 
 /// Philox4x32-10 of counter `(i, 0)` under key `seed`.
@@ -285,6 +326,7 @@ fn random<T: FloatDType>(
 }
 
 /// Uniform random values in `[low, high)`, seeded from the sequence [`manual_seed`] sets.
+/// Where rounding to `T` would give `high`, the value is the largest below it.
 ///
 /// Both backends use the counter-based Philox4x32-10 generator, so a seed gives the same
 /// values on host and CUDA up to the final rounding.
@@ -420,12 +462,30 @@ fn cast_kernel<I: DType, O: DType>() -> Kernel {
             format!("{}{}", cuda_defs::<I>(), cuda_defs::<O>())
         };
         let (i, o) = (I::NAME, O::NAME);
+        let convert = if I::IS_FLOAT && !O::IS_FLOAT {
+            // C leaves out-of-range conversions undefined: saturate and map NaN to 0 by hand.
+            let (min, max) = (O::from_f64(f64::NEG_INFINITY), O::from_f64(f64::INFINITY));
+            let min_literal = if min.to_f64() == 0.0 {
+                "0".to_string()
+            } else {
+                format!("(-{max:?}LL - 1)")
+            };
+            format!(
+                "double v = (double)ld_{i}(x[k]);\n    \
+                 out[k] = v != v ? (T_{o})0 : v <= {min_f:?} ? (T_{o}){min_literal} \
+                 : v >= {max_f:?} ? (T_{o}){max:?}ULL : (T_{o})v;",
+                min_f = min.to_f64(),
+                max_f = max.to_f64(),
+            )
+        } else {
+            format!("out[k] = st_{o}((A_{o})ld_{i}(x[k]));")
+        };
         let source = format!(
             r#"{defs}
 extern "C" __global__ void {name}(T_{o}* out, const T_{i}* x, unsigned long long n) {{
   for (unsigned long long k = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; k < n;
        k += (unsigned long long)blockDim.x * gridDim.x) {{
-    out[k] = st_{o}((A_{o})ld_{i}(x[k]));
+    {convert}
   }}
 }}
 "#
@@ -433,15 +493,19 @@ extern "C" __global__ void {name}(T_{o}* out, const T_{i}* x, unsigned long long
         Kernel::new(name, source).with_host(|args| {
             let x = args.input::<I>(1)?;
             for (o, v) in args.output::<O>(0)?.iter_mut().zip(x) {
-                *o = O::from_f64(v.to_f64());
+                *o = match v.to_i128() {
+                    Some(int) => O::from_i128(int),
+                    None => O::from_f64(v.to_f64()),
+                };
             }
             Ok(())
         })
     })
 }
 
-/// `x` converted to `O` elementwise (floats to integers truncate toward zero and saturate;
-/// NaN becomes 0).
+/// `x` converted to `O` elementwise: floats to integers truncate toward zero and saturate
+/// (NaN becomes 0); integers to narrower integers keep the low bits (as Rust's `as` does);
+/// integers to floats round to nearest.
 pub fn cast<I: DType, O: DType, X: TensorInput<I>>(
     x: X,
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<O> + Send> {

@@ -18,14 +18,19 @@ enum Arg<'a> {
 
 /// An input tensor of any dtype, type-erased so a launch can hold several.
 trait ErasedInput: Send {
-    fn check(&self, stream: &cuflow_runtime::Stream, name: &'static str) -> Result<(), DeviceError>;
+    fn check(&self, stream: &cuflow_runtime::Stream, name: &'static str)
+        -> Result<(), DeviceError>;
     fn push<'b>(&'b self, args: &mut KernelArgs<'b>);
 }
 
 struct Input<T, V>(V, std::marker::PhantomData<fn() -> T>);
 
 impl<T: DType, V: TensorRef<T>> ErasedInput for Input<T, V> {
-    fn check(&self, stream: &cuflow_runtime::Stream, name: &'static str) -> Result<(), DeviceError> {
+    fn check(
+        &self,
+        stream: &cuflow_runtime::Stream,
+        name: &'static str,
+    ) -> Result<(), DeviceError> {
         check_device(name, stream, self.0.tensor())
     }
     fn push<'b>(&'b self, args: &mut KernelArgs<'b>) {
@@ -101,16 +106,19 @@ impl<'a, T: DType, P: TensorMut<T>> Launch<'a, T, P> {
     /// Adds an input tensor (`Tensor<U>`, `Arc<Tensor<U>>` or `&Tensor<U>`), passed as
     /// `const U*`.
     pub fn input<U: DType, V: TensorRef<U> + 'a>(mut self, x: V) -> Self {
-        self.args
-            .push(Arg::Input(Box::new(Input::<U, V>(x, std::marker::PhantomData))));
+        self.args.push(Arg::Input(Box::new(Input::<U, V>(
+            x,
+            std::marker::PhantomData,
+        ))));
         self
     }
 
     /// Adds a scalar parameter.
     pub fn scalar<S: DeviceCopy>(mut self, v: S) -> Self {
-        self.args.push(Arg::Scalar(Box::new(move |a: &mut KernelArgs<'_>| {
-            a.scalar(v);
-        })));
+        self.args
+            .push(Arg::Scalar(Box::new(move |a: &mut KernelArgs<'_>| {
+                a.scalar(v);
+            })));
         self
     }
 

@@ -46,10 +46,17 @@ pub trait DType:
     fn mul(self, rhs: Self) -> Self;
     /// `self / rhs` as kernels compute it (integer division by zero gives zero).
     fn div(self, rhs: Self) -> Self;
+    /// The value of an integer type, exactly; `None` for floating-point types.
+    #[doc(hidden)]
+    fn to_i128(self) -> Option<i128>;
+    /// The integer `v` converted as CUDA C converts it: integer types wrap (keep the low
+    /// bits), floating-point types round to nearest (through `float` for `f16` and `bf16`).
+    #[doc(hidden)]
+    fn from_i128(v: i128) -> Self;
 }
 
 macro_rules! float_dtype {
-    ($t:ty, $name:literal, $storage:literal, $acc:literal, $ld:literal, $st:literal, |$x:ident| $to:expr, |$v:ident| $from:expr) => {
+    ($t:ty, $name:literal, $storage:literal, $acc:literal, $ld:literal, $st:literal, |$x:ident| $to:expr, |$v:ident| $from:expr, |$i:ident| $from_int:expr) => {
         impl sealed::Sealed for $t {}
         impl DType for $t {
             const NAME: &'static str = $name;
@@ -77,6 +84,12 @@ macro_rules! float_dtype {
             fn div(self, rhs: Self) -> Self {
                 Self::from_f64(self.to_f64() / rhs.to_f64())
             }
+            fn to_i128(self) -> Option<i128> {
+                None
+            }
+            fn from_i128($i: i128) -> Self {
+                $from_int
+            }
         }
     };
 }
@@ -89,7 +102,8 @@ float_dtype!(
     "return x;",
     "return x;",
     |x| x as f64,
-    |v| v as f32
+    |v| v as f32,
+    |i| i as f32
 );
 float_dtype!(
     f64,
@@ -99,7 +113,8 @@ float_dtype!(
     "return x;",
     "return x;",
     |x| x,
-    |v| v
+    |v| v,
+    |i| i as f64
 );
 float_dtype!(
     f16,
@@ -109,7 +124,8 @@ float_dtype!(
     "float f; asm(\"cvt.f32.f16 %0, %1;\" : \"=f\"(f) : \"h\"(x)); return f;",
     "unsigned short h; asm(\"cvt.rn.f16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(x)); return h;",
     |x| x.to_f64(),
-    |v| f16::from_f64(v)
+    |v| f16::from_f64(v),
+    |i| f16::from_f32(i as f32)
 );
 float_dtype!(
     bf16,
@@ -121,7 +137,8 @@ float_dtype!(
      if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)0x7fc0; \
      return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);",
     |x| x.to_f64(),
-    |v| bf16::from_f64(v)
+    |v| bf16::from_f64(v),
+    |i| bf16::from_f32(i as f32)
 );
 
 macro_rules! int_dtype {
@@ -155,6 +172,12 @@ macro_rules! int_dtype {
                 } else {
                     self.wrapping_div(rhs)
                 }
+            }
+            fn to_i128(self) -> Option<i128> {
+                Some(i128::from(self))
+            }
+            fn from_i128(v: i128) -> Self {
+                v as $t
             }
         }
     };

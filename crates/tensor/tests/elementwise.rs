@@ -1,0 +1,432 @@
+//! Elementwise kernels against references computed here: floating-point kernels against `f64`
+//! by relative error within each type's tolerance, integer kernels exactly against wrapping
+//! arithmetic (a zero divisor gives 0).
+//!
+//! Every kernel runs on random inputs of awkward shapes: a last axis of 1, 7, 1000 and 4097
+//! elements with a few rows, one element, and a rank-3 tensor. Odd element counts take the
+//! kernels' scalar path; 4 × 1000 is a multiple of every vector width and takes the vector
+//! path, with the broadcast row vectorized where the row length allows.
+
+mod common;
+
+use common::*;
+use cuflow_device_op::DeviceOpExt;
+use cuflow_runtime::{DeviceError, Stream};
+use cuflow_tensor::{api, bf16, f16, kernels, DType, Partition, PartitionExt, Tensor};
+
+/// The shapes every kernel runs on.
+const SHAPES: &[&[usize]] = &[&[1], &[3, 1], &[5, 7], &[4, 1000], &[3, 4097], &[2, 3, 7]];
+
+/// A seed per test and element type.
+fn seed<T: DType>(salt: u64) -> u64 {
+    T::NAME.bytes().fold(salt, |h, b| {
+        h.wrapping_mul(1_000_003).wrapping_add(u64::from(b))
+    })
+}
+
+/// Runs `op` on `stream`, checks that its output has `shape`, and reads it back.
+fn run<T: DType>(
+    stream: &Stream,
+    shape: &[usize],
+    op: impl cuflow_device_op::DeviceOp<Output = Tensor<T>>,
+) -> Result<Vec<T>, DeviceError> {
+    let out = op.sync_on(stream)?;
+    assert_eq!(out.shape(), shape, "output shape");
+    out.to_host_vec()
+}
+
+/// `z` split into tiles of one row (the last axes whole).
+fn row_tiles<T: DType>(z: &mut Tensor<T>) -> Partition<&mut Tensor<T>> {
+    match *z.shape() {
+        [n] => z.partition([n]),
+        [_, c] => z.partition([1, c]),
+        [_, m, c] => z.partition([1, m, c]),
+        ref s => panic!("no row tiling for rank {}", s.len()),
+    }
+}
+
+/// The error function, by its Taylor series (accurate to about 1e-15 for |x| <= 2).
+fn erf(x: f64) -> f64 {
+    let (mut term, mut sum) = (x, x);
+    let mut n = 0.0;
+    while term.abs() > 1e-18 {
+        n += 1.0;
+        term *= -x * x / n;
+        sum += term / (2.0 * n + 1.0);
+    }
+    sum * 2.0 / std::f64::consts::PI.sqrt()
+}
+
+#[test]
+fn reference_erf_is_accurate() {
+    // Values of erf from tables (Abramowitz and Stegun 7.1).
+    for (x, want) in [
+        (0.0, 0.0),
+        (0.5, 0.520_499_877_813_046_5),
+        (1.0, 0.842_700_792_949_714_9),
+        (-1.5, -0.966_105_146_475_310_7),
+        (2.0, 0.995_322_265_018_952_7),
+    ] {
+        assert!((erf(x) - want).abs() < 1e-14, "erf({x}) = {}", erf(x));
+    }
+}
+
+fn float_binary<T: Float>() -> Result<(), DeviceError> {
+    let stream = stream();
+    let mut rng = rng(seed::<T>(1));
+    for &shape in SHAPES {
+        let (n, cols) = (numel(shape), shape[shape.len() - 1]);
+        let what = |op: &str| format!("{op} {shape:?}");
+        // Sums and differences of any values: a cancellation is exact or correctly rounded.
+        let x: Vec<T> = uniform(&mut rng, n, -4.0, 4.0);
+        let y: Vec<T> = uniform(&mut rng, n, -4.0, 4.0);
+        let row: Vec<T> = uniform(&mut rng, cols, -4.0, 4.0);
+        // Factors and denominators away from zero.
+        let p: Vec<T> = signed(&mut rng, n, 0.25, 4.0);
+        let q: Vec<T> = signed(&mut rng, n, 0.25, 4.0);
+        let qrow: Vec<T> = signed(&mut rng, cols, 0.25, 4.0);
+        let (tx, ty, tp, tq) = (
+            upload(&stream, &x, shape),
+            upload(&stream, &y, shape),
+            upload(&stream, &p, shape),
+            upload(&stream, &q, shape),
+        );
+        let (trow, tqrow) = (
+            upload(&stream, &row, &[cols]),
+            upload(&stream, &qrow, &[cols]),
+        );
+        let tol = T::ARITH_TOL;
+
+        let got = run(&stream, shape, kernels::add(&tx, &ty))?;
+        assert_close(&got, &zip_ref(&x, &y, |a, b| a + b), tol, &what("add"));
+        let got = run(&stream, shape, kernels::sub(&tx, &ty))?;
+        assert_close(&got, &zip_ref(&x, &y, |a, b| a - b), tol, &what("sub"));
+        let got = run(&stream, shape, kernels::mul(&tp, &tq))?;
+        assert_close(&got, &zip_ref(&p, &q, |a, b| a * b), tol, &what("mul"));
+        let got = run(&stream, shape, kernels::div(&tp, &tq))?;
+        assert_close(&got, &zip_ref(&p, &q, |a, b| a / b), tol, &what("div"));
+
+        let got = run(&stream, shape, kernels::add(&tx, &trow))?;
+        assert_close(
+            &got,
+            &row_ref(&x, &row, |a, b| a + b),
+            tol,
+            &what("add row"),
+        );
+        let got = run(&stream, shape, kernels::sub(&tx, &trow))?;
+        assert_close(
+            &got,
+            &row_ref(&x, &row, |a, b| a - b),
+            tol,
+            &what("sub row"),
+        );
+        let got = run(&stream, shape, kernels::mul(&tp, &tqrow))?;
+        assert_close(
+            &got,
+            &row_ref(&p, &qrow, |a, b| a * b),
+            tol,
+            &what("mul row"),
+        );
+        let got = run(&stream, shape, kernels::div(&tp, &tqrow))?;
+        assert_close(
+            &got,
+            &row_ref(&p, &qrow, |a, b| a / b),
+            tol,
+            &what("div row"),
+        );
+    }
+    Ok(())
+}
+
+fn float_scalar<T: Float>() -> Result<(), DeviceError> {
+    let stream = stream();
+    let mut rng = rng(seed::<T>(2));
+    for &shape in SHAPES {
+        let what = |op: &str| format!("{op} {shape:?}");
+        let x: Vec<T> = uniform(&mut rng, numel(shape), -4.0, 4.0);
+        let s: T = signed(&mut rng, 1, 0.5, 2.0)[0];
+        let tx = upload(&stream, &x, shape);
+        let (sv, tol) = (s.to_f64(), T::ARITH_TOL);
+
+        let got = run(&stream, shape, kernels::add_scalar(&tx, s))?;
+        assert_close(&got, &map_ref(&x, |a| a + sv), tol, &what("add_scalar"));
+        let got = run(&stream, shape, kernels::sub_scalar(&tx, s))?;
+        assert_close(&got, &map_ref(&x, |a| a - sv), tol, &what("sub_scalar"));
+        let got = run(&stream, shape, kernels::mul_scalar(&tx, s))?;
+        assert_close(&got, &map_ref(&x, |a| a * sv), tol, &what("mul_scalar"));
+        let got = run(&stream, shape, kernels::div_scalar(&tx, s))?;
+        assert_close(&got, &map_ref(&x, |a| a / sv), tol, &what("div_scalar"));
+        let got = run(&stream, shape, kernels::scale(&tx, s))?;
+        assert_close(&got, &map_ref(&x, |a| a * sv), tol, &what("scale"));
+    }
+    Ok(())
+}
+
+fn float_unary<T: Float>() -> Result<(), DeviceError> {
+    let stream = stream();
+    let mut rng = rng(seed::<T>(3));
+    for &shape in SHAPES {
+        let n = numel(shape);
+        let what = |op: &str| format!("{op} {shape:?}");
+        let mut input = |lo: f64, hi: f64| {
+            let v: Vec<T> = uniform(&mut rng, n, lo, hi);
+            let t = upload(&stream, &v, shape);
+            (v, t)
+        };
+
+        let (x, tx) = input(-4.0, 4.0);
+        let got = run(&stream, shape, kernels::relu(&tx))?;
+        assert_close(&got, &map_ref(&x, |a| a.max(0.0)), 0.0, &what("relu"));
+
+        // Below -2, 1 + erf(x / √2) cancels: single-precision erf leaves too few digits.
+        let (x, tx) = input(-2.0, 2.0);
+        let got = run(&stream, shape, kernels::gelu(&tx))?;
+        let want = map_ref(&x, |a| 0.5 * a * (1.0 + erf(a / std::f64::consts::SQRT_2)));
+        assert_close(&got, &want, T::GELU_TOL, &what("gelu"));
+
+        let (x, tx) = input(-6.0, 6.0);
+        let got = run(&stream, shape, kernels::silu(&tx))?;
+        let want = map_ref(&x, |a| a / (1.0 + (-a).exp()));
+        assert_close(&got, &want, T::TRANS_TOL, &what("silu"));
+
+        let (x, tx) = input(-8.0, 8.0);
+        let got = run(&stream, shape, kernels::exp(&tx))?;
+        assert_close(&got, &map_ref(&x, f64::exp), T::TRANS_TOL, &what("exp"));
+
+        let (x, tx) = input(-4.0, 4.0);
+        let got = run(&stream, shape, kernels::tanh(&tx))?;
+        assert_close(&got, &map_ref(&x, f64::tanh), T::TRANS_TOL, &what("tanh"));
+    }
+    Ok(())
+}
+
+fn float_saxpy<T: Float>() -> Result<(), DeviceError> {
+    let stream = stream();
+    let mut rng = rng(seed::<T>(4));
+    let a = T::from_f64(1.5);
+    for &shape in SHAPES {
+        let n = numel(shape);
+        // The old output stays well above |a·x|, so the sum never cancels.
+        let old: Vec<T> = uniform(&mut rng, n, 4.0, 6.0);
+        let x: Vec<T> = uniform(&mut rng, n, -1.0, 1.0);
+        let tx = upload(&stream, &x, shape);
+        let want = zip_ref(&old, &x, |o, x| 1.5 * x + o);
+
+        // One tile per row.
+        let mut z = upload(&stream, &old, shape);
+        let (tiles, x_back) = kernels::saxpy(row_tiles(&mut z), a, &tx).sync_on(&stream)?;
+        assert!(std::ptr::eq(x_back, &tx), "saxpy gives its input back");
+        drop(tiles);
+        let what = format!("saxpy {shape:?} by rows");
+        assert_close(&read(&z), &want, T::ARITH_TOL, &what);
+
+        // One tile for the whole tensor.
+        let mut z = upload(&stream, &old, shape);
+        let whole = match *shape {
+            [n] => kernels::saxpy((&mut z).partition([n]), a, &tx).sync_on(&stream),
+            [r, c] => kernels::saxpy((&mut z).partition([r, c]), a, &tx).sync_on(&stream),
+            [r, m, c] => kernels::saxpy((&mut z).partition([r, m, c]), a, &tx).sync_on(&stream),
+            _ => unreachable!("the shapes have rank 1 to 3"),
+        };
+        drop(whole?);
+        let what = format!("saxpy {shape:?} in one tile");
+        assert_close(&read(&z), &want, T::ARITH_TOL, &what);
+    }
+    Ok(())
+}
+
+/// A test per floating-point type for each function: `group::f32`, `group::bf16`, ...
+macro_rules! float_tests {
+    ($($group:ident => $body:ident),* $(,)?) => {$(
+        mod $group {
+            use super::*;
+
+            #[test]
+            fn f32() -> Result<(), DeviceError> {
+                $body::<f32>()
+            }
+
+            #[test]
+            fn f64() -> Result<(), DeviceError> {
+                $body::<f64>()
+            }
+
+            #[test]
+            fn f16() -> Result<(), DeviceError> {
+                $body::<f16>()
+            }
+
+            #[test]
+            fn bf16() -> Result<(), DeviceError> {
+                $body::<bf16>()
+            }
+        }
+    )*};
+}
+
+float_tests!(
+    binary => float_binary,
+    scalar => float_scalar,
+    unary => float_unary,
+    saxpy => float_saxpy,
+);
+
+/// `n` random integers with every `k`-th (from the first) zero.
+fn with_zeros<T: Int>(rng: &mut rand::rngs::StdRng, n: usize, k: usize) -> Vec<T> {
+    (0..n)
+        .map(|i| if i % k == 0 { T::ZERO } else { T::random(rng) })
+        .collect()
+}
+
+fn int_zip<T: Int>(x: &[T], y: &[T], f: fn(T, T) -> T) -> Vec<T> {
+    x.iter().zip(y).map(|(a, b)| f(*a, *b)).collect()
+}
+
+fn int_row<T: Int>(x: &[T], row: &[T], f: fn(T, T) -> T) -> Vec<T> {
+    x.iter()
+        .enumerate()
+        .map(|(i, a)| f(*a, row[i % row.len()]))
+        .collect()
+}
+
+fn int_kernels<T: Int>() -> Result<(), DeviceError> {
+    let stream = stream();
+    let mut rng = rng(seed::<T>(5));
+    for &shape in SHAPES {
+        let (n, cols) = (numel(shape), shape[shape.len() - 1]);
+        let what = |op: &str| format!("{op} {shape:?}");
+        let x: Vec<T> = ints(&mut rng, n);
+        let y: Vec<T> = ints(&mut rng, n);
+        let row: Vec<T> = ints(&mut rng, cols);
+        // Divisors with zeros among them.
+        let d: Vec<T> = with_zeros(&mut rng, n, 4);
+        let drow: Vec<T> = with_zeros(&mut rng, cols, 3);
+        let (tx, ty, td) = (
+            upload(&stream, &x, shape),
+            upload(&stream, &y, shape),
+            upload(&stream, &d, shape),
+        );
+        let (trow, tdrow) = (
+            upload(&stream, &row, &[cols]),
+            upload(&stream, &drow, &[cols]),
+        );
+
+        let got = run(&stream, shape, kernels::add(&tx, &ty))?;
+        assert_exact(&got, &int_zip(&x, &y, T::ref_add), &what("add"));
+        let got = run(&stream, shape, kernels::sub(&tx, &ty))?;
+        assert_exact(&got, &int_zip(&x, &y, T::ref_sub), &what("sub"));
+        let got = run(&stream, shape, kernels::mul(&tx, &ty))?;
+        assert_exact(&got, &int_zip(&x, &y, T::ref_mul), &what("mul"));
+        let got = run(&stream, shape, kernels::div(&tx, &td))?;
+        assert_exact(&got, &int_zip(&x, &d, T::ref_div), &what("div"));
+        assert!(got[0] == T::ZERO, "{}: x / 0 must be 0", what("div"));
+
+        let got = run(&stream, shape, kernels::add(&tx, &trow))?;
+        assert_exact(&got, &int_row(&x, &row, T::ref_add), &what("add row"));
+        let got = run(&stream, shape, kernels::sub(&tx, &trow))?;
+        assert_exact(&got, &int_row(&x, &row, T::ref_sub), &what("sub row"));
+        let got = run(&stream, shape, kernels::mul(&tx, &trow))?;
+        assert_exact(&got, &int_row(&x, &row, T::ref_mul), &what("mul row"));
+        let got = run(&stream, shape, kernels::div(&tx, &tdrow))?;
+        assert_exact(&got, &int_row(&x, &drow, T::ref_div), &what("div row"));
+
+        let s = loop {
+            let s = T::random(&mut rng);
+            if s != T::ZERO {
+                break s;
+            }
+        };
+        let scalar = |f: fn(T, T) -> T| x.iter().map(|a| f(*a, s)).collect::<Vec<_>>();
+        let got = run(&stream, shape, kernels::add_scalar(&tx, s))?;
+        assert_exact(&got, &scalar(T::ref_add), &what("add_scalar"));
+        let got = run(&stream, shape, kernels::sub_scalar(&tx, s))?;
+        assert_exact(&got, &scalar(T::ref_sub), &what("sub_scalar"));
+        let got = run(&stream, shape, kernels::mul_scalar(&tx, s))?;
+        assert_exact(&got, &scalar(T::ref_mul), &what("mul_scalar"));
+        let got = run(&stream, shape, kernels::scale(&tx, s))?;
+        assert_exact(&got, &scalar(T::ref_mul), &what("scale"));
+        let got = run(&stream, shape, kernels::div_scalar(&tx, s))?;
+        assert_exact(&got, &scalar(T::ref_div), &what("div_scalar"));
+        let got = run(&stream, shape, kernels::div_scalar(&tx, T::ZERO))?;
+        assert_exact(&got, &vec![T::ZERO; n], &what("div_scalar by zero"));
+
+        // saxpy wraps like the rest.
+        let old: Vec<T> = ints(&mut rng, n);
+        let mut z = upload(&stream, &old, shape);
+        drop(kernels::saxpy(row_tiles(&mut z), s, &tx).sync_on(&stream)?);
+        let want: Vec<T> = old
+            .iter()
+            .zip(&x)
+            .map(|(o, a)| s.ref_mul(*a).ref_add(*o))
+            .collect();
+        assert_exact(&read(&z), &want, &what("saxpy"));
+    }
+    Ok(())
+}
+
+/// A test per integer type: `integer::i32`, ...
+mod integer {
+    use super::*;
+
+    #[test]
+    fn i32() -> Result<(), DeviceError> {
+        int_kernels::<i32>()
+    }
+
+    #[test]
+    fn i64() -> Result<(), DeviceError> {
+        int_kernels::<i64>()
+    }
+
+    #[test]
+    fn u32() -> Result<(), DeviceError> {
+        int_kernels::<u32>()
+    }
+
+    #[test]
+    fn u8() -> Result<(), DeviceError> {
+        int_kernels::<u8>()
+    }
+}
+
+#[test]
+fn integer_extremes_wrap() -> Result<(), DeviceError> {
+    let stream = stream();
+    let x = upload(&stream, &[i32::MAX, i32::MIN, -7, 7], &[4]);
+    let y = upload(&stream, &[1, -1, 2, -2], &[4]);
+    let got = run(&stream, &[4], kernels::add(&x, &y))?;
+    assert_eq!(got, vec![i32::MIN, i32::MAX, -5, 5]);
+    let got = run(&stream, &[4], kernels::mul_scalar(&x, 2))?;
+    assert_eq!(got, vec![-2, 0, -14, 14]);
+    // Division truncates toward zero.
+    let y = upload(&stream, &[-1, 2, 2, -2], &[4]);
+    let got = run(&stream, &[4], kernels::div(&x, &y))?;
+    assert_eq!(got, vec![-i32::MAX, i32::MIN / 2, -3, -3]);
+    let b = upload(&stream, &[250u8, 3, 0, 255], &[4]);
+    let got = run(&stream, &[4], kernels::add_scalar(&b, 10))?;
+    assert_eq!(got, vec![4u8, 13, 10, 9]);
+    let got = run(&stream, &[4], kernels::sub_scalar(&b, 4))?;
+    assert_eq!(got, vec![246u8, 255, 252, 251]);
+    Ok(())
+}
+
+#[test]
+fn empty_tensors_pass_through() -> Result<(), DeviceError> {
+    let stream = stream();
+    let x = api::zeros::<f32>(&[0, 7]).sync_on(&stream)?;
+    let y = api::zeros::<f32>(&[7]).sync_on(&stream)?;
+    for out in [
+        kernels::add(&x, &x).sync_on(&stream)?,
+        kernels::mul(&x, &y).sync_on(&stream)?,
+        kernels::relu(&x).sync_on(&stream)?,
+        kernels::scale(&x, 2.0).sync_on(&stream)?,
+    ] {
+        assert_eq!(out.shape(), &[0, 7]);
+        assert!(out.is_empty());
+        assert_eq!(read(&out), Vec::<f32>::new());
+    }
+    let mut z = api::zeros::<f32>(&[0, 7]).sync_on(&stream)?;
+    drop(kernels::saxpy((&mut z).partition([1, 7]), 2.0, &x).sync_on(&stream)?);
+    assert_eq!(z.shape(), &[0, 7]);
+    Ok(())
+}

@@ -1,0 +1,259 @@
+//! Errors are values returned when the op runs, naming the operation and the shapes: shape
+//! mismatches, wrong lengths, bad steps, bad reshapes and partitions that do not tile the
+//! tensor. A failed kernel leaves its output as it was.
+//!
+//! A device mismatch needs two devices of which one is not the host; it is not tested here.
+
+mod common;
+
+use common::*;
+use cuflow_device_op::DeviceOpExt;
+use cuflow_runtime::DeviceError;
+use cuflow_tensor::{api, kernels, PartitionExt, ReshapeOpExt, Tensor};
+
+/// Asserts that `err` is a shape mismatch of `op` between `lhs` and `rhs`, and that its message
+/// names them.
+#[track_caller]
+fn assert_shape_mismatch(err: DeviceError, op: &str, lhs: &[usize], rhs: &[usize]) {
+    let msg = err.to_string();
+    match err {
+        DeviceError::ShapeMismatch {
+            op: o,
+            lhs: l,
+            rhs: r,
+        } => {
+            assert_eq!((o, &l[..], &r[..]), (op, lhs, rhs), "{msg}");
+        }
+        other => panic!("expected a shape mismatch in {op}, got {other:?}"),
+    }
+    for part in [op.to_string(), format!("{lhs:?}"), format!("{rhs:?}")] {
+        assert!(msg.contains(&part), "{msg:?} does not mention {part}");
+    }
+}
+
+/// Asserts that `err` is an invalid shape in `op`, and returns its message.
+#[track_caller]
+fn assert_invalid_shape(err: DeviceError, op: &str) -> String {
+    let msg = err.to_string();
+    match err {
+        DeviceError::InvalidShape { op: o, .. } => assert_eq!(o, op, "{msg}"),
+        other => panic!("expected an invalid shape in {op}, got {other:?}"),
+    }
+    assert!(msg.contains(op), "{msg:?} does not name {op}");
+    msg
+}
+
+#[test]
+fn binary_kernels_name_themselves_and_both_shapes() -> Result<(), DeviceError> {
+    let s = stream();
+    let x = api::ones::<f32>(&[2, 3]).sync_on(&s)?;
+    let y = api::ones::<f32>(&[3, 2]).sync_on(&s)?;
+    let err = kernels::add(&x, &y).sync_on(&s).unwrap_err();
+    assert_shape_mismatch(err, "add", &[2, 3], &[3, 2]);
+    let err = kernels::sub(&x, &y).sync_on(&s).unwrap_err();
+    assert_shape_mismatch(err, "sub", &[2, 3], &[3, 2]);
+    let err = kernels::mul(&y, &x).sync_on(&s).unwrap_err();
+    assert_shape_mismatch(err, "mul", &[3, 2], &[2, 3]);
+    let err = kernels::div(&x, &y).sync_on(&s).unwrap_err();
+    assert_shape_mismatch(err, "div", &[2, 3], &[3, 2]);
+    Ok(())
+}
+
+#[test]
+fn only_a_row_of_the_last_axis_broadcasts() -> Result<(), DeviceError> {
+    let s = stream();
+    let x = api::ones::<f32>(&[2, 3]).sync_on(&s)?;
+    // A column, a row of the wrong length, a row with a leading axis, a matrix to a row.
+    for shape in [&[2][..], &[4], &[1, 3], &[2, 3, 1]] {
+        let y = api::ones::<f32>(shape).sync_on(&s)?;
+        let err = kernels::add(&x, &y).sync_on(&s).unwrap_err();
+        assert_shape_mismatch(err, "add", &[2, 3], shape);
+    }
+    let row = api::ones::<f32>(&[3]).sync_on(&s)?;
+    let err = kernels::add(&row, &x).sync_on(&s).unwrap_err();
+    assert_shape_mismatch(err, "add", &[3], &[2, 3]);
+    Ok(())
+}
+
+#[test]
+fn saxpy_needs_matching_shapes_and_leaves_the_output_alone() -> Result<(), DeviceError> {
+    let s = stream();
+    let mut z = api::full(&[4, 4], 9.0f32).sync_on(&s)?;
+    let x = api::ones::<f32>(&[4, 5]).sync_on(&s)?;
+    let err = kernels::saxpy((&mut z).partition([2, 2]), 1.0, &x)
+        .sync_on(&s)
+        .unwrap_err();
+    assert_shape_mismatch(err, "saxpy", &[4, 4], &[4, 5]);
+    assert_eq!(read(&z), vec![9.0; 16]);
+    Ok(())
+}
+
+/// Asserts that saxpy over `shape` in tiles of `tile` fails with an invalid partition that
+/// names saxpy, and leaves the output as it was.
+fn bad_partition<const N: usize>(shape: &[usize], tile: [usize; N]) -> Result<(), DeviceError> {
+    let s = stream();
+    let mut z = api::full(shape, 9.0f32).sync_on(&s)?;
+    let x = api::ones::<f32>(shape).sync_on(&s)?;
+    let err = kernels::saxpy((&mut z).partition(tile), 1.0, &x)
+        .sync_on(&s)
+        .unwrap_err();
+    let msg = err.to_string();
+    match err {
+        DeviceError::InvalidPartition { op, .. } => assert_eq!(op, "saxpy"),
+        other => {
+            panic!("tile {tile:?} over {shape:?}: expected an invalid partition, got {other:?}")
+        }
+    }
+    assert!(
+        msg.contains("saxpy") && msg.contains(&format!("{tile:?}")),
+        "{msg}"
+    );
+    assert_eq!(
+        read(&z),
+        vec![9.0; numel(shape)],
+        "tile {tile:?} over {shape:?}"
+    );
+
+    // Owned, the same.
+    let z = api::full(shape, 9.0f32).sync_on(&s)?;
+    let err = kernels::saxpy(z.partition(tile), 1.0, x)
+        .sync_on(&s)
+        .unwrap_err();
+    assert!(
+        matches!(err, DeviceError::InvalidPartition { op: "saxpy", .. }),
+        "{err:?}"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_tile_must_divide_the_tensor() -> Result<(), DeviceError> {
+    bad_partition(&[16, 16], [5, 4])?;
+    bad_partition(&[16, 16], [4, 3])?;
+    bad_partition(&[3, 4097], [1, 4096])?;
+    bad_partition(&[64], [7])?;
+    // Larger than the tensor.
+    bad_partition(&[6, 7], [12, 7])
+}
+
+#[test]
+fn a_tile_must_have_the_tensor_rank() -> Result<(), DeviceError> {
+    bad_partition(&[16, 16], [4])?;
+    bad_partition(&[16, 16], [4, 4, 1])?;
+    bad_partition(&[64], [8, 8])
+}
+
+#[test]
+fn a_tile_must_not_be_empty() -> Result<(), DeviceError> {
+    bad_partition(&[16, 16], [0, 4])?;
+    bad_partition(&[16, 16], [4, 0])?;
+    bad_partition(&[64], [0])
+}
+
+#[test]
+fn a_tile_must_keep_middle_axes_whole() -> Result<(), DeviceError> {
+    bad_partition(&[4, 3, 8], [2, 1, 4])?;
+    bad_partition(&[4, 6, 8], [4, 3, 8])?;
+    bad_partition(&[2, 2, 3, 10], [1, 2, 1, 5])
+}
+
+#[test]
+fn from_vec_needs_the_element_count_of_its_shape() -> Result<(), DeviceError> {
+    let s = stream();
+    let err = api::from_vec(vec![1.0f32; 5], &[2, 3])
+        .sync_on(&s)
+        .unwrap_err();
+    let msg = assert_invalid_shape(err, "from_vec");
+    assert!(
+        msg.contains("[2, 3]") && msg.contains('6') && msg.contains('5'),
+        "{msg}"
+    );
+    let data = [1u8; 7];
+    let err = api::from_slice(&data, &[8]).sync_on(&s).unwrap_err();
+    assert_invalid_shape(err, "from_vec");
+    let err = api::from_vec(Vec::<i32>::new(), &[1])
+        .sync_on(&s)
+        .unwrap_err();
+    assert_invalid_shape(err, "from_vec");
+    Ok(())
+}
+
+#[test]
+fn arange_needs_a_finite_nonzero_step() -> Result<(), DeviceError> {
+    let s = stream();
+    for (start, end, step) in [
+        (0.0, 10.0, 0.0),
+        (0.0, 10.0, -0.0),
+        (0.0, 10.0, f64::NAN),
+        (0.0, 10.0, f64::INFINITY),
+        (0.0, f64::INFINITY, 1.0),
+        (f64::NAN, 1.0, 1.0),
+    ] {
+        let err = api::arange::<f32>(start, end, step)
+            .sync_on(&s)
+            .unwrap_err();
+        assert_invalid_shape(err, "arange");
+    }
+    Ok(())
+}
+
+#[test]
+fn memcpy_needs_equal_shapes_and_leaves_the_destination_alone() -> Result<(), DeviceError> {
+    let s = stream();
+    let mut dst = api::full(&[4, 6], 9.0f32).sync_on(&s)?;
+    let src = api::ones::<f32>(&[6, 4]).sync_on(&s)?;
+    let err = api::memcpy(&mut dst, &src).sync_on(&s).unwrap_err();
+    assert_shape_mismatch(err, "memcpy", &[4, 6], &[6, 4]);
+    let err = api::memcpy(&mut dst, api::ones::<f32>(&[25]))
+        .sync_on(&s)
+        .unwrap_err();
+    assert_shape_mismatch(err, "memcpy", &[4, 6], &[25]);
+    assert_eq!(read(&dst), vec![9.0; 24]);
+    Ok(())
+}
+
+#[test]
+fn reshape_keeps_the_element_count() -> Result<(), DeviceError> {
+    let s = stream();
+    let x = api::zeros::<f32>(&[3, 4]).sync_on(&s)?;
+    let err = x.clone().reshape(&[5, 2]).unwrap_err();
+    let msg = assert_invalid_shape(err, "reshape");
+    assert!(msg.contains("[3, 4]") && msg.contains("[5, 2]"), "{msg}");
+    let err = x.reshape(&[13]).unwrap_err();
+    assert_invalid_shape(err, "reshape");
+    // On an op: when it runs.
+    let op = api::zeros::<f32>(&[3, 4]).reshape(&[2, 5]);
+    assert_invalid_shape(op.sync_on(&s).unwrap_err(), "reshape");
+    // An input's error is the kernel's error.
+    let op = kernels::relu(api::ones::<f32>(&[6]).reshape(&[4]));
+    assert_invalid_shape(op.sync_on(&s).unwrap_err(), "reshape");
+    Ok(())
+}
+
+#[test]
+fn an_input_error_stops_the_kernel() -> Result<(), DeviceError> {
+    let s = stream();
+    let bad = api::from_vec(vec![1.0f32; 3], &[2, 2]);
+    let err = kernels::add(bad, api::ones::<f32>(&[2, 2]))
+        .sync_on(&s)
+        .unwrap_err();
+    assert_invalid_shape(err, "from_vec");
+    let err = kernels::add(api::ones::<f32>(&[2, 2]), api::arange::<f32>(0.0, 1.0, 0.0))
+        .sync_on(&s)
+        .unwrap_err();
+    assert_invalid_shape(err, "arange");
+    let mut z = api::full(&[4], 9.0f32).sync_on(&s)?;
+    let err = kernels::saxpy(
+        (&mut z).partition([2]),
+        1.0,
+        api::from_vec(vec![1.0f32; 5], &[4]),
+    )
+    .sync_on(&s)
+    .unwrap_err();
+    assert_invalid_shape(err, "from_vec");
+    assert_eq!(read(&z), vec![9.0; 4]);
+    // The stream stays usable.
+    let t: Tensor<f32> = kernels::add_scalar(api::ones::<f32>(&[2]), 1.0).sync_on(&s)?;
+    assert_eq!(read(&t), vec![2.0, 2.0]);
+    Ok(())
+}
