@@ -486,7 +486,9 @@ fn inputs_dropped_after_enqueueing_are_still_read() -> Result<(), DeviceError> {
 }
 
 /// A captured GEMM is recorded, not run; each replay runs it once. With `beta = 1` two replays
-/// add the product twice. The capture allocates nothing.
+/// add the product twice. The capture allocates nothing: the runtime refuses allocations on a
+/// capturing stream with `DeviceError::Capture`, so the captured call succeeding shows it (the
+/// device's `bytes_in_use` is no witness here, since other tests allocate concurrently).
 #[test]
 fn a_captured_gemm_accumulates_once_per_replay() -> Result<(), DeviceError> {
     let device = device();
@@ -509,13 +511,7 @@ fn a_captured_gemm_accumulates_once_per_replay() -> Result<(), DeviceError> {
         cb.copy_from_host(&s, &c0)?;
         s.synchronize()?;
         s.begin_capture()?;
-        let before = device.bytes_in_use();
         gemm(&s, cfg, ab.view(), bb.view(), cb.view())?;
-        assert_eq!(
-            device.bytes_in_use(),
-            before,
-            "round {round}: the capture allocated"
-        );
         let graph = s.end_capture()?;
         assert!(graph.node_count()? >= 1);
         assert_eq!(
