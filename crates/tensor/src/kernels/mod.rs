@@ -16,13 +16,17 @@
 //! [`DeviceError`]: cuflow_runtime::DeviceError
 
 mod elementwise;
+mod layout;
 mod matmul;
+mod rows;
 
 use cuflow_device_op::ExecutionContext;
 use cuflow_runtime::DeviceError;
 
 pub(crate) use elementwise::{alloc, check_device, fill, Ew};
+pub use layout::{embedding, transpose};
 pub use matmul::{linear, matmul};
+pub use rows::{argmax, layer_norm, max, rms_norm, softmax, sum};
 
 use crate::dtype::{DType, FloatDType};
 use crate::op::TensorOp;

@@ -1,0 +1,552 @@
+//! Kernels over the last axis: `sum`, `max`, `argmax`, `softmax`, `rms_norm`, `layer_norm`.
+//!
+//! On CUDA one block handles one row: each thread keeps up to 16 of the row's elements in
+//! registers (rows of up to 16 × 1024 elements are read from memory once), and the block
+//! reduces with warp shuffles and one shared-memory step. Longer rows are read again for each
+//! pass. Floating-point types compute in `float` (`double` for `f64`); integer sums wrap.
+
+use cuflow_device_op::op::zip::{Zip2, Zip3};
+use cuflow_device_op::{DeviceOp, ExecutionContext};
+use cuflow_runtime::{DeviceError, Kernel, KernelArgs, LaunchConfig};
+
+use super::{alloc, check_device, TensorResult};
+use crate::dtype::{cuda_prelude, DType, FloatDType};
+use crate::op::{cached_kernel, TensorOp};
+use crate::tensor::{Tensor, TensorInput, TensorRef};
+
+/// Device code shared by the row kernels: block reductions and the row loop macros.
+const ROW_COMMON: &str = r#"
+typedef unsigned long long u64;
+#define SLOTS 16
+template <typename V> __device__ __forceinline__ V shfl_x(V v, int o) {
+  return __shfl_xor_sync(0xffffffffu, v, o);
+}
+template <> __device__ __forceinline__ unsigned char shfl_x<unsigned char>(unsigned char v, int o) {
+  return (unsigned char)__shfl_xor_sync(0xffffffffu, (int)v, o);
+}
+template <typename V> __device__ __forceinline__ V op_sum(V a, V b) { return a + b; }
+template <typename V> __device__ __forceinline__ V op_max(V a, V b) { return a > b ? a : b; }
+#define BLOCK_REDUCE(V, v, OP, sh) { \
+  for (int o_ = 16; o_ > 0; o_ >>= 1) v = OP(v, shfl_x<V>(v, o_)); \
+  int lane_ = threadIdx.x & 31, warp_ = threadIdx.x >> 5, nw_ = (blockDim.x + 31) >> 5; \
+  __syncthreads(); \
+  if (lane_ == 0) sh[warp_] = v; \
+  __syncthreads(); \
+  if (warp_ == 0) { \
+    V w_ = lane_ < nw_ ? sh[lane_] : sh[0]; \
+    for (int o_ = 16; o_ > 0; o_ >>= 1) w_ = OP(w_, shfl_x<V>(w_, o_)); \
+    if (lane_ == 0) sh[0] = w_; \
+  } \
+  __syncthreads(); \
+  v = sh[0]; }
+"#;
+
+/// The launch for `rows` rows of `cols`: one block per row.
+fn row_launch(rows: usize, cols: usize) -> Result<LaunchConfig, DeviceError> {
+    let block = cols.div_ceil(8).next_power_of_two().clamp(32, 1024) as u32;
+    let grid = u32::try_from(rows).map_err(|_| DeviceError::InvalidShape {
+        op: "row kernel",
+        reason: format!("{rows} rows are more blocks than a launch can have"),
+    })?;
+    Ok(LaunchConfig::linear(grid, block))
+}
+
+fn rows_of<T: DType>(op: &'static str, x: &Tensor<T>) -> Result<(usize, usize), DeviceError> {
+    if x.rank() == 0 {
+        return Err(DeviceError::InvalidShape {
+            op,
+            reason: "expects a tensor with at least one axis, got a scalar".into(),
+        });
+    }
+    Ok(x.rows_cols())
+}
+
+/// The shape without the last axis (`[1]` for a 1-D input).
+fn reduced_shape(shape: &[usize]) -> Vec<usize> {
+    if shape.len() <= 1 {
+        vec![1]
+    } else {
+        shape[..shape.len() - 1].to_vec()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// sum, max
+// ---------------------------------------------------------------------------------------------
+
+fn reduce_kernel<T: DType>(name: &'static str, op: &'static str) -> Kernel {
+    cached_kernel(name, T::NAME, || {
+        let fname = format!("{name}_{}", T::NAME);
+        let source = format!(
+            r#"{prelude}{common}
+extern "C" __global__ void {fname}(T* out, const T* x, u64 cols) {{
+  __shared__ A sh[32];
+  const T* xr = x + (u64)blockIdx.x * cols;
+  A acc = ld(xr[0]);
+  bool first = true;
+  for (u64 i = threadIdx.x; i < cols; i += blockDim.x) {{
+    A v = ld(xr[i]);
+    acc = first ? v : {op}<A>(acc, v);
+    first = false;
+  }}
+  if (first) acc = {identity};
+  BLOCK_REDUCE(A, acc, {op}<A>, sh)
+  if (threadIdx.x == 0) out[blockIdx.x] = st(acc);
+}}
+"#,
+            prelude = cuda_prelude::<T>(),
+            common = ROW_COMMON,
+            identity = if op == "op_sum" { "(A)0" } else { "ld(xr[0])" },
+        );
+        let is_sum = op == "op_sum";
+        Kernel::new(fname, source).with_host(move |args| {
+            let x = args.input::<T>(1)?;
+            let cols = args.scalar::<u64>(2)? as usize;
+            for (o, row) in args.output::<T>(0)?.iter_mut().zip(x.chunks(cols.max(1))) {
+                *o = if is_sum {
+                    if T::IS_FLOAT {
+                        T::from_f64(row.iter().map(|v| v.to_f64()).sum())
+                    } else {
+                        row.iter().fold(T::default(), |a, v| a.add(*v))
+                    }
+                } else {
+                    row.iter()
+                        .copied()
+                        .fold(row[0], |a, v| if v > a { v } else { a })
+                };
+            }
+            Ok(())
+        })
+    })
+}
+
+fn reduce<T: DType, X: TensorInput<T>>(
+    name: &'static str,
+    op: &'static str,
+    x: X,
+) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
+    let x = x.into_op();
+    TensorOp::new(move |ctx: &mut ExecutionContext| {
+        let x = x.execute(ctx)?;
+        let x = x.tensor();
+        let stream = ctx.stream()?;
+        check_device(name, stream, x)?;
+        let (rows, cols) = rows_of(name, x)?;
+        if cols == 0 {
+            return Err(DeviceError::InvalidShape {
+                op: name,
+                reason: format!("cannot reduce an empty last axis of {:?}", x.shape()),
+            });
+        }
+        let out = alloc::<T>(stream, &reduced_shape(x.shape()))?;
+        if rows > 0 {
+            reduce_kernel::<T>(name, op).launch(
+                stream,
+                row_launch(rows, cols)?,
+                KernelArgs::new()
+                    .output(&**out.buffer())
+                    .input(&**x.buffer())
+                    .scalar(cols as u64),
+            )?;
+        }
+        Ok(out)
+    })
+}
+
+/// The sum over the last axis: `[.., n] → [..]` (`[n] → [1]`). Floats accumulate in `float`
+/// (`double` for `f64`); integers wrap.
+///
+/// # Errors
+///
+/// [`DeviceError::InvalidShape`] for a scalar or an empty last axis.
+pub fn sum<T: DType, X: TensorInput<T>>(
+    x: X,
+) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
+    reduce("sum", "op_sum", x)
+}
+
+/// The maximum over the last axis: `[.., n] → [..]` (`[n] → [1]`).
+///
+/// # Errors
+///
+/// [`DeviceError::InvalidShape`] for a scalar or an empty last axis.
+pub fn max<T: DType, X: TensorInput<T>>(
+    x: X,
+) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
+    reduce("max", "op_max", x)
+}
+
+// ---------------------------------------------------------------------------------------------
+// argmax
+// ---------------------------------------------------------------------------------------------
+
+fn argmax_kernel<T: DType>() -> Kernel {
+    cached_kernel("argmax", T::NAME, || {
+        let fname = format!("argmax_{}", T::NAME);
+        let source = format!(
+            r#"{prelude}{common}
+extern "C" __global__ void {fname}(unsigned* out, const T* x, u64 cols) {{
+  __shared__ A shv[32];
+  __shared__ unsigned shi[32];
+  const T* xr = x + (u64)blockIdx.x * cols;
+  A best = ld(xr[0]);
+  unsigned bi = 0xffffffffu;
+  for (u64 i = threadIdx.x; i < cols; i += blockDim.x) {{
+    A v = ld(xr[i]);
+    if (bi == 0xffffffffu || v > best) {{ best = v; bi = (unsigned)i; }}
+  }}
+  for (int o = 16; o > 0; o >>= 1) {{
+    A ov = shfl_x<A>(best, o);
+    unsigned oi = __shfl_xor_sync(0xffffffffu, bi, o);
+    if (oi != 0xffffffffu && (bi == 0xffffffffu || ov > best || (ov == best && oi < bi))) {{
+      best = ov; bi = oi;
+    }}
+  }}
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+  if (lane == 0) {{ shv[warp] = best; shi[warp] = bi; }}
+  __syncthreads();
+  if (warp == 0) {{
+    best = lane < nw ? shv[lane] : shv[0];
+    bi = lane < nw ? shi[lane] : 0xffffffffu;
+    for (int o = 16; o > 0; o >>= 1) {{
+      A ov = shfl_x<A>(best, o);
+      unsigned oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      if (oi != 0xffffffffu && (bi == 0xffffffffu || ov > best || (ov == best && oi < bi))) {{
+        best = ov; bi = oi;
+      }}
+    }}
+    if (lane == 0) out[blockIdx.x] = bi;
+  }}
+}}
+"#,
+            prelude = cuda_prelude::<T>(),
+            common = ROW_COMMON,
+        );
+        Kernel::new(fname, source).with_host(|args| {
+            let x = args.input::<T>(1)?;
+            let cols = args.scalar::<u64>(2)? as usize;
+            for (o, row) in args.output::<u32>(0)?.iter_mut().zip(x.chunks(cols.max(1))) {
+                let mut best = 0usize;
+                for (i, v) in row.iter().enumerate() {
+                    if *v > row[best] {
+                        best = i;
+                    }
+                }
+                *o = best as u32;
+            }
+            Ok(())
+        })
+    })
+}
+
+/// The index of the maximum over the last axis, as `u32`: `[.., n] → [..]` (`[n] → [1]`).
+/// Ties go to the first index. NaN values are never chosen unless a row is all NaN.
+///
+/// # Errors
+///
+/// [`DeviceError::InvalidShape`] for a scalar, an empty last axis, or one longer than `u32`.
+pub fn argmax<T: DType, X: TensorInput<T>>(
+    x: X,
+) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<u32> + Send> {
+    let x = x.into_op();
+    TensorOp::new(move |ctx: &mut ExecutionContext| {
+        let x = x.execute(ctx)?;
+        let x = x.tensor();
+        let stream = ctx.stream()?;
+        check_device("argmax", stream, x)?;
+        let (rows, cols) = rows_of("argmax", x)?;
+        if cols == 0 || cols > u32::MAX as usize {
+            return Err(DeviceError::InvalidShape {
+                op: "argmax",
+                reason: format!(
+                    "the last axis of {:?} must hold 1 to 2^32 - 1 elements",
+                    x.shape()
+                ),
+            });
+        }
+        let out = alloc::<u32>(stream, &reduced_shape(x.shape()))?;
+        if rows > 0 {
+            argmax_kernel::<T>().launch(
+                stream,
+                row_launch(rows, cols)?,
+                KernelArgs::new()
+                    .output(&**out.buffer())
+                    .input(&**x.buffer())
+                    .scalar(cols as u64),
+            )?;
+        }
+        Ok(out)
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// softmax, rms_norm, layer_norm: rows cached in registers
+// ---------------------------------------------------------------------------------------------
+
+/// The row loop macros of the normalizing kernels: `LOAD` fills `v[]` (when the row fits in
+/// registers), `EACH(i, e)` visits every element with its value `e` from registers or memory.
+const CACHED_ROW: &str = r#"
+#define ROW_SETUP \
+  const T* xr = x + (u64)blockIdx.x * cols; \
+  T* orow = out + (u64)blockIdx.x * cols; \
+  bool cached = cols <= (u64)blockDim.x * SLOTS; \
+  A v[SLOTS]; \
+  if (cached) { \
+    _Pragma("unroll") \
+    for (int j = 0; j < SLOTS; ++j) { \
+      u64 i = threadIdx.x + (u64)j * blockDim.x; \
+      v[j] = i < cols ? ld(xr[i]) : (A)0; \
+    } \
+  }
+#define EACH(BODY) \
+  if (cached) { \
+    _Pragma("unroll") \
+    for (int j = 0; j < SLOTS; ++j) { \
+      u64 i = threadIdx.x + (u64)j * blockDim.x; \
+      if (i < cols) { A e = v[j]; BODY } \
+    } \
+  } else { \
+    for (u64 i = threadIdx.x; i < cols; i += blockDim.x) { A e = ld(xr[i]); BODY } \
+  }
+"#;
+
+fn norm_kernel<T: FloatDType>(
+    name: &'static str,
+    params: &'static str,
+    body: &'static str,
+) -> Kernel {
+    cached_kernel(name, T::NAME, || {
+        let fname = format!("{name}_{}", T::NAME);
+        let source = format!(
+            r#"{prelude}{common}{cached}
+extern "C" __global__ void {fname}(T* out, const T* x{params}, u64 cols) {{
+  __shared__ A sh[32];
+  ROW_SETUP
+  {body}
+}}
+"#,
+            prelude = cuda_prelude::<T>(),
+            common = ROW_COMMON,
+            cached = CACHED_ROW,
+        );
+        let host = match name {
+            "softmax" => host_softmax::<T> as HostRowFn<T>,
+            "rms_norm" => host_rms_norm::<T>,
+            _ => host_layer_norm::<T>,
+        };
+        Kernel::new(fname, source).with_host(move |args| {
+            let n_in = match name {
+                "softmax" => 1,
+                "rms_norm" => 2,
+                _ => 3,
+            };
+            let x = args.input::<T>(1)?;
+            let w = if n_in >= 2 { args.input::<T>(2)? } else { &[] };
+            let b = if n_in >= 3 { args.input::<T>(3)? } else { &[] };
+            let eps = if n_in >= 2 {
+                args.scalar::<f32>(n_in + 1)? as f64
+            } else {
+                0.0
+            };
+            let cols = args.scalar::<u64>(args.len() - 1)? as usize;
+            let out = args.output::<T>(0)?;
+            for (o, row) in out.chunks_mut(cols.max(1)).zip(x.chunks(cols.max(1))) {
+                host(o, row, w, b, eps);
+            }
+            Ok(())
+        })
+    })
+}
+
+type HostRowFn<T> = fn(&mut [T], &[T], &[T], &[T], f64);
+
+fn host_softmax<T: DType>(o: &mut [T], row: &[T], _: &[T], _: &[T], _: f64) {
+    let m = row
+        .iter()
+        .map(|v| v.to_f64())
+        .fold(f64::NEG_INFINITY, f64::max);
+    let s: f64 = row.iter().map(|v| (v.to_f64() - m).exp()).sum();
+    for (o, v) in o.iter_mut().zip(row) {
+        *o = T::from_f64((v.to_f64() - m).exp() / s);
+    }
+}
+
+fn host_rms_norm<T: DType>(o: &mut [T], row: &[T], w: &[T], _: &[T], eps: f64) {
+    let ms = row.iter().map(|v| v.to_f64() * v.to_f64()).sum::<f64>() / row.len() as f64;
+    let r = 1.0 / (ms + eps).sqrt();
+    for ((o, v), w) in o.iter_mut().zip(row).zip(w) {
+        *o = T::from_f64(v.to_f64() * r * w.to_f64());
+    }
+}
+
+fn host_layer_norm<T: DType>(o: &mut [T], row: &[T], w: &[T], b: &[T], eps: f64) {
+    let n = row.len() as f64;
+    let mean = row.iter().map(|v| v.to_f64()).sum::<f64>() / n;
+    let var = row.iter().map(|v| (v.to_f64() - mean).powi(2)).sum::<f64>() / n;
+    let r = 1.0 / (var + eps).sqrt();
+    for (((o, v), w), b) in o.iter_mut().zip(row).zip(w).zip(b) {
+        *o = T::from_f64((v.to_f64() - mean) * r * w.to_f64() + b.to_f64());
+    }
+}
+
+const SOFTMAX_BODY: &str = r#"
+  A m = (A)(-__int_as_float(0x7f800000));
+  EACH(m = m > e ? m : e;)
+  BLOCK_REDUCE(A, m, op_max<A>, sh)
+  A s = (A)0;
+  EACH(s += exp(e - m);)
+  BLOCK_REDUCE(A, s, op_sum<A>, sh)
+  A inv = (A)1 / s;
+  EACH(orow[i] = st(exp(e - m) * inv);)
+"#;
+
+const RMS_BODY: &str = r#"
+  A s = (A)0;
+  EACH(s += e * e;)
+  BLOCK_REDUCE(A, s, op_sum<A>, sh)
+  A r = (A)1 / sqrt(s / (A)cols + (A)eps);
+  EACH(orow[i] = st(e * r * ld(w[i]));)
+"#;
+
+const LAYER_BODY: &str = r#"
+  A s = (A)0;
+  EACH(s += e;)
+  BLOCK_REDUCE(A, s, op_sum<A>, sh)
+  A mean = s / (A)cols;
+  A q = (A)0;
+  EACH(q += (e - mean) * (e - mean);)
+  BLOCK_REDUCE(A, q, op_sum<A>, sh)
+  A r = (A)1 / sqrt(q / (A)cols + (A)eps);
+  EACH(orow[i] = st((e - mean) * r * ld(w[i]) + ld(b[i]));)
+"#;
+
+fn check_row_param<T: DType>(
+    op: &'static str,
+    x: &Tensor<T>,
+    p: &Tensor<T>,
+    cols: usize,
+) -> Result<(), DeviceError> {
+    if p.shape() != [cols] {
+        return Err(DeviceError::ShapeMismatch {
+            op,
+            lhs: x.shape().to_vec(),
+            rhs: p.shape().to_vec(),
+        });
+    }
+    Ok(())
+}
+
+/// The softmax over the last axis, numerically stable (the row maximum is subtracted first).
+///
+/// # Errors
+///
+/// [`DeviceError::InvalidShape`] for a scalar.
+pub fn softmax<T: FloatDType, X: TensorInput<T>>(
+    x: X,
+) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
+    let x = x.into_op();
+    TensorOp::new(move |ctx: &mut ExecutionContext| {
+        let x = x.execute(ctx)?;
+        let x = x.tensor();
+        let stream = ctx.stream()?;
+        check_device("softmax", stream, x)?;
+        let (rows, cols) = rows_of("softmax", x)?;
+        let out = alloc::<T>(stream, x.shape())?;
+        if rows > 0 && cols > 0 {
+            norm_kernel::<T>("softmax", "", SOFTMAX_BODY).launch(
+                stream,
+                row_launch(rows, cols)?,
+                KernelArgs::new()
+                    .output(&**out.buffer())
+                    .input(&**x.buffer())
+                    .scalar(cols as u64),
+            )?;
+        }
+        Ok(out)
+    })
+}
+
+/// RMS normalization over the last axis: `y = x / sqrt(mean(x²) + eps) · weight`, with
+/// `weight` of shape `[cols]`.
+///
+/// # Errors
+///
+/// [`DeviceError::ShapeMismatch`] naming `rms_norm` when `weight` is not `[cols]`,
+/// [`DeviceError::InvalidShape`] for a scalar.
+pub fn rms_norm<T: FloatDType, X: TensorInput<T>, W: TensorInput<T>>(
+    x: X,
+    weight: W,
+    eps: f32,
+) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
+    let both = Zip2::new(x.into_op(), weight.into_op());
+    TensorOp::new(move |ctx: &mut ExecutionContext| {
+        let (x, w) = both.execute(ctx)?;
+        let (x, w) = (x.tensor(), w.tensor());
+        let stream = ctx.stream()?;
+        check_device("rms_norm", stream, x)?;
+        check_device("rms_norm", stream, w)?;
+        let (rows, cols) = rows_of("rms_norm", x)?;
+        check_row_param("rms_norm", x, w, cols)?;
+        let out = alloc::<T>(stream, x.shape())?;
+        if rows > 0 && cols > 0 {
+            norm_kernel::<T>("rms_norm", ", const T* w, float eps", RMS_BODY).launch(
+                stream,
+                row_launch(rows, cols)?,
+                KernelArgs::new()
+                    .output(&**out.buffer())
+                    .input(&**x.buffer())
+                    .input(&**w.buffer())
+                    .scalar(eps)
+                    .scalar(cols as u64),
+            )?;
+        }
+        Ok(out)
+    })
+}
+
+/// Layer normalization over the last axis: `y = (x - mean) / sqrt(var + eps) · weight + bias`
+/// with the biased variance (as PyTorch), `weight` and `bias` of shape `[cols]`.
+///
+/// # Errors
+///
+/// [`DeviceError::ShapeMismatch`] naming `layer_norm` when `weight` or `bias` is not `[cols]`,
+/// [`DeviceError::InvalidShape`] for a scalar.
+pub fn layer_norm<T: FloatDType, X: TensorInput<T>, W: TensorInput<T>, B: TensorInput<T>>(
+    x: X,
+    weight: W,
+    bias: B,
+    eps: f32,
+) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
+    let all = Zip3::new(x.into_op(), weight.into_op(), bias.into_op());
+    TensorOp::new(move |ctx: &mut ExecutionContext| {
+        let (x, w, b) = all.execute(ctx)?;
+        let (x, w, b) = (x.tensor(), w.tensor(), b.tensor());
+        let stream = ctx.stream()?;
+        for t in [x, w, b] {
+            check_device("layer_norm", stream, t)?;
+        }
+        let (rows, cols) = rows_of("layer_norm", x)?;
+        check_row_param("layer_norm", x, w, cols)?;
+        check_row_param("layer_norm", x, b, cols)?;
+        let out = alloc::<T>(stream, x.shape())?;
+        if rows > 0 && cols > 0 {
+            norm_kernel::<T>(
+                "layer_norm",
+                ", const T* w, const T* b, float eps",
+                LAYER_BODY,
+            )
+            .launch(
+                stream,
+                row_launch(rows, cols)?,
+                KernelArgs::new()
+                    .output(&**out.buffer())
+                    .input(&**x.buffer())
+                    .input(&**w.buffer())
+                    .input(&**b.buffer())
+                    .scalar(eps)
+                    .scalar(cols as u64),
+            )?;
+        }
+        Ok(out)
+    })
+}

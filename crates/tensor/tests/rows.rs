@@ -1,0 +1,216 @@
+//! Kernels over the last axis against float64 references: sum, max, argmax, softmax, rms_norm,
+//! layer_norm; on whatever `Device::auto()` gives.
+
+mod common;
+
+use common::{read, rng, stream, upload, Float};
+use cuflow_device_op::DeviceOpExt;
+use cuflow_runtime::DeviceError;
+use cuflow_tensor::{api, bf16, f16, kernels, DType};
+use rand::rngs::StdRng;
+use rand::Rng;
+
+/// Shapes with 1, 7, 1000 and 4097 columns (register-cached rows), 20000 (rows read twice)
+/// and a rank-3 input.
+const SHAPES: &[&[usize]] = &[
+    &[3, 1],
+    &[5, 7],
+    &[4, 1000],
+    &[3, 4097],
+    &[2, 20000],
+    &[2, 3, 33],
+];
+
+fn random<T: DType>(rng: &mut StdRng, n: usize, scale: f64) -> Vec<T> {
+    (0..n)
+        .map(|_| T::from_f64(rng.gen_range(-scale..scale)))
+        .collect()
+}
+
+/// Largest |got - want| / max(|want|, floor).
+fn rel_err<T: DType>(got: &[T], want: &[f64], floor: f64) -> f64 {
+    assert_eq!(got.len(), want.len());
+    got.iter()
+        .zip(want)
+        .map(|(g, w)| {
+            let e = (g.to_f64() - w).abs() / w.abs().max(floor);
+            if e.is_nan() {
+                f64::INFINITY
+            } else {
+                e
+            }
+        })
+        .fold(0.0, f64::max)
+}
+
+fn norms_for<T: Float>(seed: u64, tol: f64) -> Result<(), DeviceError> {
+    let s = stream();
+    let mut rng = rng(seed);
+    for shape in SHAPES {
+        let cols = *shape.last().unwrap_or(&1);
+        let n: usize = shape.iter().product();
+        let xh: Vec<T> = random(&mut rng, n, 3.0);
+        let wh: Vec<T> = random(&mut rng, cols, 2.0);
+        let bh: Vec<T> = random(&mut rng, cols, 1.0);
+        let (x, w, b) = (
+            upload(&s, &xh, shape),
+            upload(&s, &wh, &[cols]),
+            upload(&s, &bh, &[cols]),
+        );
+
+        let sm = kernels::softmax(&x).sync_on(&s)?;
+        let rms = kernels::rms_norm(&x, &w, 1e-5).sync_on(&s)?;
+        let ln = kernels::layer_norm(&x, &w, &b, 1e-5).sync_on(&s)?;
+        assert_eq!(sm.shape(), *shape);
+
+        let (mut want_sm, mut want_rms, mut want_ln) = (vec![], vec![], vec![]);
+        for row in xh.chunks(cols) {
+            let r: Vec<f64> = row.iter().map(|v| v.to_f64()).collect();
+            let m = r.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let z: f64 = r.iter().map(|v| (v - m).exp()).sum();
+            want_sm.extend(r.iter().map(|v| (v - m).exp() / z));
+            let ms = r.iter().map(|v| v * v).sum::<f64>() / cols as f64;
+            let mean = r.iter().sum::<f64>() / cols as f64;
+            let var = r.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / cols as f64;
+            for (j, v) in r.iter().enumerate() {
+                let (wj, bj) = (wh[j].to_f64(), bh[j].to_f64());
+                want_rms.push(v / (ms + 1e-5).sqrt() * wj);
+                want_ln.push((v - mean) / (var + 1e-5).sqrt() * wj + bj);
+            }
+        }
+        let e = rel_err(&read(&sm), &want_sm, T::MIN_NORMAL);
+        assert!(e <= tol, "softmax {} {shape:?}: {e:e}", T::NAME);
+        let e = rel_err(&read(&rms), &want_rms, 1.0);
+        assert!(e <= tol, "rms_norm {} {shape:?}: {e:e}", T::NAME);
+        let e = rel_err(&read(&ln), &want_ln, 1.0);
+        assert!(e <= tol, "layer_norm {} {shape:?}: {e:e}", T::NAME);
+    }
+    Ok(())
+}
+
+#[test]
+fn softmax_rms_norm_layer_norm_f32() -> Result<(), DeviceError> {
+    norms_for::<f32>(11, 2e-5)
+}
+
+#[test]
+fn softmax_rms_norm_layer_norm_half_types() -> Result<(), DeviceError> {
+    norms_for::<bf16>(12, 1.6e-2)?;
+    norms_for::<f16>(13, 2e-3)
+}
+
+#[test]
+fn softmax_rms_norm_layer_norm_f64() -> Result<(), DeviceError> {
+    norms_for::<f64>(14, 1e-12)
+}
+
+#[test]
+fn sum_max_argmax_f32() -> Result<(), DeviceError> {
+    let s = stream();
+    let mut rng = rng(21);
+    for shape in SHAPES {
+        let cols = *shape.last().unwrap_or(&1);
+        let n: usize = shape.iter().product();
+        let xh: Vec<f32> = random(&mut rng, n, 10.0);
+        let x = upload(&s, &xh, shape);
+        let (sum, max, arg) = (
+            read(&kernels::sum(&x).sync_on(&s)?),
+            read(&kernels::max(&x).sync_on(&s)?),
+            read(&kernels::argmax(&x).sync_on(&s)?),
+        );
+        assert_eq!(sum.len(), n / cols);
+        for (r, row) in xh.chunks(cols).enumerate() {
+            let exact: f64 = row.iter().map(|v| *v as f64).sum();
+            let mag: f64 = row.iter().map(|v| (*v as f64).abs()).sum();
+            assert!(
+                (sum[r] as f64 - exact).abs() <= 1e-5 * mag,
+                "sum {shape:?} row {r}: {} vs {exact}",
+                sum[r]
+            );
+            let (mut bi, mut bv) = (0usize, row[0]);
+            for (i, v) in row.iter().enumerate() {
+                if *v > bv {
+                    (bi, bv) = (i, *v);
+                }
+            }
+            assert_eq!(max[r], bv, "max {shape:?} row {r}");
+            assert_eq!(arg[r] as usize, bi, "argmax {shape:?} row {r}");
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn integer_sum_wraps_and_argmax_takes_the_first_maximum() -> Result<(), DeviceError> {
+    let s = stream();
+    let mut rng = rng(22);
+    let cols = 1000;
+    let xh: Vec<i32> = (0..3 * cols)
+        .map(|_| rng.gen_range(-1_000_000_000..1_000_000_000))
+        .collect();
+    let x = upload(&s, &xh, &[3, cols]);
+    let sum = read(&kernels::sum(&x).sync_on(&s)?);
+    let max = read(&kernels::max(&x).sync_on(&s)?);
+    for (r, row) in xh.chunks(cols).enumerate() {
+        assert_eq!(
+            sum[r],
+            row.iter().fold(0i32, |a, v| a.wrapping_add(*v)),
+            "row {r}"
+        );
+        assert_eq!(max[r], *row.iter().max().unwrap_or(&0), "row {r}");
+    }
+    // Ties: the first index wins, also across threads and warps.
+    let mut tied = vec![0u8; 5000];
+    for i in [4999, 1234, 777, 3000] {
+        tied[i] = 9;
+    }
+    let t = upload(&s, &tied, &[5000]);
+    assert_eq!(read(&kernels::argmax(&t).sync_on(&s)?), vec![777u32]);
+    Ok(())
+}
+
+#[test]
+fn row_kernels_refuse_bad_shapes() -> Result<(), DeviceError> {
+    let s = stream();
+    let x = api::ones::<f32>(&[4, 8]).sync_on(&s)?;
+    let w = api::ones::<f32>(&[7]).sync_on(&s)?;
+    let err = kernels::rms_norm(&x, &w, 1e-5).sync_on(&s).unwrap_err();
+    assert!(
+        matches!(err, DeviceError::ShapeMismatch { op: "rms_norm", .. }),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("[4, 8]") && err.to_string().contains("[7]"),
+        "{err}"
+    );
+    let w8 = api::ones::<f32>(&[8]).sync_on(&s)?;
+    let err = kernels::layer_norm(&x, &w8, &w, 1e-5)
+        .sync_on(&s)
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            DeviceError::ShapeMismatch {
+                op: "layer_norm",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let scalar = api::ones::<f32>(&[]).sync_on(&s)?;
+    let err = kernels::softmax(&scalar).sync_on(&s).unwrap_err();
+    assert!(
+        matches!(err, DeviceError::InvalidShape { op: "softmax", .. }),
+        "{err}"
+    );
+    let empty = api::ones::<f32>(&[3, 0]).sync_on(&s)?;
+    let err = kernels::sum(&empty).sync_on(&s).unwrap_err();
+    assert!(
+        matches!(err, DeviceError::InvalidShape { op: "sum", .. }),
+        "{err}"
+    );
+    // Nothing was left broken: the stream still runs the kernels.
+    let y = kernels::rms_norm(&x, &w8, 0.0).sync_on(&s)?;
+    assert!(read(&y).iter().all(|v| (*v - 1.0).abs() < 1e-6));
+    Ok(())
+}
