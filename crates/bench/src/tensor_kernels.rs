@@ -1,7 +1,6 @@
 //! `kernels`: cuflow's tensor kernels on the GPU, each beside PyTorch eager measured in the same
 //! run: saxpy f32 over 2^28 elements, rms_norm and softmax f32 over 4096×4096 and 16384×1024,
-//! and matmul 4096³ in f32 and bf16. cuflow's rms_norm and softmax are not written yet: for
-//! them only PyTorch's figures are measured, and given in a note (see the TODO in [`run`]).
+//! and matmul 4096³ in f32 and bf16.
 //!
 //! Timing: a kernel's op is enqueued `iters` times back to back on one stream, with
 //! [`enqueue_on`] under [`SingleStream`] on that stream (nothing waits between ops), between
@@ -63,6 +62,9 @@ const MATMUL_SIZE: usize = 4096;
 
 /// The goal of matmul: at least 0.95× PyTorch's rate.
 const MATMUL_GOAL: Goal = Goal::AtLeast(0.95);
+
+/// rms_norm and softmax: at least PyTorch eager's bandwidth.
+const ROWS_GOAL: Goal = Goal::AtLeast(1.0);
 
 /// The PyTorch baseline; its docstring gives its command line and output.
 const TORCH_SCRIPT: &str = include_str!("tensor_kernels_torch.py");
@@ -580,6 +582,68 @@ fn row(case: Case, figure: String, ours_ms: &[f64], theirs_ms: Result<&[f64], &s
     .higher_is_better()
 }
 
+/// Rows of `rows × cols` checked for rms_norm and softmax.
+const CHECKED_ROWS: usize = 16;
+
+/// rms_norm of random rows with a random weight, checked once; milliseconds per launch of each
+/// trial.
+fn measure_rms_norm(timer: &Timer, rows: usize, cols: usize) -> Result<Vec<f64>, BenchError> {
+    let stream = &timer.stream;
+    let x = api::randn_seeded::<f32>(0.0, 1.0, &[rows, cols], SEED + 2).sync_on(stream)?;
+    let w = api::rand_seeded::<f32>(0.5, 1.5, &[cols], SEED + 3).sync_on(stream)?;
+
+    let out = kernels::rms_norm(&x, &w, RMS_EPS).sync_on(stream)?;
+    let weight = w.to_host_vec_on(stream)?;
+    for r in sample_indices(rows, CHECKED_ROWS, SEED + 4) {
+        let xr = read(stream, &x, r * cols, cols)?;
+        let got = read(stream, &out, r * cols, cols)?;
+        let mean_square = xr.iter().map(|&v| f64::from(v).powi(2)).sum::<f64>() / cols as f64;
+        let scale = 1.0 / (mean_square + f64::from(RMS_EPS)).sqrt();
+        for (c, ((&xv, &wv), &g)) in xr.iter().zip(&weight).zip(&got).enumerate() {
+            let want = f64::from(xv) * scale * f64::from(wv);
+            check_close(
+                || format!("rms_norm {rows}x{cols}, element ({r}, {c})"),
+                f64::from(g),
+                want,
+                1e-4 * want.abs() + 1e-5,
+            )?;
+        }
+    }
+    drop(out);
+
+    timer.trials(|| timer.enqueue(kernels::rms_norm(&x, &w, RMS_EPS)))
+}
+
+/// softmax over the last axis of random rows, checked once; milliseconds per launch of each
+/// trial.
+fn measure_softmax(timer: &Timer, rows: usize, cols: usize) -> Result<Vec<f64>, BenchError> {
+    let stream = &timer.stream;
+    let x = api::randn_seeded::<f32>(0.0, 1.0, &[rows, cols], SEED + 5).sync_on(stream)?;
+
+    let out = kernels::softmax(&x).sync_on(stream)?;
+    for r in sample_indices(rows, CHECKED_ROWS, SEED + 6) {
+        let xr = read(stream, &x, r * cols, cols)?;
+        let got = read(stream, &out, r * cols, cols)?;
+        let max = xr
+            .iter()
+            .map(|&v| f64::from(v))
+            .fold(f64::NEG_INFINITY, f64::max);
+        let sum: f64 = xr.iter().map(|&v| (f64::from(v) - max).exp()).sum();
+        for (c, (&xv, &g)) in xr.iter().zip(&got).enumerate() {
+            let want = (f64::from(xv) - max).exp() / sum;
+            check_close(
+                || format!("softmax {rows}x{cols}, element ({r}, {c})"),
+                f64::from(g),
+                want,
+                1e-4 * want.abs() + 1e-8,
+            )?;
+        }
+    }
+    drop(out);
+
+    timer.trials(|| timer.enqueue(kernels::softmax(&x)))
+}
+
 /// Runs the benchmark with `iters` launches per trial.
 pub(crate) fn run(device: &Device, iters: usize) -> Result<Results, BenchError> {
     let timer = Timer::new(device, iters)?;
@@ -592,12 +656,8 @@ pub(crate) fn run(device: &Device, iters: usize) -> Result<Results, BenchError> 
         let (trials, goal) = match case {
             // Measured above, under every partition.
             Case::Saxpy => continue,
-            // TODO: measure cuflow's `kernels::rms_norm` and `kernels::softmax` here once
-            // they exist (crates/tensor/src/kernels/rows.rs): check sampled rows against
-            // float64 (`x / sqrt(mean(x²) + eps) · w`, `exp(x - max) / Σ`), time them like
-            // matmul, and report each against PyTorch with the goal `Goal::AtLeast(1.0)`.
-            // Until then only PyTorch's figures are measured, and given in a note.
-            Case::RmsNorm { .. } | Case::Softmax { .. } => continue,
+            Case::RmsNorm { rows, cols } => (measure_rms_norm(&timer, rows, cols)?, ROWS_GOAL),
+            Case::Softmax { rows, cols } => (measure_softmax(&timer, rows, cols)?, ROWS_GOAL),
             Case::Matmul(MatmulType::F32) => {
                 let (trials, worst) = measure_matmul::<f32>(&timer, 1e-5, 1e-4)?;
                 matmul_f32_error = worst;
@@ -681,18 +741,6 @@ pub(crate) fn run(device: &Device, iters: usize) -> Result<Results, BenchError> 
             trials,
             baseline(Case::Saxpy),
         ));
-    }
-    for case in CASES {
-        let pending = case != Case::Saxpy && !measured.iter().any(|(c, ..)| *c == case);
-        if let (true, Ok(ms)) = (pending, baseline(case)) {
-            let (unit, amount) = case.work();
-            notes.push(format!(
-                "{}: cuflow's kernel does not exist yet; {} {:.3} {unit}",
-                case.name(),
-                case.torch_call(),
-                median(&rates(amount, ms))
-            ));
-        }
     }
     for (case, trials, goal) in measured {
         rows.push(row(case, case.name(), &trials, baseline(case)).with_goal(goal));
