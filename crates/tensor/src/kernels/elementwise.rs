@@ -67,11 +67,12 @@ extern "C" __global__ void {fname}(T* __restrict__ out{x_param}{y_param}, T s_, 
     out[i] = st(op_(o_, a_, b_, s)); }}
   const int V = 16 / sizeof(T);
   union Vec {{ uint4 u; T v[16 / sizeof(T)]; }};
-#define VSTEP(w) {{ \
-    Vec xo, xa, xb, r; \
+#define VLOAD(w, xo, xa, xb) {{ \
     if (READS_OUT) xo.u = ((const uint4*)out)[w]; \
     IF_X(xa.u = ((const uint4*)x)[w];) \
-    IF_Y(xb.u = ((const uint4*)y)[ybc ? (((w) * V) % C) / V : (w)];) \
+    IF_Y(xb.u = ((const uint4*)y)[ybc ? (((w) * V) % C) / V : (w)];) }}
+#define VSTORE(w, xo, xa, xb) {{ \
+    Vec r; \
     _Pragma("unroll") \
     for (int k_ = 0; k_ < V; ++k_) {{ \
       A o_ = READS_OUT ? ld(xo.v[k_]) : (A)0; \
@@ -81,13 +82,20 @@ extern "C" __global__ void {fname}(T* __restrict__ out{x_param}{y_param}, T s_, 
       r.v[k_] = st(op_(o_, a_, b_, s)); \
     }} \
     ((uint4*)out)[w] = r.u; }}
+#define VSTEP(w) {{ Vec o1, a1, b1; VLOAD(w, o1, a1, b1) VSTORE(w, o1, a1, b1) }}
+#define VSTEP2(w, w2) {{ \
+    Vec o1, a1, b1, o2, a2, b2; \
+    VLOAD(w, o1, a1, b1) VLOAD(w2, o2, a2, b2) \
+    VSTORE(w, o1, a1, b1) VSTORE(w2, o2, a2, b2) }}
   bool vec_ok = !ybc || C % V == 0;
   if (tr == 0) {{
     u64 stride = (u64)blockDim.x * gridDim.x;
     u64 t = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (n % V == 0 && vec_ok) {{
       u64 nv = n / V;
-      for (u64 w = t; w < nv; w += stride) VSTEP(w)
+      u64 w = t;
+      for (; w + stride < nv; w += 2 * stride) VSTEP2(w, w + stride)
+      if (w < nv) VSTEP(w)
     }} else {{
       for (u64 i = t; i < n; i += stride) ELEM(i)
     }}
@@ -99,8 +107,9 @@ extern "C" __global__ void {fname}(T* __restrict__ out{x_param}{y_param}, T s_, 
   if (tc == C) {{
     u64 base = row0 * C;
     if (te % V == 0 && base % V == 0 && vec_ok) {{
-      u64 wb = base / V;
-      for (u64 k = threadIdx.x; k < te / V; k += blockDim.x) {{ u64 w = wb + k; VSTEP(w) }}
+      u64 wb = base / V, nvt = te / V, k = threadIdx.x;
+      for (; k + blockDim.x < nvt; k += 2 * blockDim.x) VSTEP2(wb + k, wb + k + blockDim.x)
+      if (k < nvt) VSTEP(wb + k)
     }} else {{
       for (u64 k = threadIdx.x; k < te; k += blockDim.x) {{ u64 i = base + k; ELEM(i) }}
     }}

@@ -26,14 +26,14 @@ template <> __device__ __forceinline__ unsigned char shfl_x<unsigned char>(unsig
 }
 template <typename V> __device__ __forceinline__ V op_sum(V a, V b) { return a + b; }
 template <typename V> __device__ __forceinline__ V op_max(V a, V b) { return a > b ? a : b; }
-#define BLOCK_REDUCE(V, v, OP, sh) { \
+#define BLOCK_REDUCE(V, v, OP, sh, ID) { \
   for (int o_ = 16; o_ > 0; o_ >>= 1) v = OP(v, shfl_x<V>(v, o_)); \
   int lane_ = threadIdx.x & 31, warp_ = threadIdx.x >> 5, nw_ = (blockDim.x + 31) >> 5; \
   __syncthreads(); \
   if (lane_ == 0) sh[warp_] = v; \
   __syncthreads(); \
   if (warp_ == 0) { \
-    V w_ = lane_ < nw_ ? sh[lane_] : sh[0]; \
+    V w_ = lane_ < nw_ ? sh[lane_] : (ID); \
     for (int o_ = 16; o_ > 0; o_ >>= 1) w_ = OP(w_, shfl_x<V>(w_, o_)); \
     if (lane_ == 0) sh[0] = w_; \
   } \
@@ -43,7 +43,13 @@ template <typename V> __device__ __forceinline__ V op_max(V a, V b) { return a >
 
 /// The launch for `rows` rows of `cols`: one block per row.
 fn row_launch(rows: usize, cols: usize) -> Result<LaunchConfig, DeviceError> {
-    let block = cols.div_ceil(8).next_power_of_two().clamp(32, 1024) as u32;
+    // Short rows: about 4 elements per thread (more threads in flight per row); long rows:
+    // about 8, so that 4096 columns keep 512 threads.
+    let per_thread = if cols <= 2048 { 4 } else { 8 };
+    let block = cols
+        .div_ceil(per_thread)
+        .next_power_of_two()
+        .clamp(32, 1024) as u32;
     let grid = u32::try_from(rows).map_err(|_| DeviceError::InvalidShape {
         op: "row kernel",
         reason: format!("{rows} rows are more blocks than a launch can have"),
@@ -90,13 +96,14 @@ extern "C" __global__ void {fname}(T* out, const T* x, u64 cols) {{
     first = false;
   }}
   if (first) acc = {identity};
-  BLOCK_REDUCE(A, acc, {op}<A>, sh)
+  BLOCK_REDUCE(A, acc, {op}<A>, sh, {block_id})
   if (threadIdx.x == 0) out[blockIdx.x] = st(acc);
 }}
 "#,
             prelude = cuda_prelude::<T>(),
             common = ROW_COMMON,
             identity = if op == "op_sum" { "(A)0" } else { "ld(xr[0])" },
+            block_id = if op == "op_sum" { "(A)0" } else { "sh[0]" },
         );
         let is_sum = op == "op_sum";
         Kernel::new(fname, source).with_host(move |args| {
@@ -286,27 +293,61 @@ pub fn argmax<T: DType, X: TensorInput<T>>(
 /// The row loop macros of the normalizing kernels: `LOAD` fills `v[]` (when the row fits in
 /// registers), `EACH(i, e)` visits every element with its value `e` from registers or memory.
 const CACHED_ROW: &str = r#"
+#define VW (16 / (int)sizeof(T))
+union RowVec { uint4 u; T v[16 / sizeof(T)]; };
+// Element index of register slot j_: vectors of VW elements, vector q_ of a thread at
+// threadIdx.x + q_ * blockDim.x (when rows are VW-aligned); else element threadIdx.x + j_ * blockDim.x.
+#define SLOT_INDEX(j_) (vec ? ((u64)threadIdx.x + (u64)((j_) / VW) * blockDim.x) * VW + (j_) % VW \
+                           : (u64)threadIdx.x + (u64)(j_) * blockDim.x)
 #define ROW_SETUP \
   const T* xr = x + (u64)blockIdx.x * cols; \
   T* orow = out + (u64)blockIdx.x * cols; \
   bool cached = cols <= (u64)blockDim.x * SLOTS; \
+  bool vec = cols % VW == 0; \
   A v[SLOTS]; \
-  if (cached) { \
+  if (cached && vec) { \
     _Pragma("unroll") \
-    for (int j = 0; j < SLOTS; ++j) { \
-      u64 i = threadIdx.x + (u64)j * blockDim.x; \
-      v[j] = i < cols ? ld(xr[i]) : (A)0; \
+    for (int q_ = 0; q_ < SLOTS / VW; ++q_) { \
+      u64 wv_ = (u64)threadIdx.x + (u64)q_ * blockDim.x; \
+      RowVec rv_; \
+      if (wv_ * VW < cols) rv_.u = ((const uint4*)xr)[wv_]; \
+      _Pragma("unroll") \
+      for (int k_ = 0; k_ < VW; ++k_) v[q_ * VW + k_] = wv_ * VW < cols ? ld(rv_.v[k_]) : (A)0; \
+    } \
+  } else if (cached) { \
+    _Pragma("unroll") \
+    for (int j_ = 0; j_ < SLOTS; ++j_) { \
+      u64 i = threadIdx.x + (u64)j_ * blockDim.x; \
+      v[j_] = i < cols ? ld(xr[i]) : (A)0; \
     } \
   }
+// Visits every element: `i` its index, `e` its value (a reference to the register slot when
+// cached, so BODY may update it for a later pass).
 #define EACH(BODY) \
   if (cached) { \
     _Pragma("unroll") \
-    for (int j = 0; j < SLOTS; ++j) { \
-      u64 i = threadIdx.x + (u64)j * blockDim.x; \
-      if (i < cols) { A e = v[j]; BODY } \
+    for (int j_ = 0; j_ < SLOTS; ++j_) { \
+      u64 i = SLOT_INDEX(j_); \
+      if (i < cols) { A& e = v[j_]; BODY } \
     } \
   } else { \
     for (u64 i = threadIdx.x; i < cols; i += blockDim.x) { A e = ld(xr[i]); BODY } \
+  }
+// Writes st(EXPR) for every element, EXPR in `e` and `i`; 16-byte stores when cached and aligned.
+#define WRITE(EXPR) \
+  if (cached && vec) { \
+    _Pragma("unroll") \
+    for (int q_ = 0; q_ < SLOTS / VW; ++q_) { \
+      u64 wv_ = (u64)threadIdx.x + (u64)q_ * blockDim.x; \
+      if (wv_ * VW < cols) { \
+        RowVec rv_; \
+        _Pragma("unroll") \
+        for (int k_ = 0; k_ < VW; ++k_) { u64 i = wv_ * VW + k_; A e = v[q_ * VW + k_]; rv_.v[k_] = st(EXPR); } \
+        ((uint4*)orow)[wv_] = rv_.u; \
+      } \
+    } \
+  } else { \
+    EACH(orow[i] = st(EXPR);) \
   }
 "#;
 
@@ -392,32 +433,40 @@ fn host_layer_norm<T: DType>(o: &mut [T], row: &[T], w: &[T], b: &[T], eps: f64)
 const SOFTMAX_BODY: &str = r#"
   A m = (A)(-__int_as_float(0x7f800000));
   EACH(m = m > e ? m : e;)
-  BLOCK_REDUCE(A, m, op_max<A>, sh)
+  BLOCK_REDUCE(A, m, op_max<A>, sh, sh[0])
   A s = (A)0;
-  EACH(s += exp(e - m);)
-  BLOCK_REDUCE(A, s, op_sum<A>, sh)
+  if (cached) {
+    EACH(e = exp(e - m); s += e;)
+  } else {
+    EACH(s += exp(e - m);)
+  }
+  BLOCK_REDUCE(A, s, op_sum<A>, sh, (A)0)
   A inv = (A)1 / s;
-  EACH(orow[i] = st(exp(e - m) * inv);)
+  if (cached) {
+    WRITE(e * inv)
+  } else {
+    EACH(orow[i] = st(exp(e - m) * inv);)
+  }
 "#;
 
 const RMS_BODY: &str = r#"
   A s = (A)0;
   EACH(s += e * e;)
-  BLOCK_REDUCE(A, s, op_sum<A>, sh)
+  BLOCK_REDUCE(A, s, op_sum<A>, sh, (A)0)
   A r = (A)1 / sqrt(s / (A)cols + (A)eps);
-  EACH(orow[i] = st(e * r * ld(w[i]));)
+  WRITE(e * r * ld(w[i]))
 "#;
 
 const LAYER_BODY: &str = r#"
   A s = (A)0;
   EACH(s += e;)
-  BLOCK_REDUCE(A, s, op_sum<A>, sh)
+  BLOCK_REDUCE(A, s, op_sum<A>, sh, (A)0)
   A mean = s / (A)cols;
   A q = (A)0;
   EACH(q += (e - mean) * (e - mean);)
-  BLOCK_REDUCE(A, q, op_sum<A>, sh)
+  BLOCK_REDUCE(A, q, op_sum<A>, sh, (A)0)
   A r = (A)1 / sqrt(q / (A)cols + (A)eps);
-  EACH(orow[i] = st((e - mean) * r * ld(w[i]) + ld(b[i]));)
+  WRITE((e - mean) * r * ld(w[i]) + ld(b[i]))
 "#;
 
 fn check_row_param<T: DType>(
