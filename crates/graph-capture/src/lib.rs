@@ -9,8 +9,10 @@
 //! updates the executable in place when the topology is unchanged.
 //!
 //! Safety rules kept here:
-//! - allocation during capture is refused with [`DeviceError::Capture`]: a pointer baked into
-//!   a graph must stay valid for every replay, so captured ops work on buffers made beforehand;
+//! - allocations made while the op is captured (the outputs and intermediates of tensor
+//!   kernels) belong to the graph: they are made once, at capture, and every replay writes the
+//!   same memory, so a pointer baked into the graph stays valid for every replay; the memory is
+//!   freed once the graph and the outputs taken from it are dropped;
 //! - a host synchronization inside the op (reading a buffer back, `sync`) is refused with
 //!   [`DeviceError::Capture`], the capture is ended and discarded, and the stream stays usable;
 //! - every buffer the graph touches is kept alive by the graph, and each replay records its use
@@ -170,8 +172,9 @@ impl<T: Send> CudaGraph<T> {
     ///
     /// # Errors
     ///
-    /// Errors of the op; allocating ops are refused only during capture, so keep updates to
-    /// copies into existing buffers.
+    /// Errors of the op. Updates run outside the capture: an op that allocates here makes new
+    /// memory the graph does not read, so feed the graph by copying into its buffers
+    /// (`api::memcpy`).
     pub fn update<O: DeviceOp>(&mut self, op: O) -> Result<O::Output, DeviceError> {
         enqueue_on(op, &self.stream, self.policy.clone()).map(|(out, _)| out)
     }
@@ -271,8 +274,8 @@ pub trait GraphCaptureExt: DeviceOp + Sized {
     ///
     /// # Errors
     ///
-    /// [`DeviceError::Capture`] when the op allocates or waits for the host while captured
-    /// (the stream stays usable), or when the op fails; driver errors.
+    /// [`DeviceError::Capture`] when the op waits for the host while captured (the stream
+    /// stays usable), or when the op fails; driver errors.
     fn graph_on(self, stream: Stream) -> Result<CudaGraph<Self::Output>, DeviceError> {
         let policy = default_policy(stream.device())?;
         CudaGraph::new(self, stream, policy)

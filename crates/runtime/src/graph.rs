@@ -4,8 +4,11 @@
 //! Invariants: every buffer touched by captured work is kept alive by the graph and by every
 //! executable instantiated from it, and a launch records a use of each such buffer on the
 //! launching stream, so that a buffer's stream-ordered free waits for the last replay.
-//! Allocation during capture is refused with [`DeviceError::Capture`]: a pointer baked into a
-//! graph must outlive every replay.
+//! Allocations requested during a capture are made at once, outside the graph (on CUDA from the
+//! device's pool through a stream that never captures), and belong to the graph like every
+//! other buffer it touches: the pointer baked into the graph stays valid for every replay, and
+//! the memory is freed only after the graph, its executables and every tensor holding it are
+//! gone. Such memory is not reused between the steps of one graph; each replay rewrites it.
 
 use std::fmt;
 

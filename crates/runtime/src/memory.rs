@@ -44,10 +44,15 @@ pub(crate) struct Memory {
 
 impl Memory {
     pub(crate) fn alloc(stream: &Stream, bytes: usize) -> Result<Arc<Memory>> {
-        stream.forbid_in_capture("allocation")?;
+        let session = stream.capture_session();
         let backend = match stream.backend() {
             StreamBackend::Host(_) => {
                 MemoryBackend::Host(host::HostMemory::alloc(bytes, stream.device().name())?)
+            }
+            // During a capture the allocation is made now, outside the graph, and the graph
+            // keeps it (below): every replay finds it at the same address.
+            StreamBackend::Cuda(s) if session.is_some() => {
+                MemoryBackend::Cuda(s.alloc_outside_capture(bytes)?)
             }
             StreamBackend::Cuda(s) => MemoryBackend::Cuda(s.alloc(bytes)?),
         };
@@ -58,12 +63,16 @@ impl Memory {
             .fetch_add(bytes, Ordering::AcqRel);
         let mut uses = SmallVec::new();
         uses.push(stream.clone());
-        Ok(Arc::new(Memory {
+        let mem = Arc::new(Memory {
             device: stream.device().clone(),
             bytes,
             backend,
             uses: Mutex::new(uses),
-        }))
+        });
+        if let Some(session) = session {
+            session.keep_alive(&mem);
+        }
+        Ok(mem)
     }
 
     /// Records that work touching this memory was enqueued on `stream`.
@@ -181,8 +190,10 @@ impl<T: DeviceCopy> DeviceBuffer<T> {
     ///
     /// # Errors
     ///
-    /// [`DeviceError::OutOfMemory`] when the device cannot hold it, [`DeviceError::Capture`]
-    /// while `stream` is capturing.
+    /// [`DeviceError::OutOfMemory`] when the device cannot hold it.
+    ///
+    /// While `stream` is capturing, the allocation is made at once (not recorded) and the graph
+    /// being captured keeps it: replays of that graph find it at the same address.
     pub fn alloc(stream: &Stream, len: usize) -> Result<Self> {
         let bytes = byte_size::<T>(len, "DeviceBuffer::alloc")?;
         Ok(DeviceBuffer {

@@ -337,8 +337,8 @@ impl Stream {
         if let Some(session) = self.capture_session() {
             let err = DeviceError::Capture {
                 op: op.to_string(),
-                reason: "this operation waits for the host or allocates, and cannot be \
-                         recorded into a graph; do it before or after the capture"
+                reason: "this operation waits for the host (or reads pageable host memory), \
+                         and cannot be recorded into a graph; do it before or after the capture"
                     .into(),
             };
             session.record_error(err.clone());

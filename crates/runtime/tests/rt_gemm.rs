@@ -486,9 +486,7 @@ fn inputs_dropped_after_enqueueing_are_still_read() -> Result<(), DeviceError> {
 }
 
 /// A captured GEMM is recorded, not run; each replay runs it once. With `beta = 1` two replays
-/// add the product twice. The capture allocates nothing: the runtime refuses allocations on a
-/// capturing stream with `DeviceError::Capture`, so the captured call succeeding shows it (the
-/// device's `bytes_in_use` is no witness here, since other tests allocate concurrently).
+/// add the product twice.
 #[test]
 fn a_captured_gemm_accumulates_once_per_replay() -> Result<(), DeviceError> {
     let device = device();

@@ -60,6 +60,43 @@ impl CudaMemory {
         Ok(CudaMemory { ptr, bytes, shared })
     }
 
+    /// Allocates for a capture in progress on `stream`: the allocation is made on the device's
+    /// allocation stream, which never captures, and is complete when this returns, so the
+    /// captured work may use it and every replay finds it at the same address. It comes from
+    /// the same pool as [`CudaMemory::alloc`] and is freed the same way.
+    pub(crate) fn alloc_outside_capture(
+        stream: &CudaStreamHandle,
+        bytes: usize,
+    ) -> Result<CudaMemory> {
+        let shared = stream.shared.clone();
+        if bytes == 0 {
+            return Ok(CudaMemory {
+                ptr: 0,
+                bytes,
+                shared,
+            });
+        }
+        let side = shared.alloc_stream()?;
+        shared.bind()?;
+        // SAFETY: the allocation stream is alive (held by `side`) and is not capturing (the
+        // runtime never captures it); the memory is owned by this `CudaMemory` alone (Handles).
+        let ptr =
+            unsafe { result::malloc_async(side.cu_stream(), bytes) }.map_err(|e| match e.0 {
+                sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY
+                | sys::cudaError_enum::CUDA_ERROR_INVALID_VALUE => DeviceError::OutOfMemory {
+                    bytes,
+                    device: format!("cuda:{}", shared.ordinal),
+                },
+                _ => driver_err("cuMemAllocAsync", e),
+            })?;
+        let mem = CudaMemory { ptr, bytes, shared };
+        // SAFETY: the stream is alive and not capturing; relaxed capture mode (the only mode
+        // the runtime begins captures in) allows waiting for a stream outside the capture.
+        unsafe { result::stream::synchronize(side.cu_stream()) }
+            .map_err(|e| driver_err("cuStreamSynchronize", e))?;
+        Ok(mem)
+    }
+
     pub(crate) fn ptr(&self) -> sys::CUdeviceptr {
         self.ptr
     }

@@ -115,6 +115,9 @@ pub(crate) struct CudaDeviceShared {
     blas_handles: Mutex<Vec<blas::RawBlasHandle>>,
     /// Whether a cuBLAS handle was ever created here (then captures reserve GEMM workspaces).
     blas_ready: AtomicBool,
+    /// A stream that never captures, on which allocations requested during a capture are made
+    /// (see [`CudaMemory::alloc_outside_capture`]). Created at the first such allocation.
+    alloc_stream: Mutex<Option<Arc<cudarc::driver::CudaStream>>>,
 }
 
 /// What identifies a compiled kernel on one device.
@@ -125,6 +128,21 @@ impl CudaDeviceShared {
         self.ctx
             .bind_to_thread()
             .map_err(|e| driver_err("cuCtxSetCurrent", e))
+    }
+
+    /// The device's allocation stream (see the `alloc_stream` field), created on first use.
+    pub(crate) fn alloc_stream(&self) -> Result<Arc<cudarc::driver::CudaStream>> {
+        let mut slot = self.alloc_stream.lock();
+        if let Some(s) = &*slot {
+            return Ok(s.clone());
+        }
+        self.bind()?;
+        let s = self
+            .ctx
+            .new_stream()
+            .map_err(|e| driver_err("cuStreamCreate", e))?;
+        *slot = Some(s.clone());
+        Ok(s)
     }
 
     /// An event without timing, from the pool when one is free.
@@ -229,6 +247,7 @@ impl CudaDevice {
             modules: Mutex::new(HashMap::new()),
             blas_handles: Mutex::new(Vec::new()),
             blas_ready: AtomicBool::new(false),
+            alloc_stream: Mutex::new(None),
         });
         Ok((CudaDevice { shared }, name, limits))
     }

@@ -167,6 +167,10 @@ impl CudaStreamHandle {
         CudaMemory::alloc(self, bytes)
     }
 
+    pub(crate) fn alloc_outside_capture(&self, bytes: usize) -> Result<CudaMemory> {
+        CudaMemory::alloc_outside_capture(self, bytes)
+    }
+
     pub(crate) fn copy_from_host(
         &self,
         dst: &CudaMemory,
