@@ -19,6 +19,14 @@ pub(crate) const EMPTY_ARG_NAME: &str = "empty_kernel_arg";
 pub(crate) const EMPTY_ARG_SRC: &str =
     r#"extern "C" __global__ void empty_kernel_arg(float* p) {}"#;
 
+/// Entry point of [`INC_SRC`].
+pub(crate) const INC_NAME: &str = "inc_kernel";
+
+/// One thread adds 1 to `x[0]`: the tiny kernel of graph-replay measurements, whose effect
+/// (a count of executions) checks that every node ran.
+pub(crate) const INC_SRC: &str =
+    r#"extern "C" __global__ void inc_kernel(float* x) { x[0] += 1.0f; }"#;
+
 /// A single thread that spins for `cycles` SM clock cycles, then writes `out[0] += 1`.
 pub(crate) const SPIN_SRC: &str = r#"
 extern "C" __global__ void spin_kernel(unsigned long long* out, unsigned long long cycles) {
@@ -35,6 +43,14 @@ pub(crate) fn empty_kernel() -> Kernel {
 /// [`EMPTY_ARG_SRC`] as a cuflow kernel; pass it one `f32` buffer.
 pub(crate) fn empty_arg_kernel() -> Kernel {
     Kernel::new(EMPTY_ARG_NAME, EMPTY_ARG_SRC).with_host(|_| Ok(()))
+}
+
+/// [`INC_SRC`] as a cuflow kernel; pass it one `f32` buffer.
+pub(crate) fn inc_kernel() -> Kernel {
+    Kernel::new(INC_NAME, INC_SRC).with_host(|args| {
+        args.output::<f32>(0)?[0] += 1.0;
+        Ok(())
+    })
 }
 
 /// [`SPIN_SRC`] as a cuflow kernel; on the host it sleeps for about the same time.

@@ -20,10 +20,12 @@
 #![deny(unsafe_code)]
 
 mod error;
+mod graph;
 mod kernels;
 mod launch;
 mod ops;
 mod overlap;
+mod python;
 mod raw;
 mod report;
 mod tensor_kernels;
@@ -81,6 +83,13 @@ const BENCHMARKS: &[Benchmark] = &[
         iters_meaning: "launches per trial",
         default_iters: 50,
         run: tensor_kernels::run,
+    },
+    Benchmark {
+        name: "graph",
+        about: "graph replay of 10/100/1000 tiny kernels vs raw cudarc and PyTorch graphs",
+        iters_meaning: "unused (fixed trial sizes)",
+        default_iters: 1,
+        run: graph::run,
     },
 ];
 

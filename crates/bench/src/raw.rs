@@ -43,6 +43,8 @@ pub(crate) enum RawKernel {
     Empty,
     /// `empty_kernel_arg(float* p)`, one `CudaSlice<f32>` of one element.
     EmptyOneBuffer,
+    /// `inc_kernel(float* x)`, one `CudaSlice<f32>` of one element, which it increments.
+    Inc,
 }
 
 impl RawKernel {
@@ -50,6 +52,7 @@ impl RawKernel {
         match self {
             RawKernel::Empty => (kernels::EMPTY_NAME, kernels::EMPTY_SRC),
             RawKernel::EmptyOneBuffer => (kernels::EMPTY_ARG_NAME, kernels::EMPTY_ARG_SRC),
+            RawKernel::Inc => (kernels::INC_NAME, kernels::INC_SRC),
         }
     }
 }
@@ -59,7 +62,8 @@ impl RawKernel {
 pub(crate) struct RawLauncher {
     stream: Arc<CudaStream>,
     function: CudaFunction,
-    /// The kernel's one argument: `Some` exactly for [`RawKernel::EmptyOneBuffer`].
+    /// The kernel's one argument: `Some` exactly for [`RawKernel::EmptyOneBuffer`] and
+    /// [`RawKernel::Inc`].
     buffer: Option<CudaSlice<f32>>,
 }
 
@@ -124,7 +128,7 @@ impl RawLauncher {
             .map_err(BenchError::driver("CudaModule::load_function"))?;
         let buffer = match kernel {
             RawKernel::Empty => None,
-            RawKernel::EmptyOneBuffer => Some(
+            RawKernel::EmptyOneBuffer | RawKernel::Inc => Some(
                 stream
                     .alloc_zeros::<f32>(1)
                     .map_err(BenchError::driver("CudaStream::alloc_zeros"))?,
@@ -150,17 +154,111 @@ impl RawLauncher {
         };
         let start = Instant::now();
         for _ in 0..n {
-            let mut launch = self.stream.launch_builder(&self.function);
-            if let Some(buffer) = self.buffer.as_mut() {
-                launch.arg(buffer);
+            // SAFETY: one block of one thread without shared memory.
+            unsafe { self.launch_one(config) }?;
+        }
+        self.stream
+            .synchronize()
+            .map_err(BenchError::driver("CudaStream::synchronize"))?;
+        Ok(start.elapsed())
+    }
+
+    /// Launches the kernel once with `config`.
+    ///
+    /// # Safety
+    ///
+    /// `config` must be one block of one thread without shared memory.
+    #[inline(always)]
+    unsafe fn launch_one(&mut self, config: LaunchConfig) -> Result<(), BenchError> {
+        let mut launch = self.stream.launch_builder(&self.function);
+        if let Some(buffer) = self.buffer.as_mut() {
+            launch.arg(buffer);
+        }
+        // SAFETY: the arguments pushed are exactly the kernel's parameters, both fixed by the
+        // `RawKernel` of `new` (module docs): none for `empty_kernel()`, one device pointer to a
+        // live one-element f32 allocation for `empty_kernel_arg(float*)` (which never
+        // dereferences it) and for `inc_kernel(float*)` (whose one thread writes element 0).
+        // The buffer is owned by `self`, so it outlives the launch, and it is freed on the same
+        // stream after it. One block of one thread without shared memory (the caller's
+        // contract) is a valid configuration on every device.
+        unsafe { launch.launch(config) }.map_err(BenchError::driver("LaunchArgs::launch"))?;
+        Ok(())
+    }
+
+    /// Captures `n` launches of the kernel (one block of one thread each) on the stream into a
+    /// CUDA graph with cudarc's capture API, instantiated and uploaded: a raw graph baseline.
+    pub(crate) fn capture_graph(&mut self, n: usize) -> Result<RawGraph, BenchError> {
+        let config = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (1, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        self.stream
+            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+            .map_err(BenchError::driver("CudaStream::begin_capture"))?;
+        let mut launched = Ok(());
+        for _ in 0..n {
+            // SAFETY: one block of one thread without shared memory.
+            launched = unsafe { self.launch_one(config) };
+            if launched.is_err() {
+                break;
             }
-            // SAFETY: the arguments pushed are exactly the kernel's parameters, both fixed by the
-            // `RawKernel` of `new` (module docs): none for `empty_kernel()`, one device pointer to a
-            // live one-element f32 allocation for `empty_kernel_arg(float*)`, which never
-            // dereferences it. The buffer is owned by `self`, so it outlives the launch, and it
-            // is freed on the same stream after it. One block of one thread without shared
-            // memory is a valid configuration on every device.
-            unsafe { launch.launch(config) }.map_err(BenchError::driver("LaunchArgs::launch"))?;
+        }
+        let graph = self
+            .stream
+            .end_capture(sys::CUgraphInstantiate_flags_enum(0))
+            .map_err(BenchError::driver("CudaStream::end_capture"))?;
+        launched?;
+        let graph = graph
+            .ok_or_else(|| BenchError::Verification("the raw capture recorded no graph".into()))?;
+        graph
+            .upload()
+            .map_err(BenchError::driver("CudaGraph::upload"))?;
+        Ok(RawGraph {
+            graph,
+            stream: self.stream.clone(),
+        })
+    }
+
+    /// The kernel's buffer, read back (after the stream's work): for [`RawKernel::Inc`], how
+    /// many launches ran.
+    pub(crate) fn read_buffer(&self) -> Result<f32, BenchError> {
+        let buffer = self.buffer.as_ref().ok_or_else(|| {
+            BenchError::Verification("this raw kernel has no buffer to read".into())
+        })?;
+        let host = self
+            .stream
+            .clone_dtoh(buffer)
+            .map_err(BenchError::driver("CudaStream::clone_dtoh"))?;
+        host.first()
+            .copied()
+            .ok_or_else(|| BenchError::Verification("the raw kernel's buffer is empty".into()))
+    }
+}
+
+/// A graph captured with raw cudarc ([`RawLauncher::capture_graph`]), replayed on its stream.
+/// It holds no buffer of its own: the launcher it came from must outlive it (the graph's
+/// kernels write the launcher's buffer), which [`RawGraph::replay_k`] callers keep.
+pub(crate) struct RawGraph {
+    graph: cudarc::driver::CudaGraph,
+    stream: Arc<CudaStream>,
+}
+
+impl std::fmt::Debug for RawGraph {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RawGraph").finish_non_exhaustive()
+    }
+}
+
+impl RawGraph {
+    /// Launches the graph `k` times back to back, then synchronizes its stream; returns the
+    /// wall time of the whole, synchronize included.
+    pub(crate) fn replay_k(&self, k: usize) -> Result<Duration, BenchError> {
+        let start = Instant::now();
+        for _ in 0..k {
+            self.graph
+                .launch()
+                .map_err(BenchError::driver("CudaGraph::launch"))?;
         }
         self.stream
             .synchronize()

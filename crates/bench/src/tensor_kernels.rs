@@ -24,7 +24,6 @@
 //! object. Where the interpreter or torch is missing, or a case fails there, cuflow's figures
 //! are still reported, without that baseline, and a note says why.
 
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 
 use cuflow::device_op::enqueue_on;
@@ -68,9 +67,6 @@ const ROWS_GOAL: Goal = Goal::AtLeast(1.0);
 
 /// The PyTorch baseline; its docstring gives its command line and output.
 const TORCH_SCRIPT: &str = include_str!("tensor_kernels_torch.py");
-
-/// The environment variable naming the Python interpreter (default `python3`).
-const PYTHON_VAR: &str = "CUFLOW_BENCH_PYTHON";
 
 /// Seeds of the random inputs (any fixed values: runs see the same data).
 const SEED: u64 = 0x6b65_726e_656c_7300;
@@ -479,50 +475,18 @@ struct TorchRun {
 /// Runs [`TORCH_SCRIPT`] on [`CASES`] with `launches` calls per trial; `Err` says why there is
 /// no PyTorch baseline at all.
 fn run_torch(launches: usize) -> Result<TorchRun, String> {
-    let python = std::env::var(PYTHON_VAR).unwrap_or_else(|_| "python3".into());
     let args = json!({
         "trials": TRIALS,
         "launches": launches,
         "warmup": WARMUP,
         "cases": CASES.iter().map(|c| c.torch_json()).collect::<Vec<_>>(),
     });
-    let script =
-        std::env::temp_dir().join(format!("cuflow-bench-kernels-{}.py", std::process::id()));
-    std::fs::write(&script, TORCH_SCRIPT)
-        .map_err(|e| format!("could not write {}: {e}", script.display()))?;
-    let output = Command::new(&python)
-        .arg(&script)
-        .arg(args.to_string())
-        .stdin(Stdio::null())
-        .output();
-    // The script is only needed while it runs.
-    let _ = std::fs::remove_file(&script);
-    let output = output.map_err(|e| format!("could not run {python}: {e}"))?;
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    if !output.status.success() {
-        eprint!("{stderr}");
-        let mut why = format!("{python} {}", output.status);
-        if let Some(last) = stderr.lines().rev().find(|l| !l.trim().is_empty()) {
-            why.push_str(&format!(": {}", last.trim()));
-        }
-        return Err(why);
-    }
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let line = stdout
-        .lines()
-        .rev()
-        .find(|l| !l.trim().is_empty())
-        .unwrap_or("");
-    let reply: Value = serde_json::from_str(line)
-        .map_err(|e| format!("the PyTorch script printed no JSON result ({e})"))?;
+    let reply = crate::python::run_script("kernels", TORCH_SCRIPT, &args)?;
     parse_torch_reply(&reply)
 }
 
 /// Reads the script's JSON output (see [`TORCH_SCRIPT`]).
 fn parse_torch_reply(reply: &Value) -> Result<TorchRun, String> {
-    if let Some(why) = reply["unavailable"].as_str() {
-        return Err(why.to_string());
-    }
     let cases = reply["cases"]
         .as_array()
         .filter(|cases| cases.len() == CASES.len())
@@ -822,10 +786,6 @@ mod tests {
 
     #[test]
     fn rejects_malformed_torch_replies() {
-        assert_eq!(
-            parse_torch_reply(&json!({"unavailable": "no torch"})).err(),
-            Some("no torch".into())
-        );
         // One result short.
         let short: Vec<Value> = CASES[1..].iter().map(|_| json!({"ms": [1.0]})).collect();
         assert!(parse_torch_reply(&reply(Value::from(short))).is_err());

@@ -11,11 +11,15 @@ use rand::rngs::StdRng;
 use rand::Rng;
 
 /// Shapes with 1, 7, 1000 and 4097 columns (register-cached rows), 20000 (rows read twice)
-/// and a rank-3 input.
+/// and a rank-3 input; row counts divisible by 8, 4, 2 and none of them (the normalizing
+/// kernels group short rows by the largest of those), and 1024 columns (the longest rows they
+/// give one warp).
 const SHAPES: &[&[usize]] = &[
     &[3, 1],
     &[5, 7],
     &[4, 1000],
+    &[24, 1024],
+    &[6, 250],
     &[3, 4097],
     &[2, 20000],
     &[2, 3, 33],
