@@ -139,7 +139,7 @@ struct StepKernels {
 }
 
 /// Threads per block of the attention kernel (a multiple of the warp size).
-const ATTENTION_THREADS: u32 = 128;
+const ATTENTION_THREADS: u32 = 512;
 
 /// A decoder-only transformer with its key/value caches and decode-step inputs on one device.
 #[derive(Debug)]

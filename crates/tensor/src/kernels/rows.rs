@@ -3,10 +3,7 @@
 //! On CUDA one block handles one row: each thread keeps up to 16 of the row's elements in
 //! registers (rows of up to 16 × 1024 elements are read from memory once), and the block
 //! reduces with warp shuffles and one shared-memory step. Longer rows are read again for each
-//! pass. The normalizing kernels (softmax, rms_norm, layer_norm) give rows of up to 1024
-//! elements one warp each instead (32 elements per lane, several rows per block), which
-//! reduces with shuffles alone. Floating-point types compute in `float` (`double` for `f64`);
-//! integer sums wrap.
+//! pass. Floating-point types compute in `float` (`double` for `f64`); integer sums wrap.
 
 use cuflow_device_op::op::zip::{Zip2, Zip3};
 use cuflow_device_op::{DeviceOp, ExecutionContext};
@@ -14,15 +11,13 @@ use cuflow_runtime::{DeviceError, Kernel, KernelArgs, LaunchConfig};
 
 use super::{alloc, check_device, TensorResult};
 use crate::dtype::{cuda_prelude, DType, FloatDType};
-use crate::op::{cached_kernel, cached_kernel2, TensorOp};
+use crate::op::{cached_kernel, TensorOp};
 use crate::tensor::{Tensor, TensorInput, TensorRef};
 
 /// Device code shared by the row kernels: block reductions and the row loop macros.
 const ROW_COMMON: &str = r#"
 typedef unsigned long long u64;
-#ifndef SLOTS
 #define SLOTS 16
-#endif
 template <typename V> __device__ __forceinline__ V shfl_x(V v, int o) {
   return __shfl_xor_sync(0xffffffffu, v, o);
 }
@@ -31,11 +26,6 @@ template <> __device__ __forceinline__ unsigned char shfl_x<unsigned char>(unsig
 }
 template <typename V> __device__ __forceinline__ V op_sum(V a, V b) { return a + b; }
 template <typename V> __device__ __forceinline__ V op_max(V a, V b) { return a > b ? a : b; }
-#ifdef WARP_ROW
-// One warp per row: the butterfly leaves the result in every lane.
-#define BLOCK_REDUCE(V, v, OP, sh, ID) { \
-  for (int o_ = 16; o_ > 0; o_ >>= 1) v = OP(v, shfl_x<V>(v, o_)); }
-#else
 #define BLOCK_REDUCE(V, v, OP, sh, ID) { \
   for (int o_ = 16; o_ > 0; o_ >>= 1) v = OP(v, shfl_x<V>(v, o_)); \
   int lane_ = threadIdx.x & 31, warp_ = threadIdx.x >> 5, nw_ = (blockDim.x + 31) >> 5; \
@@ -49,7 +39,6 @@ template <typename V> __device__ __forceinline__ V op_max(V a, V b) { return a >
   } \
   __syncthreads(); \
   v = sh[0]; }
-#endif
 "#;
 
 /// The launch for `rows` rows of `cols`: one block per row.
@@ -66,27 +55,6 @@ fn row_launch(rows: usize, cols: usize) -> Result<LaunchConfig, DeviceError> {
         reason: format!("{rows} rows are more blocks than a launch can have"),
     })?;
     Ok(LaunchConfig::linear(grid, block))
-}
-
-/// The launch of a normalizing kernel over `rows` rows of `cols`, and whether it is the
-/// warp-per-row variant: rows of up to 1024 elements get one warp each, 8 rows per block (or
-/// the largest of 4, 2, 1 that divides `rows`, so that no warp lacks a row); longer rows, one
-/// block each ([`row_launch`]).
-fn norm_launch(rows: usize, cols: usize) -> Result<(LaunchConfig, bool), DeviceError> {
-    if cols > 1024 {
-        return Ok((row_launch(rows, cols)?, false));
-    }
-    let per_block = [8usize, 4, 2, 1]
-        .into_iter()
-        .find(|r| rows % r == 0)
-        .unwrap_or(1);
-    let grid = u32::try_from(rows / per_block).map_err(|_| DeviceError::InvalidShape {
-        op: "row kernel",
-        reason: format!("{rows} rows are more blocks than a launch can have"),
-    })?;
-    let mut cfg = LaunchConfig::linear(grid, 32);
-    cfg.block.1 = per_block as u32;
-    Ok((cfg, true))
 }
 
 fn rows_of<T: DType>(op: &'static str, x: &Tensor<T>) -> Result<(usize, usize), DeviceError> {
@@ -332,9 +300,8 @@ union RowVec { uint4 u; T v[16 / sizeof(T)]; };
 #define SLOT_INDEX(j_) (vec ? ((u64)threadIdx.x + (u64)((j_) / VW) * blockDim.x) * VW + (j_) % VW \
                            : (u64)threadIdx.x + (u64)(j_) * blockDim.x)
 #define ROW_SETUP \
-  u64 row_ = (u64)blockIdx.x * blockDim.y + threadIdx.y; \
-  const T* xr = x + row_ * cols; \
-  T* orow = out + row_ * cols; \
+  const T* xr = x + (u64)blockIdx.x * cols; \
+  T* orow = out + (u64)blockIdx.x * cols; \
   bool cached = cols <= (u64)blockDim.x * SLOTS; \
   bool vec = cols % VW == 0; \
   A v[SLOTS]; \
@@ -384,25 +351,15 @@ union RowVec { uint4 u; T v[16 / sizeof(T)]; };
   }
 "#;
 
-/// The normalizing kernel `name` for `T`; `warp`: the warp-per-row variant (see
-/// [`norm_launch`]).
 fn norm_kernel<T: FloatDType>(
     name: &'static str,
     params: &'static str,
     body: &'static str,
-    warp: bool,
 ) -> Kernel {
-    cached_kernel2(name, T::NAME, if warp { "warp" } else { "" }, || {
-        let (fname, variant) = if warp {
-            (
-                format!("{name}_{}_warp", T::NAME),
-                "#define WARP_ROW 1\n#define SLOTS 32\n",
-            )
-        } else {
-            (format!("{name}_{}", T::NAME), "")
-        };
+    cached_kernel(name, T::NAME, || {
+        let fname = format!("{name}_{}", T::NAME);
         let source = format!(
-            r#"{variant}{prelude}{common}{cached}
+            r#"{prelude}{common}{cached}
 extern "C" __global__ void {fname}(T* out, const T* x{params}, u64 cols) {{
   __shared__ A sh[32];
   ROW_SETUP
@@ -545,10 +502,9 @@ pub fn softmax<T: FloatDType, X: TensorInput<T>>(
         let (rows, cols) = rows_of("softmax", x)?;
         let out = alloc::<T>(stream, x.shape())?;
         if rows > 0 && cols > 0 {
-            let (cfg, warp) = norm_launch(rows, cols)?;
-            norm_kernel::<T>("softmax", "", SOFTMAX_BODY, warp).launch(
+            norm_kernel::<T>("softmax", "", SOFTMAX_BODY).launch(
                 stream,
-                cfg,
+                row_launch(rows, cols)?,
                 KernelArgs::new()
                     .output(&**out.buffer())
                     .input(&**x.buffer())
@@ -573,7 +529,7 @@ pub fn rms_norm<T: FloatDType, X: TensorInput<T>, W: TensorInput<T>>(
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
     let both = Zip2::new(x.into_op(), weight.into_op());
     TensorOp::new(move |ctx: &mut ExecutionContext| {
-        let (x, w) = ctx.with_same_device(|ctx| both.execute(ctx))?;
+        let (x, w) = both.execute(ctx)?;
         let (x, w) = (x.tensor(), w.tensor());
         let stream = ctx.stream()?;
         check_device("rms_norm", stream, x)?;
@@ -582,10 +538,9 @@ pub fn rms_norm<T: FloatDType, X: TensorInput<T>, W: TensorInput<T>>(
         check_row_param("rms_norm", x, w, cols)?;
         let out = alloc::<T>(stream, x.shape())?;
         if rows > 0 && cols > 0 {
-            let (cfg, warp) = norm_launch(rows, cols)?;
-            norm_kernel::<T>("rms_norm", ", const T* w, float eps", RMS_BODY, warp).launch(
+            norm_kernel::<T>("rms_norm", ", const T* w, float eps", RMS_BODY).launch(
                 stream,
-                cfg,
+                row_launch(rows, cols)?,
                 KernelArgs::new()
                     .output(&**out.buffer())
                     .input(&**x.buffer())
@@ -613,7 +568,7 @@ pub fn layer_norm<T: FloatDType, X: TensorInput<T>, W: TensorInput<T>, B: Tensor
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
     let all = Zip3::new(x.into_op(), weight.into_op(), bias.into_op());
     TensorOp::new(move |ctx: &mut ExecutionContext| {
-        let (x, w, b) = ctx.with_same_device(|ctx| all.execute(ctx))?;
+        let (x, w, b) = all.execute(ctx)?;
         let (x, w, b) = (x.tensor(), w.tensor(), b.tensor());
         let stream = ctx.stream()?;
         for t in [x, w, b] {
@@ -624,16 +579,14 @@ pub fn layer_norm<T: FloatDType, X: TensorInput<T>, W: TensorInput<T>, B: Tensor
         check_row_param("layer_norm", x, b, cols)?;
         let out = alloc::<T>(stream, x.shape())?;
         if rows > 0 && cols > 0 {
-            let (cfg, warp) = norm_launch(rows, cols)?;
             norm_kernel::<T>(
                 "layer_norm",
                 ", const T* w, const T* b, float eps",
                 LAYER_BODY,
-                warp,
             )
             .launch(
                 stream,
-                cfg,
+                row_launch(rows, cols)?,
                 KernelArgs::new()
                     .output(&**out.buffer())
                     .input(&**x.buffer())
