@@ -40,12 +40,12 @@ pub use cuflow_runtime::{
     LaunchConfig, PinnedBuffer, Stream,
 };
 pub use cuflow_scheduler::{
-    DevicePolicyExt, LeastLoaded, Placement, Priority, PriorityLevel, SchedulingPolicy,
-    SingleStream, StreamPoolRoundRobin,
+    DevicePolicyExt, DeviceSpread, LeastLoaded, MultiDevice, Placement, Priority, PriorityLevel,
+    SchedulingPolicy, SingleStream, StreamPoolRoundRobin,
 };
 pub use cuflow_tensor::{
     bf16, f16, DType, FloatDType, Launch, Partition, PartitionExt, ReshapeOpExt, Tensor,
-    TensorInput, TensorMut, TensorOpExt, TensorRef,
+    TensorInput, TensorMut, TensorOpExt, TensorRef, ToDeviceExt,
 };
 
 /// The names most programs need: `use cuflow::prelude::*;`.
@@ -60,11 +60,11 @@ pub mod prelude {
         Stream,
     };
     pub use cuflow_scheduler::{
-        DevicePolicyExt, LeastLoaded, Priority, PriorityLevel, SchedulingPolicy, SingleStream,
-        StreamPoolRoundRobin,
+        DevicePolicyExt, DeviceSpread, LeastLoaded, MultiDevice, Priority, PriorityLevel,
+        SchedulingPolicy, SingleStream, StreamPoolRoundRobin,
     };
     pub use cuflow_tensor::{
         api, bf16, f16, kernels, DType, FloatDType, Launch, Partition, PartitionExt, ReshapeOpExt,
-        Tensor, TensorOpExt,
+        Tensor, TensorOpExt, ToDeviceExt,
     };
 }

@@ -45,6 +45,13 @@ pub(crate) enum BenchError {
     },
     /// The measured work did not do what it should have.
     Verification(String),
+    /// The benchmark needs more CUDA devices than are visible.
+    MissingDevices {
+        /// How many it needs.
+        needed: usize,
+        /// How many the driver reports.
+        visible: usize,
+    },
 }
 
 impl BenchError {
@@ -65,6 +72,11 @@ impl fmt::Display for BenchError {
             BenchError::Nvrtc { call, .. } => write!(f, "{call} failed"),
             BenchError::Unavailable { what } => write!(f, "{what} could not be loaded"),
             BenchError::Verification(what) => write!(f, "verification failed: {what}"),
+            BenchError::MissingDevices { needed, visible } => write!(
+                f,
+                "this benchmark needs {needed} CUDA devices and {visible} are visible; run it \
+                 on a machine with {needed} GPUs (CUDA_VISIBLE_DEVICES must list them)"
+            ),
         }
     }
 }
@@ -76,7 +88,9 @@ impl Error for BenchError {
             BenchError::Driver { source, .. } => Some(source),
             BenchError::Compile { source, .. } => Some(source),
             BenchError::Nvrtc { source, .. } => Some(source),
-            BenchError::Unavailable { .. } | BenchError::Verification(_) => None,
+            BenchError::Unavailable { .. }
+            | BenchError::Verification(_)
+            | BenchError::MissingDevices { .. } => None,
         }
     }
 }

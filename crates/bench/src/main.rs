@@ -10,7 +10,8 @@
 //! Each benchmark is one module with a `run(&Device, iters) -> Result<Results, BenchError>`
 //! function and one entry in [`BENCHMARKS`]. The benchmarks measure GPU work, so they need a
 //! CUDA device: without one the program says so and exits with status 2 (before any direct
-//! cudarc call, which would panic where libcuda is absent). Exit status 1 means a benchmark
+//! cudarc call, which would panic where libcuda is absent), as it does when `multigpu` finds
+//! fewer than two. Exit status 1 means a benchmark
 //! failed; the figures are printed as a table on stdout and, with `--json`, written to `PATH`.
 //! Committed results live in `docs/perf/`.
 //!
@@ -23,6 +24,7 @@ mod error;
 mod graph;
 mod kernels;
 mod launch;
+mod multigpu;
 mod ops;
 mod overlap;
 mod python;
@@ -53,8 +55,8 @@ struct Benchmark {
     run: fn(&Device, usize) -> Result<Results, BenchError>,
 }
 
-/// Every benchmark, in the order `--help` lists them. The next ones (`graph`, `multigpu`) are
-/// each a module beside `launch.rs` and an entry here.
+/// Every benchmark, in the order `--help` lists them; each is a module beside `launch.rs` and
+/// an entry here.
 const BENCHMARKS: &[Benchmark] = &[
     Benchmark {
         name: "launch",
@@ -91,9 +93,16 @@ const BENCHMARKS: &[Benchmark] = &[
         default_iters: 1,
         run: graph::run,
     },
+    Benchmark {
+        name: "multigpu",
+        about: "16 matmuls 4096^3 over 2 GPUs vs 1 (MultiDevice); 256 MiB peer vs staged copy",
+        iters_meaning: "trials",
+        default_iters: 5,
+        run: multigpu::run,
+    },
 ];
 
-/// Exit status for a bad command line, or no CUDA device.
+/// Exit status for a bad command line, or too few CUDA devices.
 const EXIT_USAGE: u8 = 2;
 
 fn usage() -> String {
@@ -203,6 +212,10 @@ fn main() -> ExitCode {
 
     let results = match (benchmark.run)(&device, iters) {
         Ok(results) => results,
+        Err(e @ BenchError::MissingDevices { .. }) => {
+            eprintln!("cuflow-bench {}: {e}", benchmark.name);
+            return ExitCode::from(EXIT_USAGE);
+        }
         Err(e) => {
             eprintln!(
                 "cuflow-bench {} failed: {}",

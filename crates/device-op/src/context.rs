@@ -4,6 +4,10 @@
 //! placed on a stream other than its parent's must first wait for the parent's earlier work.
 //! That wait is made only when the branch first asks for its stream ([`ExecutionContext::stream`]),
 //! so a branch that does no device work adds no events and no waits.
+//!
+//! A context's device is the device of its stream. A policy may place a branch on a stream of
+//! another device of the same backend (spreading work over GPUs); the fork and join events then
+//! order the work across devices, as they do across streams.
 
 use std::sync::Arc;
 
@@ -38,6 +42,10 @@ pub struct ExecutionContext {
     fork_cache: Option<Arc<ForkPoint>>,
     touched: bool,
     priority: PriorityLevel,
+    /// How many `zip!` levels enclose this context (0 for the root).
+    depth: usize,
+    /// Whether branches forked from here must stay on this context's device.
+    same_device: bool,
     stats: Arc<Mutex<ExecutionStats>>,
     /// The streams that received device work, shared by the whole execution.
     used: Arc<Mutex<Vec<Stream>>>,
@@ -60,12 +68,15 @@ impl ExecutionContext {
             fork_cache: None,
             touched: prior_work,
             priority: PriorityLevel::Normal,
+            depth: 0,
+            same_device: false,
             stats: Arc::new(Mutex::new(ExecutionStats::default())),
             used: Arc::new(Mutex::new(Vec::new())),
         }
     }
 
-    /// The device the op runs on.
+    /// The device this context's work runs on: the device of its stream. Branches may run on
+    /// other devices, where the policy spreads them (see `MultiDevice` in `cuflow-scheduler`).
     pub fn device(&self) -> &Device {
         &self.device
     }
@@ -108,14 +119,79 @@ impl ExecutionContext {
         if !self.touched {
             self.touched = true;
         }
+        self.note_used(&self.stream);
+        Ok(&self.stream)
+    }
+
+    /// Counts `stream` among the streams of this execution.
+    fn note_used(&self, stream: &Stream) {
+        let mut stats = self.stats.lock();
+        if !stats.streams.contains(&stream.id()) {
+            stats.streams.push(stream.id());
+            self.used.lock().push(stream.clone());
+        }
+    }
+
+    /// Runs `f` on `stream`, a stream of any device, in order with this context's work:
+    /// `stream` first waits for everything enqueued through this context so far, `f` enqueues
+    /// its work on `stream`, and this context's stream then waits for that work. Ops use it to
+    /// place part of their work on a device other than the context's (see
+    /// [`ExecutionContext::on_device`]).
+    ///
+    /// # Errors
+    ///
+    /// The error of `f`, or of recording or waiting on the events (see
+    /// `cuflow_runtime::Stream::wait_event` for waits across devices and backends).
+    pub fn on_stream<R>(
+        &mut self,
+        stream: &Stream,
+        f: impl FnOnce(&Stream) -> Result<R, DeviceError>,
+    ) -> Result<R, DeviceError> {
+        let own = self.stream()?.clone();
+        if own == *stream {
+            return f(stream);
+        }
+        stream.wait_event(&own.record_event()?)?;
+        self.note_used(stream);
         {
             let mut stats = self.stats.lock();
-            if !stats.streams.contains(&self.stream.id()) {
-                stats.streams.push(self.stream.id());
-                self.used.lock().push(self.stream.clone());
-            }
+            stats.events_recorded += 1;
+            stats.event_waits += 1;
         }
-        Ok(&self.stream)
+        let out = f(stream)?;
+        own.wait_event(&stream.record_event()?)?;
+        let mut stats = self.stats.lock();
+        stats.events_recorded += 1;
+        stats.event_waits += 1;
+        Ok(out)
+    }
+
+    /// Runs `f` on a stream of `device`, in order with this context's work: on this context's
+    /// stream when it is of `device`, else on the stream that `device`'s default policy places
+    /// a root on, joined with events as by [`ExecutionContext::on_stream`].
+    ///
+    /// # Errors
+    ///
+    /// As [`ExecutionContext::on_stream`]; the error of creating `device`'s default policy;
+    /// [`DeviceError::Usage`] when that policy places work on another device.
+    pub fn on_device<R>(
+        &mut self,
+        device: &Device,
+        f: impl FnOnce(&Stream) -> Result<R, DeviceError>,
+    ) -> Result<R, DeviceError> {
+        if *device == self.device {
+            let stream = self.stream()?.clone();
+            return f(&stream);
+        }
+        let stream = cuflow_scheduler::default_policy(device)?.place(&Placement::root(device))?;
+        if stream.device() != device {
+            return Err(DeviceError::usage(format!(
+                "the default policy of {device} placed work on {}; give {device} a default \
+                 policy of its own streams (set_default_policy)",
+                stream.device()
+            )));
+        }
+        self.on_stream(&stream, f)
     }
 
     /// Whether device work was enqueued through this context.
@@ -128,25 +204,33 @@ impl ExecutionContext {
         self.priority
     }
 
-    /// A context for branch `index` of `count`, on the stream the policy picks. Its fork from
-    /// this context's stream is made lazily (see [`ExecutionContext::stream`]).
+    /// A context for branch `index` of `count`, on the stream the policy picks, which may be
+    /// of another device of the same backend (the branch then runs there). Its fork from this
+    /// context's stream is made lazily (see [`ExecutionContext::stream`]).
     ///
     /// # Errors
     ///
-    /// The policy's error.
+    /// The policy's error; [`DeviceError::DeviceMismatch`] when the policy picks a stream of
+    /// another backend than this context's.
     pub fn fork_branch(
         &mut self,
         index: usize,
         count: usize,
     ) -> Result<ExecutionContext, DeviceError> {
         let placement = Placement::branch(&self.device, &self.stream, index, count)
-            .with_priority(self.priority);
+            .with_priority(self.priority)
+            .at_depth(self.depth + 1)
+            .on_same_device(self.same_device);
         let stream = self.policy.place(&placement)?;
-        if stream.device() != &self.device {
+        if stream.device().kind() != self.device.kind() {
             return Err(DeviceError::DeviceMismatch {
                 op: "ExecutionContext::fork_branch",
                 expected: self.device.to_string(),
-                found: stream.device().to_string(),
+                found: format!(
+                    "{} (the policy placed a branch on another backend; a policy may spread \
+                     branches over devices of one backend only)",
+                    stream.device()
+                ),
             });
         }
         let pending_forks = if stream == self.stream || !self.touched {
@@ -157,13 +241,15 @@ impl ExecutionContext {
             vec![self.fork_point()]
         };
         Ok(ExecutionContext {
-            device: self.device.clone(),
+            device: stream.device().clone(),
             policy: self.policy.clone(),
             stream,
             pending_forks,
             fork_cache: None,
             touched: false,
             priority: self.priority,
+            depth: self.depth + 1,
+            same_device: self.same_device,
             stats: self.stats.clone(),
             used: self.used.clone(),
         })
@@ -240,6 +326,16 @@ impl ExecutionContext {
         let old = std::mem::replace(&mut self.priority, priority);
         let r = f(self);
         self.priority = old;
+        r
+    }
+
+    /// Runs `f` with every branch it forks (and every branch nested in those) kept on this
+    /// context's device, whatever the policy would spread: kernels run their lazy inputs this
+    /// way, since they read them together on one device.
+    pub fn with_same_device<R>(&mut self, f: impl FnOnce(&mut Self) -> R) -> R {
+        let old = std::mem::replace(&mut self.same_device, true);
+        let r = f(self);
+        self.same_device = old;
         r
     }
 

@@ -85,6 +85,9 @@ pub(crate) struct DeviceInner {
     pub(crate) bytes_in_use: AtomicUsize,
     /// The device's streams, for `Device::synchronize`.
     pub(crate) streams: Mutex<Vec<crate::sync::Weak<crate::stream::StreamInner>>>,
+    /// The stream on which staged copies out of this device read its memory, created at the
+    /// first such copy (see `DeviceBuffer::copy_from_device_staged`).
+    pub(crate) staging_stream: Mutex<Option<Stream>>,
     /// Extension slots for crates above the runtime (e.g. the default scheduling policy).
     pub(crate) extensions: Mutex<HashMap<std::any::TypeId, Arc<dyn std::any::Any + Send + Sync>>>,
 }
@@ -119,24 +122,60 @@ fn cuda_registry() -> &'static Mutex<HashMap<usize, Device>> {
 }
 
 impl Device {
-    /// The CPU host backend (one per process).
+    /// The CPU host backend (one per process); the same device as `Device::host_numbered(0)`.
     pub fn host() -> Device {
         static HOST: OnceLock<Device> = OnceLock::new();
-        HOST.get_or_init(|| {
-            let limits = DeviceLimits::host_default();
-            Device {
-                inner: Arc::new(DeviceInner {
-                    id: next_device_id(),
-                    name: format!("host ({} threads)", limits.multiprocessor_count),
-                    limits,
-                    backend: DeviceBackend::Host(host::HostDevice::new()),
-                    bytes_in_use: AtomicUsize::new(0),
-                    streams: Mutex::new(Vec::new()),
-                    extensions: Mutex::new(HashMap::new()),
-                }),
-            }
-        })
-        .clone()
+        HOST.get_or_init(|| Device::new_host(0)).clone()
+    }
+
+    /// Host device number `index`: `0` is [`Device::host`], and every other index is a further
+    /// device of the host backend, distinct from the others (its own streams, memory
+    /// accounting, default policy), created on first use and the same device every time after.
+    ///
+    /// All host devices are run by CPU threads and share the machine's memory; they exist so
+    /// that multi-device programs (copies between devices, [`DeviceError::DeviceMismatch`]
+    /// checks, policies spreading work over several devices) can run and be tested where no
+    /// GPU is present.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cuflow_runtime::Device;
+    /// let (a, b) = (Device::host(), Device::host_numbered(1));
+    /// assert_ne!(a, b);
+    /// assert_eq!(Device::host_numbered(0), a);
+    /// assert_eq!(b.to_string(), "host:1");
+    /// ```
+    pub fn host_numbered(index: usize) -> Device {
+        if index == 0 {
+            return Device::host();
+        }
+        static REG: OnceLock<Mutex<HashMap<usize, Device>>> = OnceLock::new();
+        REG.get_or_init(|| Mutex::new(HashMap::new()))
+            .lock()
+            .entry(index)
+            .or_insert_with(|| Device::new_host(index))
+            .clone()
+    }
+
+    fn new_host(index: usize) -> Device {
+        let limits = DeviceLimits::host_default();
+        let label = match index {
+            0 => "host".to_string(),
+            n => format!("host:{n}"),
+        };
+        Device {
+            inner: Arc::new(DeviceInner {
+                id: next_device_id(),
+                name: format!("{label} ({} threads)", limits.multiprocessor_count),
+                limits,
+                backend: DeviceBackend::Host(host::HostDevice::new(index)),
+                bytes_in_use: AtomicUsize::new(0),
+                streams: Mutex::new(Vec::new()),
+                staging_stream: Mutex::new(None),
+                extensions: Mutex::new(HashMap::new()),
+            }),
+        }
     }
 
     /// CUDA device `ordinal` (one [`Device`] per ordinal per process).
@@ -159,6 +198,7 @@ impl Device {
                 backend: DeviceBackend::Cuda(backend),
                 bytes_in_use: AtomicUsize::new(0),
                 streams: Mutex::new(Vec::new()),
+                staging_stream: Mutex::new(None),
                 extensions: Mutex::new(HashMap::new()),
             }),
         };
@@ -229,6 +269,38 @@ impl Device {
         match self.inner.backend {
             DeviceBackend::Host(_) => BackendKind::Host,
             DeviceBackend::Cuda(_) => BackendKind::Cuda,
+        }
+    }
+
+    /// Whether this device reads `peer`'s memory directly, so that
+    /// [`DeviceBuffer::copy_from_device`](crate::DeviceBuffer::copy_from_device) into a buffer
+    /// of this device from one of `peer` is a peer copy (over NVLink or PCIe) rather than
+    /// staged through pinned host memory.
+    ///
+    /// The same device, and two host devices (one address space), give `true`; a host and a
+    /// CUDA device give `false`. For two CUDA devices it is the driver's answer
+    /// (`cuDeviceCanAccessPeer`); the access itself is enabled at the first copy that uses it.
+    ///
+    /// # Errors
+    ///
+    /// A driver error if the query fails.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cuflow_runtime::Device;
+    /// # fn main() -> Result<(), cuflow_runtime::DeviceError> {
+    /// assert!(Device::host().can_access_peer(&Device::host_numbered(1))?);
+    /// # Ok(()) }
+    /// ```
+    pub fn can_access_peer(&self, peer: &Device) -> Result<bool> {
+        if self.same(peer) {
+            return Ok(true);
+        }
+        match (self.backend(), peer.backend()) {
+            (DeviceBackend::Host(_), DeviceBackend::Host(_)) => Ok(true),
+            (DeviceBackend::Cuda(a), DeviceBackend::Cuda(b)) => a.can_access_peer(b),
+            _ => Ok(false),
         }
     }
 
@@ -346,6 +418,17 @@ impl Device {
         &self.inner.backend
     }
 
+    /// The device's staging stream (see the `staging_stream` field), created on first use.
+    pub(crate) fn staging_stream(&self) -> Result<Stream> {
+        let mut slot = self.inner.staging_stream.lock();
+        if let Some(s) = &*slot {
+            return Ok(s.clone());
+        }
+        let s = self.new_stream()?;
+        *slot = Some(s.clone());
+        Ok(s)
+    }
+
     pub(crate) fn same(&self, other: &Device) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
     }
@@ -379,7 +462,10 @@ impl fmt::Display for Device {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.ordinal() {
             Some(n) => write!(f, "cuda:{n} ({})", self.inner.name),
-            None => f.write_str("host"),
+            None => match &self.inner.backend {
+                DeviceBackend::Host(h) if h.index() > 0 => write!(f, "host:{}", h.index()),
+                _ => f.write_str("host"),
+            },
         }
     }
 }

@@ -106,6 +106,15 @@ impl Memory {
         Ok(())
     }
 
+    /// Blocks until the work of every stream that used this memory has finished.
+    pub(crate) fn wait_for_uses(&self) -> Result<()> {
+        let uses: SmallVec<[Stream; 2]> = self.uses.lock().clone();
+        for stream in &uses {
+            stream.record_event()?.synchronize()?;
+        }
+        Ok(())
+    }
+
     pub(crate) fn check_device(&self, stream: &Stream, op: &'static str) -> Result<()> {
         if self.device != *stream.device() {
             return Err(DeviceError::DeviceMismatch {
@@ -137,16 +146,25 @@ impl Drop for Memory {
     }
 }
 
-/// Frees `mem` on the most recent of `uses`, after making it wait for every other one.
+/// Frees `mem` on the most recent of `uses` that belongs to its device, after making it wait
+/// for every other one (those of other devices included: copies between devices record a use
+/// on both buffers).
 pub(crate) fn free_cuda_after_uses(mem: &mut cuda::CudaMemory, uses: &[Stream]) {
-    let Some(last) = uses.last() else {
-        mem.leak_warning("no stream recorded");
+    let own_device = |s: &Stream| match s.backend() {
+        StreamBackend::Cuda(c) => c.shared.ordinal == mem.shared().ordinal,
+        StreamBackend::Host(_) => false,
+    };
+    let Some(pos) = uses.iter().rposition(own_device) else {
+        mem.leak_warning("no stream of its device recorded");
         return;
     };
+    let last = &uses[pos];
     let mut ordered = Ok(());
-    for other in &uses[..uses.len() - 1] {
-        if let Err(e) = last.join(other) {
-            ordered = Err(e);
+    for (i, other) in uses.iter().enumerate() {
+        if i != pos {
+            if let Err(e) = last.join(other) {
+                ordered = Err(e);
+            }
         }
     }
     match (ordered, last.backend()) {
@@ -268,11 +286,18 @@ impl<T: DeviceCopy> DeviceBuffer<T> {
         self.view().to_host_vec(stream)
     }
 
-    /// The stream of the most recent work enqueued on this buffer (the allocating stream when
-    /// nothing used it since). Reading back on it orders the read after that work without
-    /// adding a wait; a read on any stream is ordered after every use anyway.
+    /// The stream of the most recent work enqueued on this buffer by a stream of its own
+    /// device (the allocating stream when nothing used it since; copies to and from other
+    /// devices may also have used it from theirs). Reading back on it orders the read after
+    /// that work without adding a wait; a read on any stream is ordered after every use anyway.
     pub fn last_stream(&self) -> Option<Stream> {
-        self.mem.uses.lock().last().cloned()
+        self.mem
+            .uses
+            .lock()
+            .iter()
+            .rev()
+            .find(|s| *s.device() == self.mem.device)
+            .cloned()
     }
 
     /// Overwrites the buffer with `data` (same length).
@@ -291,6 +316,41 @@ impl<T: DeviceCopy> DeviceBuffer<T> {
     /// [`DeviceError::LengthMismatch`] when lengths differ.
     pub fn copy_from(&self, stream: &Stream, src: &DeviceBuffer<T>) -> Result<()> {
         self.view().copy_from(stream, src.view())
+    }
+
+    /// Copies `src` (same length), which may live on another device, into this buffer on
+    /// `stream`, a stream of this buffer's device. See [`BufferView::copy_from_device`].
+    ///
+    /// # Errors
+    ///
+    /// As [`BufferView::copy_from_device`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cuflow_runtime::{Device, DeviceBuffer};
+    /// # fn main() -> Result<(), cuflow_runtime::DeviceError> {
+    /// let (a, b) = (Device::host(), Device::host_numbered(1));
+    /// let (sa, sb) = (a.new_stream()?, b.new_stream()?);
+    /// let src = DeviceBuffer::from_host(&sa, &[1.0f32, 2.0, 3.0])?;
+    /// let dst = DeviceBuffer::<f32>::alloc(&sb, 3)?;
+    /// dst.copy_from_device(&sb, &src)?;
+    /// assert_eq!(dst.to_host_vec(&sb)?, vec![1.0, 2.0, 3.0]);
+    /// # Ok(()) }
+    /// ```
+    pub fn copy_from_device(&self, stream: &Stream, src: &DeviceBuffer<T>) -> Result<()> {
+        self.view().copy_from_device(stream, src.view())
+    }
+
+    /// Like [`DeviceBuffer::copy_from_device`], but between two CUDA devices always staged
+    /// through pinned host memory, even where a peer copy is possible. See
+    /// [`BufferView::copy_from_device_staged`].
+    ///
+    /// # Errors
+    ///
+    /// As [`BufferView::copy_from_device`].
+    pub fn copy_from_device_staged(&self, stream: &Stream, src: &DeviceBuffer<T>) -> Result<()> {
+        self.view().copy_from_device_staged(stream, src.view())
     }
 }
 
@@ -494,6 +554,153 @@ impl<'a, T: DeviceCopy> BufferView<'a, T> {
                     self.byte_len(),
                 ),
             _ => Err(backend_mismatch("copy_from")),
+        }
+    }
+
+    /// Copies `src` (same length), which may live on another device, into this view on
+    /// `stream`, a stream of this view's device.
+    ///
+    /// The copy is ordered after all work enqueued so far that used `src` or this view's
+    /// buffer, on any stream of either device, and both buffers record it, so that later
+    /// reads wait for it and neither is freed before it has finished. How it runs depends on
+    /// the two devices:
+    ///
+    /// - **the same device**: a device copy on `stream`, as [`BufferView::copy_from`];
+    /// - **two CUDA devices that can access each other** ([`Device::can_access_peer`]): a peer
+    ///   copy (`cuMemcpyPeerAsync`) on `stream`, over NVLink or PCIe; peer access is enabled
+    ///   at the first such copy between the two devices (where the driver then refuses it, for
+    ///   too many peers, the copy is staged);
+    /// - **two CUDA devices without peer access**: staged through pinned host memory, chunk by
+    ///   chunk: device to host on a stream of `src`'s device, then host to device on `stream`,
+    ///   joined by events (as [`BufferView::copy_from_device_staged`]);
+    /// - **two host devices**: a copy on `stream`'s worker;
+    /// - **a host device and a CUDA device**: through the host backend's storage. This one
+    ///   waits: for `src`'s pending work and, from a CUDA buffer, for the copy out of it.
+    ///
+    /// Except between host and CUDA devices, it does not wait: the calling thread returns as
+    /// soon as the copy is enqueued.
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceError::DeviceMismatch`] when `stream` is not of this view's device,
+    /// [`DeviceError::LengthMismatch`] when lengths differ, [`DeviceError::Capture`] for a copy
+    /// between two devices on a stream being captured (it cannot be recorded into a graph:
+    /// copy before or after the capture), or a driver error.
+    pub fn copy_from_device(&self, stream: &Stream, src: BufferView<'_, T>) -> Result<()> {
+        self.copy_between_devices(stream, src, false, "copy_from_device")
+    }
+
+    /// Like [`BufferView::copy_from_device`], but a copy between two CUDA devices is always
+    /// staged through pinned host memory, even where a peer copy is possible: to compare the
+    /// two paths, or where peer copies misbehave. Other pairs of devices copy as with
+    /// [`BufferView::copy_from_device`].
+    ///
+    /// The staging buffers (two of a few MiB, page-locked) belong to the destination device
+    /// and are allocated at its first staged copy; staged copies into one device take turns
+    /// using them.
+    ///
+    /// # Errors
+    ///
+    /// As [`BufferView::copy_from_device`].
+    pub fn copy_from_device_staged(&self, stream: &Stream, src: BufferView<'_, T>) -> Result<()> {
+        self.copy_between_devices(stream, src, true, "copy_from_device_staged")
+    }
+
+    fn copy_between_devices(
+        &self,
+        stream: &Stream,
+        src: BufferView<'_, T>,
+        force_staged: bool,
+        op: &'static str,
+    ) -> Result<()> {
+        self.mem.check_device(stream, op)?;
+        if src.len != self.len {
+            return Err(DeviceError::LengthMismatch {
+                op,
+                expected: self.len,
+                found: src.len,
+            });
+        }
+        if src.mem.device == self.mem.device {
+            // Inside a capture the op's own streams and events order the copy, as for
+            // `copy_from`; joining streams outside the capture would break it.
+            if !stream.is_capturing() {
+                src.mem.order_after_uses(stream)?;
+                self.mem.order_after_uses(stream)?;
+            }
+            return self.copy_from(stream, src);
+        }
+        stream.forbid_in_capture(op)?;
+        match (&self.mem.backend, &src.mem.backend, stream.backend()) {
+            (MemoryBackend::Host(_), MemoryBackend::Host(_), StreamBackend::Host(s)) => {
+                src.mem.order_after_uses(stream)?;
+                self.mem.order_after_uses(stream)?;
+                self.mem.note_use(stream);
+                src.mem.note_use(stream);
+                s.copy_device(
+                    src.mem.clone(),
+                    src.byte_offset(),
+                    self.mem.clone(),
+                    self.byte_offset(),
+                    self.byte_len(),
+                )
+            }
+            (MemoryBackend::Cuda(d), MemoryBackend::Cuda(sr), StreamBackend::Cuda(s)) => {
+                if !force_staged && s.peer_access(sr)? {
+                    src.mem.order_after_uses(stream)?;
+                    self.mem.order_after_uses(stream)?;
+                    self.mem.note_use(stream);
+                    src.mem.note_use(stream);
+                    return s.copy_peer(
+                        sr,
+                        src.byte_offset(),
+                        d,
+                        self.byte_offset(),
+                        self.byte_len(),
+                    );
+                }
+                let staging = src.mem.device.staging_stream()?;
+                let StreamBackend::Cuda(ss) = staging.backend() else {
+                    return Err(backend_mismatch(op));
+                };
+                src.mem.order_after_uses(&staging)?;
+                self.mem.order_after_uses(stream)?;
+                src.mem.note_use(&staging);
+                self.mem.note_use(stream);
+                cuda::copy_staged(
+                    ss,
+                    sr,
+                    src.byte_offset(),
+                    s,
+                    d,
+                    self.byte_offset(),
+                    self.byte_len(),
+                )
+            }
+            (MemoryBackend::Cuda(d), MemoryBackend::Host(h), StreamBackend::Cuda(s)) => {
+                // The GPU cannot wait for the host backend's work: wait for it here, then copy
+                // from its storage (the driver has taken the bytes when the call returns).
+                src.mem.wait_for_uses()?;
+                self.mem.order_after_uses(stream)?;
+                self.mem.note_use(stream);
+                let words = h.read();
+                let bytes: &[u8] = bytemuck::cast_slice(&words[..]);
+                let range = src.byte_offset()..src.byte_offset() + src.byte_len();
+                s.copy_from_host(d, self.byte_offset(), &bytes[range])
+            }
+            (MemoryBackend::Host(_), MemoryBackend::Cuda(_), StreamBackend::Host(s)) => {
+                let reader = src.mem.device.staging_stream()?;
+                let mut data = vec![T::zeroed(); src.len];
+                src.copy_to_host(&reader, &mut data)?;
+                self.mem.order_after_uses(stream)?;
+                self.mem.note_use(stream);
+                s.copy_from_host(
+                    self.mem.clone(),
+                    self.byte_offset(),
+                    bytemuck::cast_slice(&data).to_vec(),
+                )
+            }
+            _ => Err(backend_mismatch(op)),
         }
     }
 

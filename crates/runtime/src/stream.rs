@@ -147,12 +147,35 @@ impl Stream {
     /// Makes all work enqueued on this stream from now on wait until `event` has completed.
     /// Waiting on an event recorded during a capture makes this stream join that capture.
     ///
+    /// The event may belong to another device: on CUDA the GPU waits for an event of another
+    /// GPU (`cuStreamWaitEvent` accepts events of every context), and host devices wait for
+    /// each other's events. Across backends, a host stream waits for a CUDA event on its worker
+    /// thread, without blocking the caller; a CUDA stream cannot wait for the host backend's
+    /// work by itself, so the calling thread waits until a host event has completed (after
+    /// which the CUDA stream's later work is ordered after it).
+    ///
     /// # Errors
     ///
-    /// [`DeviceError::DeviceMismatch`] when the event belongs to another backend,
-    /// [`DeviceError::Capture`] when it was recorded during a capture that has ended, or a
-    /// driver error.
+    /// [`DeviceError::Capture`] when the event was recorded during a capture that has ended,
+    /// or when a wait across backends is asked of a stream being captured or for an event
+    /// recorded during a capture; the error the host work before a host event hit, when a
+    /// CUDA stream waits for it; or a driver error.
     pub fn wait_event(&self, event: &Event) -> Result<()> {
+        let same_backend = matches!(
+            (&self.inner.backend, &event.inner.backend),
+            (StreamBackend::Host(_), EventBackend::Host(_))
+                | (StreamBackend::Cuda(_), EventBackend::Cuda(_))
+        );
+        if !same_backend && (event.inner.capture.is_some() || self.is_capturing()) {
+            return Err(DeviceError::Capture {
+                op: "Stream::wait_event".into(),
+                reason: format!(
+                    "a stream of {} cannot wait for an event of {} during a capture: a \
+                     capture records the work of one backend",
+                    self.inner.device, event.inner.device
+                ),
+            });
+        }
         if let Some(session) = &event.inner.capture {
             if !session.is_open() {
                 // The event stands for captured nodes, which never run by themselves: once the
@@ -168,11 +191,11 @@ impl Stream {
         match (&self.inner.backend, &event.inner.backend) {
             (StreamBackend::Host(s), EventBackend::Host(e)) => s.wait_event(e),
             (StreamBackend::Cuda(s), EventBackend::Cuda(e)) => s.wait_event(e),
-            _ => Err(DeviceError::DeviceMismatch {
-                op: "Stream::wait_event",
-                expected: self.inner.device.to_string(),
-                found: event.inner.device.to_string(),
-            }),
+            (StreamBackend::Host(s), EventBackend::Cuda(_)) => {
+                let event = event.clone();
+                s.enqueue(Arc::new(move || event.synchronize()))
+            }
+            (StreamBackend::Cuda(_), EventBackend::Host(_)) => event.synchronize(),
         }
     }
 

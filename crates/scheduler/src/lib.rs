@@ -17,7 +17,9 @@ mod default;
 pub mod policies;
 
 pub use default::{default_policy, set_default_policy, DevicePolicyExt, DEFAULT_POOL_SIZE};
-pub use policies::{LeastLoaded, Priority, SingleStream, StreamPoolRoundRobin};
+pub use policies::{
+    DeviceSpread, LeastLoaded, MultiDevice, Priority, SingleStream, StreamPoolRoundRobin,
+};
 
 use cuflow_runtime::{Device, DeviceError, Event, Stream};
 
@@ -34,7 +36,7 @@ pub enum PriorityLevel {
 /// Where a piece of work sits in its op, for the policy to decide its stream.
 #[derive(Clone, Copy, Debug)]
 pub struct Placement<'a> {
-    /// The device the work runs on.
+    /// The device of the enclosing work (for the root: the policy's device).
     pub device: &'a Device,
     /// The stream of the enclosing work; `None` for the root of an execution.
     pub parent: Option<&'a Stream>,
@@ -42,6 +44,13 @@ pub struct Placement<'a> {
     pub branch: Option<(usize, usize)>,
     /// The requested urgency.
     pub priority: PriorityLevel,
+    /// How many `zip!` / `join_all` levels enclose the work: 0 for the root, 1 for a branch of
+    /// a `zip!` run by the root, 2 for a branch of a `zip!` inside such a branch, and so on.
+    pub depth: usize,
+    /// Whether the work must stay on its parent's device: set for the lazy inputs of a kernel,
+    /// which the kernel reads together on one device. Policies that spread work over several
+    /// devices keep such branches on `device`.
+    pub same_device: bool,
 }
 
 impl<'a> Placement<'a> {
@@ -52,22 +61,39 @@ impl<'a> Placement<'a> {
             parent: None,
             branch: None,
             priority: PriorityLevel::Normal,
+            depth: 0,
+            same_device: false,
         }
     }
 
-    /// Branch `index` of `count` under `parent`.
+    /// Branch `index` of `count` under `parent`, at depth 1 (see [`Placement::at_depth`]).
     pub fn branch(device: &'a Device, parent: &'a Stream, index: usize, count: usize) -> Self {
         Placement {
             device,
             parent: Some(parent),
             branch: Some((index, count)),
             priority: PriorityLevel::Normal,
+            depth: 1,
+            same_device: false,
         }
     }
 
     /// The same request with another priority.
     pub fn with_priority(mut self, priority: PriorityLevel) -> Self {
         self.priority = priority;
+        self
+    }
+
+    /// The same request at another nesting depth (see [`Placement::depth`]).
+    pub fn at_depth(mut self, depth: usize) -> Self {
+        self.depth = depth;
+        self
+    }
+
+    /// The same request, required (or not) to stay on the parent's device (see
+    /// [`Placement::same_device`]).
+    pub fn on_same_device(mut self, same_device: bool) -> Self {
+        self.same_device = same_device;
         self
     }
 }
@@ -87,6 +113,12 @@ impl<'a> Placement<'a> {
 ///
 /// Returning the parent stream for every branch serializes the branches (as [`SingleStream`]
 /// does); returning distinct streams lets them overlap.
+///
+/// A policy may return a stream of another device than [`Placement::device`] for a branch (as
+/// [`MultiDevice`] does): the branch then runs on that device, ordered by events across
+/// devices. Streams of another backend than the parent's are refused by the executor, and a
+/// policy must honour [`Placement::same_device`], or the kernel reading the branch's output
+/// fails with [`DeviceError::DeviceMismatch`].
 ///
 /// Implementations must be `Send + Sync`: one policy serves every thread.
 pub trait SchedulingPolicy: Send + Sync + std::fmt::Debug {

@@ -27,6 +27,7 @@ mod dtype;
 pub mod kernels;
 mod op;
 mod tensor;
+mod to_device;
 
 pub use custom::Launch;
 pub use dtype::{DType, FloatDType};
@@ -36,3 +37,4 @@ pub use tensor::{
     Partition, PartitionExt, ReshapeOpExt, Shape, Tensor, TensorInput, TensorMut, TensorOpExt,
     TensorRef,
 };
+pub use to_device::{ToDevice, ToDeviceExt};

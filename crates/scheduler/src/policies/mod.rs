@@ -2,11 +2,13 @@
 //! [`SchedulingPolicy`](crate::SchedulingPolicy).
 
 mod least_loaded;
+mod multi_device;
 mod priority;
 mod round_robin;
 mod single_stream;
 
 pub use least_loaded::LeastLoaded;
+pub use multi_device::{DeviceSpread, MultiDevice};
 pub use priority::Priority;
 pub use round_robin::StreamPoolRoundRobin;
 pub use single_stream::SingleStream;

@@ -279,7 +279,7 @@ pub(crate) fn binary<T: DType, X: TensorInput<T>, Y: TensorInput<T>>(
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> Result<Tensor<T>, DeviceError> + Send> {
     let both = Zip2::new(x.into_op(), y.into_op());
     TensorOp::new(move |ctx: &mut ExecutionContext| {
-        let (x, y) = both.execute(ctx)?;
+        let (x, y) = ctx.with_same_device(|ctx| both.execute(ctx))?;
         let (x, y) = (x.tensor(), y.tensor());
         let stream = ctx.stream()?;
         check_device(ew.name, stream, x)?;

@@ -144,7 +144,7 @@ pub fn embedding<T: DType, W: TensorInput<T>, I: TensorInput<u32>>(
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
     let both = Zip2::new(table.into_op(), ids.into_op());
     TensorOp::new(move |ctx: &mut ExecutionContext| {
-        let (table, ids) = both.execute(ctx)?;
+        let (table, ids) = ctx.with_same_device(|ctx| both.execute(ctx))?;
         let (table, ids): (&Tensor<T>, &Tensor<u32>) = (table.tensor(), ids.tensor());
         let stream = ctx.stream()?;
         check_device("embedding", stream, table)?;

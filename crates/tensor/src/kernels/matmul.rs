@@ -35,7 +35,7 @@ fn product<T: DType + GemmElem, A: TensorInput<T>, B: TensorInput<T>>(
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
     let both = Zip2::new(a.into_op(), b.into_op());
     TensorOp::new(move |ctx: &mut ExecutionContext| {
-        let (a, b) = both.execute(ctx)?;
+        let (a, b) = ctx.with_same_device(|ctx| both.execute(ctx))?;
         let (a, b) = (a.tensor(), b.tensor());
         let stream = ctx.stream()?;
         check_device(op, stream, a)?;

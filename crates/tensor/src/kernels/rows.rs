@@ -529,7 +529,7 @@ pub fn rms_norm<T: FloatDType, X: TensorInput<T>, W: TensorInput<T>>(
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
     let both = Zip2::new(x.into_op(), weight.into_op());
     TensorOp::new(move |ctx: &mut ExecutionContext| {
-        let (x, w) = both.execute(ctx)?;
+        let (x, w) = ctx.with_same_device(|ctx| both.execute(ctx))?;
         let (x, w) = (x.tensor(), w.tensor());
         let stream = ctx.stream()?;
         check_device("rms_norm", stream, x)?;
@@ -568,7 +568,7 @@ pub fn layer_norm<T: FloatDType, X: TensorInput<T>, W: TensorInput<T>, B: Tensor
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
     let all = Zip3::new(x.into_op(), weight.into_op(), bias.into_op());
     TensorOp::new(move |ctx: &mut ExecutionContext| {
-        let (x, w, b) = all.execute(ctx)?;
+        let (x, w, b) = ctx.with_same_device(|ctx| all.execute(ctx))?;
         let (x, w, b) = (x.tensor(), w.tensor(), b.tensor());
         let stream = ctx.stream()?;
         for t in [x, w, b] {

@@ -101,6 +101,11 @@ impl CudaMemory {
         self.ptr
     }
 
+    /// The state of the device the allocation belongs to.
+    pub(crate) fn shared(&self) -> &Arc<CudaDeviceShared> {
+        &self.shared
+    }
+
     /// Moves the allocation out, leaving an empty one behind (used to defer a free).
     pub(crate) fn take(&mut self) -> CudaMemory {
         CudaMemory {
@@ -157,12 +162,29 @@ unsafe impl Sync for CudaPinned {}
 
 impl CudaPinned {
     pub(crate) fn alloc(shared: &Arc<CudaDeviceShared>, bytes: usize) -> Result<CudaPinned> {
+        Self::alloc_with_flags(shared, bytes, 0)
+    }
+
+    /// Page-locked memory that every context of the process treats as pinned
+    /// (`CU_MEMHOSTALLOC_PORTABLE`), for copies between devices.
+    pub(crate) fn alloc_portable(
+        shared: &Arc<CudaDeviceShared>,
+        bytes: usize,
+    ) -> Result<CudaPinned> {
+        Self::alloc_with_flags(shared, bytes, sys::CU_MEMHOSTALLOC_PORTABLE)
+    }
+
+    fn alloc_with_flags(
+        shared: &Arc<CudaDeviceShared>,
+        bytes: usize,
+        flags: std::ffi::c_uint,
+    ) -> Result<CudaPinned> {
         shared.bind()?;
         let ptr = if bytes == 0 {
             std::ptr::null_mut()
         } else {
             // SAFETY: allocates fresh page-locked memory, owned by the returned value.
-            let p = unsafe { result::malloc_host(bytes, 0) }.map_err(|e| match e.0 {
+            let p = unsafe { result::malloc_host(bytes, flags) }.map_err(|e| match e.0 {
                 sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY => DeviceError::OutOfMemory {
                     bytes,
                     device: "pinned host memory".into(),

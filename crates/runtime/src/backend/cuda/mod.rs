@@ -21,12 +21,14 @@ mod blas;
 mod compile;
 mod graph;
 mod memory;
+mod peer;
 mod stream;
 
 pub(crate) use blas::BlasWorkspace;
 pub(crate) use compile::CompiledKernel;
 pub(crate) use graph::{CudaGraphExecHandle, CudaGraphHandle};
 pub(crate) use memory::{CudaMemory, CudaPinned};
+pub(crate) use peer::copy_staged;
 pub(crate) use stream::{CudaEventHandle, CudaStreamHandle};
 
 use std::collections::HashMap;
@@ -118,6 +120,12 @@ pub(crate) struct CudaDeviceShared {
     /// A stream that never captures, on which allocations requested during a capture are made
     /// (see [`CudaMemory::alloc_outside_capture`]). Created at the first such allocation.
     alloc_stream: Mutex<Option<Arc<cudarc::driver::CudaStream>>>,
+    /// Peer devices (by ordinal) whose memory this context was set up to read directly:
+    /// `true` once access is enabled, `false` where the driver does not allow it.
+    peers: Mutex<HashMap<usize, bool>>,
+    /// The page-locked buffers that staged copies into this device go through, allocated at
+    /// the first such copy (see `peer`).
+    staging: Mutex<Option<peer::StagingRing>>,
 }
 
 /// What identifies a compiled kernel on one device.
@@ -248,6 +256,8 @@ impl CudaDevice {
             blas_handles: Mutex::new(Vec::new()),
             blas_ready: AtomicBool::new(false),
             alloc_stream: Mutex::new(None),
+            peers: Mutex::new(HashMap::new()),
+            staging: Mutex::new(None),
         });
         Ok((CudaDevice { shared }, name, limits))
     }
@@ -301,6 +311,11 @@ impl CudaDevice {
             .entry(key)
             .or_insert(compiled)
             .clone())
+    }
+
+    /// Whether this device can read `peer`'s memory directly.
+    pub(crate) fn can_access_peer(&self, peer: &CudaDevice) -> Result<bool> {
+        peer::can_access_peer(&self.shared, &peer.shared)
     }
 
     pub(crate) fn alloc_pinned(&self, bytes: usize) -> Result<CudaPinned> {

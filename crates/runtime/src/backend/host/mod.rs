@@ -30,12 +30,19 @@ use crate::stream::StreamId;
 /// streams do not schedule by priority, but they keep the value within this range as CUDA does.
 pub(crate) const PRIORITY_RANGE: (i32, i32) = (0, -5);
 
-/// The host device's state.
-pub(crate) struct HostDevice;
+/// The host device's state: its number among the process's host devices (see
+/// [`Device::host_numbered`](crate::Device::host_numbered)).
+pub(crate) struct HostDevice {
+    index: usize,
+}
 
 impl HostDevice {
-    pub(crate) fn new() -> Self {
-        HostDevice
+    pub(crate) fn new(index: usize) -> Self {
+        HostDevice { index }
+    }
+
+    pub(crate) fn index(&self) -> usize {
+        self.index
     }
 
     pub(crate) fn new_stream(&self, id: StreamId) -> Result<HostStream> {

@@ -1,0 +1,77 @@
+//! The executor over several devices: branches run on the device of the stream the policy
+//! picks, `with_same_device` keeps them home, and `on_device` joins work of another device
+//! into the op. Placement is the same on every backend, so these run on two host devices.
+
+use cuflow_device_op::{
+    value, with_context, zip, DeviceError, DeviceOp, DeviceOpExt, ExecutionContext,
+};
+use cuflow_runtime::{Device, DeviceBuffer};
+use cuflow_scheduler::MultiDevice;
+
+fn devices() -> [Device; 2] {
+    [Device::host(), Device::host_numbered(1)]
+}
+
+/// An op yielding the device its context runs on.
+fn where_am_i() -> impl DeviceOp<Output = Device> {
+    with_context(|ctx| value(ctx.device().clone()))
+}
+
+#[test]
+fn branches_run_on_the_device_of_their_stream() -> Result<(), DeviceError> {
+    let [a, b] = devices();
+    let policy = MultiDevice::new(&[a.clone(), b.clone()], 2)?;
+    let ((x, (y, z), w), _) = zip!(where_am_i(), zip!(where_am_i(), where_am_i()), where_am_i())
+        .sync_with_policy(&policy)?;
+    assert_eq!(
+        (x, w),
+        (a.clone(), a.clone()),
+        "branches 0 and 2 of 2 devices"
+    );
+    assert_eq!(
+        (y, z),
+        (b.clone(), b),
+        "a nested zip stays on its branch's device"
+    );
+
+    // Branches forked under `with_same_device` (as kernels fork their inputs) stay home.
+    struct KeptHome;
+    impl DeviceOp for KeptHome {
+        type Output = (Device, Device);
+        fn execute(self, ctx: &mut ExecutionContext) -> Result<(Device, Device), DeviceError> {
+            ctx.with_same_device(|ctx| zip!(where_am_i(), where_am_i()).execute(ctx))
+        }
+    }
+    let ((p, q), _) = KeptHome.sync_with_policy(&policy)?;
+    assert_eq!((p, q), (a.clone(), a));
+    Ok(())
+}
+
+#[test]
+fn on_device_orders_work_of_another_device_into_the_op() -> Result<(), DeviceError> {
+    let [a, b] = devices();
+    let home = a.new_stream()?;
+    let src = DeviceBuffer::from_host(&home, &[1.0f32, 2.0, 3.0])?;
+    struct Gather(DeviceBuffer<f32>, Device);
+    impl DeviceOp for Gather {
+        type Output = DeviceBuffer<f32>;
+        fn execute(self, ctx: &mut ExecutionContext) -> Result<DeviceBuffer<f32>, DeviceError> {
+            let src = self.0;
+            ctx.on_device(&self.1, |stream| {
+                let dst = DeviceBuffer::<f32>::alloc(stream, src.len())?;
+                dst.copy_from_device(stream, &src)?;
+                Ok(dst)
+            })
+        }
+    }
+    let (out, stats) = Gather(src, b.clone()).sync_on_with_stats(&home)?;
+    assert_eq!(out.device(), &b);
+    assert_eq!(out.to_host_vec(&b.new_stream()?)?, vec![1.0, 2.0, 3.0]);
+    assert_eq!(stats.streams.len(), 2, "{stats:?}");
+    assert_eq!(
+        (stats.events_recorded, stats.event_waits),
+        (2, 2),
+        "{stats:?}"
+    );
+    Ok(())
+}

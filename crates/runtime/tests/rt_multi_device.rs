@@ -1,0 +1,433 @@
+//! Several devices: copies between them (peer, staged, host <-> CUDA), their ordering after
+//! pending work, frees after copies, event waits across devices, and the errors of mixing them.
+//!
+//! The devices are those of `Device::auto()`'s backend: every visible CUDA device under CUDA,
+//! and two host devices (`Device::host()` and `Device::host_numbered(1)`) on the host backend.
+//! Tests that need two devices skip with a message when fewer are visible, or fail when
+//! `CUFLOW_MIN_DEVICES` asks for more than are visible.
+
+mod common;
+
+use common::{
+    device, host_spin_duration, random_f32, rng, spin_write, LONG_SPIN, ODD_SIZES, POISON,
+    POISON_U32,
+};
+use cuflow_runtime::{BackendKind, Device, DeviceBuffer, DeviceError, KernelArgs, LaunchConfig};
+use rand::Rng;
+
+/// The devices of the backend under test (see the module docs). Fails when
+/// `CUFLOW_MIN_DEVICES` asks for more than are visible.
+fn devices() -> Vec<Device> {
+    let first = device();
+    let devices: Vec<Device> = match first.kind() {
+        BackendKind::Cuda => (0..Device::cuda_count())
+            .map(|i| Device::cuda(i).expect("a visible CUDA device must open"))
+            .collect(),
+        BackendKind::Host => vec![Device::host(), Device::host_numbered(1)],
+    };
+    if let Ok(min) = std::env::var("CUFLOW_MIN_DEVICES") {
+        let min: usize = min
+            .trim()
+            .parse()
+            .expect("CUFLOW_MIN_DEVICES must be a number of devices");
+        assert!(
+            devices.len() >= min,
+            "CUFLOW_MIN_DEVICES={min} but only {} {} device(s) are visible",
+            devices.len(),
+            first.kind()
+        );
+    }
+    devices
+}
+
+/// Two or more devices, or `None` (with a message) when fewer are visible and
+/// `CUFLOW_MIN_DEVICES` does not require them.
+fn two_devices() -> Option<Vec<Device>> {
+    let devices = devices();
+    if devices.len() >= 2 {
+        return Some(devices);
+    }
+    eprintln!(
+        "skipped: needs 2 devices, {} visible (set CUFLOW_MIN_DEVICES=2 to require them)",
+        devices.len()
+    );
+    None
+}
+
+/// Every ordered pair of distinct devices.
+fn pairs(devices: &[Device]) -> Vec<(Device, Device)> {
+    let mut out = Vec::new();
+    for a in devices {
+        for b in devices {
+            if a != b {
+                out.push((a.clone(), b.clone()));
+            }
+        }
+    }
+    out
+}
+
+/// Polls until `later` completes, checking that `earlier` had completed by then: `later` was
+/// recorded after a wait on `earlier`, on another stream.
+fn assert_ordered(
+    earlier: &cuflow_runtime::Event,
+    later: &cuflow_runtime::Event,
+    what: &str,
+) -> Result<(), DeviceError> {
+    // `later` first: once it is complete, `earlier` must be too.
+    while !later.is_complete()? {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    assert!(earlier.is_complete()?, "{what}: the wait did not hold");
+    Ok(())
+}
+
+#[test]
+fn host_devices_are_distinct_and_stable() {
+    let (a, b) = (Device::host(), Device::host_numbered(1));
+    assert_ne!(a, b);
+    assert_ne!(a.id(), b.id());
+    assert_eq!(Device::host_numbered(0), a);
+    assert_eq!(Device::host_numbered(1), b);
+    assert_eq!(b.kind(), BackendKind::Host);
+    assert_eq!(
+        (a.to_string(), b.to_string()),
+        ("host".into(), "host:1".into())
+    );
+    assert!(b.name().starts_with("host:1"), "{}", b.name());
+}
+
+#[test]
+fn peer_access_is_reported() -> Result<(), DeviceError> {
+    for d in devices() {
+        assert!(d.can_access_peer(&d)?, "{d} must reach its own memory");
+    }
+    assert!(Device::host().can_access_peer(&Device::host_numbered(1))?);
+    if let Some(devices) = two_devices() {
+        for (a, b) in pairs(&devices) {
+            eprintln!("{a} reads {b} directly: {}", a.can_access_peer(&b)?);
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn copies_between_devices_of_odd_sizes_are_exact() -> Result<(), DeviceError> {
+    let Some(devices) = two_devices() else {
+        return Ok(());
+    };
+    let mut rng = rng();
+    for (a, b) in pairs(&devices) {
+        let (sa, sb) = (a.new_stream()?, b.new_stream()?);
+        for n in ODD_SIZES {
+            let values = random_f32(&mut rng, n);
+            let src = DeviceBuffer::from_host(&sa, &values)?;
+            let direct = DeviceBuffer::<f32>::alloc(&sb, n)?;
+            let staged = DeviceBuffer::<f32>::alloc(&sb, n)?;
+            direct.view().fill_bytes(&sb, POISON)?;
+            staged.view().fill_bytes(&sb, POISON)?;
+            direct.copy_from_device(&sb, &src)?;
+            staged.copy_from_device_staged(&sb, &src)?;
+            assert!(
+                direct.to_host_vec(&sb)? == values,
+                "{n} floats copied from {a} to {b} differ"
+            );
+            assert!(
+                staged.to_host_vec(&sb)? == values,
+                "{n} floats copied from {a} to {b} through host memory differ"
+            );
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn copies_between_views_of_two_devices_touch_only_the_view() -> Result<(), DeviceError> {
+    let Some(devices) = two_devices() else {
+        return Ok(());
+    };
+    let (a, b) = (&devices[0], &devices[1]);
+    let (sa, sb) = (a.new_stream()?, b.new_stream()?);
+    let mut rng = rng();
+    // Larger than one staging buffer, with offsets that are not multiples of anything.
+    let n = (20 << 20) / 4 + 13;
+    let values = random_f32(&mut rng, n);
+    let src = DeviceBuffer::from_host(&sa, &values)?;
+    for staged in [false, true] {
+        let dst = DeviceBuffer::<f32>::alloc(&sb, n + 10)?;
+        dst.view().fill_bytes(&sb, POISON)?;
+        let (from, to) = (src.slice(3..n - 4)?, dst.slice(7..n)?);
+        if staged {
+            to.copy_from_device_staged(&sb, from)?;
+        } else {
+            to.copy_from_device(&sb, from)?;
+        }
+        let got = dst.to_host_vec(&sb)?;
+        assert!(got[..7].iter().all(|v| v.to_bits() == POISON_U32));
+        assert!(got[n..].iter().all(|v| v.to_bits() == POISON_U32));
+        assert!(got[7..n] == values[3..n - 4], "staged: {staged}");
+    }
+    Ok(())
+}
+
+#[test]
+fn a_copy_waits_for_pending_work_on_its_source() -> Result<(), DeviceError> {
+    let Some(devices) = two_devices() else {
+        return Ok(());
+    };
+    let mut rng = rng();
+    for staged in [false, true] {
+        let (a, b) = (&devices[0], &devices[1]);
+        let (sa, sb) = (a.new_stream()?, b.new_stream()?);
+        let value: f32 = rng.gen_range(1.0..2.0);
+        let values = random_f32(&mut rng, 4097);
+        let src = DeviceBuffer::<f32>::alloc(&sa, 4097)?;
+        let flag = DeviceBuffer::<f32>::alloc(&sa, 1)?;
+        src.view().fill_bytes(&sa, POISON)?;
+        flag.view().fill_bytes(&sa, POISON)?;
+        let dst = DeviceBuffer::<f32>::alloc(&sb, 4098)?;
+        sa.synchronize()?;
+        sb.synchronize()?;
+
+        // A long kernel, then the data: a copy that did not wait would read the poison.
+        spin_write().launch(
+            &sa,
+            LaunchConfig::linear(1, 1),
+            KernelArgs::new()
+                .output(&flag)
+                .scalar(value)
+                .scalar(LONG_SPIN),
+        )?;
+        src.copy_from_host(&sa, &values)?;
+        let (data, tail) = (dst.slice(..4097)?, dst.slice(4097..)?);
+        if staged {
+            data.copy_from_device_staged(&sb, src.view())?;
+            tail.copy_from_device_staged(&sb, flag.view())?;
+        } else {
+            data.copy_from_device(&sb, src.view())?;
+            tail.copy_from_device(&sb, flag.view())?;
+        }
+        let got = dst.to_host_vec(&sb)?;
+        assert!(
+            got[..4097] == values[..],
+            "the copy to {b} read the source before {a} wrote it (staged: {staged})"
+        );
+        assert_eq!(
+            got[4097], value,
+            "the copy ran before the long kernel ended"
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn a_copy_waits_for_earlier_reads_of_its_destination() -> Result<(), DeviceError> {
+    let Some(devices) = two_devices() else {
+        return Ok(());
+    };
+    let (a, b) = (&devices[0], &devices[1]);
+    let (sa, sb, sb2) = (a.new_stream()?, b.new_stream()?, b.new_stream()?);
+    let mut rng = rng();
+    let (old, new) = (random_f32(&mut rng, 1000), random_f32(&mut rng, 1000));
+    let dst = DeviceBuffer::from_host(&sb, &old)?;
+    let snapshot = DeviceBuffer::<f32>::alloc(&sb2, 1000)?;
+    let src = DeviceBuffer::from_host(&sa, &new)?;
+    sa.synchronize()?;
+    sb.synchronize()?;
+    // sb2 reads `dst` after a long host function; the copy into `dst` must not overtake it.
+    sb2.wait_event(&sb.record_event()?)?;
+    sb2.enqueue_host_fn(|| std::thread::sleep(host_spin_duration(LONG_SPIN)))?;
+    snapshot.copy_from(&sb2, &dst)?;
+    dst.copy_from_device(&sb, &src)?;
+    assert!(
+        snapshot.to_host_vec(&sb2)? == old,
+        "the copy overwrote data still being read"
+    );
+    assert!(dst.to_host_vec(&sb)? == new);
+    Ok(())
+}
+
+#[test]
+fn dropping_both_buffers_after_a_copy_is_safe() -> Result<(), DeviceError> {
+    let Some(devices) = two_devices() else {
+        return Ok(());
+    };
+    let (a, b) = (&devices[0], &devices[1]);
+    let (sa, sb) = (a.new_stream()?, b.new_stream()?);
+    a.synchronize()?;
+    b.synchronize()?;
+    let (before_a, before_b) = (a.bytes_in_use(), b.bytes_in_use());
+    let mut rng = rng();
+    let values = random_f32(&mut rng, (1 << 20) + 3);
+    let keep = DeviceBuffer::<f32>::alloc(&sb, values.len())?;
+    for staged in [false, true] {
+        let src = DeviceBuffer::from_host(&sa, &values)?;
+        let mid = DeviceBuffer::<f32>::alloc(&sb, values.len())?;
+        if staged {
+            mid.copy_from_device_staged(&sb, &src)?;
+        } else {
+            mid.copy_from_device(&sb, &src)?;
+        }
+        drop(src);
+        keep.copy_from(&sb, &mid)?;
+        drop(mid);
+        assert!(keep.to_host_vec(&sb)? == values, "staged: {staged}");
+    }
+    drop(keep);
+    a.synchronize()?;
+    b.synchronize()?;
+    assert_eq!(a.bytes_in_use(), before_a, "memory of {a} was not freed");
+    assert_eq!(b.bytes_in_use(), before_b, "memory of {b} was not freed");
+    Ok(())
+}
+
+#[test]
+fn streams_wait_for_events_of_other_devices() -> Result<(), DeviceError> {
+    let Some(devices) = two_devices() else {
+        return Ok(());
+    };
+    for (a, b) in pairs(&devices) {
+        let (sa, sb) = (a.new_stream()?, b.new_stream()?);
+        let value = 7.5f32;
+        let flag = DeviceBuffer::<f32>::zeroed(&sa, 1)?;
+        let out = DeviceBuffer::<f32>::zeroed(&sb, 1)?;
+        sa.synchronize()?;
+        sb.synchronize()?;
+        spin_write().launch(
+            &sa,
+            LaunchConfig::linear(1, 1),
+            KernelArgs::new()
+                .output(&flag)
+                .scalar(value)
+                .scalar(LONG_SPIN),
+        )?;
+        let written = sa.record_event()?;
+        sb.wait_event(&written)?;
+        assert_ordered(
+            &written,
+            &sb.record_event()?,
+            &format!("{b} waiting on {a}"),
+        )?;
+        out.copy_from_device(&sb, &flag)?;
+        assert_eq!(out.to_host_vec(&sb)?, vec![value]);
+    }
+    Ok(())
+}
+
+#[test]
+fn mixing_devices_is_a_clear_error() -> Result<(), DeviceError> {
+    let Some(devices) = two_devices() else {
+        return Ok(());
+    };
+    let (a, b) = (&devices[0], &devices[1]);
+    let (sa, sb) = (a.new_stream()?, b.new_stream()?);
+    let on_a = DeviceBuffer::from_host(&sa, &[1.0f32, 2.0])?;
+    let on_b = DeviceBuffer::<f32>::alloc(&sb, 2)?;
+    // The stream must be of the destination's device.
+    match on_b.copy_from_device(&sa, &on_a) {
+        Err(DeviceError::DeviceMismatch {
+            op,
+            expected,
+            found,
+        }) => {
+            assert_eq!(op, "copy_from_device");
+            assert_eq!((expected, found), (a.to_string(), b.to_string()));
+        }
+        other => panic!("a stream of the source's device was accepted: {other:?}"),
+    }
+    // Same-device copies refuse another device's buffer, and say how to move it.
+    let err = on_b
+        .copy_from(&sb, &on_a)
+        .expect_err("a copy across devices");
+    let text = err.to_string();
+    assert!(matches!(err, DeviceError::DeviceMismatch { .. }), "{err}");
+    assert!(
+        text.contains(&a.to_string()) && text.contains(&b.to_string()),
+        "{text}"
+    );
+    assert!(text.contains("to_device"), "{text}");
+    // Lengths must agree.
+    let short = DeviceBuffer::<f32>::alloc(&sb, 1)?;
+    assert!(matches!(
+        short.copy_from_device(&sb, &on_a),
+        Err(DeviceError::LengthMismatch {
+            expected: 1,
+            found: 2,
+            ..
+        })
+    ));
+    Ok(())
+}
+
+#[test]
+fn a_capture_refuses_copies_between_devices() -> Result<(), DeviceError> {
+    let Some(devices) = two_devices() else {
+        return Ok(());
+    };
+    let (a, b) = (&devices[0], &devices[1]);
+    let (sa, sb) = (a.new_stream()?, b.new_stream()?);
+    let src = DeviceBuffer::from_host(&sa, &[1.0f32; 8])?;
+    let dst = DeviceBuffer::<f32>::zeroed(&sb, 8)?;
+    sa.synchronize()?;
+    sb.synchronize()?;
+    sb.begin_capture()?;
+    let result = dst.copy_from_device(&sb, &src);
+    let ended = sb.end_capture();
+    assert!(
+        matches!(result, Err(DeviceError::Capture { .. })),
+        "{result:?}"
+    );
+    assert!(ended.is_err(), "the refused copy must fail the capture");
+    // The stream is usable afterwards.
+    dst.copy_from_device(&sb, &src)?;
+    assert_eq!(dst.to_host_vec(&sb)?, vec![1.0; 8]);
+    Ok(())
+}
+
+#[test]
+fn copies_between_host_and_cuda_devices() -> Result<(), DeviceError> {
+    if device().kind() != BackendKind::Cuda {
+        eprintln!("skipped: needs a CUDA device (run with CUFLOW_DEVICE=cuda)");
+        return Ok(());
+    }
+    let host = Device::host();
+    let mut rng = rng();
+    for gpu in devices() {
+        let (sh, sg) = (host.new_stream()?, gpu.new_stream()?);
+        assert!(!gpu.can_access_peer(&host)? && !host.can_access_peer(&gpu)?);
+        for n in ODD_SIZES {
+            let values = random_f32(&mut rng, n);
+            // Host work still pending on the source must land before the copy reads it.
+            let on_host = DeviceBuffer::<f32>::alloc(&sh, n)?;
+            sh.enqueue_host_fn(|| std::thread::sleep(host_spin_duration(LONG_SPIN / 10)))?;
+            on_host.copy_from_host(&sh, &values)?;
+            let on_gpu = DeviceBuffer::<f32>::alloc(&sg, n)?;
+            on_gpu.copy_from_device(&sg, &on_host)?;
+            let back = DeviceBuffer::<f32>::alloc(&sh, n)?;
+            back.copy_from_device(&sh, &on_gpu)?;
+            assert!(
+                on_gpu.to_host_vec(&sg)? == values,
+                "{n} floats host -> {gpu}"
+            );
+            assert!(back.to_host_vec(&sh)? == values, "{n} floats {gpu} -> host");
+        }
+        // Event waits across the two backends.
+        let flag = DeviceBuffer::<f32>::zeroed(&sg, 1)?;
+        spin_write().launch(
+            &sg,
+            LaunchConfig::linear(1, 1),
+            KernelArgs::new()
+                .output(&flag)
+                .scalar(3.0f32)
+                .scalar(LONG_SPIN),
+        )?;
+        let done = sg.record_event()?;
+        sh.wait_event(&done)?;
+        assert_ordered(&done, &sh.record_event()?, "the host waiting on a GPU")?;
+        sh.enqueue_host_fn(|| std::thread::sleep(host_spin_duration(LONG_SPIN)))?;
+        let slept = sh.record_event()?;
+        sg.wait_event(&slept)?;
+        assert_ordered(&slept, &sg.record_event()?, "a GPU waiting on the host")?;
+    }
+    Ok(())
+}
