@@ -47,7 +47,10 @@ fn two_devices() -> Option<Vec<Device>> {
     if devices.len() >= 2 {
         return Some(devices);
     }
-    eprintln!(
+    // Straight to stderr, past the test harness's capture, so that the run shows it.
+    use std::io::Write;
+    let _ = writeln!(
+        std::io::stderr(),
         "skipped: needs 2 devices, {} visible (set CUFLOW_MIN_DEVICES=2 to require them)",
         devices.len()
     );
@@ -384,7 +387,11 @@ fn a_capture_refuses_copies_between_devices() -> Result<(), DeviceError> {
 #[test]
 fn copies_between_host_and_cuda_devices() -> Result<(), DeviceError> {
     if device().kind() != BackendKind::Cuda {
-        eprintln!("skipped: needs a CUDA device (run with CUFLOW_DEVICE=cuda)");
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
+            "skipped: needs a CUDA device (run with CUFLOW_DEVICE=cuda)"
+        );
         return Ok(());
     }
     let host = Device::host();

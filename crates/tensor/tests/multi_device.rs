@@ -47,7 +47,10 @@ fn two_devices() -> Option<Vec<Device>> {
     if devices.len() >= 2 {
         return Some(devices);
     }
-    eprintln!(
+    // Straight to stderr, past the test harness's capture, so that the run shows it.
+    use std::io::Write;
+    let _ = writeln!(
+        std::io::stderr(),
         "skipped: needs 2 devices, {} visible (set CUFLOW_MIN_DEVICES=2 to require them)",
         devices.len()
     );
