@@ -246,7 +246,7 @@ impl Stream {
                 reason: format!("stream {} is already capturing", self.inner.id),
             });
         }
-        // Allocated before the capture begins: an allocation cannot be captured.
+        // Reserved before the capture begins, so that the capture records no allocation.
         let blas_workspace = crate::blas::capture_workspace(self);
         let session = match &self.inner.backend {
             StreamBackend::Host(h) => CaptureSession::new(self.inner.id, h.begin_capture()?),

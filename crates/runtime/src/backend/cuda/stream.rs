@@ -112,8 +112,9 @@ impl CudaStreamHandle {
         self.shared.bind()?;
         // SAFETY: the stream is alive and not capturing (the runtime checked its capture slot).
         // Relaxed mode: the runtime itself refuses the operations that cannot be captured
-        // (host waits, allocation), and other work of the process (including loading a kernel
-        // compiled for the first time during the capture) must not be refused meanwhile.
+        // (host waits), makes allocations outside the capture on a stream that never captures
+        // (which relaxed mode allows), and other work of the process (including loading a
+        // kernel compiled for the first time during the capture) must not be refused meanwhile.
         unsafe {
             result::stream::begin_capture(
                 self.raw(),
