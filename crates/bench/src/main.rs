@@ -1,6 +1,6 @@
 //! `cuflow-bench`: cuflow's benchmarks, each figure beside its baseline measured in the same
 //! run (raw cudarc on the same device, in the same process, or PyTorch, which the `kernels`
-//! benchmark runs itself), and the ratio.
+//! and `graph` benchmarks run themselves), and the ratio.
 //!
 //! ```text
 //! cuflow-bench <benchmark> [--iters N] [--json PATH]
