@@ -12,6 +12,8 @@
 //! Each test binary uses a part of this module.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod devices;
+
 use std::sync::OnceLock;
 use std::time::Duration;
 

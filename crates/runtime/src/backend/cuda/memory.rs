@@ -38,26 +38,8 @@ pub(crate) struct CudaMemory {
 
 impl CudaMemory {
     pub(crate) fn alloc(stream: &CudaStreamHandle, bytes: usize) -> Result<CudaMemory> {
-        let shared = stream.shared.clone();
-        if bytes == 0 {
-            return Ok(CudaMemory {
-                ptr: 0,
-                bytes,
-                shared,
-            });
-        }
-        shared.bind()?;
-        // SAFETY: the stream is alive; the returned memory is owned by this `CudaMemory` alone
-        // and freed once (Handles).
-        let ptr = unsafe { result::malloc_async(stream.raw(), bytes) }.map_err(|e| match e.0 {
-            sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY
-            | sys::cudaError_enum::CUDA_ERROR_INVALID_VALUE => DeviceError::OutOfMemory {
-                bytes,
-                device: format!("cuda:{}", shared.ordinal),
-            },
-            _ => driver_err("cuMemAllocAsync", e),
-        })?;
-        Ok(CudaMemory { ptr, bytes, shared })
+        // SAFETY: the stream is alive (held by `stream`).
+        unsafe { Self::alloc_on(stream.raw(), &stream.shared, bytes) }
     }
 
     /// Allocates for a capture in progress on `stream`: the allocation is made on the device's
@@ -68,7 +50,35 @@ impl CudaMemory {
         stream: &CudaStreamHandle,
         bytes: usize,
     ) -> Result<CudaMemory> {
-        let shared = stream.shared.clone();
+        if bytes == 0 {
+            return Ok(CudaMemory {
+                ptr: 0,
+                bytes,
+                shared: stream.shared.clone(),
+            });
+        }
+        let side = stream.shared.alloc_stream()?;
+        // SAFETY: the allocation stream is alive (held by `side`) and is not capturing (the
+        // runtime never captures it).
+        let mem = unsafe { Self::alloc_on(side.cu_stream(), &stream.shared, bytes) }?;
+        // SAFETY: the stream is alive and not capturing; relaxed capture mode (the only mode
+        // the runtime begins captures in) allows waiting for a stream outside the capture.
+        unsafe { result::stream::synchronize(side.cu_stream()) }
+            .map_err(|e| driver_err("cuStreamSynchronize", e))?;
+        Ok(mem)
+    }
+
+    /// `bytes` of stream-ordered memory from the device's pool, allocated on `raw`.
+    ///
+    /// # Safety
+    ///
+    /// `raw` must be a live stream of `shared`'s context.
+    unsafe fn alloc_on(
+        raw: sys::CUstream,
+        shared: &Arc<CudaDeviceShared>,
+        bytes: usize,
+    ) -> Result<CudaMemory> {
+        let shared = shared.clone();
         if bytes == 0 {
             return Ok(CudaMemory {
                 ptr: 0,
@@ -76,25 +86,18 @@ impl CudaMemory {
                 shared,
             });
         }
-        let side = shared.alloc_stream()?;
         shared.bind()?;
-        // SAFETY: the allocation stream is alive (held by `side`) and is not capturing (the
-        // runtime never captures it); the memory is owned by this `CudaMemory` alone (Handles).
-        let ptr =
-            unsafe { result::malloc_async(side.cu_stream(), bytes) }.map_err(|e| match e.0 {
-                sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY
-                | sys::cudaError_enum::CUDA_ERROR_INVALID_VALUE => DeviceError::OutOfMemory {
-                    bytes,
-                    device: format!("cuda:{}", shared.ordinal),
-                },
-                _ => driver_err("cuMemAllocAsync", e),
-            })?;
-        let mem = CudaMemory { ptr, bytes, shared };
-        // SAFETY: the stream is alive and not capturing; relaxed capture mode (the only mode
-        // the runtime begins captures in) allows waiting for a stream outside the capture.
-        unsafe { result::stream::synchronize(side.cu_stream()) }
-            .map_err(|e| driver_err("cuStreamSynchronize", e))?;
-        Ok(mem)
+        // SAFETY: `raw` is a live stream of this context (the caller's contract); the returned
+        // memory is owned by this `CudaMemory` alone and freed once (Handles).
+        let ptr = unsafe { result::malloc_async(raw, bytes) }.map_err(|e| match e.0 {
+            sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY
+            | sys::cudaError_enum::CUDA_ERROR_INVALID_VALUE => DeviceError::OutOfMemory {
+                bytes,
+                device: format!("cuda:{}", shared.ordinal),
+            },
+            _ => driver_err("cuMemAllocAsync", e),
+        })?;
+        Ok(CudaMemory { ptr, bytes, shared })
     }
 
     pub(crate) fn ptr(&self) -> sys::CUdeviceptr {
