@@ -16,7 +16,13 @@
 //! - a host synchronization inside the op (reading a buffer back, `sync`) is refused with
 //!   [`DeviceError::Capture`], the capture is ended and discarded, and the stream stays usable;
 //! - every buffer the graph touches is kept alive by the graph, and each replay records its use
-//!   on the replaying stream, so frees wait for the last replay.
+//!   on the replaying stream, so frees wait for the last replay;
+//! - a replay is ordered like any other access: after the conflicting work of other streams on
+//!   the buffers it touches, and before later work that conflicts with it;
+//! - **captures are isolated**: the op is recorded on private streams that mirror the stream
+//!   and policy given (see `isolation.rs`), so work of other threads, or of other ops on the
+//!   same streams, never enters a graph, and the stream a graph is bound to stays usable by
+//!   everyone while the capture runs.
 //!
 //! On the host backend, capture records the enqueued work and replay runs it again: the same
 //! semantics, so the same programs and tests run everywhere.
@@ -56,12 +62,15 @@
 
 #![forbid(unsafe_code)]
 
+mod isolation;
+
 use std::fmt;
 use std::sync::Arc;
 
 use cuflow_device_op::{enqueue_on, DeviceOp, ExecutionContext, ExecutionStats};
 use cuflow_runtime::{Device, DeviceError, Graph, GraphExec, Stream};
 use cuflow_scheduler::{default_policy, SchedulingPolicy};
+use isolation::IsolatedPolicy;
 
 /// An op frozen into an instantiated graph, with its output, bound to a stream.
 ///
@@ -85,14 +94,28 @@ pub enum RecaptureOutcome {
     Reinstantiated,
 }
 
+/// Captures `op` as if it ran on `stream` under `policy`, on private streams that mirror the
+/// ones `stream` and `policy` name (see [`isolation`]): nothing else is recorded.
 fn capture<O: DeviceOp>(
     op: O,
     stream: &Stream,
     policy: &Arc<dyn SchedulingPolicy>,
 ) -> Result<(O::Output, Graph, ExecutionStats), DeviceError> {
-    stream.begin_capture()?;
-    let enqueued = enqueue_on(op, stream, policy.clone());
-    let ended = stream.end_capture();
+    let isolated = IsolatedPolicy::new(policy.clone());
+    let result = capture_on_private_streams(op, stream, &isolated);
+    isolated.release();
+    result
+}
+
+fn capture_on_private_streams<O: DeviceOp>(
+    op: O,
+    stream: &Stream,
+    isolated: &Arc<IsolatedPolicy>,
+) -> Result<(O::Output, Graph, ExecutionStats), DeviceError> {
+    let root = isolated.mirror(stream)?;
+    root.begin_capture()?;
+    let enqueued = enqueue_on(op, &root, isolated.clone());
+    let ended = root.end_capture();
     match (enqueued, ended) {
         (Ok((out, stats)), Ok(graph)) => Ok((out, graph, stats)),
         (Err(e), _) => Err(match e {

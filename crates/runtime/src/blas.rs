@@ -17,6 +17,9 @@
 //! holds, NaN included, is overwritten); with `k == 0`, `C` becomes `beta · C`; with `m`, `n` or
 //! `batch` zero nothing is enqueued.
 
+use smallvec::smallvec;
+
+use crate::access::{ordered, Access, Accesses};
 use crate::backend::host;
 use crate::error::{DeviceError, Result};
 use crate::memory::{BufferView, DeviceCopy, Memory, MemoryBackend};
@@ -316,10 +319,7 @@ pub fn gemm<T: GemmElem>(
         return Ok(());
     }
     match stream.backend() {
-        StreamBackend::Host(s) => {
-            for v in [&a, &b, &c] {
-                v.mem.note_use(stream);
-            }
+        StreamBackend::Host(s) => ordered(stream, "gemm", gemm_accesses(&a, &b, &c), || {
             host::gemm(
                 s,
                 T::DTYPE,
@@ -328,7 +328,7 @@ pub fn gemm<T: GemmElem>(
                 host::GemmOperand::new(b.mem.clone(), b.byte_offset(), b.byte_len()),
                 host::GemmOperand::new(c.mem.clone(), c.byte_offset(), c.byte_len()),
             )
-        }
+        }),
         StreamBackend::Cuda(s) => {
             let ptr = |v: &BufferView<'_, T>| match &v.mem.backend {
                 MemoryBackend::Cuda(m) => Ok(m.ptr() + v.byte_offset() as u64),
@@ -337,32 +337,46 @@ pub fn gemm<T: GemmElem>(
                 )),
             };
             let (pa, pb, pc) = (ptr(&a)?, ptr(&b)?, ptr(&c)?);
-            let workspace = match stream.capture_session() {
+            let captured_workspace = stream
+                .capture_session()
+                .map(|session| session.blas_workspace(stream.id()));
+            let mut accesses = gemm_accesses(&a, &b, &c);
+            if let Some(Some(mem)) = &captured_workspace {
+                accesses.push((mem, Access::Write));
+            }
+            let workspace = match &captured_workspace {
                 // Captured: the capture's own workspace for this stream, which the graph keeps
                 // (see `capture_workspace`), or none when cuBLAS was first used in this capture.
-                Some(session) => match session.blas_workspace(stream.id()) {
-                    Some(mem) => {
-                        mem.note_use(stream);
-                        match &mem.backend {
-                            MemoryBackend::Cuda(m) => {
-                                crate::backend::cuda::BlasWorkspace::Borrowed {
-                                    ptr: m.ptr(),
-                                    bytes: mem.bytes,
-                                }
-                            }
-                            MemoryBackend::Host(_) => crate::backend::cuda::BlasWorkspace::None,
-                        }
-                    }
+                Some(workspace) => match workspace {
+                    Some(mem) => match &mem.backend {
+                        MemoryBackend::Cuda(m) => crate::backend::cuda::BlasWorkspace::Borrowed {
+                            ptr: m.ptr(),
+                            bytes: mem.bytes,
+                        },
+                        MemoryBackend::Host(_) => crate::backend::cuda::BlasWorkspace::None,
+                    },
                     None => crate::backend::cuda::BlasWorkspace::None,
                 },
                 None => crate::backend::cuda::BlasWorkspace::Stream,
             };
-            for v in [&a, &b, &c] {
-                v.mem.note_use(stream);
-            }
-            s.gemm(T::DTYPE, &cfg, pa, pb, pc, workspace)
+            ordered(stream, "gemm", accesses, || {
+                s.gemm(T::DTYPE, &cfg, pa, pb, pc, workspace)
+            })
         }
     }
+}
+
+/// A GEMM reads `A` and `B` and writes `C`.
+fn gemm_accesses<'v, T>(
+    a: &BufferView<'v, T>,
+    b: &BufferView<'v, T>,
+    c: &BufferView<'v, T>,
+) -> Accesses<'v> {
+    smallvec![
+        (a.mem, Access::Read),
+        (b.mem, Access::Read),
+        (c.mem, Access::Write)
+    ]
 }
 
 /// The cuBLAS workspace a capture gives `stream` (which is about to begin or join it): cuBLAS

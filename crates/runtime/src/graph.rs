@@ -19,7 +19,10 @@ use crate::device::Device;
 use crate::error::{DeviceError, Result};
 use crate::memory::Memory;
 use crate::stream::{Stream, StreamBackend, StreamId};
-use crate::sync::{Arc, AtomicBool, Mutex, Ordering};
+use crate::sync::{Arc, AtomicBool, AtomicU64, Mutex, Ordering};
+use std::thread::ThreadId;
+
+use crate::access::{ordered, Access, Accesses};
 
 pub(crate) enum CaptureBackend {
     Host(host::HostCapture),
@@ -28,12 +31,16 @@ pub(crate) enum CaptureBackend {
 
 /// The state shared by the streams taking part in one capture.
 pub(crate) struct CaptureSession {
+    /// Process-unique: scopes the access state of captured work (see [`crate::access`]).
+    pub(crate) id: u64,
+    /// The thread that began the capture: the only one whose work enters the graph.
+    owner: ThreadId,
     pub(crate) origin: StreamId,
     pub(crate) members: Mutex<Vec<Stream>>,
     pub(crate) backend: CaptureBackend,
     pub(crate) error: Mutex<Option<DeviceError>>,
     open: AtomicBool,
-    keep_alive: Mutex<Vec<Arc<Memory>>>,
+    keep_alive: Mutex<Vec<(Arc<Memory>, Access)>>,
     deferred_frees: Mutex<Vec<(cuda::CudaMemory, SmallVec<[Stream; 2]>)>>,
     /// The cuBLAS workspace of each member stream (see `crate::blas::capture_workspace`);
     /// those that captured GEMMs used are also in `keep_alive`.
@@ -42,7 +49,10 @@ pub(crate) struct CaptureSession {
 
 impl CaptureSession {
     pub(crate) fn new(origin: StreamId, backend: CaptureBackend) -> Self {
+        static NEXT_ID: AtomicU64 = AtomicU64::new(1);
         CaptureSession {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            owner: std::thread::current().id(),
             origin,
             members: Mutex::new(Vec::new()),
             backend,
@@ -95,14 +105,37 @@ impl CaptureSession {
         self.open.store(false, Ordering::Release);
     }
 
-    pub(crate) fn keep_alive(&self, mem: &Arc<Memory>) {
+    /// Refuses work that a thread other than the one capturing aims at a stream of this
+    /// capture: it would be recorded into someone else's graph and never run.
+    pub(crate) fn check_owner(&self, op: &'static str, stream: StreamId) -> Result<()> {
+        if std::thread::current().id() == self.owner {
+            return Ok(());
+        }
+        Err(DeviceError::Capture {
+            op: op.to_string(),
+            reason: format!(
+                "stream {stream} is being captured into a graph by another thread; work from \
+                 other threads never enters a graph: enqueue it on another stream (the \
+                 scheduling policies skip streams that are capturing)"
+            ),
+        })
+    }
+
+    /// Keeps `mem` alive for as long as the graph; a replay accesses it as `access` (a write
+    /// when any captured work wrote it).
+    pub(crate) fn keep_alive(&self, mem: &Arc<Memory>, access: Access) {
         let mut list = self.keep_alive.lock();
-        if !list.iter().any(|m| Arc::ptr_eq(m, mem)) {
-            list.push(mem.clone());
+        match list.iter_mut().find(|(m, _)| Arc::ptr_eq(m, mem)) {
+            Some((_, a)) => {
+                if access == Access::Write {
+                    *a = Access::Write;
+                }
+            }
+            None => list.push((mem.clone(), access)),
         }
     }
 
-    pub(crate) fn take_keep_alive(&self) -> Vec<Arc<Memory>> {
+    pub(crate) fn take_keep_alive(&self) -> Vec<(Arc<Memory>, Access)> {
         std::mem::take(&mut *self.keep_alive.lock())
     }
 
@@ -124,11 +157,15 @@ pub(crate) enum GraphBackend {
 pub struct Graph {
     device: Device,
     backend: GraphBackend,
-    keep_alive: Arc<Vec<Arc<Memory>>>,
+    keep_alive: Arc<Vec<(Arc<Memory>, Access)>>,
 }
 
 impl Graph {
-    pub(crate) fn new(device: Device, backend: GraphBackend, keep_alive: Vec<Arc<Memory>>) -> Self {
+    pub(crate) fn new(
+        device: Device,
+        backend: GraphBackend,
+        keep_alive: Vec<(Arc<Memory>, Access)>,
+    ) -> Self {
         Graph {
             device,
             backend,
@@ -259,7 +296,7 @@ pub(crate) enum GraphExecBackend {
 pub struct GraphExec {
     device: Device,
     backend: GraphExecBackend,
-    keep_alive: Arc<Vec<Arc<Memory>>>,
+    keep_alive: Arc<Vec<(Arc<Memory>, Access)>>,
 }
 
 impl GraphExec {
@@ -276,14 +313,15 @@ impl GraphExec {
                 found: stream.device().to_string(),
             });
         }
-        for mem in self.keep_alive.iter() {
-            mem.note_use(stream);
-        }
-        match (&self.backend, stream.backend()) {
-            (GraphExecBackend::Host(g), StreamBackend::Host(s)) => g.launch(s),
-            (GraphExecBackend::Cuda(g), StreamBackend::Cuda(s)) => g.launch(s),
-            _ => Err(DeviceError::usage("graph and stream of different backends")),
-        }
+        // A replay is one access of every buffer the graph touches, ordered like any other.
+        let accesses: Accesses<'_> = self.keep_alive.iter().map(|(m, a)| (m, *a)).collect();
+        ordered(stream, "GraphExec::launch", accesses, || {
+            match (&self.backend, stream.backend()) {
+                (GraphExecBackend::Host(g), StreamBackend::Host(s)) => g.launch(s),
+                (GraphExecBackend::Cuda(g), StreamBackend::Cuda(s)) => g.launch(s),
+                _ => Err(DeviceError::usage("graph and stream of different backends")),
+            }
+        })
     }
 
     /// Replaces the executable's work with `graph`'s when the two have the same topology

@@ -11,6 +11,7 @@ use std::fmt;
 
 use smallvec::SmallVec;
 
+use crate::access::{ordered, Access, Accesses};
 use crate::backend::{cuda, host};
 use crate::device::{Device, DeviceId, DeviceLimits};
 use crate::error::{BackendKind, DeviceError, Result};
@@ -128,6 +129,26 @@ pub(crate) enum KernelArg<'a> {
         ty: TypeId,
         ty_name: &'static str,
     },
+}
+
+impl<'a> KernelArgs<'a> {
+    /// The buffers of the launch and how it uses them: outputs are written, inputs read.
+    fn accesses(&self) -> Accesses<'a> {
+        self.args
+            .iter()
+            .filter_map(|a| match a {
+                KernelArg::Buffer { mem, writable, .. } => Some((
+                    *mem,
+                    if *writable {
+                        Access::Write
+                    } else {
+                        Access::Read
+                    },
+                )),
+                KernelArg::Scalar { .. } => None,
+            })
+            .collect()
+    }
 }
 
 /// The arguments of one launch, in the order the kernel declares its parameters.
@@ -573,21 +594,15 @@ impl Kernel {
                             .into(),
                     });
                 };
-                for a in &args.args {
-                    if let KernelArg::Buffer { mem, .. } = a {
-                        mem.note_use(stream);
-                    }
-                }
-                host::launch_host_kernel(s, self.inner.name.clone(), f.clone(), config, args)
+                ordered(stream, "Kernel::launch", args.accesses(), || {
+                    host::launch_host_kernel(s, self.inner.name.clone(), f.clone(), config, args)
+                })
             }
             StreamBackend::Cuda(s) => {
                 let compiled = self.compiled_for(device)?;
-                for a in &args.args {
-                    if let KernelArg::Buffer { mem, .. } = a {
-                        mem.note_use(stream);
-                    }
-                }
-                s.launch(&compiled, config, args)
+                ordered(stream, "Kernel::launch", args.accesses(), || {
+                    s.launch(&compiled, config, args)
+                })
             }
         }
     }

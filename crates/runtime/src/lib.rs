@@ -27,6 +27,7 @@
 //! # Ok(()) }
 //! ```
 
+mod access;
 mod backend;
 mod blas;
 mod device;

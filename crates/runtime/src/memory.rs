@@ -5,8 +5,11 @@
 //!   stream-ordered after the last use on every one of those streams: the freeing stream waits
 //!   on an event of each other stream before `cuMemFreeAsync`. Dropping a buffer whose kernels
 //!   are still running is therefore safe and does not block.
-//! - A host read (`to_host_vec`, `copy_to_host`) first orders itself after every stream that
-//!   used the buffer, then waits: the host never sees memory that queued work still writes.
+//! - Every copy and memset (and, in their modules, every kernel launch, GEMM and graph replay)
+//!   orders itself after the conflicting accesses of other streams to its buffers
+//!   ([`crate::access`]): a write after earlier reads and writes, a read after the last write.
+//! - A host read (`to_host_vec`, `copy_to_host`) is such a read, and then waits: the host never
+//!   sees memory that queued work still writes.
 //! - Device memory is written only through kernels and copies enqueued on streams; Rust
 //!   references never point into it (the host backend guards its storage with a lock).
 
@@ -14,8 +17,9 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::ops::{Bound, RangeBounds};
 
-use smallvec::SmallVec;
+use smallvec::{smallvec, SmallVec};
 
+use crate::access::{ordered, Access, AccessState, Accesses};
 use crate::backend::{cuda, host};
 use crate::device::{Device, DeviceBackend};
 use crate::error::{DeviceError, Result};
@@ -39,7 +43,30 @@ pub(crate) struct Memory {
     pub(crate) device: Device,
     pub(crate) bytes: usize,
     pub(crate) backend: MemoryBackend,
-    uses: Mutex<SmallVec<[Stream; 2]>>,
+    pub(crate) state: Mutex<UseState>,
+}
+
+/// Which streams used a buffer (for its free) and the accesses later work must order itself
+/// after (see [`crate::access`]). One lock guards both.
+#[derive(Default)]
+pub(crate) struct UseState {
+    /// Every stream that enqueued work on the buffer, most recent last.
+    uses: SmallVec<[Stream; 2]>,
+    pub(crate) access: AccessState,
+}
+
+impl UseState {
+    /// Records that work touching the buffer was enqueued on `stream`.
+    pub(crate) fn note_use(&mut self, stream: &Stream) {
+        if self.uses.last().is_none_or(|s| !s.same(stream)) {
+            if let Some(pos) = self.uses.iter().position(|s| s.same(stream)) {
+                let s = self.uses.remove(pos);
+                self.uses.push(s);
+            } else {
+                self.uses.push(stream.clone());
+            }
+        }
+    }
 }
 
 impl Memory {
@@ -61,56 +88,28 @@ impl Memory {
             .inner
             .bytes_in_use
             .fetch_add(bytes, Ordering::AcqRel);
-        let mut uses = SmallVec::new();
-        uses.push(stream.clone());
+        let mut state = UseState::default();
+        state.note_use(stream);
         let mem = Arc::new(Memory {
             device: stream.device().clone(),
             bytes,
             backend,
-            uses: Mutex::new(uses),
+            state: Mutex::new(state),
         });
         if let Some(session) = session {
-            session.keep_alive(&mem);
+            // Nothing wrote it yet: a replay only keeps it alive.
+            session.keep_alive(&mem, Access::Read);
         }
         Ok(mem)
     }
 
-    /// Records that work touching this memory was enqueued on `stream`.
-    pub(crate) fn note_use(self: &Arc<Self>, stream: &Stream) {
-        {
-            let mut uses = self.uses.lock();
-            if uses.last().is_none_or(|s| !s.same(stream)) {
-                if let Some(pos) = uses.iter().position(|s| s.same(stream)) {
-                    let s = uses.remove(pos);
-                    uses.push(s);
-                } else {
-                    uses.push(stream.clone());
-                }
-            }
-        }
-        stream.note_capture_use(self);
-    }
-
-    /// Makes `stream` wait for the work of every other stream that used this memory.
-    pub(crate) fn order_after_uses(&self, stream: &Stream) -> Result<()> {
-        let others: SmallVec<[Stream; 2]> = self
-            .uses
-            .lock()
-            .iter()
-            .filter(|s| !s.same(stream))
-            .cloned()
-            .collect();
-        for other in &others {
-            stream.join(other)?;
-        }
-        Ok(())
-    }
-
     /// Blocks until the work of every stream that used this memory has finished.
     pub(crate) fn wait_for_uses(&self) -> Result<()> {
-        let uses: SmallVec<[Stream; 2]> = self.uses.lock().clone();
+        let uses: SmallVec<[Stream; 2]> = self.state.lock().uses.clone();
         for stream in &uses {
-            stream.record_event()?.synchronize()?;
+            if let Some(event) = stream.ordering_event()? {
+                event.synchronize()?;
+            }
         }
         Ok(())
     }
@@ -134,7 +133,7 @@ impl Drop for Memory {
             .bytes_in_use
             .fetch_sub(self.bytes, Ordering::AcqRel);
         if let MemoryBackend::Cuda(mem) = &mut self.backend {
-            let uses = std::mem::take(&mut *self.uses.lock());
+            let uses = std::mem::take(&mut self.state.lock().uses);
             // Ordering a free after a capturing stream would record it into the graph; free it
             // when the capture ends instead.
             if let Some(session) = uses.iter().find_map(|s| s.capture_session()) {
@@ -288,15 +287,16 @@ impl<T: DeviceCopy> DeviceBuffer<T> {
 
     /// The stream of the most recent work enqueued on this buffer by a stream of its own
     /// device (the allocating stream when nothing used it since; copies to and from other
-    /// devices may also have used it from theirs). Reading back on it orders the read after
+    /// devices may also have used it from theirs), leaving out streams being captured. Reading back on it orders the read after
     /// that work without adding a wait; a read on any stream is ordered after every use anyway.
     pub fn last_stream(&self) -> Option<Stream> {
         self.mem
-            .uses
+            .state
             .lock()
+            .uses
             .iter()
             .rev()
-            .find(|s| *s.device() == self.mem.device)
+            .find(|s| *s.device() == self.mem.device && !s.is_capturing())
             .cloned()
     }
 
@@ -464,17 +464,19 @@ impl<'a, T: DeviceCopy> BufferView<'a, T> {
                 found: data.len(),
             });
         }
-        self.mem.note_use(stream);
         let bytes: &[u8] = bytemuck::cast_slice(data);
-        match (&self.mem.backend, stream.backend()) {
-            (MemoryBackend::Host(_), StreamBackend::Host(s)) => {
-                s.copy_from_host(self.mem.clone(), self.byte_offset(), bytes.to_vec())
+        let accesses: Accesses<'_> = smallvec![(self.mem, Access::Write)];
+        ordered(stream, "copy_from_host", accesses, || {
+            match (&self.mem.backend, stream.backend()) {
+                (MemoryBackend::Host(_), StreamBackend::Host(s)) => {
+                    s.copy_from_host(self.mem.clone(), self.byte_offset(), bytes.to_vec())
+                }
+                (MemoryBackend::Cuda(m), StreamBackend::Cuda(s)) => {
+                    s.copy_from_host(m, self.byte_offset(), bytes)
+                }
+                _ => Err(backend_mismatch("copy_from_host")),
             }
-            (MemoryBackend::Cuda(m), StreamBackend::Cuda(s)) => {
-                s.copy_from_host(m, self.byte_offset(), bytes)
-            }
-            _ => Err(backend_mismatch("copy_from_host")),
-        }
+        })
     }
 
     /// Copies this view into `out` (same length), after all work that used the buffer, and
@@ -493,17 +495,24 @@ impl<'a, T: DeviceCopy> BufferView<'a, T> {
                 found: out.len(),
             });
         }
-        self.mem.order_after_uses(stream)?;
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(out);
-        match (&self.mem.backend, stream.backend()) {
-            (MemoryBackend::Host(_), StreamBackend::Host(s)) => {
-                s.copy_to_host(self.mem.clone(), self.byte_offset(), bytes)
-            }
-            (MemoryBackend::Cuda(m), StreamBackend::Cuda(s)) => {
-                s.copy_to_host(m, self.byte_offset(), bytes)
-            }
-            _ => Err(backend_mismatch("copy_to_host")),
-        }
+        // A read: ordered after the last write on any stream, and seen by later writers, which
+        // wait for it. The buffer's state stays locked until the copy has finished, so no write
+        // can slip in between.
+        ordered(
+            stream,
+            "copy_to_host",
+            smallvec![(self.mem, Access::Read)],
+            || match (&self.mem.backend, stream.backend()) {
+                (MemoryBackend::Host(_), StreamBackend::Host(s)) => {
+                    s.copy_to_host(self.mem.clone(), self.byte_offset(), bytes)
+                }
+                (MemoryBackend::Cuda(m), StreamBackend::Cuda(s)) => {
+                    s.copy_to_host(m, self.byte_offset(), bytes)
+                }
+                _ => Err(backend_mismatch("copy_to_host")),
+            },
+        )
     }
 
     /// Copies this view to a new host vector, after all work that used the buffer.
@@ -534,27 +543,28 @@ impl<'a, T: DeviceCopy> BufferView<'a, T> {
                 found: src.len,
             });
         }
-        self.mem.note_use(stream);
-        src.mem.note_use(stream);
-        match (&self.mem.backend, &src.mem.backend, stream.backend()) {
-            (MemoryBackend::Host(_), MemoryBackend::Host(_), StreamBackend::Host(s)) => s
-                .copy_device(
-                    src.mem.clone(),
-                    src.byte_offset(),
-                    self.mem.clone(),
-                    self.byte_offset(),
-                    self.byte_len(),
-                ),
-            (MemoryBackend::Cuda(d), MemoryBackend::Cuda(sr), StreamBackend::Cuda(s)) => s
-                .copy_device(
-                    sr,
-                    src.byte_offset(),
-                    d,
-                    self.byte_offset(),
-                    self.byte_len(),
-                ),
-            _ => Err(backend_mismatch("copy_from")),
-        }
+        let accesses: Accesses<'_> = smallvec![(self.mem, Access::Write), (src.mem, Access::Read)];
+        ordered(stream, "copy_from", accesses, || {
+            match (&self.mem.backend, &src.mem.backend, stream.backend()) {
+                (MemoryBackend::Host(_), MemoryBackend::Host(_), StreamBackend::Host(s)) => s
+                    .copy_device(
+                        src.mem.clone(),
+                        src.byte_offset(),
+                        self.mem.clone(),
+                        self.byte_offset(),
+                        self.byte_len(),
+                    ),
+                (MemoryBackend::Cuda(d), MemoryBackend::Cuda(sr), StreamBackend::Cuda(s)) => s
+                    .copy_device(
+                        sr,
+                        src.byte_offset(),
+                        d,
+                        self.byte_offset(),
+                        self.byte_len(),
+                    ),
+                _ => Err(backend_mismatch("copy_from")),
+            }
+        })
     }
 
     /// Copies `src` (same length), which may live on another device, into this view on
@@ -622,83 +632,80 @@ impl<'a, T: DeviceCopy> BufferView<'a, T> {
             });
         }
         if src.mem.device == self.mem.device {
-            // Inside a capture the op's own streams and events order the copy, as for
-            // `copy_from`; joining streams outside the capture would break it.
-            if !stream.is_capturing() {
-                src.mem.order_after_uses(stream)?;
-                self.mem.order_after_uses(stream)?;
-            }
             return self.copy_from(stream, src);
         }
         stream.forbid_in_capture(op)?;
         match (&self.mem.backend, &src.mem.backend, stream.backend()) {
             (MemoryBackend::Host(_), MemoryBackend::Host(_), StreamBackend::Host(s)) => {
-                src.mem.order_after_uses(stream)?;
-                self.mem.order_after_uses(stream)?;
-                self.mem.note_use(stream);
-                src.mem.note_use(stream);
-                s.copy_device(
-                    src.mem.clone(),
-                    src.byte_offset(),
-                    self.mem.clone(),
-                    self.byte_offset(),
-                    self.byte_len(),
-                )
+                let accesses: Accesses<'_> =
+                    smallvec![(self.mem, Access::Write), (src.mem, Access::Read)];
+                ordered(stream, op, accesses, || {
+                    s.copy_device(
+                        src.mem.clone(),
+                        src.byte_offset(),
+                        self.mem.clone(),
+                        self.byte_offset(),
+                        self.byte_len(),
+                    )
+                })
             }
             (MemoryBackend::Cuda(d), MemoryBackend::Cuda(sr), StreamBackend::Cuda(s)) => {
                 if !force_staged && s.peer_access(sr)? {
-                    src.mem.order_after_uses(stream)?;
-                    self.mem.order_after_uses(stream)?;
-                    self.mem.note_use(stream);
-                    src.mem.note_use(stream);
-                    return s.copy_peer(
-                        sr,
-                        src.byte_offset(),
-                        d,
-                        self.byte_offset(),
-                        self.byte_len(),
-                    );
+                    let accesses: Accesses<'_> =
+                        smallvec![(self.mem, Access::Write), (src.mem, Access::Read)];
+                    return ordered(stream, op, accesses, || {
+                        s.copy_peer(
+                            sr,
+                            src.byte_offset(),
+                            d,
+                            self.byte_offset(),
+                            self.byte_len(),
+                        )
+                    });
                 }
                 let staging = src.mem.device.staging_stream()?;
                 let StreamBackend::Cuda(ss) = staging.backend() else {
                     return Err(backend_mismatch(op));
                 };
-                src.mem.order_after_uses(&staging)?;
-                self.mem.order_after_uses(stream)?;
-                src.mem.note_use(&staging);
-                self.mem.note_use(stream);
-                cuda::copy_staged(
-                    ss,
-                    sr,
-                    src.byte_offset(),
-                    s,
-                    d,
-                    self.byte_offset(),
-                    self.byte_len(),
-                )
+                // The source is read on the staging stream, the destination written on
+                // `stream`; `copy_staged` joins the two with events, and the staging stream's
+                // reads are recorded before the copy's chunks are enqueued on it.
+                ordered(&staging, op, smallvec![(src.mem, Access::Read)], || Ok(()))?;
+                stream.order_after(&staging, u64::MAX)?;
+                ordered(stream, op, smallvec![(self.mem, Access::Write)], || {
+                    cuda::copy_staged(
+                        ss,
+                        sr,
+                        src.byte_offset(),
+                        s,
+                        d,
+                        self.byte_offset(),
+                        self.byte_len(),
+                    )
+                })
             }
             (MemoryBackend::Cuda(d), MemoryBackend::Host(h), StreamBackend::Cuda(s)) => {
                 // The GPU cannot wait for the host backend's work: wait for it here, then copy
                 // from its storage (the driver has taken the bytes when the call returns).
                 src.mem.wait_for_uses()?;
-                self.mem.order_after_uses(stream)?;
-                self.mem.note_use(stream);
-                let words = h.read();
-                let bytes: &[u8] = bytemuck::cast_slice(&words[..]);
-                let range = src.byte_offset()..src.byte_offset() + src.byte_len();
-                s.copy_from_host(d, self.byte_offset(), &bytes[range])
+                ordered(stream, op, smallvec![(self.mem, Access::Write)], || {
+                    let words = h.read();
+                    let bytes: &[u8] = bytemuck::cast_slice(&words[..]);
+                    let range = src.byte_offset()..src.byte_offset() + src.byte_len();
+                    s.copy_from_host(d, self.byte_offset(), &bytes[range])
+                })
             }
             (MemoryBackend::Host(_), MemoryBackend::Cuda(_), StreamBackend::Host(s)) => {
                 let reader = src.mem.device.staging_stream()?;
                 let mut data = vec![T::zeroed(); src.len];
                 src.copy_to_host(&reader, &mut data)?;
-                self.mem.order_after_uses(stream)?;
-                self.mem.note_use(stream);
-                s.copy_from_host(
-                    self.mem.clone(),
-                    self.byte_offset(),
-                    bytemuck::cast_slice(&data).to_vec(),
-                )
+                ordered(stream, op, smallvec![(self.mem, Access::Write)], || {
+                    s.copy_from_host(
+                        self.mem.clone(),
+                        self.byte_offset(),
+                        bytemuck::cast_slice(&data).to_vec(),
+                    )
+                })
             }
             _ => Err(backend_mismatch(op)),
         }
@@ -711,16 +718,20 @@ impl<'a, T: DeviceCopy> BufferView<'a, T> {
     /// A driver error.
     pub fn fill_bytes(&self, stream: &Stream, value: u8) -> Result<()> {
         self.mem.check_device(stream, "fill_bytes")?;
-        self.mem.note_use(stream);
-        match (&self.mem.backend, stream.backend()) {
-            (MemoryBackend::Host(_), StreamBackend::Host(s)) => {
-                s.fill_bytes(self.mem.clone(), self.byte_offset(), self.byte_len(), value)
-            }
-            (MemoryBackend::Cuda(m), StreamBackend::Cuda(s)) => {
-                s.fill_bytes(m, self.byte_offset(), self.byte_len(), value)
-            }
-            _ => Err(backend_mismatch("fill_bytes")),
-        }
+        ordered(
+            stream,
+            "fill_bytes",
+            smallvec![(self.mem, Access::Write)],
+            || match (&self.mem.backend, stream.backend()) {
+                (MemoryBackend::Host(_), StreamBackend::Host(s)) => {
+                    s.fill_bytes(self.mem.clone(), self.byte_offset(), self.byte_len(), value)
+                }
+                (MemoryBackend::Cuda(m), StreamBackend::Cuda(s)) => {
+                    s.fill_bytes(m, self.byte_offset(), self.byte_len(), value)
+                }
+                _ => Err(backend_mismatch("fill_bytes")),
+            },
+        )
     }
 }
 
@@ -838,19 +849,20 @@ impl<T: DeviceCopy> PinnedBuffer<T> {
                 found: src.len,
             });
         }
-        src.mem.order_after_uses(stream)?;
-        src.mem.note_use(stream);
         let mut this = self;
         let byte_len = src.byte_len();
-        match (&mut this.backend, &src.mem.backend, stream.backend()) {
-            (PinnedBackend::Host(p), MemoryBackend::Host(_), StreamBackend::Host(s)) => {
-                s.copy_to_pinned(src.mem.clone(), src.byte_offset(), p, byte_len)?
+        let op = "PinnedBuffer::copy_from_device";
+        ordered(stream, op, smallvec![(src.mem, Access::Read)], || {
+            match (&mut this.backend, &src.mem.backend, stream.backend()) {
+                (PinnedBackend::Host(p), MemoryBackend::Host(_), StreamBackend::Host(s)) => {
+                    s.copy_to_pinned(src.mem.clone(), src.byte_offset(), p, byte_len)
+                }
+                (PinnedBackend::Cuda(p), MemoryBackend::Cuda(m), StreamBackend::Cuda(s)) => {
+                    s.copy_to_pinned(m, src.byte_offset(), p, byte_len)
+                }
+                _ => Err(pinned_mismatch(&this.device, op, stream)),
             }
-            (PinnedBackend::Cuda(p), MemoryBackend::Cuda(m), StreamBackend::Cuda(s)) => {
-                s.copy_to_pinned(m, src.byte_offset(), p, byte_len)?
-            }
-            _ => return Err(this.backend_mismatch("PinnedBuffer::copy_from_device", stream)),
-        }
+        })?;
         let event = stream.record_event()?;
         Ok(PinnedTransfer {
             buffer: Some(this),
@@ -881,17 +893,19 @@ impl<T: DeviceCopy> PinnedBuffer<T> {
                 found: self.len,
             });
         }
-        dst.mem.note_use(stream);
         let byte_len = dst.byte_len();
-        match (&self.backend, &dst.mem.backend, stream.backend()) {
-            (PinnedBackend::Host(p), MemoryBackend::Host(_), StreamBackend::Host(s)) => {
-                s.copy_from_pinned(p, dst.mem.clone(), dst.byte_offset(), byte_len)?
+        let op = "PinnedBuffer::copy_to_device";
+        ordered(stream, op, smallvec![(dst.mem, Access::Write)], || {
+            match (&self.backend, &dst.mem.backend, stream.backend()) {
+                (PinnedBackend::Host(p), MemoryBackend::Host(_), StreamBackend::Host(s)) => {
+                    s.copy_from_pinned(p, dst.mem.clone(), dst.byte_offset(), byte_len)
+                }
+                (PinnedBackend::Cuda(p), MemoryBackend::Cuda(m), StreamBackend::Cuda(s)) => {
+                    s.copy_from_pinned(p, m, dst.byte_offset(), byte_len)
+                }
+                _ => Err(pinned_mismatch(&self.device, op, stream)),
             }
-            (PinnedBackend::Cuda(p), MemoryBackend::Cuda(m), StreamBackend::Cuda(s)) => {
-                s.copy_from_pinned(p, m, dst.byte_offset(), byte_len)?
-            }
-            _ => return Err(self.backend_mismatch("PinnedBuffer::copy_to_device", stream)),
-        }
+        })?;
         let event = stream.record_event()?;
         Ok(PinnedTransfer {
             buffer: Some(self),
@@ -900,15 +914,13 @@ impl<T: DeviceCopy> PinnedBuffer<T> {
     }
 }
 
-impl<T> PinnedBuffer<T> {
-    /// The error for a pinned buffer of one backend used with a stream of the other. (Views
-    /// are checked against the stream before, so this is the only way backends can differ.)
-    fn backend_mismatch(&self, op: &'static str, stream: &Stream) -> DeviceError {
-        DeviceError::DeviceMismatch {
-            op,
-            expected: stream.device().to_string(),
-            found: format!("{} (pinned buffer)", self.device),
-        }
+/// The error for a pinned buffer of one backend used with a stream of the other. (Views are
+/// checked against the stream before, so this is the only way backends can differ.)
+fn pinned_mismatch(device: &Device, op: &'static str, stream: &Stream) -> DeviceError {
+    DeviceError::DeviceMismatch {
+        op,
+        expected: stream.device().to_string(),
+        found: format!("{device} (pinned buffer)"),
     }
 }
 

@@ -12,6 +12,9 @@
 
 use std::fmt;
 
+use smallvec::SmallVec;
+
+use crate::access::Access;
 use crate::backend::{cuda, host};
 use crate::device::{Device, DeviceBackend};
 use crate::error::{DeviceError, Result};
@@ -48,6 +51,15 @@ pub(crate) struct StreamInner {
     pub(crate) backend: StreamBackend,
     pub(crate) capturing: AtomicBool,
     pub(crate) capture: Mutex<Option<Arc<CaptureSession>>>,
+    /// Tracked accesses enqueued on this stream so far (see [`crate::access`]).
+    seq: AtomicU64,
+    /// Per other stream, the highest sequence number of it this stream has waited for with an
+    /// eager event: later work here is ordered after that stream's work up to it.
+    waited: Mutex<SmallVec<[(StreamId, u64); 4]>>,
+    /// An event recorded just before this stream began or joined its current capture: eager
+    /// work that must follow this stream's earlier eager work waits on it, never on the
+    /// capturing stream itself.
+    fence: Mutex<Option<Event>>,
 }
 
 /// An in-order queue of work on one device. Cheap to clone (clones share the queue),
@@ -84,6 +96,9 @@ impl Stream {
                 backend,
                 capturing: AtomicBool::new(false),
                 capture: Mutex::new(None),
+                seq: AtomicU64::new(0),
+                waited: Mutex::new(SmallVec::new()),
+                fence: Mutex::new(None),
             }),
         };
         let mut list = device.inner.streams.lock();
@@ -129,6 +144,11 @@ impl Stream {
 
     fn record(&self, timed: bool) -> Result<Event> {
         let capture = self.capture_session();
+        if let Some(session) = &capture {
+            session.check_owner("Stream::record_event", self.inner.id)?;
+        }
+        // Read before the record: the event covers at least the accesses counted so far.
+        let seq = self.inner.seq.load(Ordering::Acquire);
         let backend = match &self.inner.backend {
             StreamBackend::Host(h) => EventBackend::Host(h.record_event(timed)?),
             StreamBackend::Cuda(c) => EventBackend::Cuda(c.record_event(timed)?),
@@ -137,6 +157,7 @@ impl Stream {
             inner: Arc::new(EventInner {
                 device: self.inner.device.clone(),
                 stream: self.inner.id,
+                seq,
                 timed,
                 capture,
                 backend,
@@ -176,6 +197,9 @@ impl Stream {
                 ),
             });
         }
+        if let Some(session) = self.capture_session() {
+            session.check_owner("Stream::wait_event", self.inner.id)?;
+        }
         if let Some(session) = &event.inner.capture {
             if !session.is_open() {
                 // The event stands for captured nodes, which never run by themselves: once the
@@ -196,6 +220,95 @@ impl Stream {
                 s.enqueue(Arc::new(move || event.synchronize()))
             }
             (StreamBackend::Cuda(_), EventBackend::Host(_)) => event.synchronize(),
+        }?;
+        if event.inner.capture.is_none() && !self.is_capturing() {
+            self.note_waited(event.inner.stream, event.inner.seq);
+        }
+        Ok(())
+    }
+
+    fn note_waited(&self, other: StreamId, seq: u64) {
+        if other == self.inner.id {
+            return;
+        }
+        let mut waited = self.inner.waited.lock();
+        match waited.iter_mut().find(|(id, _)| *id == other) {
+            Some((_, s)) => *s = (*s).max(seq),
+            None => waited.push((other, seq)),
+        }
+    }
+
+    /// Whether this stream already waits, with an eager event, for `other`'s work up to
+    /// sequence number `seq`.
+    fn has_waited_for(&self, other: &Stream, seq: u64) -> bool {
+        self.inner
+            .waited
+            .lock()
+            .iter()
+            .any(|(id, s)| *id == other.inner.id && *s >= seq)
+    }
+
+    /// Counts one tracked access enqueued on this stream; returns its sequence number.
+    pub(crate) fn advance(&self) -> u64 {
+        self.inner.seq.fetch_add(1, Ordering::AcqRel) + 1
+    }
+
+    /// Makes work enqueued on this stream from now on wait for `other`'s work up to sequence
+    /// number `seq` (`u64::MAX`: all of it), without ever pulling this stream into a capture it
+    /// is not part of (see [`crate::access`]):
+    ///
+    /// - from an eager stream, a capturing `other` is waited for at its fence (its eager work
+    ///   before the capture); its captured work never runs by itself;
+    /// - from a capturing stream, only streams of the same capture are joined; eager work is
+    ///   ordered before a replay when the graph is launched.
+    pub(crate) fn order_after(&self, other: &Stream, seq: u64) -> Result<()> {
+        if self.same(other) {
+            return Ok(());
+        }
+        match self.capture_session() {
+            Some(own) => match other.capture_session() {
+                Some(theirs) if Arc::ptr_eq(&own, &theirs) => self.join(other),
+                _ => Ok(()),
+            },
+            None => {
+                if seq != u64::MAX && self.has_waited_for(other, seq) {
+                    return Ok(());
+                }
+                match other.ordering_event()? {
+                    Some(event) => self.wait_event(&event),
+                    None => Ok(()),
+                }
+            }
+        }
+    }
+
+    /// An eager event after this stream's eager work so far: a new one, or while the stream is
+    /// being captured, its fence (`None` when it had no fence).
+    pub(crate) fn ordering_event(&self) -> Result<Option<Event>> {
+        if self.is_capturing() {
+            return Ok(self.inner.fence.lock().clone());
+        }
+        match self.record_event() {
+            Ok(e) => Ok(Some(e)),
+            // It began a capture in between: its fence stands for its eager work.
+            Err(_) if self.is_capturing() => Ok(self.inner.fence.lock().clone()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The id of the capture work enqueued now on this stream is recorded into, if any.
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceError::Capture`] when another thread is capturing this stream: work from other
+    /// threads never enters a graph.
+    pub(crate) fn capture_id_for_enqueue(&self, op: &'static str) -> Result<Option<u64>> {
+        match self.capture_session() {
+            Some(session) => {
+                session.check_owner(op, self.inner.id)?;
+                Ok(Some(session.id))
+            }
+            None => Ok(None),
         }
     }
 
@@ -248,6 +361,7 @@ impl Stream {
         }
         // Reserved before the capture begins, so that the capture records no allocation.
         let blas_workspace = crate::blas::capture_workspace(self);
+        *self.inner.fence.lock() = Some(self.record_event()?);
         let session = match &self.inner.backend {
             StreamBackend::Host(h) => CaptureSession::new(self.inner.id, h.begin_capture()?),
             StreamBackend::Cuda(c) => CaptureSession::new(self.inner.id, c.begin_capture()?),
@@ -350,14 +464,16 @@ impl Stream {
     }
 
     /// Keeps `mem` alive for as long as the graph being captured on this stream, if any.
-    pub(crate) fn note_capture_use(&self, mem: &Arc<Memory>) {
+    pub(crate) fn note_capture_use(&self, mem: &Arc<Memory>, access: Access) {
         if let Some(session) = self.capture_session() {
-            session.keep_alive(mem);
+            session.keep_alive(mem, access);
         }
     }
 
     pub(crate) fn forbid_in_capture(&self, op: &'static str) -> Result<()> {
         if let Some(session) = self.capture_session() {
+            // Another thread's call is refused without spoiling the capture.
+            session.check_owner(op, self.inner.id)?;
             let err = DeviceError::Capture {
                 op: op.to_string(),
                 reason: "this operation waits for the host (or reads pageable host memory), \
@@ -382,10 +498,12 @@ impl Stream {
                 if let StreamBackend::Host(h) = &self.inner.backend {
                     h.join_capture(session)?;
                 }
-                // This stream is not capturing yet, so the allocation is not captured.
+                // This stream is not capturing yet, so the allocation is not captured, and
+                // the fence is an eager event.
                 if let Some(workspace) = crate::blas::capture_workspace(self) {
                     session.add_blas_workspace(self.inner.id, workspace);
                 }
+                *self.inner.fence.lock() = Some(self.record_event()?);
                 session.members.lock().push(self.clone());
                 *slot = Some(session.clone());
                 self.inner.capturing.store(true, Ordering::Release);
@@ -421,6 +539,8 @@ pub(crate) enum EventBackend {
 pub(crate) struct EventInner {
     pub(crate) device: Device,
     pub(crate) stream: StreamId,
+    /// The recording stream's access count when the event was recorded.
+    pub(crate) seq: u64,
     pub(crate) timed: bool,
     pub(crate) capture: Option<Arc<CaptureSession>>,
     pub(crate) backend: EventBackend,

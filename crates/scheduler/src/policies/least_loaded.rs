@@ -67,7 +67,9 @@ impl SchedulingPolicy for LeastLoaded {
         let (best, _) = loads
             .iter()
             .enumerate()
+            .filter(|(i, _)| !self.streams[*i].is_capturing())
             .min_by_key(|(_, l)| **l)
+            .or_else(|| loads.iter().enumerate().next())
             .ok_or_else(|| DeviceError::usage("LeastLoaded has no streams"))?;
         Ok(self.streams[best].clone())
     }

@@ -33,3 +33,15 @@ pub(crate) fn make_pool(
         })
         .collect()
 }
+
+/// The first stream of `streams`, from index `start` on (wrapping), that is not being captured
+/// into a graph: a capture records the work enqueued on its streams, so no policy hands one to
+/// other work. When every stream is capturing, the one at `start` (work enqueued there is then
+/// refused with a clear error rather than recorded).
+pub(crate) fn skip_capturing(streams: &[Stream], start: usize) -> Option<&Stream> {
+    let n = streams.len();
+    (0..n)
+        .map(|k| &streams[(start + k) % n])
+        .find(|s| !s.is_capturing())
+        .or_else(|| streams.get(start % n.max(1)))
+}

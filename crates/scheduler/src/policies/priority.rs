@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use cuflow_runtime::{Device, DeviceError, Stream};
 
-use super::make_pool;
+use super::{make_pool, skip_capturing};
 use crate::{Placement, PriorityLevel, SchedulingPolicy};
 
 /// Two round-robin pools on stream priorities: requests with [`PriorityLevel::High`] go to
@@ -59,7 +59,9 @@ impl SchedulingPolicy for Priority {
             PriorityLevel::High => (&self.high, &self.next_high),
             PriorityLevel::Normal => (&self.normal, &self.next_normal),
         };
-        let i = next.fetch_add(1, Ordering::Relaxed) % pool.len();
-        Ok(pool[i].clone())
+        let i = next.fetch_add(1, Ordering::Relaxed);
+        skip_capturing(pool, i)
+            .cloned()
+            .ok_or_else(|| DeviceError::usage("Priority has an empty pool"))
     }
 }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use cuflow_runtime::{Device, DeviceError, Stream};
 
-use super::make_pool;
+use super::{make_pool, skip_capturing};
 use crate::{Placement, SchedulingPolicy};
 
 /// Round-robin over a pool of `n` streams: consecutive placements (roots and `zip!` branches)
@@ -58,7 +58,9 @@ impl SchedulingPolicy for StreamPoolRoundRobin {
     }
 
     fn place(&self, _request: &Placement<'_>) -> Result<Stream, DeviceError> {
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.streams.len();
-        Ok(self.streams[i].clone())
+        let i = self.next.fetch_add(1, Ordering::Relaxed);
+        skip_capturing(&self.streams, i)
+            .cloned()
+            .ok_or_else(|| DeviceError::usage("StreamPoolRoundRobin has no streams"))
     }
 }

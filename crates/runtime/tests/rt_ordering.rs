@@ -1,0 +1,246 @@
+//! Automatic ordering of buffer accesses across streams: no event, no `join`, no
+//! synchronization between the streams in these tests, only work on shared buffers. Each test
+//! puts a long spin before the first access, so that without ordering the second access would
+//! run first, on every backend.
+
+mod common;
+
+use std::sync::mpsc;
+use std::time::Duration;
+
+use common::{add_one, device, random_f32, rng, spin_write, LONG_SPIN, POISON};
+use cuflow_runtime::{DeviceBuffer, DeviceError, KernelArgs, LaunchConfig};
+
+/// Launches the spin kernel: after a long spin, `out[0] = value`.
+fn slow_write(
+    stream: &cuflow_runtime::Stream,
+    out: &DeviceBuffer<f32>,
+    value: f32,
+) -> Result<(), DeviceError> {
+    spin_write().launch(
+        stream,
+        LaunchConfig::linear(1, 1),
+        KernelArgs::new()
+            .output(out)
+            .scalar(value)
+            .scalar(LONG_SPIN),
+    )
+}
+
+#[test]
+fn a_read_on_another_stream_waits_for_the_last_write() -> Result<(), DeviceError> {
+    let device = device();
+    let (a, b) = (device.new_stream()?, device.new_stream()?);
+    let x = DeviceBuffer::from_host(&a, &[1.0f32])?;
+    let y = DeviceBuffer::<f32>::alloc(&b, 1)?;
+    y.view().fill_bytes(&b, POISON)?;
+    a.synchronize()?;
+    b.synchronize()?;
+
+    slow_write(&a, &x, 7.0)?;
+    y.copy_from(&b, &x)?; // reads x on b
+    assert_eq!(y.to_host_vec(&b)?, vec![7.0]);
+    Ok(())
+}
+
+#[test]
+fn two_writers_on_two_streams_do_not_lose_updates() -> Result<(), DeviceError> {
+    let device = device();
+    let (a, b) = (device.new_stream()?, device.new_stream()?);
+    let x = DeviceBuffer::from_host(&a, &[0.0f32])?;
+    a.synchronize()?;
+
+    slow_write(&a, &x, 5.0)?;
+    add_one().launch(
+        &b,
+        LaunchConfig::linear(1, 1),
+        KernelArgs::new().output(&x).scalar(1u32),
+    )?;
+    // Ordered: 5 then + 1. Unordered: + 1 first, then overwritten by 5.
+    assert_eq!(x.to_host_vec(&b)?, vec![6.0]);
+    Ok(())
+}
+
+#[test]
+fn a_write_waits_for_reads_on_other_streams() -> Result<(), DeviceError> {
+    let device = device();
+    let mut rng = rng();
+    let (a, b) = (device.new_stream()?, device.new_stream()?);
+    let data = random_f32(&mut rng, 4097);
+    let x = DeviceBuffer::from_host(&a, &data)?;
+    let y = DeviceBuffer::<f32>::alloc(&a, data.len())?;
+    let gate = DeviceBuffer::<f32>::alloc(&a, 1)?;
+    y.view().fill_bytes(&a, POISON)?;
+    a.synchronize()?;
+
+    // On a: a long spin (on another buffer), then a read of x.
+    slow_write(&a, &gate, 1.0)?;
+    y.copy_from(&a, &x)?;
+    // On b: a write of x, which must wait for that read.
+    x.view().fill_bytes(&b, 0)?;
+    assert_eq!(y.to_host_vec(&a)?, data);
+    assert_eq!(x.to_host_vec(&b)?, vec![0.0; data.len()]);
+    Ok(())
+}
+
+#[test]
+fn a_memset_and_a_copy_from_the_host_are_ordered_like_kernels() -> Result<(), DeviceError> {
+    let device = device();
+    let (a, b, c) = (
+        device.new_stream()?,
+        device.new_stream()?,
+        device.new_stream()?,
+    );
+    let x = DeviceBuffer::from_host(&a, &[1.0f32, 1.0])?;
+    a.synchronize()?;
+    slow_write(&a, &x, 3.0)?; // x[0] = 3 at the end of the spin
+    x.copy_from_host(&b, &[4.0, 4.0])?; // must come after: x = [4, 4]
+    add_one().launch(
+        &c,
+        LaunchConfig::linear(1, 2),
+        KernelArgs::new().output(&x).scalar(2u32),
+    )?; // then + 1
+    assert_eq!(x.to_host_vec(&a)?, vec![5.0, 5.0]);
+    Ok(())
+}
+
+#[test]
+fn reads_on_several_streams_all_see_the_write() -> Result<(), DeviceError> {
+    let device = device();
+    let streams: Vec<_> = (0..4)
+        .map(|_| device.new_stream())
+        .collect::<Result<_, _>>()?;
+    let x = DeviceBuffer::from_host(&streams[0], &[0.0f32])?;
+    let outs: Vec<DeviceBuffer<f32>> = streams
+        .iter()
+        .map(|s| DeviceBuffer::<f32>::alloc(s, 1))
+        .collect::<Result<_, _>>()?;
+    for (o, s) in outs.iter().zip(&streams) {
+        o.view().fill_bytes(s, POISON)?;
+        s.synchronize()?;
+    }
+    slow_write(&streams[0], &x, 9.0)?;
+    for (o, s) in outs.iter().zip(&streams[1..]) {
+        o.copy_from(s, &x)?;
+    }
+    for (o, s) in outs.iter().zip(&streams[1..]) {
+        assert_eq!(o.to_host_vec(s)?, vec![9.0]);
+    }
+    Ok(())
+}
+
+#[test]
+fn a_graph_replay_is_ordered_with_eager_work() -> Result<(), DeviceError> {
+    let device = device();
+    let (g, b) = (device.new_stream()?, device.new_stream()?);
+    let x = DeviceBuffer::from_host(&g, &[0.0f32])?;
+    let y = DeviceBuffer::<f32>::alloc(&b, 1)?;
+    g.synchronize()?;
+    g.begin_capture()?;
+    slow_write(&g, &x, 2.0)?;
+    let graph = g.end_capture()?;
+    let exec = graph.instantiate()?;
+    exec.launch(&g)?;
+    y.copy_from(&b, &x)?; // reads the replay's output on another stream
+    assert_eq!(y.to_host_vec(&b)?, vec![2.0]);
+
+    // And a replay that writes waits for an eager read of another stream.
+    let gate = DeviceBuffer::<f32>::alloc(&b, 1)?;
+    x.copy_from_host(&b, &[11.0])?;
+    slow_write(&b, &gate, 0.0)?;
+    y.copy_from(&b, &x)?; // read of x on b, after a long spin
+    exec.launch(&g)?; // writes x = 2: must wait for that read
+    assert_eq!(y.to_host_vec(&b)?, vec![11.0]);
+    assert_eq!(x.to_host_vec(&g)?, vec![2.0]);
+    Ok(())
+}
+
+#[test]
+fn another_threads_work_never_enters_a_capture() -> Result<(), DeviceError> {
+    let device = device();
+    let s = device.new_stream()?;
+    let x = DeviceBuffer::from_host(&s, &[0.0f32])?;
+    let other = DeviceBuffer::from_host(&s, &[0.0f32])?;
+    s.synchronize()?;
+    s.begin_capture()?;
+    add_one().launch(
+        &s,
+        LaunchConfig::linear(1, 1),
+        KernelArgs::new().output(&x).scalar(1u32),
+    )?;
+    let (tx, rx) = mpsc::channel();
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            // Every way of putting work on the capturing stream is refused at once.
+            let launch = add_one().launch(
+                &s,
+                LaunchConfig::linear(1, 1),
+                KernelArgs::new().output(&other).scalar(1u32),
+            );
+            let copy = other.copy_from_host(&s, &[5.0]);
+            let record = s.record_event().map(|_| ());
+            let host_fn = s.enqueue_host_fn(|| {});
+            let sync = s.synchronize();
+            let _ = tx.send((launch, copy, record, host_fn, sync));
+        });
+    });
+    let (launch, copy, record, host_fn, sync) = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the other thread finished");
+    for (what, r) in [
+        ("launch", launch),
+        ("copy", copy),
+        ("record", record),
+        ("host fn", host_fn),
+        ("synchronize", sync),
+    ] {
+        match r {
+            Err(DeviceError::Capture { reason, .. }) => {
+                assert!(reason.contains("another thread"), "{what}: {reason}")
+            }
+            other => panic!("{what} from another thread on a capturing stream: {other:?}"),
+        }
+    }
+    // The capture is intact and holds exactly the capturing thread's work.
+    let graph = s.end_capture()?;
+    assert_eq!(graph.node_count()?, 1);
+    let exec = graph.instantiate()?;
+    exec.launch(&s)?;
+    exec.launch(&s)?;
+    assert_eq!(x.to_host_vec(&s)?, vec![2.0]);
+    assert_eq!(other.to_host_vec(&s)?, vec![0.0]);
+    Ok(())
+}
+
+#[test]
+fn eager_work_on_a_buffer_a_capture_wrote_is_not_pulled_into_the_capture() -> Result<(), DeviceError>
+{
+    let device = device();
+    let (s, t) = (device.new_stream()?, device.new_stream()?);
+    let x = DeviceBuffer::from_host(&s, &[1.0f32])?;
+    let y = DeviceBuffer::<f32>::alloc(&t, 1)?;
+    slow_write(&s, &x, 4.0)?; // eager, before the capture
+    s.begin_capture()?;
+    add_one().launch(
+        &s,
+        LaunchConfig::linear(1, 1),
+        KernelArgs::new().output(&x).scalar(1u32),
+    )?;
+    // Another thread reads x eagerly while s captures: it waits for s's eager work (the
+    // spin), not for the captured kernel, and stays out of the capture.
+    let read = std::thread::scope(|scope| {
+        scope
+            .spawn(|| -> Result<Vec<f32>, DeviceError> {
+                y.copy_from(&t, &x)?;
+                y.to_host_vec(&t)
+            })
+            .join()
+            .expect("reader thread")
+    })?;
+    assert_eq!(read, vec![4.0]);
+    let graph = s.end_capture()?;
+    assert_eq!(graph.node_count()?, 1);
+    graph.instantiate()?.launch(&s)?;
+    assert_eq!(x.to_host_vec(&t)?, vec![5.0]);
+    Ok(())
+}
