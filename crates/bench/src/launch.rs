@@ -9,7 +9,11 @@
 //! - cuflow, `empty_kernel_arg(float*)` with one buffer, and raw cudarc with tracking off;
 //! - raw cudarc with tracking on (its default), the one-buffer kernel: there, each buffer
 //!   argument costs stream waits and an event record, so it is the baseline a cudarc user who
-//!   keeps the defaults pays.
+//!   keeps the defaults pays;
+//! - the cross-stream case: the one-buffer kernel launched alternately on two streams, so that
+//!   every launch writes a buffer the other stream wrote last and must wait for it: cuflow's
+//!   automatic ordering (an event recorded on the other stream and a wait, per launch) beside
+//!   raw cudarc with tracking on doing the same.
 //!
 //! Trials of the variants are interleaved (a b c d e a b c d e ...) so that clock and thermal
 //! drift affect all alike; each figure is the median of its trials.
@@ -59,6 +63,26 @@ fn cuflow_launches(
     Ok(start.elapsed())
 }
 
+/// Launches the one-buffer `kernel` `n` times, alternately on `a` and `b`, each launch writing
+/// `buffer`; then synchronizes both. Every launch is ordered after the previous one on the
+/// other stream by cuflow's access ordering.
+fn cuflow_alternating(
+    (a, b): (&Stream, &Stream),
+    kernel: &Kernel,
+    buffer: &DeviceBuffer<f32>,
+    n: usize,
+) -> Result<Duration, DeviceError> {
+    let config = LaunchConfig::linear(1, 1);
+    let start = Instant::now();
+    for i in 0..n {
+        let stream = if i % 2 == 0 { a } else { b };
+        kernel.launch(stream, config, KernelArgs::new().output(buffer))?;
+    }
+    a.synchronize()?;
+    b.synchronize()?;
+    Ok(start.elapsed())
+}
+
 /// One variant: a way to run `n` launches, and its per-trial µs per launch.
 struct Variant<'a> {
     launch_n: Box<dyn FnMut(usize) -> Result<Duration, BenchError> + 'a>,
@@ -77,6 +101,7 @@ impl<'a> Variant<'a> {
 /// Runs the benchmark with `iters` launches per trial.
 pub(crate) fn run(device: &Device, iters: usize) -> Result<Results, BenchError> {
     let stream = device.new_stream()?;
+    let other = device.new_stream()?;
     let no_arg = empty_kernel();
     let one_arg = empty_arg_kernel();
     // Compile through cuflow first: it reports a missing NVRTC or a compile error as a
@@ -89,6 +114,7 @@ pub(crate) fn run(device: &Device, iters: usize) -> Result<Results, BenchError> 
     let mut raw_off = RawLauncher::new(device, EventTracking::Off, RawKernel::Empty)?;
     let mut raw_off_arg = RawLauncher::new(device, EventTracking::Off, RawKernel::EmptyOneBuffer)?;
     let mut raw_on_arg = RawLauncher::new(device, EventTracking::On, RawKernel::EmptyOneBuffer)?;
+    let mut raw_on_alt = RawLauncher::new(device, EventTracking::On, RawKernel::EmptyOneBuffer)?;
 
     let mut variants = [
         Variant::new(|n| Ok(cuflow_launches(&stream, &no_arg, None, n)?)),
@@ -96,6 +122,8 @@ pub(crate) fn run(device: &Device, iters: usize) -> Result<Results, BenchError> 
         Variant::new(|n| Ok(cuflow_launches(&stream, &one_arg, Some(&buffer), n)?)),
         Variant::new(|n| raw_off_arg.launch_n(n)),
         Variant::new(|n| raw_on_arg.launch_n(n)),
+        Variant::new(|n| Ok(cuflow_alternating((&stream, &other), &one_arg, &buffer, n)?)),
+        Variant::new(|n| raw_on_alt.launch_n_alternating(n)),
     ];
     for variant in &mut variants {
         (variant.launch_n)(WARMUP_LAUNCHES)?;
@@ -108,7 +136,7 @@ pub(crate) fn run(device: &Device, iters: usize) -> Result<Results, BenchError> 
                 .push(elapsed.as_secs_f64() * 1e6 / iters as f64);
         }
     }
-    let [cuflow_no_arg, raw_off_no_arg, cuflow_one_arg, raw_off_one_arg, raw_on_one_arg] =
+    let [cuflow_no_arg, raw_off_no_arg, cuflow_one_arg, raw_off_one_arg, raw_on_one_arg, cuflow_alt, raw_on_alt] =
         variants.map(|v| v.trials);
 
     Ok(Results {
@@ -140,6 +168,13 @@ pub(crate) fn run(device: &Device, iters: usize) -> Result<Results, BenchError> 
                 &cuflow_one_arg,
                 "raw cudarc, tracking on, same kernel",
                 &raw_on_one_arg,
+            ),
+            Row::from_trials(
+                "cuflow, alternating 2 streams, ordered",
+                "us",
+                &cuflow_alt,
+                "raw cudarc, tracking on, alternating 2 streams",
+                &raw_on_alt,
             ),
         ],
     })

@@ -65,6 +65,9 @@ pub(crate) struct RawLauncher {
     /// The kernel's one argument: `Some` exactly for [`RawKernel::EmptyOneBuffer`] and
     /// [`RawKernel::Inc`].
     buffer: Option<CudaSlice<f32>>,
+    /// A second stream, made only with tracking on: cudarc then orders the buffer's uses on
+    /// the two streams with its own events.
+    second: Option<Arc<CudaStream>>,
 }
 
 fn require_nvrtc() -> Result<(), BenchError> {
@@ -134,6 +137,13 @@ impl RawLauncher {
                     .map_err(BenchError::driver("CudaStream::alloc_zeros"))?,
             ),
         };
+        let second = match tracking {
+            EventTracking::On => Some(
+                ctx.new_stream()
+                    .map_err(BenchError::driver("CudaContext::new_stream"))?,
+            ),
+            EventTracking::Off => None,
+        };
         stream
             .synchronize()
             .map_err(BenchError::driver("CudaStream::synchronize"))?;
@@ -141,6 +151,7 @@ impl RawLauncher {
             stream,
             function,
             buffer,
+            second,
         })
     }
 
@@ -160,6 +171,38 @@ impl RawLauncher {
         self.stream
             .synchronize()
             .map_err(BenchError::driver("CudaStream::synchronize"))?;
+        Ok(start.elapsed())
+    }
+
+    /// Launches the kernel `n` times, alternately on the two streams (tracking on only: each
+    /// launch then waits, through cudarc's events, for the previous one on the other stream),
+    /// then synchronizes both; returns the wall time of the whole.
+    pub(crate) fn launch_n_alternating(&mut self, n: usize) -> Result<Duration, BenchError> {
+        let second = self.second.clone().ok_or_else(|| {
+            BenchError::Verification("alternating launches need event tracking on".into())
+        })?;
+        let first = self.stream.clone();
+        let config = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (1, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let start = Instant::now();
+        for i in 0..n {
+            let stream = if i % 2 == 0 { &first } else { &second };
+            let mut launch = stream.launch_builder(&self.function);
+            if let Some(buffer) = self.buffer.as_mut() {
+                launch.arg(buffer);
+            }
+            // SAFETY: as in `launch_one`; the buffer is used on two streams, which cudarc's
+            // event tracking (on, or `second` would not exist) orders.
+            unsafe { launch.launch(config) }.map_err(BenchError::driver("LaunchArgs::launch"))?;
+        }
+        for stream in [&first, &second] {
+            stream
+                .synchronize()
+                .map_err(BenchError::driver("CudaStream::synchronize"))?;
+        }
         Ok(start.elapsed())
     }
 
