@@ -13,6 +13,8 @@
 //!   are not doubled by the tracker.
 //!
 //! Invariants:
+//! - The stream's capture gate is held shared from the capture check until the work is
+//!   enqueued: a capture cannot begin in between and record this work.
 //! - The state of every buffer an access names is locked, in address order (no lock-order
 //!   cycle), from before the waits until after the work is enqueued and the state updated, so
 //!   another thread's conflicting access either sees this one or is seen by it: an event that
@@ -136,6 +138,7 @@ pub(crate) fn ordered<R>(
     mut accesses: Accesses<'_>,
     enqueue: impl FnOnce() -> Result<R>,
 ) -> Result<R> {
+    let _gate = stream.enqueue_gate();
     let capture = stream.capture_id_for_enqueue(op)?;
     accesses.sort_by_key(|(m, _)| Arc::as_ptr(m) as usize);
     accesses.dedup_by(|later, earlier| {

@@ -71,7 +71,14 @@ impl UseState {
 
 impl Memory {
     pub(crate) fn alloc(stream: &Stream, bytes: usize) -> Result<Arc<Memory>> {
+        // No capture begins on `stream` between the check and the allocation.
+        let _gate = stream.enqueue_gate();
         let session = stream.capture_session();
+        // Another thread's allocation on a capturing stream is made outside the capture too,
+        // but is not the graph's to keep.
+        let owned_by_capture = session
+            .as_ref()
+            .is_some_and(|s| s.check_owner("DeviceBuffer::alloc", stream.id()).is_ok());
         let backend = match stream.backend() {
             StreamBackend::Host(_) => {
                 MemoryBackend::Host(host::HostMemory::alloc(bytes, stream.device().name())?)
@@ -96,7 +103,7 @@ impl Memory {
             backend,
             state: Mutex::new(state),
         });
-        if let Some(session) = session {
+        if let Some(session) = session.filter(|_| owned_by_capture) {
             // Nothing wrote it yet: a replay only keeps it alive.
             session.keep_alive(&mem, Access::Read);
         }

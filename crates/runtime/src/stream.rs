@@ -20,7 +20,7 @@ use crate::device::{Device, DeviceBackend};
 use crate::error::{DeviceError, Result};
 use crate::graph::{CaptureSession, Graph};
 use crate::memory::Memory;
-use crate::sync::{Arc, AtomicBool, AtomicU64, Mutex, Ordering};
+use crate::sync::{Arc, AtomicBool, AtomicU64, Mutex, Ordering, RwLock, RwLockReadGuard};
 
 /// A process-unique identifier of a [`Stream`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -60,6 +60,10 @@ pub(crate) struct StreamInner {
     /// work that must follow this stream's earlier eager work waits on it, never on the
     /// capturing stream itself.
     fence: Mutex<Option<Event>>,
+    /// Held shared by every enqueue from its capture check to its enqueue, and exclusively by
+    /// a capture beginning or joining: no thread checks "not capturing" and then enqueues into
+    /// a capture that began in between.
+    gate: RwLock<()>,
 }
 
 /// An in-order queue of work on one device. Cheap to clone (clones share the queue),
@@ -99,6 +103,7 @@ impl Stream {
                 seq: AtomicU64::new(0),
                 waited: Mutex::new(SmallVec::new()),
                 fence: Mutex::new(None),
+                gate: RwLock::new(()),
             }),
         };
         let mut list = device.inner.streams.lock();
@@ -143,6 +148,12 @@ impl Stream {
     }
 
     fn record(&self, timed: bool) -> Result<Event> {
+        let _gate = self.enqueue_gate();
+        self.record_ungated(timed)
+    }
+
+    /// Records an event; the caller holds the gate (shared or exclusive).
+    fn record_ungated(&self, timed: bool) -> Result<Event> {
         let capture = self.capture_session();
         if let Some(session) = &capture {
             session.check_owner("Stream::record_event", self.inner.id)?;
@@ -212,6 +223,10 @@ impl Stream {
             }
             self.join_capture(session)?;
         }
+        let _gate = self.enqueue_gate();
+        if let Some(session) = self.capture_session() {
+            session.check_owner("Stream::wait_event", self.inner.id)?;
+        }
         match (&self.inner.backend, &event.inner.backend) {
             (StreamBackend::Host(s), EventBackend::Host(e)) => s.wait_event(e),
             (StreamBackend::Cuda(s), EventBackend::Cuda(e)) => s.wait_event(e),
@@ -246,6 +261,13 @@ impl Stream {
             .lock()
             .iter()
             .any(|(id, s)| *id == other.inner.id && *s >= seq)
+    }
+
+    /// The shared side of the capture gate: held from checking whether the stream captures
+    /// until the work is enqueued. Recursive, so that an enqueue may record on or wait for this
+    /// stream again while holding it.
+    pub(crate) fn enqueue_gate(&self) -> RwLockReadGuard<'_, ()> {
+        self.inner.gate.read_recursive()
     }
 
     /// Counts one tracked access enqueued on this stream; returns its sequence number.
@@ -352,8 +374,7 @@ impl Stream {
     ///
     /// [`DeviceError::Capture`] if the stream is already capturing, or a driver error.
     pub fn begin_capture(&self) -> Result<()> {
-        let mut slot = self.inner.capture.lock();
-        if slot.is_some() {
+        if self.inner.capture.lock().is_some() {
             return Err(DeviceError::Capture {
                 op: "Stream::begin_capture".into(),
                 reason: format!("stream {} is already capturing", self.inner.id),
@@ -361,7 +382,16 @@ impl Stream {
         }
         // Reserved before the capture begins, so that the capture records no allocation.
         let blas_workspace = crate::blas::capture_workspace(self);
-        *self.inner.fence.lock() = Some(self.record_event()?);
+        // From here until the capture state is set, no other enqueue runs on this stream.
+        let _gate = self.inner.gate.write();
+        let mut slot = self.inner.capture.lock();
+        if slot.is_some() {
+            return Err(DeviceError::Capture {
+                op: "Stream::begin_capture".into(),
+                reason: format!("stream {} is already capturing", self.inner.id),
+            });
+        }
+        *self.inner.fence.lock() = Some(self.record_ungated(false)?);
         let session = match &self.inner.backend {
             StreamBackend::Host(h) => CaptureSession::new(self.inner.id, h.begin_capture()?),
             StreamBackend::Cuda(c) => CaptureSession::new(self.inner.id, c.begin_capture()?),
@@ -440,6 +470,7 @@ impl Stream {
     ///
     /// A driver error, or [`DeviceError::Capture`] during capture.
     pub fn enqueue_host_fn(&self, f: impl FnOnce() + Send + 'static) -> Result<()> {
+        let _gate = self.enqueue_gate();
         self.forbid_in_capture("Stream::enqueue_host_fn")?;
         match &self.inner.backend {
             StreamBackend::Host(h) => h.enqueue_once(f),
@@ -487,6 +518,21 @@ impl Stream {
     }
 
     fn join_capture(&self, session: &Arc<CaptureSession>) -> Result<()> {
+        match &*self.inner.capture.lock() {
+            Some(s) if Arc::ptr_eq(s, session) => return Ok(()),
+            Some(_) => {
+                return Err(DeviceError::Capture {
+                    op: "Stream::wait_event".into(),
+                    reason: "the stream is part of another capture".into(),
+                })
+            }
+            None => {}
+        }
+        session.check_owner("Stream::wait_event", self.inner.id)?;
+        // This stream is not capturing yet, so the allocation is not captured.
+        let workspace = crate::blas::capture_workspace(self);
+        // From here until the capture state is set, no other enqueue runs on this stream.
+        let _gate = self.inner.gate.write();
         let mut slot = self.inner.capture.lock();
         match &*slot {
             Some(s) if Arc::ptr_eq(s, session) => Ok(()),
@@ -498,12 +544,11 @@ impl Stream {
                 if let StreamBackend::Host(h) = &self.inner.backend {
                     h.join_capture(session)?;
                 }
-                // This stream is not capturing yet, so the allocation is not captured, and
-                // the fence is an eager event.
-                if let Some(workspace) = crate::blas::capture_workspace(self) {
+                if let Some(workspace) = workspace {
                     session.add_blas_workspace(self.inner.id, workspace);
                 }
-                *self.inner.fence.lock() = Some(self.record_event()?);
+                // Still eager: the fence stands for this stream's work before the capture.
+                *self.inner.fence.lock() = Some(self.record_ungated(false)?);
                 session.members.lock().push(self.clone());
                 *slot = Some(session.clone());
                 self.inner.capturing.store(true, Ordering::Release);

@@ -244,3 +244,50 @@ fn eager_work_on_a_buffer_a_capture_wrote_is_not_pulled_into_the_capture() -> Re
     assert_eq!(x.to_host_vec(&t)?, vec![5.0]);
     Ok(())
 }
+
+#[test]
+fn no_launch_accepted_from_another_thread_is_lost_into_a_capture() -> Result<(), DeviceError> {
+    let device = device();
+    let s = device.new_stream()?;
+    let mine = DeviceBuffer::from_host(&s, &[0.0f32])?;
+    let theirs = DeviceBuffer::from_host(&s, &[0.0f32])?;
+    s.synchronize()?;
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let accepted = std::thread::scope(|scope| -> Result<u32, DeviceError> {
+        let other = scope.spawn(|| -> Result<u32, DeviceError> {
+            let mut accepted = 0;
+            while !stop.load(std::sync::atomic::Ordering::Acquire) {
+                match add_one().launch(
+                    &s,
+                    LaunchConfig::linear(1, 1),
+                    KernelArgs::new().output(&theirs).scalar(1u32),
+                ) {
+                    Ok(()) => accepted += 1,
+                    Err(DeviceError::Capture { .. }) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(accepted)
+        });
+        for _ in 0..200 {
+            s.begin_capture()?;
+            add_one().launch(
+                &s,
+                LaunchConfig::linear(1, 1),
+                KernelArgs::new().output(&mine).scalar(1u32),
+            )?;
+            let graph = s.end_capture()?;
+            assert_eq!(
+                graph.node_count()?,
+                1,
+                "a capture recorded another thread's work"
+            );
+        }
+        stop.store(true, std::sync::atomic::Ordering::Release);
+        other.join().expect("the other thread")
+    })?;
+    // Every launch the other thread was told succeeded ran; the captures' never did.
+    assert_eq!(theirs.to_host_vec(&s)?, vec![accepted as f32]);
+    assert_eq!(mine.to_host_vec(&s)?, vec![0.0]);
+    Ok(())
+}
