@@ -31,7 +31,7 @@ pub use cuflow_tensor as tensor;
 pub use cuflow_tensor::{api, kernels};
 
 pub use cuflow_device_op::{
-    default_device, join_all, value, with_context, zip, BoxedOp, DeviceFuture, DeviceOp,
+    default_device, from_fn, join_all, value, with_context, zip, BoxedOp, DeviceFuture, DeviceOp,
     DeviceOpExt, ExecutionContext, ExecutionStats, Shared, UnzipExt,
 };
 pub use cuflow_graph_capture::{CudaGraph, GraphCaptureExt, RecaptureOutcome};
@@ -51,7 +51,7 @@ pub use cuflow_tensor::{
 /// The names most programs need: `use cuflow::prelude::*;`.
 pub mod prelude {
     pub use cuflow_device_op::{
-        join_all, value, with_context, zip, BoxedOp, DeviceFuture, DeviceOp, DeviceOpExt,
+        from_fn, join_all, value, with_context, zip, BoxedOp, DeviceFuture, DeviceOp, DeviceOpExt,
         ExecutionContext, UnzipExt,
     };
     pub use cuflow_graph_capture::{CudaGraph, GraphCaptureExt};

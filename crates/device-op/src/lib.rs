@@ -32,8 +32,8 @@ pub use cuflow_runtime::DeviceError;
 pub use exec::{default_device, enqueue_on};
 pub use future::DeviceFuture;
 pub use op::{
-    join_all, value, with_context, BoxedOp, Continuation, DeviceOp, DeviceOpExt, Inspect, Map,
-    Shared, Then, UnzipExt, Value, WithContext,
+    from_fn, join_all, value, with_context, BoxedOp, Continuation, DeviceOp, DeviceOpExt, FromFn,
+    Inspect, Map, Shared, Then, UnzipExt, Value, WithContext, WithPriority,
 };
 
 /// Negative auto-trait cases, checked by the compiler (`compile_fail` doctests); the positive

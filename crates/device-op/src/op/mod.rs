@@ -5,35 +5,40 @@
 //! enqueues its work on streams chosen by a scheduling policy and returns its output once the
 //! work has completed.
 //!
-//! Primitives: [`then`](DeviceOpExt::then), [`value`](fn@value), `zip!`, [`join_all`],
+//! Primitives: [`from_fn`](fn@from_fn) (an op from a closure over its context),
+//! [`then`](DeviceOpExt::then), [`value`](fn@value), `zip!`, [`join_all`],
 //! [`shared`](DeviceOpExt::shared), [`boxed`](DeviceOpExt::boxed),
-//! [`with_context`](fn@with_context). Derived: [`map`](DeviceOpExt::map) and
+//! [`with_context`](fn@with_context), [`with_priority`](DeviceOpExt::with_priority). Derived: [`map`](DeviceOpExt::map) and
 //! [`inspect`](DeviceOpExt::inspect) are `then` + `value`; [`unzip`](UnzipExt::unzip) is
 //! `shared` + `map`.
 
 pub(crate) mod boxed;
+pub(crate) mod from_fn;
 pub(crate) mod map;
 pub(crate) mod shared;
 pub(crate) mod then;
 pub(crate) mod unzip;
 pub(crate) mod value;
 pub(crate) mod with_context;
+pub(crate) mod with_priority;
 #[doc(hidden)]
 pub mod zip;
 
 pub use boxed::BoxedOp;
+pub use from_fn::{from_fn, FromFn};
 pub use map::{Inspect, InspectFn, Map, MapFn};
 pub use shared::Shared;
 pub use then::{Continuation, Then};
 pub use unzip::{Unzip2, Unzip3, UnzipExt};
 pub use value::{value, Value};
 pub use with_context::{with_context, WithContext};
+pub use with_priority::WithPriority;
 pub use zip::{join_all, JoinAll};
 
 use std::sync::Arc;
 
 use cuflow_runtime::{DeviceError, Stream};
-use cuflow_scheduler::SchedulingPolicy;
+use cuflow_scheduler::{PriorityLevel, SchedulingPolicy};
 
 use crate::context::{ExecutionContext, ExecutionStats};
 use crate::future::DeviceFuture;
@@ -128,6 +133,24 @@ pub trait DeviceOpExt: DeviceOp + Sized {
         Self::Output: Sync,
     {
         Shared::new(self)
+    }
+
+    /// Runs the op, and every branch it forks, at priority `level`: policies that keep
+    /// streams of several priorities (`Priority`) place its work on the matching ones.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cuflow_device_op::{from_fn, DeviceOpExt};
+    /// use cuflow_scheduler::PriorityLevel;
+    /// let level = from_fn(|ctx| Ok(ctx.priority()))
+    ///     .with_priority(PriorityLevel::High)
+    ///     .sync()?;
+    /// assert_eq!(level, PriorityLevel::High);
+    /// # Ok::<(), cuflow_runtime::DeviceError>(())
+    /// ```
+    fn with_priority(self, level: PriorityLevel) -> WithPriority<Self> {
+        WithPriority::new(self, level)
     }
 
     /// Erases the op's type, e.g. to keep ops of different types in one `Vec`.
