@@ -32,6 +32,7 @@ mod backend;
 mod blas;
 mod device;
 mod error;
+mod event;
 mod graph;
 mod kernel;
 mod memory;
@@ -41,9 +42,10 @@ pub mod sync;
 pub use blas::{gemm, GemmConfig, GemmDtype, GemmElem};
 pub use device::{Device, DeviceId, DeviceLimits, MemoryInfo};
 pub use error::{BackendKind, DeviceError, Result};
+pub use event::Event;
 pub use graph::{Graph, GraphExec};
 pub use kernel::{HostKernelArgs, HostKernelFn, Kernel, KernelArgs, LaunchConfig};
 pub use memory::{
     BufferView, DeviceBuffer, DeviceCopy, PinnedBuffer, PinnedMut, PinnedRef, PinnedTransfer,
 };
-pub use stream::{Event, Stream, StreamId};
+pub use stream::{Stream, StreamId};

@@ -1,0 +1,116 @@
+//! [`Event`]: a point in a stream's work, recorded by [`Stream::record_event`] and waited
+//! for by [`Stream::wait_event`] (another stream) or [`Event::synchronize`] (the host).
+//!
+//! An event also carries what the runtime's ordering needs: the stream it was recorded on, that
+//! stream's access count at the time (see [`crate::access`]), and the capture it was recorded
+//! in, if any (such an event only orders captured work and never completes by itself).
+
+use std::fmt;
+
+use crate::backend::{cuda, host};
+use crate::device::Device;
+use crate::error::{DeviceError, Result};
+use crate::graph::CaptureSession;
+#[cfg(doc)]
+use crate::stream::Stream;
+use crate::stream::StreamId;
+use crate::sync::Arc;
+
+pub(crate) enum EventBackend {
+    Host(host::HostEvent),
+    Cuda(cuda::CudaEventHandle),
+}
+
+pub(crate) struct EventInner {
+    pub(crate) device: Device,
+    pub(crate) stream: StreamId,
+    /// The recording stream's access count when the event was recorded.
+    pub(crate) seq: u64,
+    pub(crate) timed: bool,
+    pub(crate) capture: Option<Arc<CaptureSession>>,
+    pub(crate) backend: EventBackend,
+}
+
+/// A point in a stream's work. Cheap to clone, `Send + Sync`.
+#[derive(Clone)]
+pub struct Event {
+    pub(crate) inner: Arc<EventInner>,
+}
+
+impl Event {
+    /// Whether all work before the event has finished.
+    ///
+    /// # Errors
+    ///
+    /// The error that work hit, if it failed.
+    pub fn is_complete(&self) -> Result<bool> {
+        match &self.inner.backend {
+            EventBackend::Host(e) => e.is_complete(),
+            EventBackend::Cuda(e) => e.is_complete(),
+        }
+    }
+
+    /// Blocks until the event has completed.
+    ///
+    /// # Errors
+    ///
+    /// The error the work before the event hit, or [`DeviceError::Capture`] for an event
+    /// recorded during a capture (it never completes on its own).
+    pub fn synchronize(&self) -> Result<()> {
+        if self.inner.capture.is_some() {
+            return Err(DeviceError::Capture {
+                op: "Event::synchronize".into(),
+                reason: "the event was recorded during a capture and only orders captured work"
+                    .into(),
+            });
+        }
+        match &self.inner.backend {
+            EventBackend::Host(e) => e.synchronize(),
+            EventBackend::Cuda(e) => e.synchronize(),
+        }
+    }
+
+    /// Milliseconds between `self` and a later event `end`; both must be timed
+    /// ([`Stream::record_timed_event`]) and complete.
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceError::Usage`] when an event is not timed or not complete, or a driver error.
+    pub fn elapsed_ms(&self, end: &Event) -> Result<f32> {
+        if !self.inner.timed || !end.inner.timed {
+            return Err(DeviceError::usage(
+                "Event::elapsed_ms needs two timed events: record them with \
+                 Stream::record_timed_event",
+            ));
+        }
+        match (&self.inner.backend, &end.inner.backend) {
+            (EventBackend::Host(a), EventBackend::Host(b)) => a.elapsed_ms(b),
+            (EventBackend::Cuda(a), EventBackend::Cuda(b)) => a.elapsed_ms(b),
+            _ => Err(DeviceError::DeviceMismatch {
+                op: "Event::elapsed_ms",
+                expected: self.inner.device.to_string(),
+                found: end.inner.device.to_string(),
+            }),
+        }
+    }
+
+    /// The device the event belongs to.
+    pub fn device(&self) -> &Device {
+        &self.inner.device
+    }
+
+    /// The stream the event was recorded on.
+    pub fn stream_id(&self) -> StreamId {
+        self.inner.stream
+    }
+}
+
+impl fmt::Debug for Event {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Event")
+            .field("device", &self.inner.device)
+            .field("stream", &self.inner.stream.0)
+            .field("timed", &self.inner.timed)
+            .finish()
+    }
+}

@@ -1,0 +1,194 @@
+//! [`DeviceBuffer`]: a typed allocation on a device, owning its [`Memory`].
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::ops::RangeBounds;
+
+use super::{byte_size, BufferView, DeviceCopy, Memory};
+use crate::device::Device;
+use crate::error::Result;
+use crate::stream::Stream;
+use crate::sync::Arc;
+
+/// A typed allocation on a device. Not `Clone`: share it through `Arc`.
+///
+/// Copies and kernels are enqueued on a [`Stream`]; reading back to the host waits for them.
+///
+/// # Examples
+///
+/// ```
+/// use cuflow_runtime::{Device, DeviceBuffer};
+/// # fn main() -> Result<(), cuflow_runtime::DeviceError> {
+/// let stream = Device::host().new_stream()?;
+/// let buf = DeviceBuffer::from_host(&stream, &[1.0f32, 2.0, 3.0])?;
+/// assert_eq!(buf.to_host_vec(&stream)?, vec![1.0, 2.0, 3.0]);
+/// # Ok(()) }
+/// ```
+pub struct DeviceBuffer<T> {
+    pub(crate) mem: Arc<Memory>,
+    len: usize,
+    _marker: PhantomData<fn() -> T>,
+}
+
+impl<T: DeviceCopy> DeviceBuffer<T> {
+    /// Allocates `len` elements, stream-ordered on `stream`. The contents are unspecified
+    /// (zero on the host backend, whatever the memory held on CUDA).
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceError::OutOfMemory`] when the device cannot hold it.
+    ///
+    /// While `stream` is capturing, the allocation is made at once (not recorded) and the graph
+    /// being captured keeps it: replays of that graph find it at the same address.
+    pub fn alloc(stream: &Stream, len: usize) -> Result<Self> {
+        let bytes = byte_size::<T>(len, "DeviceBuffer::alloc")?;
+        Ok(DeviceBuffer {
+            mem: Memory::alloc(stream, bytes)?,
+            len,
+            _marker: PhantomData,
+        })
+    }
+
+    /// Allocates `len` zeroed elements.
+    ///
+    /// # Errors
+    ///
+    /// As [`DeviceBuffer::alloc`].
+    pub fn zeroed(stream: &Stream, len: usize) -> Result<Self> {
+        let buf = Self::alloc(stream, len)?;
+        buf.view().fill_bytes(stream, 0)?;
+        Ok(buf)
+    }
+
+    /// Allocates a buffer holding a copy of `data`.
+    ///
+    /// # Errors
+    ///
+    /// As [`DeviceBuffer::alloc`].
+    pub fn from_host(stream: &Stream, data: &[T]) -> Result<Self> {
+        let buf = Self::alloc(stream, data.len())?;
+        buf.view().copy_from_host(stream, data)?;
+        Ok(buf)
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the buffer has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The device holding the buffer.
+    pub fn device(&self) -> &Device {
+        &self.mem.device
+    }
+
+    /// A view of the whole buffer.
+    pub fn view(&self) -> BufferView<'_, T> {
+        BufferView {
+            mem: &self.mem,
+            offset: 0,
+            len: self.len,
+            _marker: PhantomData,
+        }
+    }
+
+    /// A view of `range` (in elements).
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceError::InvalidShape`] when the range does not lie inside the buffer.
+    pub fn slice(&self, range: impl RangeBounds<usize>) -> Result<BufferView<'_, T>> {
+        self.view().slice(range)
+    }
+
+    /// Copies the whole buffer to a new host vector, after all work that used it.
+    ///
+    /// # Errors
+    ///
+    /// Any error the pending work hit.
+    pub fn to_host_vec(&self, stream: &Stream) -> Result<Vec<T>> {
+        self.view().to_host_vec(stream)
+    }
+
+    /// The stream of the most recent work enqueued on this buffer by a stream of its own
+    /// device (the allocating stream when nothing used it since; copies to and from other
+    /// devices may also have used it from theirs), leaving out streams being captured. Reading back on it orders the read after
+    /// that work without adding a wait; a read on any stream is ordered after every use anyway.
+    pub fn last_stream(&self) -> Option<Stream> {
+        self.mem
+            .state
+            .lock()
+            .uses
+            .iter()
+            .rev()
+            .find(|s| *s.device() == self.mem.device && !s.is_capturing())
+            .cloned()
+    }
+
+    /// Overwrites the buffer with `data` (same length).
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceError::LengthMismatch`] when lengths differ.
+    pub fn copy_from_host(&self, stream: &Stream, data: &[T]) -> Result<()> {
+        self.view().copy_from_host(stream, data)
+    }
+
+    /// Copies `src` (same length) into this buffer on `stream`.
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceError::LengthMismatch`] when lengths differ.
+    pub fn copy_from(&self, stream: &Stream, src: &DeviceBuffer<T>) -> Result<()> {
+        self.view().copy_from(stream, src.view())
+    }
+
+    /// Copies `src` (same length), which may live on another device, into this buffer on
+    /// `stream`, a stream of this buffer's device. See [`BufferView::copy_from_device`].
+    ///
+    /// # Errors
+    ///
+    /// As [`BufferView::copy_from_device`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cuflow_runtime::{Device, DeviceBuffer};
+    /// # fn main() -> Result<(), cuflow_runtime::DeviceError> {
+    /// let (a, b) = (Device::host(), Device::host_numbered(1));
+    /// let (sa, sb) = (a.new_stream()?, b.new_stream()?);
+    /// let src = DeviceBuffer::from_host(&sa, &[1.0f32, 2.0, 3.0])?;
+    /// let dst = DeviceBuffer::<f32>::alloc(&sb, 3)?;
+    /// dst.copy_from_device(&sb, &src)?;
+    /// assert_eq!(dst.to_host_vec(&sb)?, vec![1.0, 2.0, 3.0]);
+    /// # Ok(()) }
+    /// ```
+    pub fn copy_from_device(&self, stream: &Stream, src: &DeviceBuffer<T>) -> Result<()> {
+        self.view().copy_from_device(stream, src.view())
+    }
+
+    /// Like [`DeviceBuffer::copy_from_device`], but between two CUDA devices always staged
+    /// through pinned host memory, even where a peer copy is possible. See
+    /// [`BufferView::copy_from_device_staged`].
+    ///
+    /// # Errors
+    ///
+    /// As [`BufferView::copy_from_device`].
+    pub fn copy_from_device_staged(&self, stream: &Stream, src: &DeviceBuffer<T>) -> Result<()> {
+        self.view().copy_from_device_staged(stream, src.view())
+    }
+}
+
+impl<T> fmt::Debug for DeviceBuffer<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeviceBuffer")
+            .field("type", &std::any::type_name::<T>())
+            .field("len", &self.len)
+            .field("device", &self.mem.device)
+            .finish()
+    }
+}

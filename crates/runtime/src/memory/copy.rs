@@ -1,0 +1,158 @@
+//! Copies between devices: peer-to-peer between CUDA devices that can reach each other,
+//! staged through pinned host memory otherwise, and through the host backend's storage between
+//! a host device and a CUDA device. Each is ordered like every other access
+//! ([`crate::access`]).
+
+use smallvec::smallvec;
+
+use super::{backend_mismatch, BufferView, DeviceCopy, MemoryBackend};
+use crate::access::{ordered, Access, Accesses};
+use crate::backend::cuda;
+use crate::error::{DeviceError, Result};
+use crate::stream::{Stream, StreamBackend};
+
+impl<T: DeviceCopy> BufferView<'_, T> {
+    /// Copies `src` (same length), which may live on another device, into this view on
+    /// `stream`, a stream of this view's device.
+    ///
+    /// The copy is ordered after all work enqueued so far that used `src` or this view's
+    /// buffer, on any stream of either device, and both buffers record it, so that later
+    /// reads wait for it and neither is freed before it has finished. How it runs depends on
+    /// the two devices:
+    ///
+    /// - **the same device**: a device copy on `stream`, as [`BufferView::copy_from`];
+    /// - **two CUDA devices that can access each other** ([`Device::can_access_peer`]): a peer
+    ///   copy (`cuMemcpyPeerAsync`) on `stream`, over NVLink or PCIe; peer access is enabled
+    ///   at the first such copy between the two devices (where the driver then refuses it, for
+    ///   too many peers, the copy is staged);
+    /// - **two CUDA devices without peer access**: staged through pinned host memory, chunk by
+    ///   chunk: device to host on a stream of `src`'s device, then host to device on `stream`,
+    ///   joined by events (as [`BufferView::copy_from_device_staged`]);
+    /// - **two host devices**: a copy on `stream`'s worker;
+    /// - **a host device and a CUDA device**: through the host backend's storage. This one
+    ///   waits: for `src`'s pending work and, from a CUDA buffer, for the copy out of it.
+    ///
+    /// Except between host and CUDA devices, it does not wait: the calling thread returns as
+    /// soon as the copy is enqueued.
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceError::DeviceMismatch`] when `stream` is not of this view's device,
+    /// [`DeviceError::LengthMismatch`] when lengths differ, [`DeviceError::Capture`] for a copy
+    /// between two devices on a stream being captured (it cannot be recorded into a graph:
+    /// copy before or after the capture), or a driver error.
+    pub fn copy_from_device(&self, stream: &Stream, src: BufferView<'_, T>) -> Result<()> {
+        self.copy_between_devices(stream, src, false, "copy_from_device")
+    }
+
+    /// Like [`BufferView::copy_from_device`], but a copy between two CUDA devices is always
+    /// staged through pinned host memory, even where a peer copy is possible: to compare the
+    /// two paths, or where peer copies misbehave. Other pairs of devices copy as with
+    /// [`BufferView::copy_from_device`].
+    ///
+    /// The staging buffers (two of a few MiB, page-locked) belong to the destination device
+    /// and are allocated at its first staged copy; staged copies into one device take turns
+    /// using them.
+    ///
+    /// # Errors
+    ///
+    /// As [`BufferView::copy_from_device`].
+    pub fn copy_from_device_staged(&self, stream: &Stream, src: BufferView<'_, T>) -> Result<()> {
+        self.copy_between_devices(stream, src, true, "copy_from_device_staged")
+    }
+
+    fn copy_between_devices(
+        &self,
+        stream: &Stream,
+        src: BufferView<'_, T>,
+        force_staged: bool,
+        op: &'static str,
+    ) -> Result<()> {
+        self.mem.check_device(stream, op)?;
+        if src.len != self.len {
+            return Err(DeviceError::LengthMismatch {
+                op,
+                expected: self.len,
+                found: src.len,
+            });
+        }
+        if src.mem.device == self.mem.device {
+            return self.copy_from(stream, src);
+        }
+        stream.forbid_in_capture(op)?;
+        match (&self.mem.backend, &src.mem.backend, stream.backend()) {
+            (MemoryBackend::Host(_), MemoryBackend::Host(_), StreamBackend::Host(s)) => {
+                let accesses: Accesses<'_> =
+                    smallvec![(self.mem, Access::Write), (src.mem, Access::Read)];
+                ordered(stream, op, accesses, || {
+                    s.copy_device(
+                        src.mem.clone(),
+                        src.byte_offset(),
+                        self.mem.clone(),
+                        self.byte_offset(),
+                        self.byte_len(),
+                    )
+                })
+            }
+            (MemoryBackend::Cuda(d), MemoryBackend::Cuda(sr), StreamBackend::Cuda(s)) => {
+                if !force_staged && s.peer_access(sr)? {
+                    let accesses: Accesses<'_> =
+                        smallvec![(self.mem, Access::Write), (src.mem, Access::Read)];
+                    return ordered(stream, op, accesses, || {
+                        s.copy_peer(
+                            sr,
+                            src.byte_offset(),
+                            d,
+                            self.byte_offset(),
+                            self.byte_len(),
+                        )
+                    });
+                }
+                let staging = src.mem.device.staging_stream()?;
+                let StreamBackend::Cuda(ss) = staging.backend() else {
+                    return Err(backend_mismatch(op));
+                };
+                // The source is read on the staging stream, the destination written on
+                // `stream`; `copy_staged` joins the two with events, and the staging stream's
+                // reads are recorded before the copy's chunks are enqueued on it.
+                ordered(&staging, op, smallvec![(src.mem, Access::Read)], || Ok(()))?;
+                stream.order_after(&staging, u64::MAX)?;
+                ordered(stream, op, smallvec![(self.mem, Access::Write)], || {
+                    cuda::copy_staged(
+                        ss,
+                        sr,
+                        src.byte_offset(),
+                        s,
+                        d,
+                        self.byte_offset(),
+                        self.byte_len(),
+                    )
+                })
+            }
+            (MemoryBackend::Cuda(d), MemoryBackend::Host(h), StreamBackend::Cuda(s)) => {
+                // The GPU cannot wait for the host backend's work: wait for it here, then copy
+                // from its storage (the driver has taken the bytes when the call returns).
+                src.mem.wait_for_uses()?;
+                ordered(stream, op, smallvec![(self.mem, Access::Write)], || {
+                    let words = h.read();
+                    let bytes: &[u8] = bytemuck::cast_slice(&words[..]);
+                    let range = src.byte_offset()..src.byte_offset() + src.byte_len();
+                    s.copy_from_host(d, self.byte_offset(), &bytes[range])
+                })
+            }
+            (MemoryBackend::Host(_), MemoryBackend::Cuda(_), StreamBackend::Host(s)) => {
+                let reader = src.mem.device.staging_stream()?;
+                let mut data = vec![T::zeroed(); src.len];
+                src.copy_to_host(&reader, &mut data)?;
+                ordered(stream, op, smallvec![(self.mem, Access::Write)], || {
+                    s.copy_from_host(
+                        self.mem.clone(),
+                        self.byte_offset(),
+                        bytemuck::cast_slice(&data).to_vec(),
+                    )
+                })
+            }
+            _ => Err(backend_mismatch(op)),
+        }
+    }
+}

@@ -1,0 +1,303 @@
+//! Pinned (page-locked) host memory and asynchronous transfers through it.
+
+use std::fmt;
+use std::marker::PhantomData;
+
+use smallvec::smallvec;
+
+use super::{byte_size, BufferView, DeviceCopy, MemoryBackend};
+use crate::access::{ordered, Access};
+use crate::backend::{cuda, host};
+use crate::device::{Device, DeviceBackend};
+use crate::error::{DeviceError, Result};
+use crate::stream::{Stream, StreamBackend};
+use crate::sync::{MappedMutexGuard, MutexGuard};
+
+pub(crate) enum PinnedBackend {
+    Host(host::HostPinned),
+    Cuda(cuda::CudaPinned),
+}
+
+/// Page-locked host memory: copies between it and the device run asynchronously, overlapping
+/// with host work.
+///
+/// A pinned buffer is handed to a copy by value and comes back from
+/// [`PinnedTransfer::wait`], so the host cannot touch it while the device uses it.
+pub struct PinnedBuffer<T> {
+    backend: PinnedBackend,
+    len: usize,
+    device: Device,
+    _marker: PhantomData<fn() -> T>,
+}
+
+impl<T: DeviceCopy> PinnedBuffer<T> {
+    /// Allocates `len` zeroed elements of page-locked memory usable with `device`.
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceError::OutOfMemory`] or a driver error.
+    pub fn new(device: &Device, len: usize) -> Result<Self> {
+        let bytes = byte_size::<T>(len, "PinnedBuffer::new")?;
+        let backend = match device.backend() {
+            DeviceBackend::Host(_) => PinnedBackend::Host(host::HostPinned::new(bytes)?),
+            DeviceBackend::Cuda(c) => PinnedBackend::Cuda(c.alloc_pinned(bytes)?),
+        };
+        Ok(PinnedBuffer {
+            backend,
+            len,
+            device: device.clone(),
+            _marker: PhantomData,
+        })
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the buffer has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The contents.
+    pub fn as_slice(&self) -> PinnedRef<'_, T> {
+        let len = self.len;
+        PinnedRef(match &self.backend {
+            PinnedBackend::Host(h) => PinnedRefInner::Host(MutexGuard::map(h.lock(), move |w| {
+                let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut w[..]);
+                bytemuck::cast_slice_mut(&mut bytes[..len * std::mem::size_of::<T>()])
+            })),
+            PinnedBackend::Cuda(c) => PinnedRefInner::Cuda(bytemuck::cast_slice(
+                &c.raw_bytes()[..len * std::mem::size_of::<T>()],
+            )),
+        })
+    }
+
+    /// The contents, mutably.
+    pub fn as_mut_slice(&mut self) -> PinnedMut<'_, T> {
+        let len = self.len;
+        PinnedMut(match &mut self.backend {
+            PinnedBackend::Host(h) => PinnedMutInner::Host(MutexGuard::map(h.lock(), move |w| {
+                let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut w[..]);
+                bytemuck::cast_slice_mut(&mut bytes[..len * std::mem::size_of::<T>()])
+            })),
+            PinnedBackend::Cuda(c) => PinnedMutInner::Cuda(bytemuck::cast_slice_mut(
+                &mut c.raw_bytes_mut()[..len * std::mem::size_of::<T>()],
+            )),
+        })
+    }
+
+    /// Enqueues an asynchronous copy of `src` (same length) into this buffer, after all work
+    /// that used `src`; the buffer comes back when the copy has finished.
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceError::LengthMismatch`] when lengths differ, [`DeviceError::DeviceMismatch`]
+    /// when the view is of another device than the stream, or the pinned buffer of another
+    /// backend.
+    pub fn copy_from_device(
+        self,
+        stream: &Stream,
+        src: BufferView<'_, T>,
+    ) -> Result<PinnedTransfer<T>> {
+        src.mem
+            .check_device(stream, "PinnedBuffer::copy_from_device")?;
+        stream.forbid_in_capture("PinnedBuffer::copy_from_device")?;
+        if src.len != self.len {
+            return Err(DeviceError::LengthMismatch {
+                op: "PinnedBuffer::copy_from_device",
+                expected: self.len,
+                found: src.len,
+            });
+        }
+        let mut this = self;
+        let byte_len = src.byte_len();
+        let op = "PinnedBuffer::copy_from_device";
+        ordered(stream, op, smallvec![(src.mem, Access::Read)], || {
+            match (&mut this.backend, &src.mem.backend, stream.backend()) {
+                (PinnedBackend::Host(p), MemoryBackend::Host(_), StreamBackend::Host(s)) => {
+                    s.copy_to_pinned(src.mem.clone(), src.byte_offset(), p, byte_len)
+                }
+                (PinnedBackend::Cuda(p), MemoryBackend::Cuda(m), StreamBackend::Cuda(s)) => {
+                    s.copy_to_pinned(m, src.byte_offset(), p, byte_len)
+                }
+                _ => Err(pinned_mismatch(&this.device, op, stream)),
+            }
+        })?;
+        let event = stream.record_event()?;
+        Ok(PinnedTransfer {
+            buffer: Some(this),
+            event,
+        })
+    }
+
+    /// Enqueues an asynchronous copy of this buffer into `dst` (same length); the buffer comes
+    /// back when the copy has finished.
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceError::LengthMismatch`] when lengths differ, [`DeviceError::DeviceMismatch`]
+    /// when the view is of another device than the stream, or the pinned buffer of another
+    /// backend.
+    pub fn copy_to_device(
+        self,
+        stream: &Stream,
+        dst: BufferView<'_, T>,
+    ) -> Result<PinnedTransfer<T>> {
+        dst.mem
+            .check_device(stream, "PinnedBuffer::copy_to_device")?;
+        stream.forbid_in_capture("PinnedBuffer::copy_to_device")?;
+        if dst.len != self.len {
+            return Err(DeviceError::LengthMismatch {
+                op: "PinnedBuffer::copy_to_device",
+                expected: dst.len,
+                found: self.len,
+            });
+        }
+        let byte_len = dst.byte_len();
+        let op = "PinnedBuffer::copy_to_device";
+        ordered(stream, op, smallvec![(dst.mem, Access::Write)], || {
+            match (&self.backend, &dst.mem.backend, stream.backend()) {
+                (PinnedBackend::Host(p), MemoryBackend::Host(_), StreamBackend::Host(s)) => {
+                    s.copy_from_pinned(p, dst.mem.clone(), dst.byte_offset(), byte_len)
+                }
+                (PinnedBackend::Cuda(p), MemoryBackend::Cuda(m), StreamBackend::Cuda(s)) => {
+                    s.copy_from_pinned(p, m, dst.byte_offset(), byte_len)
+                }
+                _ => Err(pinned_mismatch(&self.device, op, stream)),
+            }
+        })?;
+        let event = stream.record_event()?;
+        Ok(PinnedTransfer {
+            buffer: Some(self),
+            event,
+        })
+    }
+}
+
+/// The error for a pinned buffer of one backend used with a stream of the other. (Views are
+/// checked against the stream before, so this is the only way backends can differ.)
+fn pinned_mismatch(device: &Device, op: &'static str, stream: &Stream) -> DeviceError {
+    DeviceError::DeviceMismatch {
+        op,
+        expected: stream.device().to_string(),
+        found: format!("{device} (pinned buffer)"),
+    }
+}
+
+enum PinnedRefInner<'a, T> {
+    Host(MappedMutexGuard<'a, [T]>),
+    Cuda(&'a [T]),
+}
+
+/// A borrow of a [`PinnedBuffer`]'s contents; dereferences to `[T]`.
+pub struct PinnedRef<'a, T>(PinnedRefInner<'a, T>);
+
+impl<T> std::ops::Deref for PinnedRef<'_, T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        match &self.0 {
+            PinnedRefInner::Host(g) => g,
+            PinnedRefInner::Cuda(s) => s,
+        }
+    }
+}
+
+impl<T: fmt::Debug> fmt::Debug for PinnedRef<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&**self, f)
+    }
+}
+
+enum PinnedMutInner<'a, T> {
+    Host(MappedMutexGuard<'a, [T]>),
+    Cuda(&'a mut [T]),
+}
+
+/// A mutable borrow of a [`PinnedBuffer`]'s contents; dereferences to `[T]`.
+pub struct PinnedMut<'a, T>(PinnedMutInner<'a, T>);
+
+impl<T> std::ops::Deref for PinnedMut<'_, T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        match &self.0 {
+            PinnedMutInner::Host(g) => g,
+            PinnedMutInner::Cuda(s) => s,
+        }
+    }
+}
+
+impl<T> std::ops::DerefMut for PinnedMut<'_, T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        match &mut self.0 {
+            PinnedMutInner::Host(g) => g,
+            PinnedMutInner::Cuda(s) => s,
+        }
+    }
+}
+
+impl<T: fmt::Debug> fmt::Debug for PinnedMut<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&**self, f)
+    }
+}
+
+impl<T> fmt::Debug for PinnedBuffer<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PinnedBuffer")
+            .field("type", &std::any::type_name::<T>())
+            .field("len", &self.len)
+            .field("device", &self.device)
+            .finish()
+    }
+}
+
+/// An asynchronous copy to or from a [`PinnedBuffer`] in flight. Dropping it waits for the
+/// copy, so the pinned memory is never freed or reused while the device touches it.
+#[must_use = "a transfer holds its pinned buffer until waited on"]
+pub struct PinnedTransfer<T> {
+    buffer: Option<PinnedBuffer<T>>,
+    event: crate::event::Event,
+}
+
+impl<T> PinnedTransfer<T> {
+    /// Whether the copy has finished.
+    ///
+    /// # Errors
+    ///
+    /// The error the copy hit.
+    pub fn is_complete(&self) -> Result<bool> {
+        self.event.is_complete()
+    }
+
+    /// Waits for the copy and gives the buffer back.
+    ///
+    /// # Errors
+    ///
+    /// The error the copy hit (the buffer is then dropped after the wait).
+    pub fn wait(mut self) -> Result<PinnedBuffer<T>> {
+        self.event.synchronize()?;
+        self.buffer
+            .take()
+            .ok_or_else(|| DeviceError::usage("PinnedTransfer already waited on"))
+    }
+}
+
+impl<T> Drop for PinnedTransfer<T> {
+    fn drop(&mut self) {
+        if self.buffer.is_some() {
+            if let Err(e) = self.event.synchronize() {
+                eprintln!("cuflow: pinned transfer failed while dropped: {e}");
+            }
+        }
+    }
+}
+
+impl<T> fmt::Debug for PinnedTransfer<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PinnedTransfer")
+            .field("event", &self.event)
+            .finish()
+    }
+}

@@ -1,0 +1,253 @@
+//! [`BufferView`]: a borrowed range of a buffer, and the copies and fills that stay on one
+//! device. Each orders itself after the conflicting accesses of other streams
+//! ([`crate::access`]).
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::ops::{Bound, RangeBounds};
+
+use smallvec::smallvec;
+
+use super::{backend_mismatch, DeviceBuffer, DeviceCopy, Memory, MemoryBackend};
+use crate::access::{ordered, Access, Accesses};
+use crate::device::Device;
+use crate::error::{DeviceError, Result};
+use crate::stream::{Stream, StreamBackend};
+use crate::sync::Arc;
+
+/// A borrowed range of a [`DeviceBuffer`].
+pub struct BufferView<'a, T> {
+    pub(crate) mem: &'a Arc<Memory>,
+    pub(crate) offset: usize,
+    pub(crate) len: usize,
+    pub(crate) _marker: PhantomData<fn() -> T>,
+}
+
+impl<T> Clone for BufferView<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for BufferView<'_, T> {}
+
+impl<'a, T: DeviceCopy> From<&'a DeviceBuffer<T>> for BufferView<'a, T> {
+    fn from(b: &'a DeviceBuffer<T>) -> Self {
+        b.view()
+    }
+}
+
+impl<'a, T: DeviceCopy> BufferView<'a, T> {
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the view has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Offset of the view's first element in its buffer.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
+    /// The device holding the view.
+    pub fn device(&self) -> &Device {
+        &self.mem.device
+    }
+
+    /// A sub-view of `range` (in elements, relative to this view).
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceError::InvalidShape`] when the range does not lie inside the view.
+    pub fn slice(&self, range: impl RangeBounds<usize>) -> Result<BufferView<'a, T>> {
+        let start = match range.start_bound() {
+            Bound::Included(&s) => s,
+            Bound::Excluded(&s) => s.saturating_add(1),
+            Bound::Unbounded => 0,
+        };
+        let end = match range.end_bound() {
+            Bound::Included(&e) => e.saturating_add(1),
+            Bound::Excluded(&e) => e,
+            Bound::Unbounded => self.len,
+        };
+        if start > end || end > self.len {
+            return Err(DeviceError::InvalidShape {
+                op: "BufferView::slice",
+                reason: format!(
+                    "range {start}..{end} is outside a view of {} elements",
+                    self.len
+                ),
+            });
+        }
+        Ok(BufferView {
+            mem: self.mem,
+            offset: self.offset + start,
+            len: end - start,
+            _marker: PhantomData,
+        })
+    }
+
+    pub(crate) fn byte_offset(&self) -> usize {
+        self.offset * std::mem::size_of::<T>()
+    }
+
+    pub(crate) fn byte_len(&self) -> usize {
+        self.len * std::mem::size_of::<T>()
+    }
+
+    /// Enqueues a copy of `data` into this view. `data` may be dropped as soon as this returns.
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceError::LengthMismatch`] when lengths differ; [`DeviceError::Capture`] during a
+    /// capture (pageable host memory cannot be recorded).
+    pub fn copy_from_host(&self, stream: &Stream, data: &[T]) -> Result<()> {
+        self.mem.check_device(stream, "copy_from_host")?;
+        stream.forbid_in_capture("copy_from_host")?;
+        if data.len() != self.len {
+            return Err(DeviceError::LengthMismatch {
+                op: "copy_from_host",
+                expected: self.len,
+                found: data.len(),
+            });
+        }
+        let bytes: &[u8] = bytemuck::cast_slice(data);
+        let accesses: Accesses<'_> = smallvec![(self.mem, Access::Write)];
+        ordered(stream, "copy_from_host", accesses, || {
+            match (&self.mem.backend, stream.backend()) {
+                (MemoryBackend::Host(_), StreamBackend::Host(s)) => {
+                    s.copy_from_host(self.mem.clone(), self.byte_offset(), bytes.to_vec())
+                }
+                (MemoryBackend::Cuda(m), StreamBackend::Cuda(s)) => {
+                    s.copy_from_host(m, self.byte_offset(), bytes)
+                }
+                _ => Err(backend_mismatch("copy_from_host")),
+            }
+        })
+    }
+
+    /// Copies this view into `out` (same length), after all work that used the buffer, and
+    /// waits for the copy.
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceError::LengthMismatch`] when lengths differ; any error the pending work hit.
+    pub fn copy_to_host(&self, stream: &Stream, out: &mut [T]) -> Result<()> {
+        self.mem.check_device(stream, "copy_to_host")?;
+        stream.forbid_in_capture("copy_to_host")?;
+        if out.len() != self.len {
+            return Err(DeviceError::LengthMismatch {
+                op: "copy_to_host",
+                expected: self.len,
+                found: out.len(),
+            });
+        }
+        let bytes: &mut [u8] = bytemuck::cast_slice_mut(out);
+        // A read: ordered after the last write on any stream, and seen by later writers, which
+        // wait for it. The buffer's state stays locked until the copy has finished, so no write
+        // can slip in between.
+        ordered(
+            stream,
+            "copy_to_host",
+            smallvec![(self.mem, Access::Read)],
+            || match (&self.mem.backend, stream.backend()) {
+                (MemoryBackend::Host(_), StreamBackend::Host(s)) => {
+                    s.copy_to_host(self.mem.clone(), self.byte_offset(), bytes)
+                }
+                (MemoryBackend::Cuda(m), StreamBackend::Cuda(s)) => {
+                    s.copy_to_host(m, self.byte_offset(), bytes)
+                }
+                _ => Err(backend_mismatch("copy_to_host")),
+            },
+        )
+    }
+
+    /// Copies this view to a new host vector, after all work that used the buffer.
+    ///
+    /// # Errors
+    ///
+    /// Any error the pending work hit.
+    pub fn to_host_vec(&self, stream: &Stream) -> Result<Vec<T>> {
+        let mut out = vec![T::zeroed(); self.len];
+        self.copy_to_host(stream, &mut out)?;
+        Ok(out)
+    }
+
+    /// Enqueues a device-to-device copy of `src` (same length) into this view. This never
+    /// allocates, so it may be captured into a graph.
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceError::LengthMismatch`] when lengths differ, [`DeviceError::DeviceMismatch`]
+    /// when the views live on different devices.
+    pub fn copy_from(&self, stream: &Stream, src: BufferView<'_, T>) -> Result<()> {
+        self.mem.check_device(stream, "copy_from")?;
+        src.mem.check_device(stream, "copy_from")?;
+        if src.len != self.len {
+            return Err(DeviceError::LengthMismatch {
+                op: "copy_from",
+                expected: self.len,
+                found: src.len,
+            });
+        }
+        let accesses: Accesses<'_> = smallvec![(self.mem, Access::Write), (src.mem, Access::Read)];
+        ordered(stream, "copy_from", accesses, || {
+            match (&self.mem.backend, &src.mem.backend, stream.backend()) {
+                (MemoryBackend::Host(_), MemoryBackend::Host(_), StreamBackend::Host(s)) => s
+                    .copy_device(
+                        src.mem.clone(),
+                        src.byte_offset(),
+                        self.mem.clone(),
+                        self.byte_offset(),
+                        self.byte_len(),
+                    ),
+                (MemoryBackend::Cuda(d), MemoryBackend::Cuda(sr), StreamBackend::Cuda(s)) => s
+                    .copy_device(
+                        sr,
+                        src.byte_offset(),
+                        d,
+                        self.byte_offset(),
+                        self.byte_len(),
+                    ),
+                _ => Err(backend_mismatch("copy_from")),
+            }
+        })
+    }
+
+    /// Enqueues setting every byte of the view to `value`. Graph-safe.
+    ///
+    /// # Errors
+    ///
+    /// A driver error.
+    pub fn fill_bytes(&self, stream: &Stream, value: u8) -> Result<()> {
+        self.mem.check_device(stream, "fill_bytes")?;
+        ordered(
+            stream,
+            "fill_bytes",
+            smallvec![(self.mem, Access::Write)],
+            || match (&self.mem.backend, stream.backend()) {
+                (MemoryBackend::Host(_), StreamBackend::Host(s)) => {
+                    s.fill_bytes(self.mem.clone(), self.byte_offset(), self.byte_len(), value)
+                }
+                (MemoryBackend::Cuda(m), StreamBackend::Cuda(s)) => {
+                    s.fill_bytes(m, self.byte_offset(), self.byte_len(), value)
+                }
+                _ => Err(backend_mismatch("fill_bytes")),
+            },
+        )
+    }
+}
+
+impl<T> fmt::Debug for BufferView<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BufferView")
+            .field("type", &std::any::type_name::<T>())
+            .field("offset", &self.offset)
+            .field("len", &self.len)
+            .finish()
+    }
+}
