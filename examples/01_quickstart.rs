@@ -67,7 +67,7 @@ fn main() -> Result<(), DeviceError> {
     for token in [1.0f32, 2.0, 3.0] {
         let token = api::from_vec(vec![token, token, token, token], &[4]).sync_on(&stream)?;
         graph.update(api::memcpy(&mut input, &token))?;
-        graph.replay()?; // acc += 2 * input
+        graph.replay_and_wait()?; // acc += 2 * input
         println!(
             "replay with input {:?}: acc = {:?}",
             token.to_host_vec()?,

@@ -82,7 +82,7 @@ impl Config {
         if sizes.contains(&0) {
             return bad(format!("every size must be positive, got {self:?}"));
         }
-        if self.d_model % self.n_heads != 0 {
+        if !self.d_model.is_multiple_of(self.n_heads) {
             return bad(format!(
                 "d_model {} is not a multiple of n_heads {}",
                 self.d_model, self.n_heads

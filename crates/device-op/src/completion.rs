@@ -109,7 +109,7 @@ fn reactor() -> &'static Reactor {
             .name("cuflow-completion".into())
             .spawn(move || r.run());
         if let Err(e) = spawned {
-            eprintln!("cuflow: could not start the completion thread: {e}");
+            tracing::warn!("could not start the completion thread: {e}");
         }
         r
     })

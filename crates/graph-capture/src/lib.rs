@@ -176,7 +176,7 @@ impl<T: Send> CudaGraph<T> {
     /// # Errors
     ///
     /// A driver error or an error of the replayed work.
-    pub fn replay(&mut self) -> Result<(), DeviceError> {
+    pub fn replay_and_wait(&mut self) -> Result<(), DeviceError> {
         self.launch()?;
         self.stream.synchronize()
     }

@@ -190,7 +190,7 @@ fn update_feeds_new_inputs_between_replays() -> Result<(), DeviceError> {
             dst: input.clone(),
             src: staged,
         })?;
-        graph.replay()?;
+        graph.replay_and_wait()?;
         let want: Vec<f64> = token.iter().map(|v| *v as f64 * 2.0 + 1.0).collect();
         let err = max_rel_err(&out.to_host_vec(&stream)?, &want);
         assert!(err < 1e-5, "relative error {err}");
@@ -233,7 +233,7 @@ fn zip_branches_on_two_streams_are_parallel_graph_branches() -> Result<(), Devic
         g.node_count()?,
         g.edges()?
     );
-    graph.replay()?;
+    graph.replay_and_wait()?;
     let s = graph.stream().clone();
     assert_eq!(a.to_host_vec(&s)?, vec![3.0; 64]);
     assert_eq!(b.to_host_vec(&s)?, vec![10.0; 64]);
@@ -256,7 +256,7 @@ fn allocation_during_capture_is_the_graphs_output() -> Result<(), DeviceError> {
     let out = graph.take_output().expect("the captured op's output");
     for _ in 0..3 {
         out.copy_from_host(&stream, &[5.0; 16])?;
-        graph.replay()?;
+        graph.replay_and_wait()?;
         // Zeroed, then 0 * 2 + 3, whatever the buffer held before the replay.
         assert_eq!(out.to_host_vec(&stream)?, vec![3.0; 16]);
     }
@@ -288,7 +288,7 @@ fn recapture_same_topology_updates_in_place() -> Result<(), DeviceError> {
         b: 1.0,
     }
     .graph_on(stream.clone())?;
-    graph.replay()?;
+    graph.replay_and_wait()?;
     assert_eq!(x.to_host_vec(&stream)?, vec![2.0; 256]);
     let outcome = graph.recapture(Affine {
         x: x.clone(),
@@ -296,7 +296,7 @@ fn recapture_same_topology_updates_in_place() -> Result<(), DeviceError> {
         b: 0.0,
     })?;
     assert_eq!(outcome, RecaptureOutcome::Updated);
-    graph.replay()?;
+    graph.replay_and_wait()?;
     assert_eq!(x.to_host_vec(&stream)?, vec![20.0; 256]);
     Ok(())
 }
@@ -314,7 +314,7 @@ fn cuda_graph_is_send_and_replays_on_another_thread() -> Result<(), DeviceError>
     }
     .graph_on(stream.clone())?;
     assert_send(&graph);
-    std::thread::spawn(move || graph.replay())
+    std::thread::spawn(move || graph.replay_and_wait())
         .join()
         .expect("replay thread")?;
     assert_eq!(x.to_host_vec(&stream)?, vec![2.0; 32]);

@@ -123,6 +123,7 @@ pub struct GemmConfig {
 
 impl GemmConfig {
     /// `C = A · B` for one `m×k` by `k×n` product: no transposes, `alpha = 1`, `beta = 0`.
+    #[must_use]
     pub fn new(m: usize, n: usize, k: usize) -> Self {
         GemmConfig {
             m,
@@ -140,6 +141,7 @@ impl GemmConfig {
     }
 
     /// The same product with `A` and/or `B` stored transposed.
+    #[must_use]
     pub fn transpose(mut self, trans_a: bool, trans_b: bool) -> Self {
         self.trans_a = trans_a;
         self.trans_b = trans_b;
@@ -147,6 +149,7 @@ impl GemmConfig {
     }
 
     /// The same product with `C = alpha · op(A) · op(B) + beta · C`.
+    #[must_use]
     pub fn scale(mut self, alpha: f32, beta: f32) -> Self {
         self.alpha = alpha;
         self.beta = beta;
@@ -155,6 +158,7 @@ impl GemmConfig {
 
     /// The same product over `batch` densely packed matrix triples (strides `m·k`, `k·n`,
     /// `m·n`).
+    #[must_use]
     pub fn batched(mut self, batch: usize) -> Self {
         self.batch = batch;
         self.stride_a = self.m.saturating_mul(self.k);
@@ -164,6 +168,7 @@ impl GemmConfig {
     }
 
     /// The same batch with explicit strides, in elements.
+    #[must_use]
     pub fn strides(mut self, stride_a: usize, stride_b: usize, stride_c: usize) -> Self {
         self.stride_a = stride_a;
         self.stride_b = stride_b;

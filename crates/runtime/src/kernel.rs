@@ -32,6 +32,7 @@ pub struct LaunchConfig {
 
 impl LaunchConfig {
     /// A one-dimensional launch of `grid` blocks of `block` threads.
+    #[must_use]
     pub fn linear(grid: u32, block: u32) -> Self {
         LaunchConfig {
             grid: (grid, 1, 1),
@@ -41,12 +42,14 @@ impl LaunchConfig {
     }
 
     /// Enough 256-thread blocks to give every one of `n` elements a thread (at least one block).
+    #[must_use]
     pub fn for_num_elems(n: usize) -> Self {
         let blocks = n.div_ceil(256).clamp(1, i32::MAX as usize) as u32;
         Self::linear(blocks, 256)
     }
 
     /// The same launch with `bytes` of dynamic shared memory.
+    #[must_use]
     pub fn with_shared_mem(mut self, bytes: u32) -> Self {
         self.shared_mem_bytes = bytes;
         self

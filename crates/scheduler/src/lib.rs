@@ -55,6 +55,7 @@ pub struct Placement<'a> {
 
 impl<'a> Placement<'a> {
     /// The root of an execution on `device`.
+    #[must_use]
     pub fn root(device: &'a Device) -> Self {
         Placement {
             device,
@@ -67,6 +68,7 @@ impl<'a> Placement<'a> {
     }
 
     /// Branch `index` of `count` under `parent`, at depth 1 (see [`Placement::at_depth`]).
+    #[must_use]
     pub fn branch(device: &'a Device, parent: &'a Stream, index: usize, count: usize) -> Self {
         Placement {
             device,
@@ -79,12 +81,14 @@ impl<'a> Placement<'a> {
     }
 
     /// The same request with another priority.
+    #[must_use]
     pub fn with_priority(mut self, priority: PriorityLevel) -> Self {
         self.priority = priority;
         self
     }
 
     /// The same request at another nesting depth (see [`Placement::depth`]).
+    #[must_use]
     pub fn at_depth(mut self, depth: usize) -> Self {
         self.depth = depth;
         self
@@ -92,6 +96,7 @@ impl<'a> Placement<'a> {
 
     /// The same request, required (or not) to stay on the parent's device (see
     /// [`Placement::same_device`]).
+    #[must_use]
     pub fn on_same_device(mut self, same_device: bool) -> Self {
         self.same_device = same_device;
         self

@@ -288,7 +288,7 @@ impl<T> Drop for PinnedTransfer<T> {
     fn drop(&mut self) {
         if self.buffer.is_some() {
             if let Err(e) = self.event.synchronize() {
-                eprintln!("cuflow: pinned transfer failed while dropped: {e}");
+                tracing::warn!("pinned transfer failed while dropped: {e}");
             }
         }
     }

@@ -316,7 +316,7 @@ pub(crate) fn destroy_handle(shared: &CudaDeviceShared, handle: RawBlasHandle) {
     // SAFETY: the handle was created by `cublasCreate_v2` in this context and is destroyed
     // once: it was moved out of its pool or lease.
     if let Err(e) = lib.check("cublasDestroy_v2", unsafe { (lib.destroy)(handle.0) }) {
-        eprintln!("cuflow: {e}");
+        tracing::warn!("{e}");
     }
 }
 

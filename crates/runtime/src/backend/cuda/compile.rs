@@ -168,7 +168,7 @@ impl Drop for ProgramGuard {
     fn drop(&mut self) {
         // SAFETY: the program was created by `create_program` and is destroyed once, here.
         if let Err(e) = unsafe { nvrtc::result::destroy_program(self.0) } {
-            eprintln!("cuflow: nvrtcDestroyProgram failed: {e}");
+            tracing::warn!("nvrtcDestroyProgram failed: {e}");
         }
     }
 }

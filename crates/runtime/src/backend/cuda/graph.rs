@@ -115,10 +115,7 @@ impl Drop for CudaGraphHandle {
         // SAFETY: the graph is owned by `self` and destroyed once; executables instantiated
         // from it do not depend on it.
         if let Err(e) = unsafe { result::graph::destroy(self.graph) } {
-            eprintln!(
-                "cuflow: cuGraphDestroy failed: {}",
-                driver_err("cuGraphDestroy", e)
-            );
+            tracing::warn!("cuGraphDestroy failed: {}", driver_err("cuGraphDestroy", e));
         }
     }
 }
@@ -170,8 +167,8 @@ impl Drop for CudaGraphExecHandle {
         self.shared.ctx.record_err(self.shared.ctx.bind_to_thread());
         // SAFETY: owned by `self`, destroyed once.
         if let Err(e) = unsafe { result::graph::exec_destroy(self.exec) } {
-            eprintln!(
-                "cuflow: cuGraphExecDestroy failed: {}",
+            tracing::warn!(
+                "cuGraphExecDestroy failed: {}",
                 driver_err("cuGraphExecDestroy", e)
             );
         }

@@ -125,14 +125,14 @@ impl CudaMemory {
             return;
         }
         if let Err(e) = self.shared.bind() {
-            eprintln!("cuflow: leaking {} bytes of device memory: {e}", self.bytes);
+            tracing::warn!("leaking {} bytes of device memory: {e}", self.bytes);
             return;
         }
         // SAFETY: `ptr` came from cuMemAllocAsync in this context and is freed exactly once
         // (it was swapped out above); `stream` has been ordered after every use (Ordering).
         if let Err(e) = unsafe { result::free_async(ptr, stream.raw()) } {
-            eprintln!(
-                "cuflow: freeing {} bytes of device memory failed: {}",
+            tracing::warn!(
+                "freeing {} bytes of device memory failed: {}",
                 self.bytes,
                 driver_err("cuMemFreeAsync", e)
             );
@@ -141,10 +141,7 @@ impl CudaMemory {
 
     pub(crate) fn leak_warning(&mut self, why: &str) {
         if self.ptr != 0 {
-            eprintln!(
-                "cuflow: leaking {} bytes of device memory ({why})",
-                self.bytes
-            );
+            tracing::warn!("leaking {} bytes of device memory ({why})", self.bytes);
             self.ptr = 0;
         }
     }
@@ -232,8 +229,8 @@ impl Drop for CudaPinned {
         // SAFETY: `ptr` came from cuMemHostAlloc and is freed once; transfers wait for their
         // copies before giving the buffer back, so no copy uses it now.
         if let Err(e) = unsafe { result::free_host(self.ptr as *mut std::ffi::c_void) } {
-            eprintln!(
-                "cuflow: freeing pinned memory failed: {}",
+            tracing::warn!(
+                "freeing pinned memory failed: {}",
                 driver_err("cuMemFreeHost", e)
             );
         }

@@ -141,7 +141,7 @@ impl Drop for StagingSlot {
         // The buffer is freed right after this: wait for the copy that still reads it.
         if let Some(event) = self.reusable_after.take() {
             if let Err(e) = event.synchronize() {
-                eprintln!("cuflow: a staged copy failed while its staging buffer was freed: {e}");
+                tracing::warn!("a staged copy failed while its staging buffer was freed: {e}");
             }
         }
     }
