@@ -21,11 +21,16 @@
 //! let device = Device::host();
 //! let (a, b) = (device.new_stream()?, device.new_stream()?);
 //! let buf = DeviceBuffer::from_host(&a, &[1u32, 2, 3])?;
-//! // b reads what a wrote: order it with an event.
-//! b.wait_event(&a.record_event()?)?;
-//! assert_eq!(buf.to_host_vec(&b)?, vec![1, 2, 3]);
+//! let copy = DeviceBuffer::<u32>::alloc(&b, 3)?;
+//! // b reads what a wrote: the copy orders itself after a's write (no event to manage).
+//! copy.copy_from(&b, &buf)?;
+//! assert_eq!(copy.to_host_vec(&b)?, vec![1, 2, 3]);
 //! # Ok(()) }
 //! ```
+//!
+//! Ordering across streams is automatic for every access to a buffer (see the `access`
+//! module's rules: a write after the reads and writes before it, a read after the last write);
+//! events ([`Stream::record_event`], [`Stream::wait_event`]) order anything else.
 
 mod access;
 mod backend;
