@@ -245,7 +245,8 @@ fn join_all_joins_every_branch() -> Result<(), DeviceError> {
     );
 
     // No branches: nothing to do.
-    let (out, stats) = join_all(Vec::<common::Fill>::new()).sync_with_policy(&policy)?;
+    let (out, stats) =
+        join_all(Vec::<common::TestOp<common::Buf>>::new()).sync_with_policy(&policy)?;
     assert!(out.is_empty());
     assert_eq!(
         (stats.events_recorded, stats.event_waits),

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, OnceLock};
 
-use cuflow_device_op::{DeviceOp, ExecutionContext};
+use cuflow_device_op::{from_fn, DeviceOp, ExecutionContext, FromFn};
 use cuflow_runtime::{
     Device, DeviceBuffer, DeviceError, Event, Kernel, KernelArgs, LaunchConfig, Stream, StreamId,
 };
@@ -215,104 +215,81 @@ fn elems(buf: &DeviceBuffer<f32>) -> (LaunchConfig, u32) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Ops.
+// Ops: each one `from_fn` over a kernel launch or two.
 // ---------------------------------------------------------------------------------------------
 
-/// Writes `value` into every element of `buf`; yields `buf`.
-pub struct Fill {
-    buf: Buf,
+/// The closures the test ops are made of (so that their types can be named in signatures).
+pub trait OpFn<T>:
+    FnOnce(&mut ExecutionContext) -> Result<T, DeviceError> + Send + 'static
+{
+}
+
+impl<T, F> OpFn<T> for F where
+    F: FnOnce(&mut ExecutionContext) -> Result<T, DeviceError> + Send + 'static
+{
+}
+
+/// A test op yielding `T`.
+pub type TestOp<T> = FromFn<Box<dyn OpFn<T>>>;
+
+/// Launches `kernel(buf, value, n)` over every element of `buf` on the op's stream.
+fn launch_scalar(
+    ctx: &mut ExecutionContext,
+    kernel: &Kernel,
+    buf: &DeviceBuffer<f32>,
     value: f32,
+) -> Result<(), DeviceError> {
+    let (config, n) = elems(buf);
+    kernel.launch(
+        ctx.stream()?,
+        config,
+        KernelArgs::new().output(buf).scalar(value).scalar(n),
+    )
 }
 
-/// See [`Fill`].
-pub fn fill(buf: &Buf, value: f32) -> Fill {
-    Fill {
-        buf: buf.clone(),
-        value,
+/// Launches `kernel(dst, srcs.., n)` over every element of `dst` on the op's stream.
+fn launch_binary(
+    ctx: &mut ExecutionContext,
+    kernel: &Kernel,
+    dst: &DeviceBuffer<f32>,
+    srcs: &[&DeviceBuffer<f32>],
+) -> Result<(), DeviceError> {
+    let (config, n) = elems(dst);
+    let mut args = KernelArgs::new();
+    args.output(dst);
+    for src in srcs {
+        args.input(*src);
     }
+    args.scalar(n);
+    kernel.launch(ctx.stream()?, config, &args)
 }
 
-impl DeviceOp for Fill {
-    type Output = Buf;
-    fn execute(self, ctx: &mut ExecutionContext) -> Result<Buf, DeviceError> {
-        let (config, n) = elems(&self.buf);
-        fill_kernel().launch(
-            ctx.stream()?,
-            config,
-            KernelArgs::new()
-                .output(&*self.buf)
-                .scalar(self.value)
-                .scalar(n),
-        )?;
-        Ok(self.buf)
-    }
+/// Writes `value` into every element of `buf`; yields `buf`.
+pub fn fill(buf: &Buf, value: f32) -> FromFn<impl OpFn<Buf>> {
+    let buf = buf.clone();
+    from_fn(move |ctx| launch_scalar(ctx, fill_kernel(), &buf, value).map(|()| buf))
 }
-
-cuflow_device_op::impl_op_boilerplate!([] Fill);
 
 /// Adds `value` to every element of `buf`; yields `buf`.
-pub struct AddScalar {
-    buf: Buf,
-    value: f32,
+pub fn add_scalar(buf: &Buf, value: f32) -> FromFn<impl OpFn<Buf>> {
+    let buf = buf.clone();
+    from_fn(move |ctx| launch_scalar(ctx, add_scalar_kernel(), &buf, value).map(|()| buf))
 }
-
-/// See [`AddScalar`].
-pub fn add_scalar(buf: &Buf, value: f32) -> AddScalar {
-    AddScalar {
-        buf: buf.clone(),
-        value,
-    }
-}
-
-impl DeviceOp for AddScalar {
-    type Output = Buf;
-    fn execute(self, ctx: &mut ExecutionContext) -> Result<Buf, DeviceError> {
-        let (config, n) = elems(&self.buf);
-        add_scalar_kernel().launch(
-            ctx.stream()?,
-            config,
-            KernelArgs::new()
-                .output(&*self.buf)
-                .scalar(self.value)
-                .scalar(n),
-        )?;
-        Ok(self.buf)
-    }
-}
-
-cuflow_device_op::impl_op_boilerplate!([] AddScalar);
 
 /// Multiplies every element of `buf` by `value`; yields `buf`.
-pub struct MulScalar {
-    buf: Buf,
-    value: f32,
+pub fn mul_scalar(buf: &Buf, value: f32) -> FromFn<impl OpFn<Buf>> {
+    let buf = buf.clone();
+    from_fn(move |ctx| launch_scalar(ctx, mul_scalar_kernel(), &buf, value).map(|()| buf))
 }
 
-/// See [`MulScalar`].
-pub fn mul_scalar(buf: &Buf, value: f32) -> MulScalar {
-    MulScalar {
-        buf: buf.clone(),
-        value,
-    }
+/// Spins for `cycles` on the op's stream (a kernel that touches no buffer).
+fn spin(ctx: &mut ExecutionContext, cycles: u64) -> Result<(), DeviceError> {
+    spin_kernel().launch(
+        ctx.stream()?,
+        LaunchConfig::linear(1, 1),
+        KernelArgs::new().scalar(cycles),
+    )
 }
-
-impl DeviceOp for MulScalar {
-    type Output = Buf;
-    fn execute(self, ctx: &mut ExecutionContext) -> Result<Buf, DeviceError> {
-        let (config, n) = elems(&self.buf);
-        mul_scalar_kernel().launch(
-            ctx.stream()?,
-            config,
-            KernelArgs::new()
-                .output(&*self.buf)
-                .scalar(self.value)
-                .scalar(n),
-        )?;
-        Ok(self.buf)
-    }
-}
-
-cuflow_device_op::impl_op_boilerplate!([] MulScalar);
 
 /// Spins for `cycles`, then writes `value` into every element of `buf`; yields `buf`.
 ///
@@ -321,318 +298,110 @@ cuflow_device_op::impl_op_boilerplate!([] MulScalar);
 /// wait for a single spin-and-write kernel even without an event, which would hide a missing
 /// dependency; with the spin apart, a reader that is not ordered after the write reads the old
 /// contents on every backend.
-pub struct SpinThenWrite {
-    buf: Buf,
-    value: f32,
-    cycles: u64,
+pub fn spin_then_write(buf: &Buf, value: f32, cycles: u64) -> FromFn<impl OpFn<Buf>> {
+    let buf = buf.clone();
+    from_fn(move |ctx| {
+        spin(ctx, cycles)?;
+        launch_scalar(ctx, fill_kernel(), &buf, value).map(|()| buf)
+    })
 }
-
-/// See [`SpinThenWrite`].
-pub fn spin_then_write(buf: &Buf, value: f32, cycles: u64) -> SpinThenWrite {
-    SpinThenWrite {
-        buf: buf.clone(),
-        value,
-        cycles,
-    }
-}
-
-impl DeviceOp for SpinThenWrite {
-    type Output = Buf;
-    fn execute(self, ctx: &mut ExecutionContext) -> Result<Buf, DeviceError> {
-        let stream = ctx.stream()?;
-        spin_kernel().launch(
-            stream,
-            LaunchConfig::linear(1, 1),
-            KernelArgs::new().scalar(self.cycles),
-        )?;
-        let (config, n) = elems(&self.buf);
-        fill_kernel().launch(
-            stream,
-            config,
-            KernelArgs::new()
-                .output(&*self.buf)
-                .scalar(self.value)
-                .scalar(n),
-        )?;
-        Ok(self.buf)
-    }
-}
-
-cuflow_device_op::impl_op_boilerplate!([] SpinThenWrite);
 
 /// Copies `src` into `dst` (same length); yields `dst`.
-pub struct CopyBuf {
-    dst: Buf,
-    src: Buf,
+pub fn copy(dst: &Buf, src: &Buf) -> FromFn<impl OpFn<Buf>> {
+    let (dst, src) = (dst.clone(), src.clone());
+    from_fn(move |ctx| launch_binary(ctx, copy_kernel(), &dst, &[&src]).map(|()| dst))
 }
-
-/// See [`CopyBuf`].
-pub fn copy(dst: &Buf, src: &Buf) -> CopyBuf {
-    CopyBuf {
-        dst: dst.clone(),
-        src: src.clone(),
-    }
-}
-
-impl DeviceOp for CopyBuf {
-    type Output = Buf;
-    fn execute(self, ctx: &mut ExecutionContext) -> Result<Buf, DeviceError> {
-        let (config, n) = elems(&self.dst);
-        copy_kernel().launch(
-            ctx.stream()?,
-            config,
-            KernelArgs::new()
-                .output(&*self.dst)
-                .input(&*self.src)
-                .scalar(n),
-        )?;
-        Ok(self.dst)
-    }
-}
-
-cuflow_device_op::impl_op_boilerplate!([] CopyBuf);
 
 /// `dst = a + b` elementwise (same lengths); yields `dst`.
-pub struct Add {
-    dst: Buf,
-    a: Buf,
-    b: Buf,
+pub fn add(dst: &Buf, a: &Buf, b: &Buf) -> FromFn<impl OpFn<Buf>> {
+    let (dst, a, b) = (dst.clone(), a.clone(), b.clone());
+    from_fn(move |ctx| launch_binary(ctx, add_kernel(), &dst, &[&a, &b]).map(|()| dst))
 }
-
-/// See [`Add`].
-pub fn add(dst: &Buf, a: &Buf, b: &Buf) -> Add {
-    Add {
-        dst: dst.clone(),
-        a: a.clone(),
-        b: b.clone(),
-    }
-}
-
-impl DeviceOp for Add {
-    type Output = Buf;
-    fn execute(self, ctx: &mut ExecutionContext) -> Result<Buf, DeviceError> {
-        let (config, n) = elems(&self.dst);
-        add_kernel().launch(
-            ctx.stream()?,
-            config,
-            KernelArgs::new()
-                .output(&*self.dst)
-                .input(&*self.a)
-                .input(&*self.b)
-                .scalar(n),
-        )?;
-        Ok(self.dst)
-    }
-}
-
-cuflow_device_op::impl_op_boilerplate!([] Add);
 
 /// `dst += src` elementwise (same lengths); yields `dst`.
-pub struct Accumulate {
-    dst: Buf,
-    src: Buf,
+pub fn accumulate(dst: &Buf, src: &Buf) -> FromFn<impl OpFn<Buf>> {
+    let (dst, src) = (dst.clone(), src.clone());
+    from_fn(move |ctx| launch_binary(ctx, accumulate_kernel(), &dst, &[&src]).map(|()| dst))
 }
 
-/// See [`Accumulate`].
-pub fn accumulate(dst: &Buf, src: &Buf) -> Accumulate {
-    Accumulate {
-        dst: dst.clone(),
-        src: src.clone(),
-    }
-}
-
-impl DeviceOp for Accumulate {
-    type Output = Buf;
-    fn execute(self, ctx: &mut ExecutionContext) -> Result<Buf, DeviceError> {
-        let (config, n) = elems(&self.dst);
-        accumulate_kernel().launch(
-            ctx.stream()?,
-            config,
-            KernelArgs::new()
-                .output(&*self.dst)
-                .input(&*self.src)
-                .scalar(n),
-        )?;
-        Ok(self.dst)
-    }
-}
-
-cuflow_device_op::impl_op_boilerplate!([] Accumulate);
-
-/// Sums `srcs` into `dst` on the device, one accumulation after another on one stream (so
-/// the sum is right only if every source was written before it runs); yields `dst`.
-pub struct SumInto {
-    dst: Buf,
-    srcs: Vec<Buf>,
-}
-
-/// See [`SumInto`]. `dst` is overwritten.
-pub fn sum_into(dst: &Buf, srcs: Vec<Buf>) -> SumInto {
-    SumInto {
-        dst: dst.clone(),
-        srcs,
-    }
-}
-
-impl DeviceOp for SumInto {
-    type Output = Buf;
-    fn execute(self, ctx: &mut ExecutionContext) -> Result<Buf, DeviceError> {
-        let mut dst = fill(&self.dst, 0.0).execute(ctx)?;
-        for src in &self.srcs {
-            dst = accumulate(&dst, src).execute(ctx)?;
+/// Sums `srcs` into `dst` (overwritten) on the device, one accumulation after another on one
+/// stream (so the sum is right only if every source was written before it runs); yields `dst`.
+pub fn sum_into(dst: &Buf, srcs: Vec<Buf>) -> FromFn<impl OpFn<Buf>> {
+    let dst = dst.clone();
+    from_fn(move |ctx| {
+        launch_scalar(ctx, fill_kernel(), &dst, 0.0)?;
+        for src in &srcs {
+            launch_binary(ctx, accumulate_kernel(), &dst, &[src])?;
         }
         Ok(dst)
-    }
+    })
 }
-
-cuflow_device_op::impl_op_boilerplate!([] SumInto);
 
 /// Allocates `len` elements on the op's stream, spins for `cycles`, then fills them with
 /// `value`; yields the new buffer (owned, so dropping the output frees it).
-pub struct AllocSpinFill {
+pub fn alloc_spin_fill(
     len: usize,
     value: f32,
     cycles: u64,
+) -> FromFn<impl OpFn<DeviceBuffer<f32>>> {
+    from_fn(move |ctx| {
+        let buf = DeviceBuffer::<f32>::alloc(ctx.stream()?, len)?;
+        spin(ctx, cycles)?;
+        launch_scalar(ctx, fill_kernel(), &buf, value).map(|()| buf)
+    })
 }
-
-/// See [`AllocSpinFill`].
-pub fn alloc_spin_fill(len: usize, value: f32, cycles: u64) -> AllocSpinFill {
-    AllocSpinFill { len, value, cycles }
-}
-
-impl DeviceOp for AllocSpinFill {
-    type Output = DeviceBuffer<f32>;
-    fn execute(self, ctx: &mut ExecutionContext) -> Result<DeviceBuffer<f32>, DeviceError> {
-        let stream = ctx.stream()?;
-        let buf = DeviceBuffer::<f32>::alloc(stream, self.len)?;
-        spin_kernel().launch(
-            stream,
-            LaunchConfig::linear(1, 1),
-            KernelArgs::new().scalar(self.cycles),
-        )?;
-        let (config, n) = elems(&buf);
-        fill_kernel().launch(
-            stream,
-            config,
-            KernelArgs::new().output(&buf).scalar(self.value).scalar(n),
-        )?;
-        Ok(buf)
-    }
-}
-
-cuflow_device_op::impl_op_boilerplate!([] AllocSpinFill);
 
 /// A launch the device refuses (a grid of zero blocks): fails with
 /// [`DeviceError::InvalidLaunch`] on every backend.
-pub struct BadLaunch {
-    buf: Buf,
-}
-
-/// See [`BadLaunch`].
-pub fn bad_launch(buf: &Buf) -> BadLaunch {
-    BadLaunch { buf: buf.clone() }
-}
-
-impl DeviceOp for BadLaunch {
-    type Output = Buf;
-    fn execute(self, ctx: &mut ExecutionContext) -> Result<Buf, DeviceError> {
+pub fn bad_launch(buf: &Buf) -> FromFn<impl OpFn<Buf>> {
+    let buf = buf.clone();
+    from_fn(move |ctx| {
         fill_kernel().launch(
             ctx.stream()?,
             LaunchConfig::linear(0, 1),
             KernelArgs::new()
-                .output(&*self.buf)
+                .output(&*buf)
                 .scalar(1.0f32)
-                .scalar(self.buf.len() as u32),
+                .scalar(buf.len() as u32),
         )?;
-        Ok(self.buf)
-    }
+        Ok(buf)
+    })
 }
-
-cuflow_device_op::impl_op_boilerplate!([] BadLaunch);
 
 /// Sets `flag` from the stream, in order with the op's earlier device work (a host function).
-pub struct SetFlag {
-    flag: Arc<AtomicBool>,
-}
-
-/// See [`SetFlag`].
-pub fn set_flag(flag: &Arc<AtomicBool>) -> SetFlag {
-    SetFlag { flag: flag.clone() }
-}
-
-impl DeviceOp for SetFlag {
-    type Output = ();
-    fn execute(self, ctx: &mut ExecutionContext) -> Result<(), DeviceError> {
-        let flag = self.flag;
+pub fn set_flag(flag: &Arc<AtomicBool>) -> FromFn<impl OpFn<()>> {
+    let flag = flag.clone();
+    from_fn(move |ctx| {
         ctx.stream()?
             .enqueue_host_fn(move || flag.store(true, Ordering::SeqCst))
-    }
+    })
 }
-
-cuflow_device_op::impl_op_boilerplate!([] SetFlag);
 
 /// Makes the op's stream wait for `event`.
-pub struct WaitEvent {
-    event: Event,
+pub fn wait_event(event: &Event) -> FromFn<impl OpFn<()>> {
+    let event = event.clone();
+    from_fn(move |ctx| ctx.wait_for(&event))
 }
-
-/// See [`WaitEvent`].
-pub fn wait_event(event: &Event) -> WaitEvent {
-    WaitEvent {
-        event: event.clone(),
-    }
-}
-
-impl DeviceOp for WaitEvent {
-    type Output = ();
-    fn execute(self, ctx: &mut ExecutionContext) -> Result<(), DeviceError> {
-        ctx.wait_for(&self.event)
-    }
-}
-
-cuflow_device_op::impl_op_boilerplate!([] WaitEvent);
 
 /// Runs `op` and adds one to `runs` each time it executes.
-pub struct Counted<O> {
-    runs: Arc<AtomicUsize>,
+pub fn counted<O: DeviceOp + 'static>(
+    runs: &Arc<AtomicUsize>,
     op: O,
+) -> FromFn<impl OpFn<O::Output>> {
+    let runs = runs.clone();
+    from_fn(move |ctx| {
+        runs.fetch_add(1, Ordering::SeqCst);
+        op.execute(ctx)
+    })
 }
-
-/// See [`Counted`].
-pub fn counted<O: DeviceOp>(runs: &Arc<AtomicUsize>, op: O) -> Counted<O> {
-    Counted {
-        runs: runs.clone(),
-        op,
-    }
-}
-
-impl<O: DeviceOp> DeviceOp for Counted<O> {
-    type Output = O::Output;
-    fn execute(self, ctx: &mut ExecutionContext) -> Result<O::Output, DeviceError> {
-        self.runs.fetch_add(1, Ordering::SeqCst);
-        self.op.execute(ctx)
-    }
-}
-
-cuflow_device_op::impl_op_boilerplate!([O: DeviceOp] Counted<O>);
 
 /// Runs `op` and yields its output with the stream its context ran on.
-pub struct WithStream<O>(O);
-
-/// See [`WithStream`].
-pub fn with_stream<O: DeviceOp>(op: O) -> WithStream<O> {
-    WithStream(op)
-}
-
-impl<O: DeviceOp> DeviceOp for WithStream<O> {
-    type Output = (O::Output, StreamId);
-    fn execute(self, ctx: &mut ExecutionContext) -> Result<Self::Output, DeviceError> {
-        let out = self.0.execute(ctx)?;
+pub fn with_stream<O: DeviceOp + 'static>(op: O) -> FromFn<impl OpFn<(O::Output, StreamId)>> {
+    from_fn(move |ctx| {
+        let out = op.execute(ctx)?;
         Ok((out, ctx.stream_id()))
-    }
+    })
 }
-
-cuflow_device_op::impl_op_boilerplate!([O: DeviceOp] WithStream<O>);
 
 // ---------------------------------------------------------------------------------------------
 // Gates: streams held back until the test lets them go.
