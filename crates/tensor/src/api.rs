@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use cuflow_device_op::{DeviceOp, ExecutionContext};
+use cuflow_device_op::{from_fn, DeviceOp, ExecutionContext};
 use cuflow_runtime::{DeviceBuffer, DeviceError, Kernel, KernelArgs, LaunchConfig, Stream};
 
 use crate::dtype::{cuda_defs, cuda_prelude, DType, FloatDType};
@@ -27,7 +27,7 @@ pub fn zeros<T: DType>(
     shape: &[usize],
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
     let shape: Shape = shape.into();
-    TensorOp::new(move |ctx: &mut ExecutionContext| {
+    from_fn(move |ctx: &mut ExecutionContext| {
         let stream = ctx.stream()?;
         let out = alloc::<T>(stream, &shape)?;
         out.buffer().view().fill_bytes(stream, 0)?;
@@ -103,7 +103,7 @@ fn iota<T: DType>(
     eye_cols: u64,
     last: Option<f64>,
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
-    TensorOp::new(move |ctx: &mut ExecutionContext| {
+    from_fn(move |ctx: &mut ExecutionContext| {
         let stream = ctx.stream()?;
         let out = alloc::<T>(stream, &shape)?;
         if !out.is_empty() {
@@ -152,7 +152,7 @@ pub fn arange<T: DType>(
         0,
         None,
     );
-    TensorOp::new(move |ctx: &mut ExecutionContext| {
+    from_fn(move |ctx: &mut ExecutionContext| {
         n?;
         inner.execute(ctx)
     })
@@ -305,7 +305,7 @@ fn random<T: FloatDType>(
     normal: bool,
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
     let shape: Shape = shape.into();
-    TensorOp::new(move |ctx: &mut ExecutionContext| {
+    from_fn(move |ctx: &mut ExecutionContext| {
         let stream = ctx.stream()?;
         let out = alloc::<T>(stream, &shape)?;
         if !out.is_empty() {
@@ -378,7 +378,7 @@ pub fn from_vec<T: DType>(
     shape: &[usize],
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
     let shape: Shape = shape.into();
-    TensorOp::new(move |ctx: &mut ExecutionContext| upload(ctx, &data, &shape))
+    from_fn(move |ctx: &mut ExecutionContext| upload(ctx, &data, &shape))
 }
 
 /// A tensor of `shape` holding a copy of `data`.
@@ -391,7 +391,7 @@ pub fn from_slice<'a, T: DType>(
     shape: &[usize],
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send + 'a> {
     let shape: Shape = shape.into();
-    TensorOp::new(move |ctx: &mut ExecutionContext| upload(ctx, data, &shape))
+    from_fn(move |ctx: &mut ExecutionContext| upload(ctx, data, &shape))
 }
 
 fn upload<T: DType>(ctx: &mut ExecutionContext, data: &[T], shape: &[usize]) -> TensorResult<T> {
@@ -414,7 +414,7 @@ pub fn dup<T: DType, X: TensorInput<T>>(
     x: X,
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
     let x = x.into_op();
-    TensorOp::new(move |ctx: &mut ExecutionContext| {
+    from_fn(move |ctx: &mut ExecutionContext| {
         let x = x.execute(ctx)?;
         let x = x.tensor();
         let stream = ctx.stream()?;
@@ -436,7 +436,7 @@ pub fn memcpy<'a, T: DType, S: TensorInput<T> + 'a>(
     src: S,
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> Result<(), DeviceError> + Send + 'a> {
     let src = src.into_op();
-    TensorOp::new(move |ctx: &mut ExecutionContext| {
+    from_fn(move |ctx: &mut ExecutionContext| {
         let src = src.execute(ctx)?;
         let src = src.tensor();
         let stream = ctx.stream()?;
@@ -510,7 +510,7 @@ pub fn cast<I: DType, O: DType, X: TensorInput<I>>(
     x: X,
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<O> + Send> {
     let x = x.into_op();
-    TensorOp::new(move |ctx: &mut ExecutionContext| {
+    from_fn(move |ctx: &mut ExecutionContext| {
         let x = x.execute(ctx)?;
         let x = x.tensor();
         let stream = ctx.stream()?;

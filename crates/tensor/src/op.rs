@@ -3,40 +3,13 @@
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
-use cuflow_device_op::{DeviceOp, ExecutionContext};
-use cuflow_runtime::{DeviceError, Kernel};
+use cuflow_runtime::Kernel;
 
 /// A lazy tensor operation: a constructor or a kernel launch that runs when executed, on the
 /// stream its context gives. Returned by every function of [`api`](crate::api) and
-/// [`kernels`](crate::kernels); combine it like any other [`DeviceOp`].
-#[must_use = "device ops do nothing until synced or awaited"]
-pub struct TensorOp<F>(F);
-
-impl<F> TensorOp<F> {
-    /// An op that runs `f` with the execution context. `f` enqueues its work on
-    /// `ctx.stream()?` and returns the op's output.
-    pub fn new<R>(f: F) -> Self
-    where
-        F: FnOnce(&mut ExecutionContext) -> Result<R, DeviceError> + Send,
-        R: Send,
-    {
-        TensorOp(f)
-    }
-}
-
-impl<F, R> DeviceOp for TensorOp<F>
-where
-    F: FnOnce(&mut ExecutionContext) -> Result<R, DeviceError> + Send,
-    R: Send,
-{
-    type Output = R;
-
-    fn execute(self, ctx: &mut ExecutionContext) -> Result<R, DeviceError> {
-        (self.0)(ctx)
-    }
-}
-
-cuflow_device_op::impl_op_boilerplate!([F] TensorOp<F>);
+/// [`kernels`](crate::kernels); combine it like any other [`DeviceOp`](cuflow_device_op::DeviceOp).
+/// It is the device-op crate's one op primitive, [`from_fn`](cuflow_device_op::from_fn).
+pub type TensorOp<F> = cuflow_device_op::FromFn<F>;
 
 /// The kernel `name` for dtype `dtype`, declared once per process by `make`. Declaring it once
 /// keeps launches from hashing kernel sources.

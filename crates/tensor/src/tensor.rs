@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use cuflow_device_op::op::{BoxedOp, Shared, Then, Value};
-use cuflow_device_op::{value, DeviceOp, DeviceOpExt};
+use cuflow_device_op::{from_fn, value, DeviceOp, DeviceOpExt};
 use cuflow_runtime::{Device, DeviceBuffer, DeviceError, Stream};
 use smallvec::SmallVec;
 
@@ -470,7 +470,7 @@ pub trait ReshapeOpExt<T: DType>: DeviceOp<Output = Tensor<T>> + Sized {
         impl FnOnce(&mut cuflow_device_op::ExecutionContext) -> Result<Tensor<T>, DeviceError> + Send,
     > {
         let shape: Shape = SmallVec::from_slice(shape);
-        TensorOp::new(move |ctx| self.execute(ctx)?.reshape(&shape))
+        from_fn(move |ctx| self.execute(ctx)?.reshape(&shape))
     }
 }
 

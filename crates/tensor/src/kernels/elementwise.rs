@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use cuflow_device_op::op::zip::Zip2;
-use cuflow_device_op::{DeviceOp, ExecutionContext};
+use cuflow_device_op::{from_fn, DeviceOp, ExecutionContext};
 use cuflow_runtime::{DeviceBuffer, DeviceError, Kernel, KernelArgs, LaunchConfig, Stream};
 
 use crate::dtype::{cuda_prelude, DType};
@@ -252,7 +252,7 @@ pub(crate) fn unary<T: DType, X: TensorInput<T>>(
     s: T,
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> Result<Tensor<T>, DeviceError> + Send> {
     let x = x.into_op();
-    TensorOp::new(move |ctx: &mut ExecutionContext| {
+    from_fn(move |ctx: &mut ExecutionContext| {
         let x = x.execute(ctx)?;
         let x = x.tensor();
         let stream = ctx.stream()?;
@@ -278,7 +278,7 @@ pub(crate) fn binary<T: DType, X: TensorInput<T>, Y: TensorInput<T>>(
     y: Y,
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> Result<Tensor<T>, DeviceError> + Send> {
     let both = Zip2::new(x.into_op(), y.into_op());
-    TensorOp::new(move |ctx: &mut ExecutionContext| {
+    from_fn(move |ctx: &mut ExecutionContext| {
         let (x, y) = ctx.with_same_device(|ctx| both.execute(ctx))?;
         let (x, y) = (x.tensor(), y.tensor());
         let stream = ctx.stream()?;
@@ -320,7 +320,7 @@ pub(crate) fn into_partition<T: DType, P: TensorMut<T>, X: TensorInput<T>>(
     impl FnOnce(&mut ExecutionContext) -> Result<(Partition<P>, X::Value), DeviceError> + Send,
 > {
     let x = x.into_op();
-    TensorOp::new(move |ctx: &mut ExecutionContext| {
+    from_fn(move |ctx: &mut ExecutionContext| {
         let x = x.execute(ctx)?;
         let stream = ctx.stream()?;
         {
@@ -355,7 +355,7 @@ pub(crate) fn fill<T: DType>(
     v: T,
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> Result<Tensor<T>, DeviceError> + Send> {
     let shape: crate::tensor::Shape = shape.into();
-    TensorOp::new(move |ctx: &mut ExecutionContext| {
+    from_fn(move |ctx: &mut ExecutionContext| {
         let stream = ctx.stream()?;
         let out = alloc::<T>(stream, &shape)?;
         fill_ew::<T>().launch(stream, out.buffer(), None, None, v, out.rows_cols(), None)?;

@@ -1,7 +1,7 @@
 //! Data movement: 2-D transpose and embedding gather.
 
 use cuflow_device_op::op::zip::Zip2;
-use cuflow_device_op::{DeviceOp, ExecutionContext};
+use cuflow_device_op::{from_fn, DeviceOp, ExecutionContext};
 use cuflow_runtime::{DeviceError, Kernel, KernelArgs, LaunchConfig};
 
 use super::{alloc, check_device, TensorResult};
@@ -56,7 +56,7 @@ pub fn transpose<T: DType, X: TensorInput<T>>(
     x: X,
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
     let x = x.into_op();
-    TensorOp::new(move |ctx: &mut ExecutionContext| {
+    from_fn(move |ctx: &mut ExecutionContext| {
         let x = x.execute(ctx)?;
         let x = x.tensor();
         let stream = ctx.stream()?;
@@ -143,7 +143,7 @@ pub fn embedding<T: DType, W: TensorInput<T>, I: TensorInput<u32>>(
     ids: I,
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
     let both = Zip2::new(table.into_op(), ids.into_op());
-    TensorOp::new(move |ctx: &mut ExecutionContext| {
+    from_fn(move |ctx: &mut ExecutionContext| {
         let (table, ids) = ctx.with_same_device(|ctx| both.execute(ctx))?;
         let (table, ids): (&Tensor<T>, &Tensor<u32>) = (table.tensor(), ids.tensor());
         let stream = ctx.stream()?;

@@ -1,7 +1,7 @@
 //! Matrix products through the runtime's GEMM (cuBLAS on CUDA, a blocked GEMM on host).
 
 use cuflow_device_op::op::zip::Zip2;
-use cuflow_device_op::{DeviceOp, ExecutionContext};
+use cuflow_device_op::{from_fn, DeviceOp, ExecutionContext};
 use cuflow_runtime::{gemm, DeviceError, GemmConfig, GemmElem};
 
 use super::{alloc, check_device, TensorResult};
@@ -34,7 +34,7 @@ fn product<T: DType + GemmElem, A: TensorInput<T>, B: TensorInput<T>>(
     trans_b: bool,
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
     let both = Zip2::new(a.into_op(), b.into_op());
-    TensorOp::new(move |ctx: &mut ExecutionContext| {
+    from_fn(move |ctx: &mut ExecutionContext| {
         let (a, b) = ctx.with_same_device(|ctx| both.execute(ctx))?;
         let (a, b) = (a.tensor(), b.tensor());
         let stream = ctx.stream()?;

@@ -6,7 +6,7 @@
 //! pass. Floating-point types compute in `float` (`double` for `f64`); integer sums wrap.
 
 use cuflow_device_op::op::zip::{Zip2, Zip3};
-use cuflow_device_op::{DeviceOp, ExecutionContext};
+use cuflow_device_op::{from_fn, DeviceOp, ExecutionContext};
 use cuflow_runtime::{DeviceError, Kernel, KernelArgs, LaunchConfig};
 
 use super::{alloc, check_device, TensorResult};
@@ -133,7 +133,7 @@ fn reduce<T: DType, X: TensorInput<T>>(
     x: X,
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
     let x = x.into_op();
-    TensorOp::new(move |ctx: &mut ExecutionContext| {
+    from_fn(move |ctx: &mut ExecutionContext| {
         let x = x.execute(ctx)?;
         let x = x.tensor();
         let stream = ctx.stream()?;
@@ -256,7 +256,7 @@ pub fn argmax<T: DType, X: TensorInput<T>>(
     x: X,
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<u32> + Send> {
     let x = x.into_op();
-    TensorOp::new(move |ctx: &mut ExecutionContext| {
+    from_fn(move |ctx: &mut ExecutionContext| {
         let x = x.execute(ctx)?;
         let x = x.tensor();
         let stream = ctx.stream()?;
@@ -494,7 +494,7 @@ pub fn softmax<T: FloatDType, X: TensorInput<T>>(
     x: X,
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
     let x = x.into_op();
-    TensorOp::new(move |ctx: &mut ExecutionContext| {
+    from_fn(move |ctx: &mut ExecutionContext| {
         let x = x.execute(ctx)?;
         let x = x.tensor();
         let stream = ctx.stream()?;
@@ -528,7 +528,7 @@ pub fn rms_norm<T: FloatDType, X: TensorInput<T>, W: TensorInput<T>>(
     eps: f32,
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
     let both = Zip2::new(x.into_op(), weight.into_op());
-    TensorOp::new(move |ctx: &mut ExecutionContext| {
+    from_fn(move |ctx: &mut ExecutionContext| {
         let (x, w) = ctx.with_same_device(|ctx| both.execute(ctx))?;
         let (x, w) = (x.tensor(), w.tensor());
         let stream = ctx.stream()?;
@@ -567,7 +567,7 @@ pub fn layer_norm<T: FloatDType, X: TensorInput<T>, W: TensorInput<T>, B: Tensor
     eps: f32,
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
     let all = Zip3::new(x.into_op(), weight.into_op(), bias.into_op());
-    TensorOp::new(move |ctx: &mut ExecutionContext| {
+    from_fn(move |ctx: &mut ExecutionContext| {
         let (x, w, b) = ctx.with_same_device(|ctx| all.execute(ctx))?;
         let (x, w, b) = (x.tensor(), w.tensor(), b.tensor());
         let stream = ctx.stream()?;
