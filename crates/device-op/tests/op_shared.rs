@@ -9,7 +9,7 @@ use std::sync::{Arc, Barrier};
 
 use common::*;
 use cuflow_device_op::{value, with_context, zip, BoxedOp, DeviceError, DeviceOpExt};
-use cuflow_scheduler::StreamPoolRoundRobin;
+use cuflow_scheduler::{SingleStream, StreamPoolRoundRobin};
 use parking_lot::Mutex;
 
 #[test]
@@ -249,4 +249,120 @@ fn a_shared_op_consumed_while_it_is_being_produced_is_refused() {
         Err(DeviceError::Reentrant { .. })
     ));
     assert!(matches!(cyclic.sync(), Err(DeviceError::Reentrant { .. })));
+}
+
+#[test]
+fn a_consumer_on_the_producers_stream_waits_for_the_producer() -> Result<(), DeviceError> {
+    let device = device();
+    let s = device.new_stream()?;
+    let on_s = SingleStream::on(&s);
+    for entry in ["sync_on", "schedule"] {
+        let produced = buffer(0.0);
+        let shared = spin_then_write(&produced, 5.0, SPIN).shared();
+        // The producer is enqueued on s and not waited for.
+        let in_flight = shared.clone().schedule(&on_s)?;
+        let producer_done = s.record_event()?;
+        // A consumer placed on the same stream.
+        let out = match entry {
+            "sync_on" => shared.clone().sync_on(&s)?,
+            _ => futures::executor::block_on(shared.clone().schedule(&on_s)?)?,
+        };
+        // Its completion means the producer's work has completed.
+        assert!(
+            producer_done.is_complete()?,
+            "{entry}: the consumer resolved before the producer's kernels ran"
+        );
+        assert!(Arc::ptr_eq(&*out, &produced));
+        futures::executor::block_on(in_flight)?;
+    }
+    Ok(())
+}
+
+#[test]
+fn two_branches_reading_a_shared_op_read_what_it_wrote() -> Result<(), DeviceError> {
+    let policy = StreamPoolRoundRobin::new(&device(), 3)?;
+    for trial in 0..20 {
+        let (produced, d1, d2) = (buffer(0.0), buffer(-1.0), buffer(-1.0));
+        let value = trial as f32 + 1.0;
+        let shared = spin_then_write(&produced, value, SPIN / 4).shared();
+        let read_into = |dst: &Buf| {
+            let dst = dst.clone();
+            shared.clone().then(move |b| copy(&dst, &b))
+        };
+        let ((c1, c2), _) = zip!(read_into(&d1), read_into(&d2)).sync_with_policy(&policy)?;
+        assert_all(&c1, value, "the first branch");
+        assert_all(&c2, value, "the second branch");
+    }
+    Ok(())
+}
+
+#[test]
+fn a_shared_op_produced_inside_a_capture_is_not_read_outside_it() -> Result<(), DeviceError> {
+    let device = device();
+    let s = device.new_stream()?;
+    let produced = buffer(0.0);
+    let shared = spin_then_write(&produced, 6.0, SPIN / 10).shared();
+    // Produced while s captures: its kernels are recorded, not run.
+    s.begin_capture()?;
+    let inside = cuflow_device_op::enqueue_on(shared.clone(), &s, Arc::new(SingleStream::on(&s)));
+    let graph = s.end_capture()?;
+    assert!(inside.is_ok(), "{inside:?}");
+    drop(graph); // never launched: nothing will ever write the buffer
+    for (what, outcome) in [
+        ("on the capture's stream", shared.clone().sync_on(&s)),
+        (
+            "on another stream",
+            shared.clone().sync_on(&device.new_stream()?),
+        ),
+    ] {
+        assert!(
+            matches!(outcome, Err(DeviceError::Capture { .. })),
+            "a consumer {what} after the capture got {outcome:?}"
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn two_shared_ops_consuming_each_other_from_two_threads_fail_instead_of_deadlocking() {
+    type Handle = Arc<Mutex<Option<cuflow_device_op::Shared<BoxedOp<'static, i32>>>>>;
+    let (slot_a, slot_b): (Handle, Handle) = Default::default();
+    let start = Arc::new(Barrier::new(2));
+    let make = |other: &Handle, start: &Arc<Barrier>| {
+        let (other, start) = (other.clone(), start.clone());
+        with_context(move |_| {
+            start.wait(); // both producers are running before either consumes the other
+            let other = other.lock().clone().expect("the other handle was stored");
+            other.map(|v| *v + 1)
+        })
+        .boxed()
+        .shared()
+    };
+    let a = make(&slot_b, &start);
+    let b = make(&slot_a, &start);
+    *slot_a.lock() = Some(a.clone());
+    *slot_b.lock() = Some(b.clone());
+    let (tx, rx) = std::sync::mpsc::channel();
+    for op in [a, b] {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(op.sync());
+        });
+    }
+    let outcomes: Vec<_> = (0..2)
+        .map(|_| {
+            rx.recv_timeout(std::time::Duration::from_secs(30))
+                .expect("a thread consuming a cycle of shared ops hung")
+        })
+        .collect();
+    assert!(
+        outcomes.iter().all(Result::is_err),
+        "a cycle has no value: {outcomes:?}"
+    );
+    assert!(
+        outcomes
+            .iter()
+            .any(|r| matches!(r, Err(DeviceError::Reentrant { .. }))),
+        "one side sees the cycle: {outcomes:?}"
+    );
 }

@@ -94,6 +94,12 @@ impl Event {
         }
     }
 
+    /// Whether the event was recorded during a capture: it then stands for captured work,
+    /// orders only the work of that capture, and never completes by itself.
+    pub fn is_captured(&self) -> bool {
+        self.inner.capture.is_some()
+    }
+
     /// The device the event belongs to.
     pub fn device(&self) -> &Device {
         &self.inner.device
