@@ -61,6 +61,34 @@ pub fn default_device() -> Result<Device, DeviceError> {
     Ok(DEVICE.get_or_init(|| d).clone())
 }
 
+/// Asks `policy` for the stream of an op's root, under the same panic guard as an op's
+/// closures: a policy that panics gives [`DeviceError::Panicked`], and the thread stays usable.
+/// (The placements of branches are asked while the op executes, under that guard already.)
+///
+/// # Errors
+///
+/// The policy's error, or [`DeviceError::Panicked`].
+///
+/// # Examples
+///
+/// ```
+/// use cuflow_device_op::place_root;
+/// use cuflow_runtime::Device;
+/// use cuflow_scheduler::StreamPoolRoundRobin;
+/// let policy = StreamPoolRoundRobin::new(&Device::host(), 2)?;
+/// let stream = place_root(&policy)?;
+/// assert!(policy.streams().contains(&stream));
+/// # Ok::<(), cuflow_runtime::DeviceError>(())
+/// ```
+pub fn place_root(policy: &dyn SchedulingPolicy) -> Result<Stream, DeviceError> {
+    match catch_unwind(AssertUnwindSafe(|| {
+        policy.place(&Placement::root(policy.device()))
+    })) {
+        Ok(placed) => placed,
+        Err(p) => Err(DeviceError::from_panic("the scheduling policy", &*p)),
+    }
+}
+
 fn execute_root<O: DeviceOp>(op: O, ctx: &mut ExecutionContext) -> Result<O::Output, DeviceError> {
     let result = match catch_unwind(AssertUnwindSafe(|| op.execute(ctx))) {
         Ok(r) => r,
@@ -94,7 +122,7 @@ fn run_and_wait<O: DeviceOp>(
 ) -> Result<(O::Output, ExecutionStats), DeviceError> {
     let (stream, prior_work) = match root {
         Some(s) => (s.clone(), true),
-        None => (policy.place(&Placement::root(policy.device()))?, false),
+        None => (place_root(&*policy)?, false),
     };
     let mut ctx = ExecutionContext::root(policy, stream.clone(), prior_work);
     let out = execute_root(op, &mut ctx)?;
@@ -133,7 +161,7 @@ pub(crate) fn enqueue<O: DeviceOp>(
     policy: Arc<dyn SchedulingPolicy>,
 ) -> Result<(O::Output, Option<Event>), DeviceError> {
     let _guard = ExecutionGuard::enter("DeviceOp execution")?;
-    let stream = policy.place(&Placement::root(policy.device()))?;
+    let stream = place_root(&*policy)?;
     let mut ctx = ExecutionContext::root(policy, stream, false);
     let out = execute_root(op, &mut ctx)?;
     let event = if ctx.has_device_work() {

@@ -29,7 +29,7 @@ pub mod op;
 
 pub use context::{ExecutionContext, ExecutionStats};
 pub use cuflow_runtime::DeviceError;
-pub use exec::{default_device, enqueue_on};
+pub use exec::{default_device, enqueue_on, place_root};
 pub use future::DeviceFuture;
 pub use op::{
     from_fn, join_all, value, with_context, BoxedOp, Continuation, DeviceOp, DeviceOpExt, FromFn,

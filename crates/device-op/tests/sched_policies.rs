@@ -273,3 +273,74 @@ fn the_executor_asks_one_placement_per_root_and_branch_and_reports_joined_branch
     assert_all(&b, 2.0, "branch b");
     Ok(())
 }
+
+/// A policy that panics where it is asked to: placing a root, placing a branch, or hearing of
+/// enqueued work.
+#[derive(Clone, Debug)]
+struct Panicking {
+    inner: StreamPoolRoundRobin,
+    at: &'static str,
+}
+
+impl SchedulingPolicy for Panicking {
+    fn device(&self) -> &Device {
+        self.inner.device()
+    }
+
+    fn place(&self, request: &Placement<'_>) -> Result<Stream, DeviceError> {
+        match (self.at, request.branch) {
+            ("root", None) | ("branch", Some(_)) => panic!("the policy panics placing work"),
+            _ => self.inner.place(request),
+        }
+    }
+
+    fn on_enqueued(&self, stream: &Stream, done: &Event) {
+        if self.at == "on_enqueued" {
+            panic!("the policy panics hearing of work");
+        }
+        self.inner.on_enqueued(stream, done);
+    }
+}
+
+#[test]
+fn a_panicking_policy_is_an_error_from_every_entry_point() -> Result<(), DeviceError> {
+    let device = device();
+    let stream = device.new_stream()?;
+    for at in ["root", "branch", "on_enqueued"] {
+        let policy = Panicking {
+            inner: StreamPoolRoundRobin::new(&device, 2)?,
+            at,
+        };
+        let op = || zip!(fill(&buffer(0.0), 1.0), fill(&buffer(0.0), 2.0));
+        let outcomes = [
+            (
+                "sync_with_policy",
+                op().sync_with_policy(&policy).map(|_| ()),
+            ),
+            (
+                "schedule",
+                op().schedule(&policy)
+                    .and_then(|f| futures::executor::block_on(f))
+                    .map(|_| ()),
+            ),
+            (
+                "enqueue_on",
+                enqueue_on(op(), &stream, Arc::new(policy.clone())).map(|_| ()),
+            ),
+        ];
+        for (entry, outcome) in outcomes {
+            if at == "root" && entry == "enqueue_on" {
+                // enqueue_on is given its root stream: the policy places branches only.
+                assert!(outcome.is_ok(), "{at} / {entry}: {outcome:?}");
+                continue;
+            }
+            assert!(
+                matches!(outcome, Err(DeviceError::Panicked { .. })),
+                "a policy panicking at {at}, run through {entry}: {outcome:?}"
+            );
+        }
+    }
+    // The thread is still usable.
+    assert_eq!(value(2).map(|v| v * 3).sync()?, 6);
+    Ok(())
+}

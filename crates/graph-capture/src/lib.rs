@@ -67,7 +67,7 @@ mod isolation;
 use std::fmt;
 use std::sync::Arc;
 
-use cuflow_device_op::{enqueue_on, DeviceOp, ExecutionContext, ExecutionStats};
+use cuflow_device_op::{enqueue_on, place_root, DeviceOp, ExecutionContext, ExecutionStats};
 use cuflow_runtime::{Device, DeviceError, Graph, GraphExec, Stream};
 use cuflow_scheduler::{default_policy, SchedulingPolicy};
 use isolation::IsolatedPolicy;
@@ -314,7 +314,7 @@ pub trait GraphCaptureExt: DeviceOp + Sized {
         policy: &P,
     ) -> Result<CudaGraph<Self::Output>, DeviceError> {
         let policy: Arc<dyn SchedulingPolicy> = Arc::new(policy.clone());
-        let stream = policy.place(&cuflow_scheduler::Placement::root(policy.device()))?;
+        let stream = place_root(&*policy)?;
         CudaGraph::new(self, stream, policy)
     }
 
@@ -326,7 +326,7 @@ pub trait GraphCaptureExt: DeviceOp + Sized {
     fn graph(self) -> Result<CudaGraph<Self::Output>, DeviceError> {
         let device = cuflow_device_op::default_device()?;
         let policy = default_policy(&device)?;
-        let stream = policy.place(&cuflow_scheduler::Placement::root(&device))?;
+        let stream = place_root(&*policy)?;
         CudaGraph::new(self, stream, policy)
     }
 }

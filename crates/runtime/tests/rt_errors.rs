@@ -488,3 +488,20 @@ fn a_panicking_host_impl_reports_from_synchronize_and_the_stream_stays_usable(
     assert!(matches!(s.synchronize(), Err(DeviceError::Panicked { .. })));
     assert_usable(&s)
 }
+
+#[test]
+fn a_panicking_host_function_is_reported_by_the_next_synchronization() -> Result<(), DeviceError> {
+    let stream = device().new_stream()?;
+    stream.enqueue_host_fn(|| panic!("a host function panics"))?;
+    match stream.synchronize() {
+        Err(DeviceError::Panicked { .. }) => {}
+        other => panic!("a panicking host function was swallowed: {other:?}"),
+    }
+    // Reported once; the stream goes on.
+    let ran = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = ran.clone();
+    stream.enqueue_host_fn(move || flag.store(true, std::sync::atomic::Ordering::SeqCst))?;
+    stream.synchronize()?;
+    assert!(ran.load(std::sync::atomic::Ordering::SeqCst));
+    Ok(())
+}

@@ -22,6 +22,10 @@ pub(crate) struct CudaStreamHandle {
     /// The cuBLAS workspace of this stream's GEMMs outside captures, allocated on the stream at
     /// its first GEMM and freed on it when the stream is dropped (see `blas`).
     pub(crate) blas_workspace: Mutex<Option<CudaMemory>>,
+    /// The panic of a host function that ran on this stream, reported by the next
+    /// synchronization (as the host backend does): never swallowed, never unwound into the
+    /// driver's thread.
+    host_fn_panic: Arc<Mutex<Option<DeviceError>>>,
 }
 
 impl CudaStreamHandle {
@@ -56,6 +60,7 @@ impl CudaStreamHandle {
                 stream,
                 shared: shared.clone(),
                 blas_workspace: Mutex::new(None),
+                host_fn_panic: Arc::new(Mutex::new(None)),
             },
             prio,
         ))
@@ -105,7 +110,11 @@ impl CudaStreamHandle {
         self.shared.bind()?;
         // SAFETY: the stream is alive (owned by `self.stream`).
         unsafe { result::stream::synchronize(self.raw()) }
-            .map_err(|e| driver_err("cuStreamSynchronize", e))
+            .map_err(|e| driver_err("cuStreamSynchronize", e))?;
+        match self.host_fn_panic.lock().take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 
     pub(crate) fn begin_capture(&self) -> Result<CaptureBackend> {
@@ -144,6 +153,15 @@ impl CudaStreamHandle {
     }
 
     pub(crate) fn launch_host_fn(&self, f: Box<dyn FnOnce() + Send>) -> Result<()> {
+        let slot = self.host_fn_panic.clone();
+        let f: Box<dyn FnOnce() + Send> = Box::new(move || {
+            if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+                let mut slot = slot.lock();
+                if slot.is_none() {
+                    *slot = Some(DeviceError::from_panic("a host function", &*p));
+                }
+            }
+        });
         unsafe extern "C" fn trampoline(data: *mut c_void) {
             // SAFETY: `data` came from `Box::into_raw` below and the driver calls the host
             // function exactly once, so ownership is taken back exactly once.
