@@ -258,7 +258,10 @@ fn validate<T: GemmElem>(
     check_operand("A", a, cfg, cfg.a_dims(), cfg.stride_a, cfg.trans_a)?;
     check_operand("B", b, cfg, cfg.b_dims(), cfg.stride_b, cfg.trans_b)?;
     check_operand("C", c, cfg, (cfg.m, cfg.n), cfg.stride_c, false)?;
-    let c_size = cfg.m * cfg.n;
+    let c_size = cfg
+        .m
+        .checked_mul(cfg.n)
+        .ok_or_else(|| shape_err(format!("C is {}×{}: that overflows usize", cfg.m, cfg.n)))?;
     if cfg.batch > 1 && c_size > 0 && cfg.stride_c < c_size {
         return Err(shape_err(format!(
             "C is {}×{} (m×n) and the batch of {} is at stride {}: the output matrices would \

@@ -32,15 +32,43 @@ pub struct Tensor<T> {
     strides: Shape,
 }
 
-pub(crate) fn contiguous_strides(shape: &[usize]) -> Shape {
+/// The row-major strides of `shape`, checked: a shape whose strides leave `usize` (possible
+/// with no elements at all, e.g. `[0, 2^40, 2^40]`) is an invalid shape of `op`.
+pub(crate) fn contiguous_strides(op: &'static str, shape: &[usize]) -> Result<Shape, DeviceError> {
     let mut strides: Shape = SmallVec::from_elem(1, shape.len());
     for i in (0..shape.len().saturating_sub(1)).rev() {
-        strides[i] = strides[i + 1] * shape[i + 1];
+        strides[i] =
+            strides[i + 1]
+                .checked_mul(shape[i + 1])
+                .ok_or_else(|| DeviceError::InvalidShape {
+                    op,
+                    reason: format!(
+                        "the strides of {shape:?} overflow the address space (axis {i} would step \
+                     over more than usize::MAX elements)"
+                    ),
+                })?;
     }
-    strides
+    Ok(strides)
 }
 
+/// The element count of `shape`, checked. A shape passes only if the product of its nonzero
+/// dimensions fits in `usize`, so that every product of some of its dimensions (strides, rows,
+/// tiles) fits as well, even where a zero dimension leaves it without elements: kernels then
+/// need no checks of their own.
 pub(crate) fn numel(op: &'static str, shape: &[usize]) -> Result<usize, DeviceError> {
+    let nonzero = shape
+        .iter()
+        .filter(|d| **d != 0)
+        .try_fold(1usize, |n, d| n.checked_mul(*d));
+    if nonzero.is_none() {
+        return Err(DeviceError::InvalidShape {
+            op,
+            reason: format!(
+                "the dimensions of {shape:?} multiply past usize::MAX (zero-size axes aside), \
+                 so its strides cannot be addressed"
+            ),
+        });
+    }
     shape
         .iter()
         .try_fold(1usize, |n, d| n.checked_mul(*d))
@@ -70,7 +98,7 @@ impl<T: DType> Tensor<T> {
         Ok(Tensor {
             buf,
             shape: SmallVec::from_slice(shape),
-            strides: contiguous_strides(shape),
+            strides: contiguous_strides("Tensor::from_buffer", shape)?,
         })
     }
 
@@ -158,7 +186,7 @@ impl<T: DType> Tensor<T> {
         Ok(Tensor {
             buf: self.buf,
             shape: SmallVec::from_slice(shape),
-            strides: contiguous_strides(shape),
+            strides: contiguous_strides("reshape", shape)?,
         })
     }
 }
@@ -427,13 +455,14 @@ pub(crate) fn tiling(
         }
     }
     let cols = shape[r - 1];
-    let rows: usize = shape[..r - 1].iter().product();
-    let tile_cols = tile[r - 1];
-    let tile_rows = if r == 1 {
-        1
-    } else {
-        tile[..r - 1].iter().product()
+    let product = |dims: &[usize]| {
+        dims.iter()
+            .try_fold(1usize, |n, d| n.checked_mul(*d))
+            .ok_or_else(|| bad(format!("the rows of {shape:?} overflow usize")))
     };
+    let rows = product(&shape[..r - 1])?;
+    let tile_cols = tile[r - 1];
+    let tile_rows = if r == 1 { 1 } else { product(&tile[..r - 1])? };
     Ok(Tiling {
         rows,
         cols,

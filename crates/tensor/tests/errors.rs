@@ -257,3 +257,47 @@ fn an_input_error_stops_the_kernel() -> Result<(), DeviceError> {
     assert_eq!(read(&t), vec![2.0, 2.0]);
     Ok(())
 }
+
+#[test]
+fn shapes_whose_sizes_overflow_are_invalid_shapes_not_panics() {
+    let huge = 1usize << 40;
+    // No elements, but strides past the address space.
+    let err = api::zeros::<f32>(&[0, huge, huge])
+        .sync_on(&stream())
+        .expect_err("a shape whose strides overflow");
+    assert_invalid_shape(err, "alloc");
+    let err = api::from_vec::<f32>(Vec::new(), &[0, huge, huge])
+        .sync_on(&stream())
+        .expect_err("a shape whose strides overflow");
+    assert!(matches!(err, DeviceError::InvalidShape { .. }), "{err:?}");
+    // Too many elements.
+    let err = api::zeros::<f32>(&[huge, huge])
+        .sync_on(&stream())
+        .expect_err("a shape of 2^80 elements");
+    assert_invalid_shape(err, "alloc");
+    // A reshape of an empty tensor to such a shape.
+    let empty = api::zeros::<f32>(&[0])
+        .sync_on(&stream())
+        .expect("an empty tensor");
+    let err = empty
+        .reshape(&[huge, huge, 0])
+        .and_then(|t| t.reshape(&[0, huge, huge]))
+        .expect_err("a reshape whose strides overflow");
+    assert_invalid_shape(err, "reshape");
+    // Zero elements, but rows of 2^80 elements for the row kernels: refused at creation.
+    let err = api::zeros::<f32>(&[huge, huge, 0])
+        .sync_on(&stream())
+        .expect_err("a shape whose rows overflow");
+    assert_invalid_shape(err, "alloc");
+    // Products of dimensions that fit are fine, zero-size axes included.
+    let t = api::zeros::<f32>(&[huge, 0])
+        .sync_on(&stream())
+        .expect("[2^40, 0]");
+    assert_eq!(
+        kernels::scale(t, 2.0f32)
+            .sync_on(&stream())
+            .expect("scale")
+            .len(),
+        0
+    );
+}

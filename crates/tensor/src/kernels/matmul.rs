@@ -61,10 +61,21 @@ fn product<T: DType + GemmElem, A: TensorInput<T>, B: TensorInput<T>>(
             vec![m, n]
         };
         let out = alloc::<T>(stream, &shape)?;
+        let size = |x: usize, y: usize| {
+            x.checked_mul(y).ok_or_else(|| DeviceError::InvalidShape {
+                op,
+                reason: format!(
+                    "{:?} · {:?}: a matrix of {x} × {y} elements overflows usize",
+                    a.shape(),
+                    b.shape()
+                ),
+            })
+        };
+        let b_stride = if b.rank() == 3 { size(k, n)? } else { 0 };
         let cfg = GemmConfig::new(m, n, k)
             .transpose(false, trans_b)
             .batched(batch)
-            .strides(m * k, if b.rank() == 3 { k * n } else { 0 }, m * n);
+            .strides(size(m, k)?, b_stride, size(m, n)?);
         gemm(
             stream,
             cfg,
