@@ -320,7 +320,7 @@ fn a_panicking_policy_is_an_error_from_every_entry_point() -> Result<(), DeviceE
             (
                 "schedule",
                 op().schedule(&policy)
-                    .and_then(|f| futures::executor::block_on(f))
+                    .and_then(futures::executor::block_on)
                     .map(|_| ()),
             ),
             (
