@@ -266,9 +266,14 @@ fn a_host_impl_reading_the_wrong_argument_type_is_an_invalid_argument() -> Resul
         ),
     ];
     for (want_index, launch) in &cases {
-        // The launch is accepted; the host implementation finds the mismatch when it runs.
-        launch()?;
-        match s.synchronize() {
+        // Refused at once when the source's signature says so (a wrong element type, a wrong
+        // count); otherwise the host implementation finds the mismatch when it runs (an input
+        // buffer passed where the kernel writes).
+        let outcome = match launch() {
+            Ok(()) => s.synchronize(),
+            refused => refused,
+        };
+        match outcome {
             Err(DeviceError::InvalidArgument { index, .. }) => assert_eq!(index, *want_index),
             other => panic!("expected InvalidArgument, got {other:?}"),
         }
@@ -503,5 +508,114 @@ fn a_panicking_host_function_is_reported_by_the_next_synchronization() -> Result
     stream.enqueue_host_fn(move || flag.store(true, std::sync::atomic::Ordering::SeqCst))?;
     stream.synchronize()?;
     assert!(ran.load(std::sync::atomic::Ordering::SeqCst));
+    Ok(())
+}
+
+#[test]
+fn launch_arguments_are_checked_against_the_declared_parameters() -> Result<(), DeviceError> {
+    let device = device();
+    let s = device.new_stream()?;
+    let x = DeviceBuffer::from_host(&s, &[1.0f32, 2.0, 3.0, 4.0])?;
+    let y = DeviceBuffer::from_host(&s, &[0.0f32; 4])?;
+    let ints = DeviceBuffer::<u32>::zeroed(&s, 4)?;
+    let doubles = DeviceBuffer::<f64>::zeroed(&s, 4)?;
+    let one = LaunchConfig::linear(1, 4);
+    // rt_saxpy(float* y, const float* x, float a, unsigned n)
+    let cases: Vec<(&str, usize, KernelArgs<'_>)> = vec![
+        (
+            "too few",
+            3,
+            KernelArgs::new()
+                .output(&y)
+                .input(&x)
+                .scalar(2.0f32)
+                .clone(),
+        ),
+        (
+            "too many",
+            4,
+            KernelArgs::new()
+                .output(&y)
+                .input(&x)
+                .scalar(2.0f32)
+                .scalar(4u32)
+                .scalar(1u32)
+                .clone(),
+        ),
+        (
+            "an f64 for a float",
+            2,
+            KernelArgs::new()
+                .output(&y)
+                .input(&x)
+                .scalar(2.0f64)
+                .scalar(4u32)
+                .clone(),
+        ),
+        (
+            "a float for an unsigned",
+            3,
+            KernelArgs::new()
+                .output(&y)
+                .input(&x)
+                .scalar(2.0f32)
+                .scalar(4.0f32)
+                .clone(),
+        ),
+        (
+            "a u32 buffer for a float*",
+            1,
+            KernelArgs::new()
+                .output(&y)
+                .input(&ints)
+                .scalar(2.0f32)
+                .scalar(4u32)
+                .clone(),
+        ),
+        (
+            "an f64 buffer for a float*",
+            0,
+            KernelArgs::new()
+                .output(&doubles)
+                .input(&x)
+                .scalar(2.0f32)
+                .scalar(4u32)
+                .clone(),
+        ),
+        (
+            "a value for a pointer",
+            1,
+            KernelArgs::new()
+                .output(&y)
+                .scalar(1u64)
+                .scalar(2.0f32)
+                .scalar(4u32)
+                .clone(),
+        ),
+    ];
+    for (what, want_index, args) in &cases {
+        match saxpy().launch(&s, one, args) {
+            Err(DeviceError::InvalidArgument { index, reason, .. }) => {
+                assert_eq!(index, *want_index, "{what}: {reason}");
+                // The message quotes the declaration.
+                assert!(
+                    reason.contains("float") || reason.contains("unsigned"),
+                    "{what}: {reason}"
+                );
+            }
+            other => panic!("{what}: expected InvalidArgument at once, got {other:?}"),
+        }
+    }
+    // Nothing ran; the right arguments still work.
+    saxpy().launch(
+        &s,
+        one,
+        KernelArgs::new()
+            .output(&y)
+            .input(&x)
+            .scalar(2.0f32)
+            .scalar(4u32),
+    )?;
+    assert_eq!(y.to_host_vec(&s)?, vec![2.0, 4.0, 6.0, 8.0]);
     Ok(())
 }

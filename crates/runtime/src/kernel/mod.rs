@@ -11,6 +11,8 @@ use std::fmt;
 
 use smallvec::SmallVec;
 
+mod params;
+
 use crate::access::{ordered, Access, Accesses};
 use crate::backend::{cuda, host};
 use crate::device::{Device, DeviceId, DeviceLimits};
@@ -418,6 +420,8 @@ pub(crate) struct KernelInner {
     pub(crate) options: Vec<String>,
     pub(crate) host: Option<Arc<HostKernelFn>>,
     compiled: Mutex<CompileCache>,
+    /// The parameters the source declares, read at the first launch (`None`: unreadable).
+    params: std::sync::OnceLock<Option<Vec<params::Param>>>,
 }
 
 /// A kernel: CUDA C source with an `extern "C" __global__` function named `name`, and an
@@ -468,6 +472,7 @@ impl Kernel {
                 options: Vec::new(),
                 host: None,
                 compiled: Mutex::new(SmallVec::new()),
+                params: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -481,6 +486,7 @@ impl Kernel {
                 options: shared.options.clone(),
                 host: shared.host.clone(),
                 compiled: Mutex::new(SmallVec::new()),
+                params: std::sync::OnceLock::new(),
             },
         };
         f(&mut inner);
@@ -573,6 +579,13 @@ impl Kernel {
         }
         let device = stream.device();
         config.validate(&self.inner.name, device.limits())?;
+        let declared = self
+            .inner
+            .params
+            .get_or_init(|| params::parse(&self.inner.source, &self.inner.name));
+        if let Some(declared) = declared {
+            params::check(&self.inner.name, declared, &args.args)?;
+        }
         for (index, a) in args.args.iter().enumerate() {
             if let KernelArg::Buffer { mem, .. } = a {
                 if mem.device != *device {
