@@ -272,7 +272,7 @@ pub(crate) fn check(kernel: &str, params: &[Param], args: &[KernelArg<'_>]) -> R
                         ),
                     ));
                 }
-                let size = rust_size(*ty_name);
+                let size = rust_size(ty_name);
                 if let (Some(want), Some(got)) = (param.plain, Plain::of_rust(*ty, size)) {
                     if want != got {
                         return Err(bad(
