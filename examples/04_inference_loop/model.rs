@@ -513,9 +513,12 @@ fn first_index(t: &[u32]) -> usize {
 /// Writes the key and value of the current position into a layer's cache: block 0 copies
 /// `qkv[d..2d]` into `cache[0, pos]`, block 1 copies `qkv[2d..3d]` into `cache[1, pos]`.
 fn kv_write_kernel() -> Kernel {
-    Kernel::new(
-        "kv_cache_write",
-        r#"extern "C" __global__ void kv_cache_write(float* cache, const float* qkv,
+    // SAFETY: the kernel's source reads and writes only the elements of the buffers it is
+    // given, below the counts it is given, and has no data race of its own.
+    let kernel = unsafe {
+        Kernel::new(
+            "kv_cache_write",
+            r#"extern "C" __global__ void kv_cache_write(float* cache, const float* qkv,
                                                      const unsigned* pos, unsigned d_model,
                                                      unsigned max_seq) {
             const unsigned p = *pos;
@@ -524,8 +527,9 @@ fn kv_write_kernel() -> Kernel {
             const float* src = qkv + (size_t)(blockIdx.x + 1) * d_model;
             for (unsigned c = threadIdx.x; c < d_model; c += blockDim.x) dst[c] = src[c];
         }"#,
-    )
-    .with_host(|args| {
+        )
+    };
+    kernel.with_host(|args| {
         let qkv = args.input::<f32>(1)?;
         let p = first_index(args.input::<u32>(2)?);
         let d = args.scalar::<u32>(3)? as usize;
@@ -614,7 +618,10 @@ extern "C" __global__ void decode_attention(float* out, const float* qkv, const 
 "#;
 
 fn attention_kernel() -> Kernel {
-    Kernel::new("decode_attention", ATTENTION_SOURCE).with_host(|args| {
+    // SAFETY: the kernel's source reads and writes only the elements of the buffers it is
+    // given, below the counts it is given, and has no data race of its own.
+    let kernel = unsafe { Kernel::new("decode_attention", ATTENTION_SOURCE) };
+    kernel.with_host(|args| {
         let qkv = args.input::<f32>(1)?;
         let cache = args.input::<f32>(2)?;
         let p = first_index(args.input::<u32>(3)?);
@@ -658,15 +665,19 @@ fn attention_kernel() -> Kernel {
 
 /// `history[pos] = next[0]` (one thread), skipping positions past the history.
 fn record_kernel() -> Kernel {
-    Kernel::new(
-        "record_token",
-        r#"extern "C" __global__ void record_token(unsigned* history, const unsigned* next,
+    // SAFETY: the kernel's source reads and writes only the elements of the buffers it is
+    // given, below the counts it is given, and has no data race of its own.
+    let kernel = unsafe {
+        Kernel::new(
+            "record_token",
+            r#"extern "C" __global__ void record_token(unsigned* history, const unsigned* next,
                                                    const unsigned* pos, unsigned len) {
             const unsigned p = *pos;
             if (threadIdx.x == 0 && p < len) history[p] = next[0];
         }"#,
-    )
-    .with_host(|args| {
+        )
+    };
+    kernel.with_host(|args| {
         let next = args.input::<u32>(1)?.first().copied();
         let p = first_index(args.input::<u32>(2)?);
         if let (Some(next), Some(slot)) = (next, args.output::<u32>(0)?.get_mut(p)) {

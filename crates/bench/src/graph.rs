@@ -24,6 +24,8 @@ use crate::kernels::inc_kernel;
 use crate::raw::{EventTracking, RawKernel, RawLauncher};
 use crate::report::{Goal, Results, Row};
 
+// The example declares its kernels from CUDA C source, which is `unsafe`.
+#[allow(unsafe_code)]
 #[path = "../../../examples/04_inference_loop/model.rs"]
 mod model;
 

@@ -36,26 +36,42 @@ extern "C" __global__ void spin_kernel(unsigned long long* out, unsigned long lo
 }"#;
 
 /// [`EMPTY_SRC`] as a cuflow kernel.
+#[allow(unsafe_code)] // declaring a kernel from CUDA C source (see the SAFETY comment)
 pub(crate) fn empty_kernel() -> Kernel {
-    Kernel::new(EMPTY_NAME, EMPTY_SRC).with_host(|_| Ok(()))
+    // SAFETY: the kernel's source reads and writes only the elements of the buffers it is
+    // given, below the counts it is given, and has no data race of its own.
+    let kernel = unsafe { Kernel::new(EMPTY_NAME, EMPTY_SRC) };
+    kernel.with_host(|_| Ok(()))
 }
 
 /// [`EMPTY_ARG_SRC`] as a cuflow kernel; pass it one `f32` buffer.
+#[allow(unsafe_code)] // declaring a kernel from CUDA C source (see the SAFETY comment)
 pub(crate) fn empty_arg_kernel() -> Kernel {
-    Kernel::new(EMPTY_ARG_NAME, EMPTY_ARG_SRC).with_host(|_| Ok(()))
+    // SAFETY: the kernel's source reads and writes only the elements of the buffers it is
+    // given, below the counts it is given, and has no data race of its own.
+    let kernel = unsafe { Kernel::new(EMPTY_ARG_NAME, EMPTY_ARG_SRC) };
+    kernel.with_host(|_| Ok(()))
 }
 
 /// [`INC_SRC`] as a cuflow kernel; pass it one `f32` buffer.
+#[allow(unsafe_code)] // declaring a kernel from CUDA C source (see the SAFETY comment)
 pub(crate) fn inc_kernel() -> Kernel {
-    Kernel::new(INC_NAME, INC_SRC).with_host(|args| {
+    // SAFETY: the kernel's source reads and writes only the elements of the buffers it is
+    // given, below the counts it is given, and has no data race of its own.
+    let kernel = unsafe { Kernel::new(INC_NAME, INC_SRC) };
+    kernel.with_host(|args| {
         args.output::<f32>(0)?[0] += 1.0;
         Ok(())
     })
 }
 
 /// [`SPIN_SRC`] as a cuflow kernel; on the host it sleeps for about the same time.
+#[allow(unsafe_code)] // declaring a kernel from CUDA C source (see the SAFETY comment)
 pub(crate) fn spin_kernel() -> Kernel {
-    Kernel::new("spin_kernel", SPIN_SRC).with_host(|args| {
+    // SAFETY: the kernel's source reads and writes only the elements of the buffers it is
+    // given, below the counts it is given, and has no data race of its own.
+    let kernel = unsafe { Kernel::new("spin_kernel", SPIN_SRC) };
+    kernel.with_host(|args| {
         let cycles = args.scalar::<u64>(1)?;
         // About 2 GHz: cycles / 2000 microseconds.
         std::thread::sleep(std::time::Duration::from_micros(cycles / 2000));

@@ -47,8 +47,9 @@
 //! }
 //!
 //! # fn main() -> Result<(), DeviceError> {
-//! let add_one = Kernel::new("add_one", r#"extern "C" __global__ void add_one(float* x, unsigned n) {
-//!     unsigned i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) x[i] += 1.0f; }"#)
+//! // SAFETY: the source writes only x[0..n], and n is the buffer's length.
+//! let add_one = unsafe { Kernel::new("add_one", r#"extern "C" __global__ void add_one(float* x, unsigned n) {
+//!     unsigned i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) x[i] += 1.0f; }"#) }
 //!     .with_host(|a| { for v in a.output::<f32>(0)? { *v += 1.0 } Ok(()) });
 //! let stream = Device::host().new_stream()?;
 //! let x = Arc::new(DeviceBuffer::<f32>::zeroed(&stream, 8)?);

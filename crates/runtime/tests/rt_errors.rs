@@ -34,10 +34,14 @@ fn a_bad_kernel_source_is_a_compile_error_on_cuda_and_needs_a_host_impl_on_host(
     let device = device();
     let s = device.new_stream()?;
     let x = DeviceBuffer::<f32>::zeroed(&s, 4)?;
-    let broken = Kernel::new(
-        "rt_broken",
-        r#"extern "C" __global__ void rt_broken(float* x) { x[0] = rt_undefined_symbol; }"#,
-    );
+    // SAFETY: the kernel's source reads and writes only the elements of the buffers it is
+    // given, below the counts it is given, and has no data race of its own.
+    let broken = unsafe {
+        Kernel::new(
+            "rt_broken",
+            r#"extern "C" __global__ void rt_broken(float* x) { x[0] = rt_undefined_symbol; }"#,
+        )
+    };
     match device.kind() {
         BackendKind::Cuda => {
             match broken.compile(&device) {
@@ -61,10 +65,14 @@ fn a_bad_kernel_source_is_a_compile_error_on_cuda_and_needs_a_host_impl_on_host(
                 other => panic!("expected a compile error, got {other:?}"),
             }
             // An entry point that the source does not define.
-            let misnamed = Kernel::new(
-                "rt_not_defined_here",
-                r#"extern "C" __global__ void rt_defined(float* x) { x[0] = 1.0f; }"#,
-            );
+            // SAFETY: the kernel's source reads and writes only the elements of the buffers it is
+            // given, below the counts it is given, and has no data race of its own.
+            let misnamed = unsafe {
+                Kernel::new(
+                    "rt_not_defined_here",
+                    r#"extern "C" __global__ void rt_defined(float* x) { x[0] = 1.0f; }"#,
+                )
+            };
             match misnamed.compile(&device) {
                 Err(DeviceError::Compile { kernel, log }) => {
                     assert_eq!(kernel, "rt_not_defined_here");
@@ -93,10 +101,14 @@ fn a_bad_kernel_source_is_a_compile_error_on_cuda_and_needs_a_host_impl_on_host(
 #[test]
 fn a_kernel_without_a_host_impl_cannot_run_on_the_host() -> Result<(), DeviceError> {
     let s = Device::host().new_stream()?;
-    let cuda_only = Kernel::new(
-        "rt_cuda_only",
-        r#"extern "C" __global__ void rt_cuda_only() {}"#,
-    );
+    // SAFETY: the kernel's source reads and writes only the elements of the buffers it is
+    // given, below the counts it is given, and has no data race of its own.
+    let cuda_only = unsafe {
+        Kernel::new(
+            "rt_cuda_only",
+            r#"extern "C" __global__ void rt_cuda_only() {}"#,
+        )
+    };
     assert!(matches!(
         cuda_only.launch(&s, LaunchConfig::linear(1, 1), &KernelArgs::new()),
         Err(DeviceError::HostKernel { .. })
@@ -411,10 +423,14 @@ fn objects_of_another_device_are_a_device_mismatch() -> Result<(), DeviceError> 
 fn a_failing_host_impl_reports_from_synchronize_and_the_stream_stays_usable(
 ) -> Result<(), DeviceError> {
     let s = Device::host().new_stream()?;
-    let failing = Kernel::new(
-        "rt_failing",
-        r#"extern "C" __global__ void rt_failing() {}"#,
-    )
+    // SAFETY: the kernel's source reads and writes only the elements of the buffers it is
+    // given, below the counts it is given, and has no data race of its own.
+    let failing = unsafe {
+        Kernel::new(
+            "rt_failing",
+            r#"extern "C" __global__ void rt_failing() {}"#,
+        )
+    }
     .with_host(|args| {
         Err(DeviceError::HostKernel {
             kernel: args.kernel_name().to_string(),
@@ -463,10 +479,14 @@ fn a_failing_host_impl_reports_from_synchronize_and_the_stream_stays_usable(
 fn a_panicking_host_impl_reports_from_synchronize_and_the_stream_stays_usable(
 ) -> Result<(), DeviceError> {
     let s = Device::host().new_stream()?;
-    let panicking = Kernel::new(
-        "rt_panicking",
-        r#"extern "C" __global__ void rt_panicking() {}"#,
-    )
+    // SAFETY: the kernel's source reads and writes only the elements of the buffers it is
+    // given, below the counts it is given, and has no data race of its own.
+    let panicking = unsafe {
+        Kernel::new(
+            "rt_panicking",
+            r#"extern "C" __global__ void rt_panicking() {}"#,
+        )
+    }
     .with_host(|_| panic!("deliberate panic in a host kernel"));
     // Work before and after the panic still runs in order.
     let flag = DeviceBuffer::<f32>::zeroed(&s, 1)?;

@@ -83,9 +83,14 @@ fn saxpy_matches_the_host_backend_and_a_float64_reference() -> Result<(), Device
 fn scale_rows_add_cols() -> &'static Kernel {
     static K: OnceLock<Kernel> = OnceLock::new();
     K.get_or_init(|| {
-        Kernel::new(
-            "rt_scale_rows_add_cols",
-            r#"extern "C" __global__ void rt_scale_rows_add_cols(
+        // SAFETY: the kernel's source reads and writes only the elements of the buffers it is
+        // given, below the counts it is given, and has no data race of its own.
+        // SAFETY: the kernel's source reads and writes only the elements of the buffers it is
+        // given, below the counts it is given, and has no data race of its own.
+        let kernel = unsafe {
+            Kernel::new(
+                "rt_scale_rows_add_cols",
+                r#"extern "C" __global__ void rt_scale_rows_add_cols(
                     float* out, const float* x, const float* row_scale, const float* col_bias,
                     unsigned rows, unsigned cols) {
                 unsigned c = blockIdx.x * blockDim.x + threadIdx.x;
@@ -94,8 +99,9 @@ fn scale_rows_add_cols() -> &'static Kernel {
                     out[r * cols + c] = x[r * cols + c] * row_scale[r] + col_bias[c];
                 }
             }"#,
-        )
-        .with_host(|args| {
+            )
+        };
+        kernel.with_host(|args| {
             const NAME: &str = "rt_scale_rows_add_cols";
             let rows = args.scalar::<u32>(4)? as usize;
             let cols = args.scalar::<u32>(5)? as usize;
@@ -281,7 +287,9 @@ fn kernels_describe_themselves_and_compile_ahead_of_launch() -> Result<(), Devic
     assert_eq!(k.name(), "rt_saxpy");
     assert!(k.has_host_impl());
     assert!(k.supports(BackendKind::Host) && k.supports(BackendKind::Cuda));
-    let bare = Kernel::new("rt_bare", "extern \"C\" __global__ void rt_bare() {}");
+    // SAFETY: the kernel's source reads and writes only the elements of the buffers it is
+    // given, below the counts it is given, and has no data race of its own.
+    let bare = unsafe { Kernel::new("rt_bare", "extern \"C\" __global__ void rt_bare() {}") };
     assert!(!bare.has_host_impl());
     assert!(!bare.supports(BackendKind::Host));
     // Compiling ahead is a no-op on the host and builds the kernel on CUDA.

@@ -68,7 +68,7 @@ extern "C" __global__ void {name}(T* out, double a0, double d, unsigned long lon
 "#,
             prelude = cuda_prelude::<T>()
         );
-        Kernel::new(name, source).with_host(|args| {
+        crate::op::builtin_kernel(name, source).with_host(|args| {
             let a0 = args.scalar::<f64>(1)?;
             let d = args.scalar::<f64>(2)?;
             let n = args.scalar::<u64>(3)?;
@@ -240,7 +240,7 @@ extern "C" __global__ void {name}(T* out, unsigned long long n, unsigned long lo
 "#,
             prelude = cuda_prelude::<T>()
         );
-        Kernel::new(name, source).with_host(|args| {
+        crate::op::builtin_kernel(name, source).with_host(|args| {
             let seed = args.scalar::<u64>(2)?;
             let a = args.scalar::<f64>(3)?;
             let b = args.scalar::<f64>(4)?;
@@ -490,7 +490,7 @@ extern "C" __global__ void {name}(T_{o}* out, const T_{i}* x, unsigned long long
 }}
 "#
         );
-        Kernel::new(name, source).with_host(|args| {
+        crate::op::builtin_kernel(name, source).with_host(|args| {
             let x = args.input::<I>(1)?;
             for (o, v) in args.output::<O>(0)?.iter_mut().zip(x) {
                 *o = match v.to_i128() {

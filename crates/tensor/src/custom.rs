@@ -54,13 +54,17 @@ impl<T: DType, V: TensorRef<T>> ErasedInput for Input<T, V> {
 /// use cuflow_tensor::{api, Launch, PartitionExt};
 /// # fn main() -> Result<(), cuflow_runtime::DeviceError> {
 /// // out[i] = x[i] * x[i] + c, one 64-element tile per block.
-/// let square_plus = Kernel::new(
-///     "square_plus",
-///     r#"extern "C" __global__ void square_plus(float* out, const float* x, float c) {
-///         unsigned i = blockIdx.x * 64 + threadIdx.x;
-///         if (threadIdx.x < 64) out[i] = x[i] * x[i] + c;
-///     }"#,
-/// )
+/// // SAFETY: each block touches only its own 64-element tile of `out` and `x`, and the
+/// // launch gives one block per tile.
+/// let square_plus = unsafe {
+///     Kernel::new(
+///         "square_plus",
+///         r#"extern "C" __global__ void square_plus(float* out, const float* x, float c) {
+///             unsigned i = blockIdx.x * 64 + threadIdx.x;
+///             if (threadIdx.x < 64) out[i] = x[i] * x[i] + c;
+///         }"#,
+///     )
+/// }
 /// .with_host(|args| {
 ///     let x = args.input::<f32>(1)?;
 ///     let c = args.scalar::<f32>(2)?;

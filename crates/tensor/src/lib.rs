@@ -21,6 +21,8 @@
 //! # Ok(()) }
 //! ```
 
+#![deny(unsafe_code)]
+
 pub mod api;
 mod custom;
 mod dtype;

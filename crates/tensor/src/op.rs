@@ -11,6 +11,17 @@ use cuflow_runtime::Kernel;
 /// It is the device-op crate's one op primitive, [`from_fn`](cuflow_device_op::from_fn).
 pub type TensorOp<F> = cuflow_device_op::FromFn<F>;
 
+/// One of the tensor crate's own kernels, from CUDA C `source` written in this crate.
+#[allow(unsafe_code)]
+pub(crate) fn builtin_kernel(name: impl Into<String>, source: impl Into<String>) -> Kernel {
+    // SAFETY: the tensor crate's kernels are the library's own responsibility: each is
+    // reviewed to read and write only the elements its launch passes it (its counts come from
+    // the tensors' shapes, checked by `numel`), to write only its outputs, and to be free of
+    // races between its threads; each is tested against a float64 reference on both backends
+    // and run under compute-sanitizer's memcheck and racecheck on a GPU.
+    unsafe { Kernel::new(name, source) }
+}
+
 /// The kernel `name` for dtype `dtype`, declared once per process by `make`. Declaring it once
 /// keeps launches from hashing kernel sources.
 pub(crate) fn cached_kernel(

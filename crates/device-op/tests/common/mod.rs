@@ -49,16 +49,20 @@ fn kernel(slot: &'static OnceLock<Kernel>, make: fn() -> Kernel) -> &'static Ker
 pub fn fill_kernel() -> &'static Kernel {
     static K: OnceLock<Kernel> = OnceLock::new();
     kernel(&K, || {
-        Kernel::new(
-            "test_fill",
-            r#"extern "C" __global__ void test_fill(float* x, float value, unsigned n) {
+        // SAFETY: the kernel's source reads and writes only the elements of the buffers it is
+        // given, below the counts it is given, and has no data race of its own.
+        let kernel = unsafe {
+            Kernel::new(
+                "test_fill",
+                r#"extern "C" __global__ void test_fill(float* x, float value, unsigned n) {
                 for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
                      i += blockDim.x * gridDim.x) {
                     x[i] = value;
                 }
             }"#,
-        )
-        .with_host(|args| {
+            )
+        };
+        kernel.with_host(|args| {
             let value = args.scalar::<f32>(1)?;
             let n = args.scalar::<u32>(2)? as usize;
             for x in &mut args.output::<f32>(0)?[..n] {
@@ -73,16 +77,20 @@ pub fn fill_kernel() -> &'static Kernel {
 pub fn add_scalar_kernel() -> &'static Kernel {
     static K: OnceLock<Kernel> = OnceLock::new();
     kernel(&K, || {
-        Kernel::new(
-            "test_add_scalar",
-            r#"extern "C" __global__ void test_add_scalar(float* x, float value, unsigned n) {
+        // SAFETY: the kernel's source reads and writes only the elements of the buffers it is
+        // given, below the counts it is given, and has no data race of its own.
+        let kernel = unsafe {
+            Kernel::new(
+                "test_add_scalar",
+                r#"extern "C" __global__ void test_add_scalar(float* x, float value, unsigned n) {
                 for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
                      i += blockDim.x * gridDim.x) {
                     x[i] += value;
                 }
             }"#,
-        )
-        .with_host(|args| {
+            )
+        };
+        kernel.with_host(|args| {
             let value = args.scalar::<f32>(1)?;
             let n = args.scalar::<u32>(2)? as usize;
             for x in &mut args.output::<f32>(0)?[..n] {
@@ -97,16 +105,20 @@ pub fn add_scalar_kernel() -> &'static Kernel {
 pub fn mul_scalar_kernel() -> &'static Kernel {
     static K: OnceLock<Kernel> = OnceLock::new();
     kernel(&K, || {
-        Kernel::new(
-            "test_mul_scalar",
-            r#"extern "C" __global__ void test_mul_scalar(float* x, float value, unsigned n) {
+        // SAFETY: the kernel's source reads and writes only the elements of the buffers it is
+        // given, below the counts it is given, and has no data race of its own.
+        let kernel = unsafe {
+            Kernel::new(
+                "test_mul_scalar",
+                r#"extern "C" __global__ void test_mul_scalar(float* x, float value, unsigned n) {
                 for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
                      i += blockDim.x * gridDim.x) {
                     x[i] *= value;
                 }
             }"#,
-        )
-        .with_host(|args| {
+            )
+        };
+        kernel.with_host(|args| {
             let value = args.scalar::<f32>(1)?;
             let n = args.scalar::<u32>(2)? as usize;
             for x in &mut args.output::<f32>(0)?[..n] {
@@ -121,16 +133,20 @@ pub fn mul_scalar_kernel() -> &'static Kernel {
 pub fn copy_kernel() -> &'static Kernel {
     static K: OnceLock<Kernel> = OnceLock::new();
     kernel(&K, || {
-        Kernel::new(
-            "test_copy",
-            r#"extern "C" __global__ void test_copy(float* dst, const float* src, unsigned n) {
+        // SAFETY: the kernel's source reads and writes only the elements of the buffers it is
+        // given, below the counts it is given, and has no data race of its own.
+        let kernel = unsafe {
+            Kernel::new(
+                "test_copy",
+                r#"extern "C" __global__ void test_copy(float* dst, const float* src, unsigned n) {
                 for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
                      i += blockDim.x * gridDim.x) {
                     dst[i] = src[i];
                 }
             }"#,
-        )
-        .with_host(|args| {
+            )
+        };
+        kernel.with_host(|args| {
             let src = args.input::<f32>(1)?;
             let n = args.scalar::<u32>(2)? as usize;
             args.output::<f32>(0)?[..n].copy_from_slice(&src[..n]);
@@ -143,17 +159,21 @@ pub fn copy_kernel() -> &'static Kernel {
 pub fn add_kernel() -> &'static Kernel {
     static K: OnceLock<Kernel> = OnceLock::new();
     kernel(&K, || {
-        Kernel::new(
-            "test_add",
-            r#"extern "C" __global__ void test_add(float* dst, const float* a, const float* b,
+        // SAFETY: the kernel's source reads and writes only the elements of the buffers it is
+        // given, below the counts it is given, and has no data race of its own.
+        let kernel = unsafe {
+            Kernel::new(
+                "test_add",
+                r#"extern "C" __global__ void test_add(float* dst, const float* a, const float* b,
                                                    unsigned n) {
                 for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
                      i += blockDim.x * gridDim.x) {
                     dst[i] = a[i] + b[i];
                 }
             }"#,
-        )
-        .with_host(|args| {
+            )
+        };
+        kernel.with_host(|args| {
             let a = args.input::<f32>(1)?;
             let b = args.input::<f32>(2)?;
             let n = args.scalar::<u32>(3)? as usize;
@@ -169,17 +189,21 @@ pub fn add_kernel() -> &'static Kernel {
 pub fn accumulate_kernel() -> &'static Kernel {
     static K: OnceLock<Kernel> = OnceLock::new();
     kernel(&K, || {
-        Kernel::new(
-            "test_accumulate",
-            r#"extern "C" __global__ void test_accumulate(float* dst, const float* src,
+        // SAFETY: the kernel's source reads and writes only the elements of the buffers it is
+        // given, below the counts it is given, and has no data race of its own.
+        let kernel = unsafe {
+            Kernel::new(
+                "test_accumulate",
+                r#"extern "C" __global__ void test_accumulate(float* dst, const float* src,
                                                           unsigned n) {
                 for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
                      i += blockDim.x * gridDim.x) {
                     dst[i] += src[i];
                 }
             }"#,
-        )
-        .with_host(|args| {
+            )
+        };
+        kernel.with_host(|args| {
             let src = args.input::<f32>(1)?;
             let n = args.scalar::<u32>(2)? as usize;
             for (d, s) in args.output::<f32>(0)?[..n].iter_mut().zip(src) {
@@ -195,14 +219,18 @@ pub fn accumulate_kernel() -> &'static Kernel {
 pub fn spin_kernel() -> &'static Kernel {
     static K: OnceLock<Kernel> = OnceLock::new();
     kernel(&K, || {
-        Kernel::new(
-            "test_spin",
-            r#"extern "C" __global__ void test_spin(unsigned long long cycles) {
+        // SAFETY: the kernel's source reads and writes only the elements of the buffers it is
+        // given, below the counts it is given, and has no data race of its own.
+        let kernel = unsafe {
+            Kernel::new(
+                "test_spin",
+                r#"extern "C" __global__ void test_spin(unsigned long long cycles) {
                 long long start = clock64();
                 while ((unsigned long long)(clock64() - start) < cycles) { }
             }"#,
-        )
-        .with_host(|args| {
+            )
+        };
+        kernel.with_host(|args| {
             let cycles = args.scalar::<u64>(0)?;
             std::thread::sleep(std::time::Duration::from_micros(cycles / 2000));
             Ok(())

@@ -436,13 +436,16 @@ pub(crate) struct KernelInner {
 /// ```
 /// use cuflow_runtime::{Device, DeviceBuffer, Kernel, KernelArgs, LaunchConfig};
 /// # fn main() -> Result<(), cuflow_runtime::DeviceError> {
-/// let add_one = Kernel::new(
-///     "add_one",
-///     r#"extern "C" __global__ void add_one(float* x, unsigned n) {
-///         unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
-///         if (i < n) x[i] += 1.0f;
-///     }"#,
-/// )
+/// // SAFETY: the source writes only x[0..n], and n is the length of the buffer passed.
+/// let add_one = unsafe {
+///     Kernel::new(
+///         "add_one",
+///         r#"extern "C" __global__ void add_one(float* x, unsigned n) {
+///             unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+///             if (i < n) x[i] += 1.0f;
+///         }"#,
+///     )
+/// }
 /// .with_host(|args| {
 ///     let n = args.scalar::<u32>(1)? as usize;
 ///     for v in &mut args.output::<f32>(0)?[..n] {
@@ -464,7 +467,25 @@ pub struct Kernel {
 impl Kernel {
     /// Declares a kernel from CUDA C `source` whose entry point is `extern "C" __global__ void
     /// name(..)`. Nothing is compiled until the first launch on a CUDA device.
-    pub fn new(name: impl Into<String>, source: impl Into<String>) -> Kernel {
+    ///
+    /// Launching it is safe: the configuration is checked against the device, and the
+    /// arguments against the parameters the source declares (their number, which are
+    /// pointers, their element types). What no check can see is what the CUDA C code does with
+    /// the memory it is given, hence `unsafe`.
+    ///
+    /// # Safety
+    ///
+    /// For every launch made through the checked API, the kernel must:
+    /// - read and write only within the buffers passed to it, below the lengths its arguments
+    ///   give it (an out-of-bounds access corrupts memory or faults the device);
+    /// - write only the buffers passed as outputs ([`KernelArgs::output`]): cuflow orders
+    ///   accesses across streams by what each launch declares, so a write through an input
+    ///   races with other readers;
+    /// - be free of data races between its own threads, and terminate.
+    ///
+    /// The host implementation given with [`Kernel::with_host`] is ordinary safe Rust and needs
+    /// no such promise.
+    pub unsafe fn new(name: impl Into<String>, source: impl Into<String>) -> Kernel {
         Kernel {
             inner: Arc::new(KernelInner {
                 name: Arc::from(name.into()),

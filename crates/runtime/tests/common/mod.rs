@@ -117,14 +117,18 @@ pub fn prefix<'a, T>(kernel: &str, s: &'a [T], n: usize) -> Result<&'a [T], Devi
 pub fn add_one() -> &'static Kernel {
     static K: OnceLock<Kernel> = OnceLock::new();
     K.get_or_init(|| {
-        Kernel::new(
-            "rt_add_one",
-            r#"extern "C" __global__ void rt_add_one(float* x, unsigned n) {
+        // SAFETY: the kernel's source reads and writes only the elements of the buffers it is
+        // given, below the counts it is given, and has no data race of its own.
+        let kernel = unsafe {
+            Kernel::new(
+                "rt_add_one",
+                r#"extern "C" __global__ void rt_add_one(float* x, unsigned n) {
                 unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
                 if (i < n) x[i] += 1.0f;
             }"#,
-        )
-        .with_host(|args| {
+            )
+        };
+        kernel.with_host(|args| {
             let n = args.scalar::<u32>(1)? as usize;
             for v in prefix_mut("rt_add_one", args.output::<f32>(0)?, n)? {
                 *v += 1.0;
@@ -138,17 +142,21 @@ pub fn add_one() -> &'static Kernel {
 pub fn add() -> &'static Kernel {
     static K: OnceLock<Kernel> = OnceLock::new();
     K.get_or_init(|| {
-        Kernel::new(
-            "rt_add",
-            r#"extern "C" __global__ void rt_add(float* out, const float* x, const float* y,
+        // SAFETY: the kernel's source reads and writes only the elements of the buffers it is
+        // given, below the counts it is given, and has no data race of its own.
+        let kernel = unsafe {
+            Kernel::new(
+                "rt_add",
+                r#"extern "C" __global__ void rt_add(float* out, const float* x, const float* y,
                                                 unsigned n) {
                 for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
                      i += blockDim.x * gridDim.x) {
                     out[i] = x[i] + y[i];
                 }
             }"#,
-        )
-        .with_host(|args| {
+            )
+        };
+        kernel.with_host(|args| {
             let n = args.scalar::<u32>(3)? as usize;
             let x = prefix("rt_add", args.input::<f32>(1)?, n)?;
             let y = prefix("rt_add", args.input::<f32>(2)?, n)?;
@@ -165,7 +173,9 @@ pub fn add() -> &'static Kernel {
 pub fn saxpy() -> &'static Kernel {
     static K: OnceLock<Kernel> = OnceLock::new();
     K.get_or_init(|| {
-        Kernel::new(
+        // SAFETY: the kernel's source reads and writes only the elements of the buffers it is
+        // given, below the counts it is given, and has no data race of its own.
+        let kernel = unsafe { Kernel::new(
             "rt_saxpy",
             r#"extern "C" __global__ void rt_saxpy(float* y, const float* x, float a, unsigned n) {
                 for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
@@ -173,7 +183,8 @@ pub fn saxpy() -> &'static Kernel {
                     y[i] = a * x[i] + y[i];
                 }
             }"#,
-        )
+        ) };
+        kernel
         .with_host(|args| {
             let a = args.scalar::<f32>(2)?;
             let n = args.scalar::<u32>(3)? as usize;
@@ -197,16 +208,20 @@ pub fn host_spin_duration(cycles: u64) -> Duration {
 pub fn spin_write() -> &'static Kernel {
     static K: OnceLock<Kernel> = OnceLock::new();
     K.get_or_init(|| {
-        Kernel::new(
-            "rt_spin_write",
-            r#"extern "C" __global__ void rt_spin_write(float* out, float value,
+        // SAFETY: the kernel's source reads and writes only the elements of the buffers it is
+        // given, below the counts it is given, and has no data race of its own.
+        let kernel = unsafe {
+            Kernel::new(
+                "rt_spin_write",
+                r#"extern "C" __global__ void rt_spin_write(float* out, float value,
                                                        unsigned long long cycles) {
                 long long start = clock64();
                 while ((unsigned long long)(clock64() - start) < cycles) { }
                 out[0] = value;
             }"#,
-        )
-        .with_host(|args| {
+            )
+        };
+        kernel.with_host(|args| {
             let value = args.scalar::<f32>(1)?;
             let cycles = args.scalar::<u64>(2)?;
             std::thread::sleep(host_spin_duration(cycles));

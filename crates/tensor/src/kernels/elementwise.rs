@@ -145,7 +145,7 @@ extern "C" __global__ void {fname}(T* __restrict__ out{x_param}{y_param}, T s_, 
         cached_kernel(name, T::NAME, || {
             let fname = format!("{name}_{}", T::NAME);
             let source = self.source(&fname);
-            Kernel::new(fname, source).with_host(move |args| {
+            crate::op::builtin_kernel(fname, source).with_host(move |args| {
                 let s = args.scalar::<T>(1 + inputs as usize)?;
                 let cols = args.scalar::<u64>(3 + inputs as usize)? as usize;
                 let ybc = args.scalar::<i32>(6 + inputs as usize)? != 0;

@@ -31,7 +31,7 @@ extern "C" __global__ void {fname}(T* out, const T* x, u64 rows, u64 cols) {{
 "#,
             prelude = cuda_prelude::<T>()
         );
-        Kernel::new(fname, source).with_host(|args| {
+        crate::op::builtin_kernel(fname, source).with_host(|args| {
             let x = args.input::<T>(1)?;
             let rows = args.scalar::<u64>(2)? as usize;
             let cols = args.scalar::<u64>(3)? as usize;
@@ -112,7 +112,7 @@ extern "C" __global__ void {fname}(T* out, const T* table, const unsigned* ids, 
 "#,
             prelude = cuda_prelude::<T>()
         );
-        Kernel::new(fname, source).with_host(|args| {
+        crate::op::builtin_kernel(fname, source).with_host(|args| {
             let table = args.input::<T>(1)?;
             let ids = args.input::<u32>(2)?;
             let vocab = args.scalar::<u64>(4)? as usize;

@@ -106,7 +106,7 @@ extern "C" __global__ void {fname}(T* out, const T* x, u64 cols) {{
             block_id = if op == "op_sum" { "(A)0" } else { "sh[0]" },
         );
         let is_sum = op == "op_sum";
-        Kernel::new(fname, source).with_host(move |args| {
+        crate::op::builtin_kernel(fname, source).with_host(move |args| {
             let x = args.input::<T>(1)?;
             let cols = args.scalar::<u64>(2)? as usize;
             for (o, row) in args.output::<T>(0)?.iter_mut().zip(x.chunks(cols.max(1))) {
@@ -229,7 +229,7 @@ extern "C" __global__ void {fname}(unsigned* out, const T* x, u64 cols) {{
             prelude = cuda_prelude::<T>(),
             common = ROW_COMMON,
         );
-        Kernel::new(fname, source).with_host(|args| {
+        crate::op::builtin_kernel(fname, source).with_host(|args| {
             let x = args.input::<T>(1)?;
             let cols = args.scalar::<u64>(2)? as usize;
             for (o, row) in args.output::<u32>(0)?.iter_mut().zip(x.chunks(cols.max(1))) {
@@ -375,7 +375,7 @@ extern "C" __global__ void {fname}(T* out, const T* x{params}, u64 cols) {{
             "rms_norm" => host_rms_norm::<T>,
             _ => host_layer_norm::<T>,
         };
-        Kernel::new(fname, source).with_host(move |args| {
+        crate::op::builtin_kernel(fname, source).with_host(move |args| {
             let n_in = match name {
                 "softmax" => 1,
                 "rms_norm" => 2,
