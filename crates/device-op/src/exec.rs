@@ -10,12 +10,16 @@
 //! enqueued work on several streams. Before the error is returned, that work is waited for, so
 //! that the program can reuse the op's buffers as soon as it sees the error: no leftover kernel
 //! of the failed execution overwrites them later.
+//!
+//! Each execution enters its own [`ErrorScope`]: work of the op that fails after it was
+//! enqueued (a host kernel's error, a host function's panic) is that execution's error, given
+//! to its `sync*` call or future and to no other op that shares its streams.
 
 use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, OnceLock};
 
-use cuflow_runtime::{Device, DeviceError, Event, Stream};
+use cuflow_runtime::{Device, DeviceError, ErrorScope, Event, Stream};
 use cuflow_scheduler::{default_policy, Placement, SchedulingPolicy};
 
 use crate::context::{ExecutionContext, ExecutionStats};
@@ -124,11 +128,14 @@ fn run_and_wait<O: DeviceOp>(
         Some(s) => (s.clone(), true),
         None => (place_root(&*policy)?, false),
     };
+    let scope = ErrorScope::new();
+    let _entered = scope.enter();
     let mut ctx = ExecutionContext::root(policy, stream.clone(), prior_work);
     let out = execute_root(op, &mut ctx)?;
     if ctx.has_device_work() {
         stream.synchronize()?;
     }
+    scope.check()?;
     Ok((out, ctx.stats()))
 }
 
@@ -154,14 +161,16 @@ pub(crate) fn sync_on<O: DeviceOp>(
     run_and_wait(op, default_policy(stream.device())?, Some(stream))
 }
 
-/// Enqueues `op` under `policy` without waiting; returns its output and, when it enqueued
-/// device work, an event that completes with that work.
+/// Enqueues `op` under `policy` without waiting; returns its output, an event that completes
+/// with its device work (when it enqueued some), and the scope its work's errors go to.
 pub(crate) fn enqueue<O: DeviceOp>(
     op: O,
     policy: Arc<dyn SchedulingPolicy>,
-) -> Result<(O::Output, Option<Event>), DeviceError> {
+) -> Result<Enqueued<O::Output>, DeviceError> {
     let _guard = ExecutionGuard::enter("DeviceOp execution")?;
     let stream = place_root(&*policy)?;
+    let scope = ErrorScope::new();
+    let _entered = scope.enter();
     let mut ctx = ExecutionContext::root(policy, stream, false);
     let out = execute_root(op, &mut ctx)?;
     let event = if ctx.has_device_work() {
@@ -169,12 +178,13 @@ pub(crate) fn enqueue<O: DeviceOp>(
     } else {
         None
     };
-    Ok((out, event))
+    Ok((out, event, scope.clone()))
 }
 
-pub(crate) fn enqueue_default<O: DeviceOp>(
-    op: O,
-) -> Result<(O::Output, Option<Event>), DeviceError> {
+/// An enqueued op: its output, the event its work completes with, and its error scope.
+pub(crate) type Enqueued<T> = (T, Option<Event>, ErrorScope);
+
+pub(crate) fn enqueue_default<O: DeviceOp>(op: O) -> Result<Enqueued<O::Output>, DeviceError> {
     let device = default_device()?;
     enqueue(op, default_policy(&device)?)
 }
@@ -183,8 +193,8 @@ pub(crate) fn schedule<O: DeviceOp>(
     op: O,
     policy: Arc<dyn SchedulingPolicy>,
 ) -> Result<DeviceFuture<O::Output>, DeviceError> {
-    let (out, event) = enqueue(op, policy)?;
-    Ok(DeviceFuture::in_flight(out, event))
+    let (out, event, scope) = enqueue(op, policy)?;
+    Ok(DeviceFuture::in_flight(out, event, scope))
 }
 
 /// Enqueues `op` with `stream` as its root and does not wait for it.

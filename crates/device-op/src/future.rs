@@ -5,7 +5,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use cuflow_runtime::{DeviceError, Event};
+use cuflow_runtime::{DeviceError, ErrorScope, Event};
 
 use crate::completion::CompletionSlot;
 use crate::op::{BoxedOp, DeviceOp, DeviceOpExt};
@@ -15,6 +15,8 @@ enum State<T> {
     InFlight {
         output: Option<T>,
         completion: Option<Arc<CompletionSlot>>,
+        /// The errors of the op's work that failed after it was enqueued.
+        scope: ErrorScope,
     },
     Done,
 }
@@ -42,11 +44,12 @@ impl<T: Send> DeviceFuture<T> {
         }
     }
 
-    pub(crate) fn in_flight(output: T, event: Option<Event>) -> Self {
+    pub(crate) fn in_flight(output: T, event: Option<Event>, scope: ErrorScope) -> Self {
         DeviceFuture {
             state: State::InFlight {
                 output: Some(output),
                 completion: event.map(CompletionSlot::new),
+                scope,
             },
         }
     }
@@ -62,17 +65,22 @@ impl<T: Send> Future for DeviceFuture<T> {
                 return Poll::Ready(Err(DeviceError::usage("internal: future state")));
             };
             match crate::exec::enqueue_default(op) {
-                Ok((out, event)) => {
+                Ok((out, event, scope)) => {
                     this.state = State::InFlight {
                         output: Some(out),
                         completion: event.map(CompletionSlot::new),
+                        scope,
                     }
                 }
                 Err(e) => return Poll::Ready(Err(e)),
             }
         }
         match &mut this.state {
-            State::InFlight { output, completion } => {
+            State::InFlight {
+                output,
+                completion,
+                scope,
+            } => {
                 if let Some(slot) = completion {
                     match slot.poll(cx) {
                         Poll::Pending => return Poll::Pending,
@@ -82,6 +90,10 @@ impl<T: Send> Future for DeviceFuture<T> {
                         }
                         Poll::Ready(Ok(())) => {}
                     }
+                }
+                if let Err(e) = scope.check() {
+                    this.state = State::Done;
+                    return Poll::Ready(Err(e));
                 }
                 let out = output.take();
                 this.state = State::Done;

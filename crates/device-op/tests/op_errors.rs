@@ -9,7 +9,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use common::*;
-use cuflow_device_op::{value, with_context, zip, BoxedOp, DeviceError, DeviceOpExt};
+use cuflow_device_op::{
+    from_fn, value, with_context, zip, BoxedOp, DeviceError, DeviceOpExt, FromFn,
+};
 use cuflow_scheduler::StreamPoolRoundRobin;
 use parking_lot::Mutex;
 
@@ -199,5 +201,80 @@ fn a_failed_execution_waits_for_the_work_it_had_enqueued() -> Result<(), DeviceE
         let out = fill(&buf, 2.0).sync_on(&other)?;
         assert_all(&out, 2.0, what);
     }
+    Ok(())
+}
+
+/// An op whose work fails after it was enqueued: a host function that panics on the stream,
+/// behind the op's other work. The failure is asynchronous on every backend: enqueueing
+/// succeeds, and the error is known only once the stream reaches it.
+fn fails_on_its_stream(buf: &Buf) -> FromFn<impl OpFn<Buf>> {
+    let buf = buf.clone();
+    from_fn(move |ctx| {
+        ctx.stream()?
+            .enqueue_host_fn(|| panic!("the op's work fails on the stream"))?;
+        Ok(buf)
+    })
+}
+
+#[test]
+fn an_ops_asynchronous_error_reaches_that_op_and_not_the_next_op_on_its_stream(
+) -> Result<(), DeviceError> {
+    let device = device();
+    // One stream: every op below runs on it, in order.
+    let policy = StreamPoolRoundRobin::new(&device, 1)?;
+    let buf = buffer(0.0);
+
+    let failing = fails_on_its_stream(&buf).schedule(&policy)?;
+    let innocent = fill(&buf, 3.0).sync_with_policy(&policy).map(|(b, _)| b);
+    assert!(innocent.is_ok(), "an innocent op got {innocent:?}");
+    assert_all(&buf, 3.0, "the innocent op's result");
+    let r = futures::executor::block_on(failing);
+    assert!(matches!(r, Err(DeviceError::Panicked { .. })), "{r:?}");
+
+    // A failing op whose future is dropped: its error is not handed to whoever comes next.
+    drop(fails_on_its_stream(&buf).schedule(&policy)?);
+    let out = add_scalar(&buf, 1.0).sync_with_policy(&policy)?.0;
+    assert_all(&out, 4.0, "an op after a dropped failing op");
+    let out = futures::executor::block_on(add_scalar(&buf, 1.0).schedule(&policy)?)?;
+    assert_all(&out, 5.0, "a scheduled op after a dropped failing op");
+    Ok(())
+}
+
+#[test]
+fn a_failing_op_that_reads_back_inside_its_closure_is_still_an_error() -> Result<(), DeviceError> {
+    let device = device();
+    let stream = device.new_stream()?;
+    let policy = StreamPoolRoundRobin::new(&device, 1)?;
+    let buf = buffer(1.0);
+    let reads_back = |buf: &Buf| {
+        let read = buf.clone();
+        fails_on_its_stream(buf).then(move |b| {
+            from_fn(move |ctx| {
+                // The read waits for the failed work; the op ignores what it says.
+                let _ = read.to_host_vec(ctx.stream()?);
+                Ok(b)
+            })
+        })
+    };
+    let r = reads_back(&buf).sync_on(&stream);
+    assert!(
+        matches!(r, Err(DeviceError::Panicked { .. })),
+        "sync_on: {r:?}"
+    );
+    let r = reads_back(&buf).sync_with_policy(&policy).map(|(b, _)| b);
+    assert!(
+        matches!(r, Err(DeviceError::Panicked { .. })),
+        "sync_with_policy: {r:?}"
+    );
+    let r = reads_back(&buf)
+        .schedule(&policy)
+        .and_then(futures::executor::block_on);
+    assert!(
+        matches!(r, Err(DeviceError::Panicked { .. })),
+        "schedule: {r:?}"
+    );
+    // The stream is not left holding the error for the next op.
+    let out = add_scalar(&buf, 1.0).sync_on(&stream)?;
+    assert_all(&out, 2.0, "the next op on the stream");
     Ok(())
 }

@@ -41,6 +41,7 @@ mod event;
 mod graph;
 mod kernel;
 mod memory;
+pub mod scope;
 mod stream;
 pub mod sync;
 
@@ -53,4 +54,5 @@ pub use kernel::{HostKernelArgs, HostKernelFn, Kernel, KernelArgs, LaunchConfig}
 pub use memory::{
     BufferView, DeviceBuffer, DeviceCopy, PinnedBuffer, PinnedMut, PinnedRef, PinnedTransfer,
 };
+pub use scope::{EnteredScope, ErrorScope};
 pub use stream::{Stream, StreamId};

@@ -13,6 +13,7 @@ use super::{driver_err, CudaDeviceShared, RawEvent};
 use crate::error::{DeviceError, Result};
 use crate::graph::{CaptureBackend, GraphBackend};
 use crate::kernel::{KernelArg, KernelArgs, LaunchConfig};
+use crate::scope::ErrorSink;
 use crate::sync::{Arc, Mutex};
 
 /// A CUDA stream (non-blocking with respect to the legacy default stream).
@@ -22,9 +23,10 @@ pub(crate) struct CudaStreamHandle {
     /// The cuBLAS workspace of this stream's GEMMs outside captures, allocated on the stream at
     /// its first GEMM and freed on it when the stream is dropped (see `blas`).
     pub(crate) blas_workspace: Mutex<Option<CudaMemory>>,
-    /// The panic of a host function that ran on this stream, reported by the next
-    /// synchronization (as the host backend does): never swallowed, never unwound into the
-    /// driver's thread.
+    /// The panic of a host function that ran on this stream outside any error scope, reported
+    /// by the next synchronization (as the host backend does): never swallowed, never unwound
+    /// into the driver's thread. Inside a scope, the panic goes to the scope (see
+    /// [`crate::scope`]).
     host_fn_panic: Arc<Mutex<Option<DeviceError>>>,
 }
 
@@ -111,7 +113,7 @@ impl CudaStreamHandle {
         // SAFETY: the stream is alive (owned by `self.stream`).
         unsafe { result::stream::synchronize(self.raw()) }
             .map_err(|e| driver_err("cuStreamSynchronize", e))?;
-        match self.host_fn_panic.lock().take() {
+        match ErrorSink::here(&self.host_fn_panic).take_for_sync() {
             Some(e) => Err(e),
             None => Ok(()),
         }
@@ -153,13 +155,10 @@ impl CudaStreamHandle {
     }
 
     pub(crate) fn launch_host_fn(&self, f: Box<dyn FnOnce() + Send>) -> Result<()> {
-        let slot = self.host_fn_panic.clone();
+        let sink = ErrorSink::here(&self.host_fn_panic);
         let f: Box<dyn FnOnce() + Send> = Box::new(move || {
             if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
-                let mut slot = slot.lock();
-                if slot.is_none() {
-                    *slot = Some(DeviceError::from_panic("a host function", &*p));
-                }
+                sink.record(DeviceError::from_panic("a host function", &*p));
             }
         });
         unsafe extern "C" fn trampoline(data: *mut c_void) {

@@ -10,15 +10,17 @@ use super::memory::HostPinned;
 use crate::error::{DeviceError, Result};
 use crate::graph::{CaptureBackend, CaptureSession, GraphBackend};
 use crate::memory::Memory;
+use crate::scope::ErrorSink;
 use crate::stream::StreamId;
 use crate::sync::{Arc, Condvar, Mutex};
 
 /// A unit of work on a host stream. `Fn` (not `FnOnce`) so that captured work can be replayed.
 pub(crate) type HostTask = Arc<dyn Fn() -> Result<()> + Send + Sync>;
 
+/// A message to a stream's worker; each piece of work carries where its failure goes.
 enum Msg {
-    Run(HostTask),
-    Once(Box<dyn FnOnce() + Send>),
+    Run(HostTask, ErrorSink),
+    Once(Box<dyn FnOnce() + Send>, ErrorSink),
 }
 
 thread_local! {
@@ -53,27 +55,20 @@ impl HostStream {
     pub(crate) fn spawn(id: StreamId) -> Result<HostStream> {
         let (tx, rx) = mpsc::channel::<Msg>();
         let error: Arc<Mutex<Option<DeviceError>>> = Arc::new(Mutex::new(None));
-        let worker_error = error.clone();
         std::thread::Builder::new()
             .name(format!("cuflow-host-stream-{}", id.0))
             .spawn(move || {
                 ON_WORKER.with(|w| w.set(true));
                 for msg in rx {
                     match msg {
-                        Msg::Run(task) => {
+                        Msg::Run(task, sink) => {
                             if let Err(e) = run_task(&task) {
-                                let mut slot = worker_error.lock();
-                                if slot.is_none() {
-                                    *slot = Some(e);
-                                }
+                                sink.record(e);
                             }
                         }
-                        Msg::Once(f) => {
+                        Msg::Once(f, sink) => {
                             if let Err(p) = catch_unwind(AssertUnwindSafe(f)) {
-                                let mut slot = worker_error.lock();
-                                if slot.is_none() {
-                                    *slot = Some(DeviceError::from_panic("a host function", &*p));
-                                }
+                                sink.record(DeviceError::from_panic("a host function", &*p));
                             }
                         }
                     }
@@ -91,6 +86,11 @@ impl HostStream {
                 capture: Mutex::new(None),
             }),
         })
+    }
+
+    /// Where the failure of work enqueued now goes (see [`crate::scope`]).
+    fn sink(&self) -> ErrorSink {
+        ErrorSink::here(&self.core.error)
     }
 
     fn send(&self, msg: Msg) -> Result<()> {
@@ -113,11 +113,11 @@ impl HostStream {
                 return Ok(());
             }
         }
-        self.send(Msg::Run(task))
+        self.send(Msg::Run(task, self.sink()))
     }
 
     pub(crate) fn enqueue_once(&self, f: impl FnOnce() + Send + 'static) -> Result<()> {
-        self.send(Msg::Once(Box::new(f)))
+        self.send(Msg::Once(Box::new(f), self.sink()))
     }
 
     pub(crate) fn synchronize(&self) -> Result<()> {
@@ -128,16 +128,20 @@ impl HostStream {
         }
         let done = Arc::new((Mutex::new(false), Condvar::new()));
         let signal = done.clone();
-        self.send(Msg::Once(Box::new(move || {
-            *signal.0.lock() = true;
-            signal.1.notify_all();
-        })))?;
+        let sink = self.sink();
+        self.send(Msg::Once(
+            Box::new(move || {
+                *signal.0.lock() = true;
+                signal.1.notify_all();
+            }),
+            sink.clone(),
+        ))?;
         let mut flag = done.0.lock();
         while !*flag {
             done.1.wait(&mut flag);
         }
         drop(flag);
-        match self.core.error.lock().take() {
+        match sink.take_for_sync() {
             Some(e) => Err(e),
             None => Ok(()),
         }
@@ -152,11 +156,12 @@ impl HostStream {
         }
         let event = HostEvent::pending(timed);
         let state = event.state.clone();
-        let errors = self.core.error.clone();
-        self.send(Msg::Once(Box::new(move || {
-            let err = errors.lock().clone();
-            state.complete(err);
-        })))?;
+        let sink = self.sink();
+        let observed = sink.clone();
+        self.send(Msg::Once(
+            Box::new(move || state.complete(observed.peek())),
+            sink,
+        ))?;
         Ok(event)
     }
 
