@@ -17,7 +17,9 @@
 
 use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
+
+use parking_lot::RwLock;
 
 use cuflow_runtime::{Device, DeviceError, ErrorScope, Event, Stream};
 use cuflow_scheduler::{default_policy, Placement, SchedulingPolicy};
@@ -51,18 +53,23 @@ impl Drop for ExecutionGuard {
     }
 }
 
-/// The device `sync()` and `.await` run on: [`Device::auto`], resolved once per process.
+/// The device `sync()` and `.await` run on: [`Device::auto`], resolved at first use and again
+/// while the device is faulted, so that once it was recovered ([`Device::recover`]) ops run
+/// on the recovered device.
 ///
 /// # Errors
 ///
 /// The error of [`Device::auto`] (e.g. `CUFLOW_DEVICE=cuda` without a usable GPU).
 pub fn default_device() -> Result<Device, DeviceError> {
-    static DEVICE: OnceLock<Device> = OnceLock::new();
-    if let Some(d) = DEVICE.get() {
-        return Ok(d.clone());
+    static DEVICE: RwLock<Option<Device>> = RwLock::new(None);
+    if let Some(d) = DEVICE.read().as_ref() {
+        if !d.is_faulted() {
+            return Ok(d.clone());
+        }
     }
     let d = Device::auto()?;
-    Ok(DEVICE.get_or_init(|| d).clone())
+    *DEVICE.write() = Some(d.clone());
+    Ok(d)
 }
 
 /// Asks `policy` for the stream of an op's root, under the same panic guard as an op's

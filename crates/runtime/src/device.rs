@@ -308,6 +308,72 @@ impl Device {
         }
     }
 
+    /// Whether the device faulted: a kernel trapped, accessed memory out of bounds or hit
+    /// another fault the CUDA context cannot survive, or this handle belongs to the device's
+    /// state before a [`Device::recover`]. Every call on a faulted device fails at once with
+    /// [`DeviceError::DeviceFaulted`]. Host devices never fault: the failure of host work is
+    /// an error of the op that enqueued it.
+    pub fn is_faulted(&self) -> bool {
+        match &self.inner.backend {
+            DeviceBackend::Host(_) => false,
+            DeviceBackend::Cuda(c) => c.is_faulted(),
+        }
+    }
+
+    /// Brings a faulted device back: resets its CUDA context and returns the device to use
+    /// from now on (also what [`Device::cuda`] and [`Device::auto`] return afterwards).
+    /// A device that is not faulted is returned as it is.
+    ///
+    /// A fault ends the context's state: every stream, event, buffer, graph and kernel made on
+    /// it is gone. Their handles stay safe to hold and drop, but every use of them fails with
+    /// [`DeviceError::DeviceFaulted`]; make them again from the returned device. The futures of
+    /// work that was in flight resolve with that error too. Waits for the driver calls other
+    /// threads are making on the old state (they fail fast once the device faulted).
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceError::Usage`] while page-locked buffers ([`PinnedBuffer`](crate::PinnedBuffer))
+    /// of the device are alive (their memory goes away with the context: drop them first), or
+    /// when another thread keeps the device busy for more than a few seconds; the driver's
+    /// error when the reset or the new context fails.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cuflow_runtime::Device;
+    /// let device = Device::host();
+    /// // After an error, a long-running service checks and, if needed, recovers its device.
+    /// let device = if device.is_faulted() { device.recover()? } else { device };
+    /// assert!(!device.is_faulted());
+    /// # Ok::<(), cuflow_runtime::DeviceError>(())
+    /// ```
+    pub fn recover(&self) -> Result<Device> {
+        let DeviceBackend::Cuda(c) = &self.inner.backend else {
+            return Ok(self.clone());
+        };
+        let ordinal = c.ordinal();
+        {
+            let mut reg = cuda_registry().lock();
+            if let Some(current) = reg.get(&ordinal) {
+                if !current.same(self) && !current.is_faulted() {
+                    // Recovered already (by another handle or thread).
+                    return Ok(current.clone());
+                }
+            }
+            if !c.is_faulted() {
+                return Ok(self.clone());
+            }
+            c.reset()?;
+            reg.remove(&ordinal);
+            for other in reg.values() {
+                if let DeviceBackend::Cuda(o) = &other.inner.backend {
+                    o.forget_peer(ordinal);
+                }
+            }
+        }
+        Device::cuda(ordinal)
+    }
+
     /// The CUDA ordinal, or `None` for the host.
     pub fn ordinal(&self) -> Option<usize> {
         match &self.inner.backend {

@@ -83,6 +83,20 @@ pub enum DeviceError {
         /// The driver's description of the code.
         message: String,
     },
+    /// The device hit a fault its context cannot survive (a kernel trapped, read or wrote out
+    /// of bounds, or executed an illegal instruction), or this handle belongs to the device's
+    /// state from before a [`Device::recover`](crate::Device::recover). Every later call on
+    /// that state fails with this error at once; `Device::recover` gives a working device.
+    #[error(
+        "device {device} is faulted: {cause}; nothing more runs on its current state \
+         (call Device::recover to reset it, then create streams and buffers again)"
+    )]
+    DeviceFaulted {
+        /// The device, e.g. `cuda:0`.
+        device: String,
+        /// The fault, e.g. the driver error first seen, or that the state was reset.
+        cause: String,
+    },
     /// A cuBLAS call failed.
     #[error("cuBLAS call {call} failed: {name} ({status}): {message}")]
     Blas {

@@ -312,12 +312,14 @@ pub(crate) fn destroy_handle(shared: &CudaDeviceShared, handle: RawBlasHandle) {
         // A handle exists only if the library was loaded, so this does not happen.
         return;
     };
-    shared.ctx.record_err(shared.ctx.bind_to_thread());
-    // SAFETY: the handle was created by `cublasCreate_v2` in this context and is destroyed
-    // once: it was moved out of its pool or lease.
-    if let Err(e) = lib.check("cublasDestroy_v2", unsafe { (lib.destroy)(handle.0) }) {
-        tracing::warn!("{e}");
-    }
+    shared.life.release(|| {
+        shared.ctx.record_err(shared.ctx.bind_to_thread());
+        // SAFETY: the handle was created by `cublasCreate_v2` in this state of the context
+        // (not reset: Life) and is destroyed once: it was moved out of its pool or lease.
+        if let Err(e) = lib.check("cublasDestroy_v2", unsafe { (lib.destroy)(handle.0) }) {
+            tracing::warn!("{e}");
+        }
+    });
 }
 
 /// A handle taken from the device's pool for one call; given back on drop.
@@ -358,7 +360,7 @@ impl CudaDeviceShared {
                 handle: Some(h),
             });
         }
-        self.bind()?;
+        let _bound = self.bind()?;
         let mut raw: Handle = std::ptr::null_mut();
         // SAFETY: `raw` is a valid out-pointer; the device's primary context is current on this
         // thread, so the handle belongs to this device.
@@ -542,7 +544,7 @@ impl CudaStreamHandle {
         };
         let lease = self.shared.blas_handle(lib)?;
         let handle = lease.raw();
-        self.shared.bind()?;
+        let _bound = self.shared.bind()?;
         // SAFETY: the handle is leased to this call alone and was created in this device's
         // context, which is current; the stream is alive (owned by `self`). cuBLAS's
         // `cudaStream_t` is the driver's `CUstream`.

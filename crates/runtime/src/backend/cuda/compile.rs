@@ -1,25 +1,56 @@
 //! NVRTC compilation of CUDA C kernels into cubins for the device's architecture.
 
 use std::ffi::CString;
+use std::mem::ManuallyDrop;
 
 use cudarc::driver::{sys, CudaFunction, CudaModule};
 use cudarc::nvrtc;
 
-use super::{driver_err, CudaDeviceShared};
+use super::{driver_err, CudaDeviceShared, Life};
 use crate::error::{DeviceError, Result};
 use crate::sync::{Arc, AtomicU32, Ordering};
 
 /// A kernel compiled and loaded for one device.
 pub(crate) struct CompiledKernel {
     name: String,
-    function: CudaFunction,
-    _module: Arc<CudaModule>,
+    /// Dropped in `Drop`, unless the context was reset (then the driver unloaded the module).
+    function: ManuallyDrop<CudaFunction>,
+    module: ManuallyDrop<Arc<CudaModule>>,
     dynamic_smem_limit: AtomicU32,
+    life: Arc<Life>,
+}
+
+impl Drop for CompiledKernel {
+    fn drop(&mut self) {
+        let (function, module) = (&mut self.function, &mut self.module);
+        self.life.release(|| {
+            // SAFETY: each is dropped once, here, and not used after; skipped (leaked) when
+            // the context was reset, which unloaded the module already.
+            unsafe {
+                ManuallyDrop::drop(function);
+                ManuallyDrop::drop(module);
+            }
+        });
+    }
 }
 
 impl CompiledKernel {
     pub(crate) fn name(&self) -> &str {
         &self.name
+    }
+
+    /// `DeviceFaulted` when the kernel was loaded into another state of the device's context
+    /// than `shared`'s (one from before a reset).
+    pub(crate) fn check_state(&self, shared: &CudaDeviceShared) -> Result<()> {
+        if Arc::ptr_eq(&self.life, &shared.life) {
+            return Ok(());
+        }
+        self.life.check()?;
+        shared.life.check()?;
+        Err(DeviceError::usage(format!(
+            "kernel `{}` was loaded for another device than the stream's",
+            self.name
+        )))
     }
 
     pub(crate) fn function(&self) -> sys::CUfunction {
@@ -136,6 +167,7 @@ pub(crate) fn compile(
         .map_err(|e| compile_err(name, format!("nvrtcGetCUBIN failed: {e}")))?;
     drop(guard);
 
+    let _bound = shared.bind()?;
     let module = shared
         .ctx
         .load_module(nvrtc::Ptx::from_binary(cubin))
@@ -156,9 +188,10 @@ pub(crate) fn compile(
         .map_err(|e| driver_err("cuFuncGetAttribute", e))?;
     Ok(CompiledKernel {
         name: name.to_string(),
-        function,
-        _module: module,
+        function: ManuallyDrop::new(function),
+        module: ManuallyDrop::new(module),
         dynamic_smem_limit: AtomicU32::new(48 * 1024),
+        life: shared.life.clone(),
     })
 }
 

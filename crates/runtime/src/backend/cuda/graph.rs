@@ -27,7 +27,7 @@ impl CudaGraphHandle {
     }
 
     fn nodes(&self) -> Result<Vec<sys::CUgraphNode>> {
-        self.shared.bind()?;
+        let _bound = self.shared.bind()?;
         let mut n = 0usize;
         // SAFETY: the graph is alive; a null node array asks only for the count.
         unsafe { sys::cuGraphGetNodes(self.graph, std::ptr::null_mut(), &mut n) }
@@ -96,7 +96,7 @@ impl CudaGraphHandle {
     }
 
     pub(crate) fn instantiate(&self) -> Result<CudaGraphExecHandle> {
-        self.shared.bind()?;
+        let _bound = self.shared.bind()?;
         // SAFETY: the graph is alive and complete (capture ended).
         let exec = unsafe {
             result::graph::instantiate(self.graph, sys::CUgraphInstantiate_flags_enum(0))
@@ -111,12 +111,16 @@ impl CudaGraphHandle {
 
 impl Drop for CudaGraphHandle {
     fn drop(&mut self) {
-        self.shared.ctx.record_err(self.shared.ctx.bind_to_thread());
-        // SAFETY: the graph is owned by `self` and destroyed once; executables instantiated
-        // from it do not depend on it.
-        if let Err(e) = unsafe { result::graph::destroy(self.graph) } {
-            tracing::warn!("cuGraphDestroy failed: {}", driver_err("cuGraphDestroy", e));
-        }
+        let (graph, ctx) = (self.graph, &self.shared.ctx);
+        self.shared.life.release(|| {
+            ctx.record_err(ctx.bind_to_thread());
+            // SAFETY: the graph is owned by `self` and destroyed once, in the state of the
+            // context it was made in (not reset: Life); executables instantiated from it do
+            // not depend on it.
+            if let Err(e) = unsafe { result::graph::destroy(graph) } {
+                tracing::warn!("cuGraphDestroy failed: {}", driver_err("cuGraphDestroy", e));
+            }
+        });
     }
 }
 
@@ -135,7 +139,7 @@ unsafe impl Sync for CudaGraphExecHandle {}
 
 impl CudaGraphExecHandle {
     pub(crate) fn launch(&self, stream: &CudaStreamHandle) -> Result<()> {
-        self.shared.bind()?;
+        let _bound = self.shared.bind()?;
         // SAFETY: the executable and the stream are alive; the buffers the graph uses are kept
         // alive by the runtime's `GraphExec`, which recorded their use on this stream.
         unsafe { result::graph::launch(self.exec, stream.raw()) }
@@ -143,7 +147,7 @@ impl CudaGraphExecHandle {
     }
 
     pub(crate) fn update(&mut self, graph: &CudaGraphHandle) -> Result<bool> {
-        self.shared.bind()?;
+        let _bound = self.shared.bind()?;
         let mut info = sys::CUgraphExecUpdateResultInfo_st {
             result: sys::CUgraphExecUpdateResult::CU_GRAPH_EXEC_UPDATE_SUCCESS,
             errorNode: std::ptr::null_mut(),
@@ -164,13 +168,17 @@ impl CudaGraphExecHandle {
 
 impl Drop for CudaGraphExecHandle {
     fn drop(&mut self) {
-        self.shared.ctx.record_err(self.shared.ctx.bind_to_thread());
-        // SAFETY: owned by `self`, destroyed once.
-        if let Err(e) = unsafe { result::graph::exec_destroy(self.exec) } {
-            tracing::warn!(
-                "cuGraphExecDestroy failed: {}",
-                driver_err("cuGraphExecDestroy", e)
-            );
-        }
+        let (exec, ctx) = (self.exec, &self.shared.ctx);
+        self.shared.life.release(|| {
+            ctx.record_err(ctx.bind_to_thread());
+            // SAFETY: owned by `self`, destroyed once, in the state of the context it was made
+            // in (not reset: Life).
+            if let Err(e) = unsafe { result::graph::exec_destroy(exec) } {
+                tracing::warn!(
+                    "cuGraphExecDestroy failed: {}",
+                    driver_err("cuGraphExecDestroy", e)
+                );
+            }
+        });
     }
 }

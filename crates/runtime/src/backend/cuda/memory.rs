@@ -86,17 +86,19 @@ impl CudaMemory {
                 shared,
             });
         }
-        shared.bind()?;
-        // SAFETY: `raw` is a live stream of this context (the caller's contract); the returned
-        // memory is owned by this `CudaMemory` alone and freed once (Handles).
-        let ptr = unsafe { result::malloc_async(raw, bytes) }.map_err(|e| match e.0 {
-            sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY
-            | sys::cudaError_enum::CUDA_ERROR_INVALID_VALUE => DeviceError::OutOfMemory {
-                bytes,
-                device: format!("cuda:{}", shared.ordinal),
-            },
-            _ => driver_err("cuMemAllocAsync", e),
-        })?;
+        let ptr = {
+            let _bound = shared.bind()?;
+            // SAFETY: `raw` is a live stream of this context (the caller's contract); the
+            // returned memory is owned by this `CudaMemory` alone and freed once (Handles).
+            unsafe { result::malloc_async(raw, bytes) }.map_err(|e| match e.0 {
+                sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY
+                | sys::cudaError_enum::CUDA_ERROR_INVALID_VALUE => DeviceError::OutOfMemory {
+                    bytes,
+                    device: format!("cuda:{}", shared.ordinal),
+                },
+                _ => driver_err("cuMemAllocAsync", e),
+            })?
+        };
         Ok(CudaMemory { ptr, bytes, shared })
     }
 
@@ -124,10 +126,14 @@ impl CudaMemory {
         if ptr == 0 {
             return;
         }
-        if let Err(e) = self.shared.bind() {
-            tracing::warn!("leaking {} bytes of device memory: {e}", self.bytes);
-            return;
-        }
+        let _bound = match self.shared.bind() {
+            Ok(bound) => bound,
+            // A faulted device's memory goes with its reset; a retired state's went already.
+            Err(e) => {
+                tracing::debug!("not freeing {} bytes of device memory: {e}", self.bytes);
+                return;
+            }
+        };
         // SAFETY: `ptr` came from cuMemAllocAsync in this context and is freed exactly once
         // (it was swapped out above); `stream` has been ordered after every use (Ordering).
         if let Err(e) = unsafe { result::free_async(ptr, stream.raw()) } {
@@ -152,6 +158,8 @@ pub(crate) struct CudaPinned {
     ptr: *mut u8,
     bytes: usize,
     shared: Arc<CudaDeviceShared>,
+    /// Handed to a user (counted by the device's `Life`, which refuses a reset meanwhile).
+    for_user: bool,
 }
 
 // SAFETY: the pinned allocation is plain host memory owned uniquely by this value; access goes
@@ -161,8 +169,16 @@ unsafe impl Send for CudaPinned {}
 unsafe impl Sync for CudaPinned {}
 
 impl CudaPinned {
-    pub(crate) fn alloc(shared: &Arc<CudaDeviceShared>, bytes: usize) -> Result<CudaPinned> {
-        Self::alloc_with_flags(shared, bytes, 0)
+    /// Page-locked memory for a user's buffer: while it lives, the device is not reset (its
+    /// host memory would go with the context).
+    pub(crate) fn alloc_for_user(
+        shared: &Arc<CudaDeviceShared>,
+        bytes: usize,
+    ) -> Result<CudaPinned> {
+        let mut pinned = Self::alloc_with_flags(shared, bytes, 0)?;
+        pinned.for_user = true;
+        shared.life.pinned_created();
+        Ok(pinned)
     }
 
     /// Page-locked memory that every context of the process treats as pinned
@@ -179,7 +195,7 @@ impl CudaPinned {
         bytes: usize,
         flags: std::ffi::c_uint,
     ) -> Result<CudaPinned> {
-        shared.bind()?;
+        let _bound = shared.bind()?;
         let ptr = if bytes == 0 {
             std::ptr::null_mut()
         } else {
@@ -199,6 +215,7 @@ impl CudaPinned {
             ptr,
             bytes,
             shared: shared.clone(),
+            for_user: false,
         })
     }
 
@@ -222,17 +239,25 @@ impl CudaPinned {
 
 impl Drop for CudaPinned {
     fn drop(&mut self) {
+        if self.for_user {
+            self.shared.life.pinned_dropped();
+        }
         if self.ptr.is_null() {
             return;
         }
-        self.shared.ctx.record_err(self.shared.ctx.bind_to_thread());
-        // SAFETY: `ptr` came from cuMemHostAlloc and is freed once; transfers wait for their
-        // copies before giving the buffer back, so no copy uses it now.
-        if let Err(e) = unsafe { result::free_host(self.ptr as *mut std::ffi::c_void) } {
-            tracing::warn!(
-                "freeing pinned memory failed: {}",
-                driver_err("cuMemFreeHost", e)
-            );
-        }
+        let ptr = self.ptr;
+        let ctx = &self.shared.ctx;
+        self.shared.life.release(|| {
+            ctx.record_err(ctx.bind_to_thread());
+            // SAFETY: `ptr` came from cuMemHostAlloc in this state of the context (not reset:
+            // Life) and is freed once; transfers wait for their copies before giving the
+            // buffer back, so no copy uses it now.
+            if let Err(e) = unsafe { result::free_host(ptr as *mut std::ffi::c_void) } {
+                tracing::warn!(
+                    "freeing pinned memory failed: {}",
+                    driver_err("cuMemFreeHost", e)
+                );
+            }
+        });
     }
 }

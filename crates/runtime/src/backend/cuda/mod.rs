@@ -38,10 +38,20 @@ use cudarc::driver::{result, sys, CudaContext, DriverError};
 
 use crate::device::{DeviceLimits, MemoryInfo};
 use crate::error::{DeviceError, Result};
-use crate::sync::{Arc, AtomicBool, Mutex};
+use crate::sync::{Arc, AtomicBool, AtomicUsize, Mutex, Ordering, RwLock, RwLockReadGuard};
 
-/// Converts a driver error into a [`DeviceError::Driver`] naming the call.
+/// Converts a driver error into a [`DeviceError::Driver`] naming the call; a fault the context
+/// cannot survive marks the device bound on this thread faulted and is
+/// [`DeviceError::DeviceFaulted`].
 pub(crate) fn driver_err(call: &'static str, e: DriverError) -> DeviceError {
+    let error = plain_driver_err(call, &e);
+    match BOUND_ORDINAL.with(|b| b.get()) {
+        Some(ordinal) if is_fatal(e.0) => faults().mark(ordinal, error.to_string()),
+        _ => error,
+    }
+}
+
+fn plain_driver_err(call: &'static str, e: &DriverError) -> DeviceError {
     let name = e
         .error_name()
         .map(|s| s.to_string_lossy().into_owned())
@@ -56,6 +66,154 @@ pub(crate) fn driver_err(call: &'static str, e: DriverError) -> DeviceError {
         name,
         message,
     }
+}
+
+/// Whether a driver error leaves the context unusable: every later call of the context
+/// returns it again until the context is reset.
+fn is_fatal(code: sys::cudaError_enum) -> bool {
+    use sys::cudaError_enum as E;
+    matches!(
+        code,
+        E::CUDA_ERROR_ILLEGAL_ADDRESS
+            | E::CUDA_ERROR_LAUNCH_FAILED
+            | E::CUDA_ERROR_ILLEGAL_INSTRUCTION
+            | E::CUDA_ERROR_MISALIGNED_ADDRESS
+            | E::CUDA_ERROR_INVALID_ADDRESS_SPACE
+            | E::CUDA_ERROR_INVALID_PC
+            | E::CUDA_ERROR_HARDWARE_STACK_ERROR
+            | E::CUDA_ERROR_ASSERT
+            | E::CUDA_ERROR_LAUNCH_TIMEOUT
+            | E::CUDA_ERROR_ECC_UNCORRECTABLE
+    )
+}
+
+thread_local! {
+    /// The ordinal of the device whose context this thread bound last (see
+    /// [`CudaDeviceShared::bind`]): the device a fatal driver error belongs to.
+    static BOUND_ORDINAL: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+}
+
+/// The faulted devices of the process, by ordinal, with the first fault seen. A fault belongs
+/// to the device's primary context, which every handle of that device shares.
+struct Faults {
+    any: AtomicBool,
+    by_ordinal: Mutex<HashMap<usize, String>>,
+}
+
+fn faults() -> &'static Faults {
+    static FAULTS: OnceLock<Faults> = OnceLock::new();
+    FAULTS.get_or_init(|| Faults {
+        any: AtomicBool::new(false),
+        by_ordinal: Mutex::new(HashMap::new()),
+    })
+}
+
+impl Faults {
+    /// Records the fault of device `ordinal` (the first one is kept) and returns its error.
+    fn mark(&self, ordinal: usize, cause: String) -> DeviceError {
+        let cause = self
+            .by_ordinal
+            .lock()
+            .entry(ordinal)
+            .or_insert_with(|| {
+                tracing::error!("device cuda:{ordinal} faulted: {cause}");
+                cause
+            })
+            .clone();
+        self.any.store(true, Ordering::Release);
+        faulted(ordinal, cause)
+    }
+
+    fn get(&self, ordinal: usize) -> Option<String> {
+        if !self.any.load(Ordering::Acquire) {
+            return None;
+        }
+        self.by_ordinal.lock().get(&ordinal).cloned()
+    }
+
+    fn clear(&self, ordinal: usize) {
+        let mut map = self.by_ordinal.lock();
+        map.remove(&ordinal);
+        self.any.store(!map.is_empty(), Ordering::Release);
+    }
+}
+
+fn faulted(ordinal: usize, cause: String) -> DeviceError {
+    DeviceError::DeviceFaulted {
+        device: format!("cuda:{ordinal}"),
+        cause,
+    }
+}
+
+/// The lifetime of one state of a device's primary context, from its creation to the reset
+/// that [`CudaDevice::reset`] makes after a fault.
+///
+/// Every driver call on the state's handles runs under a read lock of `gate` (taken by
+/// [`CudaDeviceShared::bind`], or by [`Life::release`] for the calls that free resources);
+/// the reset takes it for writing and marks the state retired first. So no call on a handle
+/// of the old state reaches the driver after the reset, where the handle's value could name
+/// a resource of the new state: such calls fail with [`DeviceError::DeviceFaulted`], and
+/// releases are skipped (the reset freed everything).
+pub(crate) struct Life {
+    ordinal: usize,
+    gate: RwLock<()>,
+    retired: AtomicBool,
+    /// Page-locked buffers handed to users: their host memory goes away with a reset, so a
+    /// reset is refused while any is alive.
+    user_pinned: AtomicUsize,
+}
+
+impl Life {
+    fn new(ordinal: usize) -> Arc<Life> {
+        Arc::new(Life {
+            ordinal,
+            gate: RwLock::new(()),
+            retired: AtomicBool::new(false),
+            user_pinned: AtomicUsize::new(0),
+        })
+    }
+
+    /// `DeviceFaulted` once the device faulted or this state was reset.
+    pub(crate) fn check(&self) -> Result<()> {
+        if self.retired.load(Ordering::Acquire) {
+            return Err(faulted(
+                self.ordinal,
+                "this handle was made before Device::recover reset the device; \
+                 make it again from the recovered device"
+                    .into(),
+            ));
+        }
+        match faults().get(self.ordinal) {
+            Some(cause) => Err(faulted(self.ordinal, cause)),
+            None => Ok(()),
+        }
+    }
+
+    /// Runs `free` (driver calls that release a resource of this state) unless the state was
+    /// reset, which released it already. Returns whether it ran.
+    pub(crate) fn release(&self, free: impl FnOnce()) -> bool {
+        let _gate = self.gate.read_recursive();
+        if self.retired.load(Ordering::Acquire) {
+            return false;
+        }
+        free();
+        true
+    }
+
+    pub(crate) fn pinned_created(&self) {
+        self.user_pinned.fetch_add(1, Ordering::AcqRel);
+    }
+
+    pub(crate) fn pinned_dropped(&self) {
+        self.user_pinned.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Proof that the device's context is bound on this thread and that its state stays alive
+/// (no reset) while the proof is held.
+#[must_use = "driver calls must be made while the binding is held"]
+pub(crate) struct Bound<'a> {
+    _gate: RwLockReadGuard<'a, ()>,
 }
 
 fn driver_state() -> &'static std::result::Result<(), DeviceError> {
@@ -77,7 +235,7 @@ fn driver_state() -> &'static std::result::Result<(), DeviceError> {
                 })
             }
             Err(e) => Err(DeviceError::NoDriver {
-                reason: format!("cuInit failed: {}", driver_err("cuInit", e)),
+                reason: format!("cuInit failed: {}", plain_driver_err("cuInit", &e)),
             }),
         }
     })
@@ -107,6 +265,8 @@ unsafe impl Sync for RawEvent {}
 pub(crate) struct CudaDeviceShared {
     pub(crate) ctx: Arc<CudaContext>,
     pub(crate) ordinal: usize,
+    /// The lifetime of this state of the context (see [`Life`]).
+    pub(crate) life: Arc<Life>,
     pub(crate) cc: (u32, u32),
     event_pool: Mutex<Vec<RawEvent>>,
     /// Every kernel loaded on this device, by (name, source, options). Modules stay loaded
@@ -132,10 +292,17 @@ pub(crate) struct CudaDeviceShared {
 type ModuleKey = (String, String, Vec<String>);
 
 impl CudaDeviceShared {
-    pub(crate) fn bind(&self) -> Result<()> {
+    /// Binds the device's context to this thread for the driver calls that follow, which are
+    /// made while the returned proof is held. Fails with [`DeviceError::DeviceFaulted`] once
+    /// the device faulted or this state was reset, without calling the driver.
+    pub(crate) fn bind(&self) -> Result<Bound<'_>> {
+        let gate = self.life.gate.read_recursive();
+        self.life.check()?;
+        BOUND_ORDINAL.with(|b| b.set(Some(self.ordinal)));
         self.ctx
             .bind_to_thread()
-            .map_err(|e| driver_err("cuCtxSetCurrent", e))
+            .map_err(|e| driver_err("cuCtxSetCurrent", e))?;
+        Ok(Bound { _gate: gate })
     }
 
     /// The device's allocation stream (see the `alloc_stream` field), created on first use.
@@ -144,7 +311,7 @@ impl CudaDeviceShared {
         if let Some(s) = &*slot {
             return Ok(s.clone());
         }
-        self.bind()?;
+        let _bound = self.bind()?;
         let s = self
             .ctx
             .new_stream()
@@ -158,7 +325,7 @@ impl CudaDeviceShared {
         if let Some(e) = self.event_pool.lock().pop() {
             return Ok(e);
         }
-        self.bind()?;
+        let _bound = self.bind()?;
         let ev = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
             .map_err(|e| driver_err("cuEventCreate", e))?;
         Ok(RawEvent(ev))
@@ -170,25 +337,38 @@ impl CudaDeviceShared {
             pool.push(ev);
         } else {
             drop(pool);
-            destroy_event(&self.ctx, ev);
+            destroy_event(self, ev);
         }
     }
 }
 
-pub(crate) fn destroy_event(ctx: &CudaContext, ev: RawEvent) {
-    ctx.record_err(ctx.bind_to_thread());
-    // SAFETY: the event is owned by `ev` alone (Handles invariant) and its context is alive.
-    ctx.record_err(unsafe { result::event::destroy(ev.0) });
+pub(crate) fn destroy_event(shared: &CudaDeviceShared, ev: RawEvent) {
+    shared.life.release(|| {
+        let ctx = &shared.ctx;
+        ctx.record_err(ctx.bind_to_thread());
+        // SAFETY: the event is owned by `ev` alone (Handles invariant) and its context is
+        // alive: the state was not reset (Life).
+        ctx.record_err(unsafe { result::event::destroy(ev.0) });
+    });
 }
 
 impl Drop for CudaDeviceShared {
     fn drop(&mut self) {
-        for ev in self.event_pool.get_mut().drain(..) {
-            destroy_event(&self.ctx, ev);
+        let events = std::mem::take(self.event_pool.get_mut());
+        for ev in events {
+            destroy_event(self, ev);
         }
         for handle in std::mem::take(self.blas_handles.get_mut()) {
             blas::destroy_handle(self, handle);
         }
+        let mut parts = Some((
+            self.staging.get_mut().take(),
+            self.alloc_stream.get_mut().take(),
+            std::mem::take(self.modules.get_mut()),
+        ));
+        self.life.release(|| drop(parts.take()));
+        // After a reset the driver freed them already: their handles must not be released.
+        std::mem::forget(parts);
     }
 }
 
@@ -250,6 +430,7 @@ impl CudaDevice {
         let shared = Arc::new(CudaDeviceShared {
             ctx,
             ordinal,
+            life: Life::new(ordinal),
             cc: (major.max(0) as u32, minor.max(0) as u32),
             event_pool: Mutex::new(Vec::new()),
             modules: Mutex::new(HashMap::new()),
@@ -280,7 +461,7 @@ impl CudaDevice {
     }
 
     pub(crate) fn priority_range(&self) -> Result<(i32, i32)> {
-        self.shared.bind()?;
+        let _bound = self.shared.bind()?;
         result::stream::get_priority_range()
             .map_err(|e| driver_err("cuCtxGetStreamPriorityRange", e))
     }
@@ -319,6 +500,62 @@ impl CudaDevice {
     }
 
     pub(crate) fn alloc_pinned(&self, bytes: usize) -> Result<CudaPinned> {
-        CudaPinned::alloc(&self.shared, bytes)
+        CudaPinned::alloc_for_user(&self.shared, bytes)
+    }
+
+    /// Whether the device faulted (or this state of it was reset).
+    pub(crate) fn is_faulted(&self) -> bool {
+        self.shared.life.check().is_err()
+    }
+
+    /// Resets the device's primary context after a fault: waits for the driver calls in
+    /// progress on this state, retires it (every handle of it fails with `DeviceFaulted` from
+    /// then on, and releases nothing), resets the context and clears the fault. A new
+    /// `CudaDevice` must be opened afterwards.
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceError::Usage`] while page-locked buffers of this device are alive (their memory
+    /// goes away with the context) or while another thread keeps the state busy for longer
+    /// than a few seconds; the driver's error when the reset fails.
+    pub(crate) fn reset(&self) -> Result<()> {
+        let life = &self.shared.life;
+        let Some(_gate) = life.gate.try_write_for(std::time::Duration::from_secs(5)) else {
+            return Err(DeviceError::usage(
+                "Device::recover: another thread kept using the device for 5 s; \
+                 stop using it (and its streams and buffers) before recovering it",
+            ));
+        };
+        if life.retired.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let pinned = life.user_pinned.load(Ordering::Acquire);
+        if pinned > 0 {
+            return Err(DeviceError::usage(format!(
+                "Device::recover: {pinned} page-locked buffer(s) of cuda:{} are alive; their \
+                 memory goes away with the reset, so drop them first",
+                self.shared.ordinal
+            )));
+        }
+        life.retired.store(true, Ordering::Release);
+        let ctx = &self.shared.ctx;
+        ctx.bind_to_thread()
+            .map_err(|e| plain_driver_err("cuCtxSetCurrent", &e))?;
+        // SAFETY: the state is retired and its gate is held for writing, so no other call on
+        // any handle of this context is in progress or will reach the driver again (Life);
+        // the memory the reset frees is not reachable from safe code (device memory is only
+        // reached through the retired handles, and no page-locked buffer is alive).
+        unsafe { sys::cuDevicePrimaryCtxReset_v2(ctx.cu_device()) }
+            .result()
+            .map_err(|e| plain_driver_err("cuDevicePrimaryCtxReset", &e))?;
+        faults().clear(self.shared.ordinal);
+        tracing::info!("cuda:{} was reset after a fault", self.shared.ordinal);
+        Ok(())
+    }
+
+    /// Forgets that this device could read `ordinal`'s memory directly (after that device
+    /// was reset, access has to be set up again with its new context).
+    pub(crate) fn forget_peer(&self, ordinal: usize) {
+        self.shared.peers.lock().remove(&ordinal);
     }
 }

@@ -56,7 +56,7 @@ pub(super) fn enable_peer_access(dev: &CudaDeviceShared, peer: &CudaDeviceShared
         peers.insert(peer.ordinal, false);
         return Ok(false);
     }
-    dev.bind()?;
+    let _bound = dev.bind()?;
     // SAFETY: the peer context is alive (its shared state holds it) and the calling thread has
     // `dev`'s context bound, which is the context being granted access; flags must be 0.
     match unsafe { sys::cuCtxEnablePeerAccess(peer.ctx.cu_ctx(), 0).result() } {
@@ -112,7 +112,7 @@ impl CudaStreamHandle {
         if len == 0 {
             return Ok(());
         }
-        self.shared.bind()?;
+        let _bound = self.shared.bind()?;
         // SAFETY: both ranges were bounds-checked against their allocations, which are alive
         // and whose frees are ordered after this stream's work (the runtime records this
         // stream as a use of both); each context is the one its allocation was made in.
@@ -195,7 +195,7 @@ pub(crate) fn copy_staged(
         if let Some(event) = &slot.reusable_after {
             src_stream.wait_event(event)?;
         }
-        src_stream.shared.bind()?;
+        let _bound = src_stream.shared.bind()?;
         let host = &mut slot.buffer.raw_bytes_mut()[..n];
         // SAFETY: `host` is portable page-locked memory owned by the ring, which lives as long
         // as the destination device and is rewritten only after the event of the copy that
@@ -211,7 +211,7 @@ pub(crate) fn copy_staged(
         .map_err(|e| driver_err("cuMemcpyDtoHAsync", e))?;
         let staged = src_stream.record_event(false)?;
         dst_stream.wait_event(&staged)?;
-        dst_stream.shared.bind()?;
+        let _bound = dst_stream.shared.bind()?;
         let host = &slot.buffer.raw_bytes()[..n];
         // SAFETY: the destination range was bounds-checked and its free is ordered after
         // `dst_stream`'s work; `host` stays allocated and unwritten until the event recorded

@@ -2,6 +2,7 @@
 //! launches, host functions and capture.
 
 use std::ffi::c_void;
+use std::mem::ManuallyDrop;
 
 use cudarc::driver::{result, sys, CudaStream};
 use smallvec::SmallVec;
@@ -18,7 +19,8 @@ use crate::sync::{Arc, Mutex};
 
 /// A CUDA stream (non-blocking with respect to the legacy default stream).
 pub(crate) struct CudaStreamHandle {
-    pub(crate) stream: Arc<CudaStream>,
+    /// Dropped in `Drop`, unless the context was reset (then the driver destroyed it).
+    pub(crate) stream: ManuallyDrop<Arc<CudaStream>>,
     pub(crate) shared: Arc<CudaDeviceShared>,
     /// The cuBLAS workspace of this stream's GEMMs outside captures, allocated on the stream at
     /// its first GEMM and freed on it when the stream is dropped (see `blas`).
@@ -35,7 +37,7 @@ impl CudaStreamHandle {
         shared: &Arc<CudaDeviceShared>,
         priority: Option<i32>,
     ) -> Result<(CudaStreamHandle, i32)> {
-        shared.bind()?;
+        let _bound = shared.bind()?;
         let (stream, prio) = match priority {
             None => (
                 shared
@@ -59,7 +61,7 @@ impl CudaStreamHandle {
         };
         Ok((
             CudaStreamHandle {
-                stream,
+                stream: ManuallyDrop::new(stream),
                 shared: shared.clone(),
                 blas_workspace: Mutex::new(None),
                 host_fn_panic: Arc::new(Mutex::new(None)),
@@ -74,7 +76,7 @@ impl CudaStreamHandle {
 
     pub(crate) fn record_event(&self, timed: bool) -> Result<CudaEventHandle> {
         let ev = if timed {
-            self.shared.bind()?;
+            let _bound = self.shared.bind()?;
             RawEvent(
                 result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)
                     .map_err(|e| driver_err("cuEventCreate", e))?,
@@ -87,7 +89,7 @@ impl CudaStreamHandle {
             timed,
             shared: self.shared.clone(),
         };
-        self.shared.bind()?;
+        let _bound = self.shared.bind()?;
         // SAFETY: the event and the stream are alive and belong to this context (Context).
         unsafe { result::event::record(handle.raw(), self.raw()) }
             .map_err(|e| driver_err("cuEventRecord", e))?;
@@ -95,7 +97,7 @@ impl CudaStreamHandle {
     }
 
     pub(crate) fn wait_event(&self, event: &CudaEventHandle) -> Result<()> {
-        self.shared.bind()?;
+        let _bound = self.shared.bind()?;
         // SAFETY: stream and event are alive (each handle keeps its context and owns its raw
         // handle); waiting on an event of another device's context is allowed by the driver.
         unsafe {
@@ -109,7 +111,7 @@ impl CudaStreamHandle {
     }
 
     pub(crate) fn synchronize(&self) -> Result<()> {
-        self.shared.bind()?;
+        let _bound = self.shared.bind()?;
         // SAFETY: the stream is alive (owned by `self.stream`).
         unsafe { result::stream::synchronize(self.raw()) }
             .map_err(|e| driver_err("cuStreamSynchronize", e))?;
@@ -120,7 +122,7 @@ impl CudaStreamHandle {
     }
 
     pub(crate) fn begin_capture(&self) -> Result<CaptureBackend> {
-        self.shared.bind()?;
+        let _bound = self.shared.bind()?;
         // SAFETY: the stream is alive and not capturing (the runtime checked its capture slot).
         // Relaxed mode: the runtime itself refuses the operations that cannot be captured
         // (host waits), makes allocations outside the capture on a stream that never captures
@@ -137,7 +139,7 @@ impl CudaStreamHandle {
     }
 
     pub(crate) fn end_capture(&self) -> Result<GraphBackend> {
-        self.shared.bind()?;
+        let _bound = self.shared.bind()?;
         // SAFETY: the stream is alive and began a capture (the runtime checked it is the
         // origin of an open capture session).
         let graph = unsafe { result::stream::end_capture(self.raw()) }
@@ -169,7 +171,7 @@ impl CudaStreamHandle {
             let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
         }
         let data = Box::into_raw(Box::new(f)) as *mut c_void;
-        self.shared.bind()?;
+        let _bound = self.shared.bind()?;
         // SAFETY: the stream is alive; `trampoline` matches the driver's callback signature and
         // frees `data` when it runs.
         let r = unsafe { result::stream::launch_host_function(self.raw(), trampoline, data) };
@@ -198,7 +200,7 @@ impl CudaStreamHandle {
         if data.is_empty() {
             return Ok(());
         }
-        self.shared.bind()?;
+        let _bound = self.shared.bind()?;
         // SAFETY: `dst` holds at least `offset + data.len()` bytes (the view was bounds-checked)
         // and is alive; for pageable `data` the driver stages it before returning, so `data`
         // may be dropped afterwards.
@@ -215,7 +217,7 @@ impl CudaStreamHandle {
         if out.is_empty() {
             return self.synchronize();
         }
-        self.shared.bind()?;
+        let _bound = self.shared.bind()?;
         // SAFETY: `src` holds at least `offset + out.len()` bytes and is alive; `out` stays
         // borrowed until the synchronize below has waited for the copy.
         unsafe { result::memcpy_dtoh_async(out, src.ptr() + offset as u64, self.raw()) }
@@ -234,7 +236,7 @@ impl CudaStreamHandle {
         if len == 0 {
             return Ok(());
         }
-        self.shared.bind()?;
+        let _bound = self.shared.bind()?;
         // SAFETY: both ranges were bounds-checked against their allocations, which are alive
         // and stay alive until after this stream's work (stream-ordered free).
         unsafe {
@@ -258,7 +260,7 @@ impl CudaStreamHandle {
         if len == 0 {
             return Ok(());
         }
-        self.shared.bind()?;
+        let _bound = self.shared.bind()?;
         // SAFETY: the range was bounds-checked and the allocation is alive.
         unsafe { result::memset_d8_async(dst.ptr() + offset as u64, value, len, self.raw()) }
             .map_err(|e| driver_err("cuMemsetD8Async", e))
@@ -274,7 +276,7 @@ impl CudaStreamHandle {
         if len == 0 {
             return Ok(());
         }
-        self.shared.bind()?;
+        let _bound = self.shared.bind()?;
         let dst = pinned.raw_bytes_mut();
         // SAFETY: `dst` is page-locked memory of `len` bytes owned by the pinned buffer, which
         // the caller moves into a transfer that waits for this copy before giving it back or
@@ -293,7 +295,7 @@ impl CudaStreamHandle {
         if len == 0 {
             return Ok(());
         }
-        self.shared.bind()?;
+        let _bound = self.shared.bind()?;
         let src = pinned.raw_bytes();
         // SAFETY: as in `copy_to_pinned`: the pinned buffer is held by a transfer until the
         // copy has finished; `dst` was bounds-checked and is alive.
@@ -338,8 +340,9 @@ impl CudaStreamHandle {
                 }
             }
         }
+        let _bound = self.shared.bind()?;
+        kernel.check_state(&self.shared)?;
         kernel.prepare_shared_mem(config.shared_mem_bytes)?;
-        self.shared.bind()?;
         // SAFETY: the function comes from a module loaded in this context and kept alive by
         // `kernel`; `params` holds one pointer per kernel parameter, each pointing at a value
         // (device pointer or scalar bytes) that lives until this call returns; the buffers the
@@ -381,6 +384,12 @@ impl Drop for CudaStreamHandle {
         if let Some(mut workspace) = self.blas_workspace.get_mut().take() {
             workspace.free_on(self);
         }
+        let stream = &mut self.stream;
+        self.shared.life.release(|| {
+            // SAFETY: dropped once, here; `self.stream` is not used after `drop`. Skipped
+            // (leaked) when the context was reset, which destroyed the stream already.
+            unsafe { ManuallyDrop::drop(stream) }
+        });
     }
 }
 
@@ -407,7 +416,7 @@ impl CudaEventHandle {
     }
 
     pub(crate) fn is_complete(&self) -> Result<bool> {
-        self.shared.bind()?;
+        let _bound = self.shared.bind()?;
         // SAFETY: the event is alive (owned by `self`).
         match unsafe { result::event::query(self.raw()) } {
             Ok(()) => Ok(true),
@@ -417,14 +426,14 @@ impl CudaEventHandle {
     }
 
     pub(crate) fn synchronize(&self) -> Result<()> {
-        self.shared.bind()?;
+        let _bound = self.shared.bind()?;
         // SAFETY: the event is alive (owned by `self`).
         unsafe { result::event::synchronize(self.raw()) }
             .map_err(|e| driver_err("cuEventSynchronize", e))
     }
 
     pub(crate) fn elapsed_ms(&self, end: &CudaEventHandle) -> Result<f32> {
-        self.shared.bind()?;
+        let _bound = self.shared.bind()?;
         // SAFETY: both events are alive and were created with timing enabled.
         unsafe { result::event::elapsed(self.raw(), end.raw()) }
             .map_err(|e| driver_err("cuEventElapsedTime", e))
@@ -435,7 +444,7 @@ impl Drop for CudaEventHandle {
     fn drop(&mut self) {
         if let Some(ev) = self.ev.take() {
             if self.timed {
-                super::destroy_event(&self.shared.ctx, ev);
+                super::destroy_event(&self.shared, ev);
             } else {
                 // Re-recording a pooled event later does not affect waits already enqueued.
                 self.shared.return_event(ev);
