@@ -639,3 +639,66 @@ fn launch_arguments_are_checked_against_the_declared_parameters() -> Result<(), 
     assert_eq!(y.to_host_vec(&s)?, vec![2.0, 4.0, 6.0, 8.0]);
     Ok(())
 }
+
+#[test]
+fn a_kernel_whose_signature_is_not_read_from_source_is_checked_against_its_compiled_form(
+) -> Result<(), DeviceError> {
+    let device = device();
+    let s = device.new_stream()?;
+    // The declaration comes from a macro, so the source check cannot see the parameters; on
+    // CUDA the compiled function's parameters (their count and sizes) are checked instead.
+    // SAFETY: the kernel writes only `out[0..n)`, below the count it is given.
+    let kernel = unsafe {
+        Kernel::new(
+            "rt_macro_declared",
+            r#"#define DECLARE(name) extern "C" __global__ void name(double* out, double v, unsigned n)
+            DECLARE(rt_macro_declared) {
+                unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+                if (i < n) out[i] = v;
+            }"#,
+        )
+    }
+    .with_host(|args| {
+        let v = args.scalar::<f64>(1)?;
+        let n = args.scalar::<u32>(2)? as usize;
+        for o in args.output::<f64>(0)?.iter_mut().take(n) {
+            *o = v;
+        }
+        Ok(())
+    });
+    let out = DeviceBuffer::<f64>::zeroed(&s, 4)?;
+    let one = LaunchConfig::linear(1, 4);
+    let cases: Vec<(&str, KernelArgs<'_>)> = vec![
+        (
+            "too few",
+            KernelArgs::new().output(&out).scalar(2.0f64).clone(),
+        ),
+        (
+            "an f32 for a double",
+            KernelArgs::new()
+                .output(&out)
+                .scalar(2.0f32)
+                .scalar(4u32)
+                .clone(),
+        ),
+    ];
+    for (what, args) in &cases {
+        let r = kernel.launch(&s, one, args).and_then(|()| s.synchronize());
+        if device.kind() == BackendKind::Cuda {
+            assert!(
+                matches!(r, Err(DeviceError::InvalidArgument { .. })),
+                "{what}: expected InvalidArgument at once, got {r:?}"
+            );
+        } else {
+            // The host implementation reads its arguments by type and count itself.
+            assert!(r.is_err(), "{what}: {r:?}");
+        }
+    }
+    kernel.launch(
+        &s,
+        one,
+        KernelArgs::new().output(&out).scalar(2.5f64).scalar(4u32),
+    )?;
+    assert_eq!(out.to_host_vec(&s)?, vec![2.5; 4]);
+    Ok(())
+}

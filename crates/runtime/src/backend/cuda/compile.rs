@@ -8,6 +8,7 @@ use cudarc::nvrtc;
 
 use super::{driver_err, CudaDeviceShared, Life};
 use crate::error::{DeviceError, Result};
+use crate::kernel::KernelArg;
 use crate::sync::{Arc, AtomicU32, Ordering};
 
 /// A kernel compiled and loaded for one device.
@@ -17,6 +18,9 @@ pub(crate) struct CompiledKernel {
     function: ManuallyDrop<CudaFunction>,
     module: ManuallyDrop<Arc<CudaModule>>,
     dynamic_smem_limit: AtomicU32,
+    /// The size of each parameter of the compiled function, when the driver can tell
+    /// (`cuFuncGetParamInfo`, drivers of CUDA 12.4 and later).
+    param_sizes: Option<Vec<usize>>,
     life: Arc<Life>,
 }
 
@@ -51,6 +55,48 @@ impl CompiledKernel {
             "kernel `{}` was loaded for another device than the stream's",
             self.name
         )))
+    }
+
+    /// Checks a launch's arguments against the compiled function's parameters: their count,
+    /// and each one's size (8 bytes for a buffer's device pointer). This is the driver's own
+    /// account of the function, a second layer under the check against the CUDA C signature
+    /// (which also sees element types, and runs on every backend).
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceError::InvalidArgument`] naming the first parameter that does not match.
+    pub(crate) fn check_args(&self, args: &[KernelArg<'_>]) -> Result<()> {
+        let Some(sizes) = &self.param_sizes else {
+            return Ok(());
+        };
+        if sizes.len() != args.len() {
+            return Err(DeviceError::InvalidArgument {
+                kernel: self.name.clone(),
+                index: sizes.len().min(args.len()),
+                reason: format!(
+                    "the compiled kernel takes {} parameter(s), but the launch passes {}",
+                    sizes.len(),
+                    args.len()
+                ),
+            });
+        }
+        for (index, (&size, arg)) in sizes.iter().zip(args).enumerate() {
+            let (given, what) = match arg {
+                KernelArg::Buffer { .. } => (std::mem::size_of::<u64>(), "a buffer (a pointer)"),
+                KernelArg::Scalar { len, ty_name, .. } => (usize::from(*len), *ty_name),
+            };
+            if given != size {
+                return Err(DeviceError::InvalidArgument {
+                    kernel: self.name.clone(),
+                    index,
+                    reason: format!(
+                        "the compiled kernel's parameter is {size} byte(s), but the launch \
+                         passes {what} of {given} byte(s)"
+                    ),
+                });
+            }
+        }
+        Ok(())
     }
 
     pub(crate) fn function(&self) -> sys::CUfunction {
@@ -186,13 +232,44 @@ pub(crate) fn compile(
     function
         .num_regs()
         .map_err(|e| driver_err("cuFuncGetAttribute", e))?;
+    let param_sizes = param_sizes(function.cu_function());
     Ok(CompiledKernel {
         name: name.to_string(),
         function: ManuallyDrop::new(function),
         module: ManuallyDrop::new(module),
         dynamic_smem_limit: AtomicU32::new(48 * 1024),
+        param_sizes,
         life: shared.life.clone(),
     })
+}
+
+/// The size of each parameter of `function`, from `cuFuncGetParamInfo`; `None` when the loaded
+/// driver lacks it (before CUDA 12.4) or fails.
+fn param_sizes(function: sys::CUfunction) -> Option<Vec<usize>> {
+    type ParamInfoFn =
+        unsafe extern "C" fn(sys::CUfunction, usize, *mut usize, *mut usize) -> sys::CUresult;
+    // SAFETY: a CUDA device exists, so libcuda is loaded; looking a symbol up runs no code of
+    // the library, and the symbol is only tested for presence here.
+    let present = unsafe { sys::culib().get::<ParamInfoFn>(b"cuFuncGetParamInfo\0") }.is_ok();
+    if !present {
+        return None;
+    }
+    let mut sizes = Vec::new();
+    // A kernel's parameters fit in 32 KiB, which bounds the loop on a misbehaving driver.
+    while sizes.len() <= 32 * 1024 {
+        let (mut offset, mut size) = (0usize, 0usize);
+        // SAFETY: `function` is a loaded function of a live module (kept by the caller); both
+        // out-pointers are valid for writes; the symbol exists (checked above), so the lazy
+        // loader finds it.
+        let r = unsafe { sys::cuFuncGetParamInfo(function, sizes.len(), &mut offset, &mut size) };
+        match r {
+            sys::CUresult::CUDA_SUCCESS => sizes.push(size),
+            // Past the last parameter.
+            sys::CUresult::CUDA_ERROR_INVALID_VALUE => return Some(sizes),
+            _ => return None,
+        }
+    }
+    None
 }
 
 struct ProgramGuard(nvrtc::sys::nvrtcProgram);

@@ -342,6 +342,7 @@ impl CudaStreamHandle {
         }
         let _bound = self.shared.bind()?;
         kernel.check_state(&self.shared)?;
+        kernel.check_args(&args.args)?;
         kernel.prepare_shared_mem(config.shared_mem_bytes)?;
         // SAFETY: the function comes from a module loaded in this context and kept alive by
         // `kernel`; `params` holds one pointer per kernel parameter, each pointing at a value
