@@ -189,8 +189,14 @@ impl Device {
         if let Some(d) = reg.get(&ordinal) {
             return Ok(d.clone());
         }
+        let device = Device::open_cuda(ordinal)?;
+        reg.insert(ordinal, device.clone());
+        Ok(device)
+    }
+
+    fn open_cuda(ordinal: usize) -> Result<Device> {
         let (backend, name, limits) = cuda::CudaDevice::open(ordinal)?;
-        let device = Device {
+        Ok(Device {
             inner: Arc::new(DeviceInner {
                 id: next_device_id(),
                 name,
@@ -201,9 +207,7 @@ impl Device {
                 staging_stream: Mutex::new(None),
                 extensions: Mutex::new(HashMap::new()),
             }),
-        };
-        reg.insert(ordinal, device.clone());
-        Ok(device)
+        })
     }
 
     /// How many CUDA devices are visible (0 when there is no driver).
@@ -324,6 +328,12 @@ impl Device {
     /// from now on (also what [`Device::cuda`] and [`Device::auto`] return afterwards).
     /// A device that is not faulted is returned as it is.
     ///
+    /// Whether a process may use a device again after a fault is the driver's decision. Some
+    /// drivers refuse every new context on that device for the rest of the process (the
+    /// CUDA 13.0 driver 580 does, after a trapped kernel): `recover` then fails with
+    /// [`DeviceError::DeviceFaulted`] saying so, and the service has to restart the process
+    /// (e.g. run its GPU work in a worker process that a supervisor restarts).
+    ///
     /// A fault ends the context's state: every stream, event, buffer, graph and kernel made on
     /// it is gone. Their handles stay safe to hold and drop, but every use of them fails with
     /// [`DeviceError::DeviceFaulted`]; make them again from the returned device. The futures of
@@ -335,7 +345,8 @@ impl Device {
     /// [`DeviceError::Usage`] while page-locked buffers ([`PinnedBuffer`](crate::PinnedBuffer))
     /// of the device are alive (their memory goes away with the context: drop them first), or
     /// when another thread keeps the device busy for more than a few seconds; the driver's
-    /// error when the reset or the new context fails.
+    /// error when the reset fails; [`DeviceError::DeviceFaulted`] when the driver does not let
+    /// the process use the device again.
     ///
     /// # Examples
     ///
@@ -364,14 +375,22 @@ impl Device {
                 return Ok(self.clone());
             }
             c.reset()?;
-            reg.remove(&ordinal);
+            // Until a new context opens, `Device::cuda` keeps giving the faulted device.
+            let device = Device::open_cuda(ordinal).map_err(|e| DeviceError::DeviceFaulted {
+                device: format!("cuda:{ordinal}"),
+                cause: format!(
+                    "the context was reset, but the driver does not let this process use the \
+                     device again ({e}); restart the process to use it"
+                ),
+            })?;
+            reg.insert(ordinal, device.clone());
             for other in reg.values() {
                 if let DeviceBackend::Cuda(o) = &other.inner.backend {
                     o.forget_peer(ordinal);
                 }
             }
+            Ok(device)
         }
-        Device::cuda(ordinal)
     }
 
     /// The CUDA ordinal, or `None` for the host.
