@@ -56,7 +56,16 @@ fn rel_err(got: &[f32], want: &[f64]) -> f64 {
     (num / den.max(f64::MIN_POSITIVE)).sqrt()
 }
 
-fn main() -> Result<(), DeviceError> {
+/// Prints an error with its `Display` form, which says what went wrong and how to fix it (a
+/// missing driver names the host backend as the way out), and exits with status 1.
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Result<(), DeviceError> {
     let devices = visible_devices()?;
     let home = devices[0].clone();
     // 512 × 512 on GPUs; smaller on the host backend, whose GEMM runs on the CPU.

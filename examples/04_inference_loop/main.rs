@@ -50,7 +50,16 @@ fn tokens_arg() -> Result<usize, DeviceError> {
     Ok(tokens)
 }
 
-fn main() -> Result<(), DeviceError> {
+/// Prints an error with its `Display` form, which says what went wrong and how to fix it (a
+/// missing driver names the host backend as the way out), and exits with status 1.
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Result<(), DeviceError> {
     let tokens = tokens_arg()?;
     let device = Device::auto()?;
     println!("device: {device}");

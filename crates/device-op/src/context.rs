@@ -17,6 +17,7 @@ use parking_lot::Mutex;
 
 /// What one execution did: events recorded, waits enqueued, streams used.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ExecutionStats {
     /// Events recorded by the executor (forks, joins, shared producers).
     pub events_recorded: usize,
@@ -223,15 +224,13 @@ impl ExecutionContext {
             .on_same_device(self.same_device);
         let stream = self.policy.place(&placement)?;
         if stream.device().kind() != self.device.kind() {
-            return Err(DeviceError::DeviceMismatch {
-                op: "ExecutionContext::fork_branch",
-                expected: self.device.to_string(),
-                found: format!(
-                    "{} (the policy placed a branch on another backend; a policy may spread \
-                     branches over devices of one backend only)",
-                    stream.device()
-                ),
-            });
+            return Err(DeviceError::device_mismatch(
+                "ExecutionContext::fork_branch",
+                "the stream the policy placed a branch on (a policy may spread branches over \
+                 devices of one backend only)",
+                &self.device,
+                stream.device(),
+            ));
         }
         let pending_forks = if stream == self.stream || !self.touched {
             // Same stream: in order already. Untouched parent: its stream holds nothing of

@@ -62,7 +62,9 @@ impl<T: Send> Future for DeviceFuture<T> {
         let this = &mut *self;
         if matches!(this.state, State::Lazy(_)) {
             let State::Lazy(op) = std::mem::replace(&mut this.state, State::Done) else {
-                return Poll::Ready(Err(DeviceError::usage("internal: future state")));
+                return Poll::Ready(Err(DeviceError::internal(
+                    "a lazy DeviceFuture left its lazy state",
+                )));
             };
             match crate::exec::enqueue_default(op) {
                 Ok((out, event, scope)) => {
@@ -97,12 +99,18 @@ impl<T: Send> Future for DeviceFuture<T> {
                 }
                 let out = output.take();
                 this.state = State::Done;
-                Poll::Ready(out.ok_or_else(|| DeviceError::usage("internal: no output")))
+                Poll::Ready(
+                    out.ok_or_else(|| {
+                        DeviceError::internal("a completed DeviceFuture had no output")
+                    }),
+                )
             }
             State::Done => Poll::Ready(Err(DeviceError::usage(
                 "a DeviceFuture was polled after it completed",
             ))),
-            State::Lazy(_) => Poll::Ready(Err(DeviceError::usage("internal: future state"))),
+            State::Lazy(_) => Poll::Ready(Err(DeviceError::internal(
+                "a lazy DeviceFuture left its lazy state",
+            ))),
         }
     }
 }

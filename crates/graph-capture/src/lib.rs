@@ -88,6 +88,7 @@ pub struct CudaGraph<T> {
 
 /// How a recapture was applied.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum RecaptureOutcome {
     /// Same topology: the executable was updated in place.
     Updated,
@@ -137,11 +138,12 @@ impl<T: Send> CudaGraph<T> {
         policy: Arc<dyn SchedulingPolicy>,
     ) -> Result<Self, DeviceError> {
         if policy.device() != stream.device() {
-            return Err(DeviceError::DeviceMismatch {
-                op: "graph_on",
-                expected: stream.device().to_string(),
-                found: policy.device().to_string(),
-            });
+            return Err(DeviceError::device_mismatch(
+                "graph_on",
+                "the scheduling policy",
+                stream.device(),
+                policy.device(),
+            ));
         }
         let (output, graph, stats) = capture(op, &stream, &policy)?;
         let exec = graph.instantiate()?;

@@ -20,10 +20,9 @@
 use smallvec::smallvec;
 
 use crate::access::{ordered, Access, Accesses};
-use crate::backend::host;
 use crate::error::{DeviceError, Result};
-use crate::memory::{BufferView, DeviceCopy, Memory, MemoryBackend};
-use crate::stream::{Stream, StreamBackend};
+use crate::memory::{BufferView, DeviceCopy, Memory};
+use crate::stream::Stream;
 use crate::sync::Arc;
 
 /// The element types [`gemm`] supports, as the backends name them.
@@ -96,6 +95,7 @@ impl GemmElem for half::bf16 {
 /// # Ok(()) }
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct GemmConfig {
     /// Rows of `op(A)` and of `C`.
     pub m: usize,
@@ -252,8 +252,8 @@ fn validate<T: GemmElem>(
     b: &BufferView<'_, T>,
     c: &BufferView<'_, T>,
 ) -> Result<()> {
-    for v in [a, b, c] {
-        v.mem.check_device(stream, "gemm")?;
+    for (name, v) in [("A", a), ("B", b), ("C", c)] {
+        v.mem.check_device(stream, "gemm", name)?;
     }
     check_operand("A", a, cfg, cfg.a_dims(), cfg.stride_a, cfg.trans_a)?;
     check_operand("B", b, cfg, cfg.b_dims(), cfg.stride_b, cfg.trans_b)?;
@@ -326,52 +326,23 @@ pub fn gemm<T: GemmElem>(
     if cfg.m == 0 || cfg.n == 0 || cfg.batch == 0 {
         return Ok(());
     }
-    match stream.backend() {
-        StreamBackend::Host(s) => ordered(stream, "gemm", gemm_accesses(&a, &b, &c), || {
-            host::gemm(
-                s,
-                T::DTYPE,
-                cfg,
-                host::GemmOperand::new(a.mem.clone(), a.byte_offset(), a.byte_len()),
-                host::GemmOperand::new(b.mem.clone(), b.byte_offset(), b.byte_len()),
-                host::GemmOperand::new(c.mem.clone(), c.byte_offset(), c.byte_len()),
-            )
-        }),
-        StreamBackend::Cuda(s) => {
-            let ptr = |v: &BufferView<'_, T>| match &v.mem.backend {
-                MemoryBackend::Cuda(m) => Ok(m.ptr() + v.byte_offset() as u64),
-                MemoryBackend::Host(_) => Err(DeviceError::usage(
-                    "gemm: a host buffer was passed to a CUDA stream",
-                )),
-            };
-            let (pa, pb, pc) = (ptr(&a)?, ptr(&b)?, ptr(&c)?);
-            let captured_workspace = stream
-                .capture_session()
-                .map(|session| session.blas_workspace(stream.id()));
-            let mut accesses = gemm_accesses(&a, &b, &c);
-            if let Some(Some(mem)) = &captured_workspace {
-                accesses.push((mem, Access::Write));
-            }
-            let workspace = match &captured_workspace {
-                // Captured: the capture's own workspace for this stream, which the graph keeps
-                // (see `capture_workspace`), or none when cuBLAS was first used in this capture.
-                Some(workspace) => match workspace {
-                    Some(mem) => match &mem.backend {
-                        MemoryBackend::Cuda(m) => crate::backend::cuda::BlasWorkspace::Borrowed {
-                            ptr: m.ptr(),
-                            bytes: mem.bytes,
-                        },
-                        MemoryBackend::Host(_) => crate::backend::cuda::BlasWorkspace::None,
-                    },
-                    None => crate::backend::cuda::BlasWorkspace::None,
-                },
-                None => crate::backend::cuda::BlasWorkspace::Stream,
-            };
-            ordered(stream, "gemm", accesses, || {
-                s.gemm(T::DTYPE, &cfg, pa, pb, pc, workspace)
-            })
-        }
+    // During a capture, the workspace the capture gave this stream (see `capture_workspace`):
+    // the GEMM writes it, and the graph keeps it. Host streams never get one.
+    let captured_workspace = stream
+        .capture_session()
+        .map(|session| session.blas_workspace(stream.id()));
+    let mut accesses = gemm_accesses(&a, &b, &c);
+    if let Some(Some(mem)) = &captured_workspace {
+        accesses.push((mem, Access::Write));
     }
+    ordered(stream, "gemm", accesses, || {
+        stream.backend().gemm(
+            T::DTYPE,
+            &cfg,
+            [a.region(), b.region(), c.region()],
+            captured_workspace.as_ref().map(Option::as_ref),
+        )
+    })
 }
 
 /// A GEMM reads `A` and `B` and writes `C`.
@@ -396,10 +367,7 @@ fn gemm_accesses<'v, T>(
 /// stream assumes that what `stream` had queued before the capture has been ordered before the
 /// replay, as the allocation of the graph's other buffers does.
 pub(crate) fn capture_workspace(stream: &Stream) -> Option<Arc<Memory>> {
-    let StreamBackend::Cuda(s) = stream.backend() else {
-        return None;
-    };
-    let bytes = s.blas_capture_workspace_bytes()?;
+    let bytes = stream.backend().blas_capture_workspace_bytes()?;
     // An allocation failure is not the capture's failure: its GEMMs run without a workspace.
     Memory::alloc(stream, bytes).ok()
 }

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::OnceLock;
 
-use crate::backend::{cuda, host};
+use crate::backend::{self, DeviceBackend};
 use crate::error::{BackendKind, DeviceError, Result};
 use crate::stream::Stream;
 use crate::sync::{Arc, AtomicU64, AtomicUsize, Mutex, Ordering};
@@ -27,6 +27,7 @@ impl DeviceId {
 
 /// Launch limits of a device; launches are checked against them before they reach the driver.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct DeviceLimits {
     /// Most threads in one block.
     pub max_threads_per_block: u32,
@@ -64,16 +65,12 @@ impl DeviceLimits {
 
 /// Free and total memory of a device, in bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct MemoryInfo {
     /// Bytes free on the device (host: as reported by the system, or `total` if unknown).
     pub free: usize,
     /// Bytes the device has in all.
     pub total: usize,
-}
-
-pub(crate) enum DeviceBackend {
-    Host(host::HostDevice),
-    Cuda(cuda::CudaDevice),
 }
 
 pub(crate) struct DeviceInner {
@@ -169,7 +166,7 @@ impl Device {
                 id: next_device_id(),
                 name: format!("{label} ({} threads)", limits.multiprocessor_count),
                 limits,
-                backend: DeviceBackend::Host(host::HostDevice::new(index)),
+                backend: DeviceBackend::host(index),
                 bytes_in_use: AtomicUsize::new(0),
                 streams: Mutex::new(Vec::new()),
                 staging_stream: Mutex::new(None),
@@ -195,13 +192,13 @@ impl Device {
     }
 
     fn open_cuda(ordinal: usize) -> Result<Device> {
-        let (backend, name, limits) = cuda::CudaDevice::open(ordinal)?;
+        let (backend, name, limits) = DeviceBackend::open_cuda(ordinal)?;
         Ok(Device {
             inner: Arc::new(DeviceInner {
                 id: next_device_id(),
                 name,
                 limits,
-                backend: DeviceBackend::Cuda(backend),
+                backend,
                 bytes_in_use: AtomicUsize::new(0),
                 streams: Mutex::new(Vec::new()),
                 staging_stream: Mutex::new(None),
@@ -212,7 +209,7 @@ impl Device {
 
     /// How many CUDA devices are visible (0 when there is no driver).
     pub fn cuda_count() -> usize {
-        cuda::device_count().unwrap_or(0)
+        backend::cuda_device_count().unwrap_or(0)
     }
 
     /// The device named by `$CUFLOW_DEVICE` (`host`, `cuda` or `cuda:N`); when it is unset, CUDA
@@ -274,10 +271,7 @@ impl Device {
 
     /// Which backend runs this device.
     pub fn kind(&self) -> BackendKind {
-        match self.inner.backend {
-            DeviceBackend::Host(_) => BackendKind::Host,
-            DeviceBackend::Cuda(_) => BackendKind::Cuda,
-        }
+        self.inner.backend.kind()
     }
 
     /// Whether this device reads `peer`'s memory directly, so that
@@ -305,11 +299,7 @@ impl Device {
         if self.same(peer) {
             return Ok(true);
         }
-        match (self.backend(), peer.backend()) {
-            (DeviceBackend::Host(_), DeviceBackend::Host(_)) => Ok(true),
-            (DeviceBackend::Cuda(a), DeviceBackend::Cuda(b)) => a.can_access_peer(b),
-            _ => Ok(false),
-        }
+        self.inner.backend.can_access_peer(&peer.inner.backend)
     }
 
     /// Whether the device faulted: a kernel trapped, accessed memory out of bounds or hit
@@ -318,10 +308,7 @@ impl Device {
     /// [`DeviceError::DeviceFaulted`]. Host devices never fault: the failure of host work is
     /// an error of the op that enqueued it.
     pub fn is_faulted(&self) -> bool {
-        match &self.inner.backend {
-            DeviceBackend::Host(_) => false,
-            DeviceBackend::Cuda(c) => c.is_faulted(),
-        }
+        self.inner.backend.is_faulted()
     }
 
     /// Brings a faulted device back: resets its CUDA context and returns the device to use
@@ -359,10 +346,9 @@ impl Device {
     /// # Ok::<(), cuflow_runtime::DeviceError>(())
     /// ```
     pub fn recover(&self) -> Result<Device> {
-        let DeviceBackend::Cuda(c) = &self.inner.backend else {
+        let Some(ordinal) = self.inner.backend.ordinal() else {
             return Ok(self.clone());
         };
-        let ordinal = c.ordinal();
         {
             let mut reg = cuda_registry().lock();
             if let Some(current) = reg.get(&ordinal) {
@@ -371,10 +357,10 @@ impl Device {
                     return Ok(current.clone());
                 }
             }
-            if !c.is_faulted() {
+            if !self.is_faulted() {
                 return Ok(self.clone());
             }
-            c.reset()?;
+            self.inner.backend.reset()?;
             // Until a new context opens, `Device::cuda` keeps giving the faulted device.
             let device = Device::open_cuda(ordinal).map_err(|e| DeviceError::DeviceFaulted {
                 device: format!("cuda:{ordinal}"),
@@ -385,9 +371,7 @@ impl Device {
             })?;
             reg.insert(ordinal, device.clone());
             for other in reg.values() {
-                if let DeviceBackend::Cuda(o) = &other.inner.backend {
-                    o.forget_peer(ordinal);
-                }
+                other.inner.backend.forget_peer(ordinal);
             }
             Ok(device)
         }
@@ -395,18 +379,12 @@ impl Device {
 
     /// The CUDA ordinal, or `None` for the host.
     pub fn ordinal(&self) -> Option<usize> {
-        match &self.inner.backend {
-            DeviceBackend::Host(_) => None,
-            DeviceBackend::Cuda(c) => Some(c.ordinal()),
-        }
+        self.inner.backend.ordinal()
     }
 
     /// The compute capability `(major, minor)`, or `None` for the host.
     pub fn compute_capability(&self) -> Option<(u32, u32)> {
-        match &self.inner.backend {
-            DeviceBackend::Host(_) => None,
-            DeviceBackend::Cuda(c) => Some(c.compute_capability()),
-        }
+        self.inner.backend.compute_capability()
     }
 
     /// The launch limits of this device.
@@ -420,10 +398,7 @@ impl Device {
     ///
     /// A driver error if the query fails.
     pub fn memory_info(&self) -> Result<MemoryInfo> {
-        match &self.inner.backend {
-            DeviceBackend::Host(h) => Ok(h.memory_info()),
-            DeviceBackend::Cuda(c) => c.memory_info(),
-        }
+        self.inner.backend.memory_info()
     }
 
     /// Bytes held by cuflow buffers on this device. A dropped buffer leaves this count when
@@ -458,10 +433,7 @@ impl Device {
     ///
     /// A driver error if the query fails.
     pub fn stream_priority_range(&self) -> Result<(i32, i32)> {
-        match &self.inner.backend {
-            DeviceBackend::Host(_) => Ok(host::PRIORITY_RANGE),
-            DeviceBackend::Cuda(c) => c.priority_range(),
-        }
+        self.inner.backend.priority_range()
     }
 
     /// Waits until all work on all of this device's streams has finished. Streams being
@@ -549,12 +521,10 @@ impl fmt::Debug for Device {
 
 impl fmt::Display for Device {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.ordinal() {
-            Some(n) => write!(f, "cuda:{n} ({})", self.inner.name),
-            None => match &self.inner.backend {
-                DeviceBackend::Host(h) if h.index() > 0 => write!(f, "host:{}", h.index()),
-                _ => f.write_str("host"),
-            },
+        match (self.ordinal(), self.inner.backend.host_index()) {
+            (Some(n), _) => write!(f, "cuda:{n} ({})", self.inner.name),
+            (None, Some(i)) if i > 0 => write!(f, "host:{i}"),
+            (None, _) => f.write_str("host"),
         }
     }
 }

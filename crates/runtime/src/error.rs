@@ -3,12 +3,21 @@
 //! Every fallible operation in every cuflow crate returns [`DeviceError`]. Its variants carry
 //! structured fields (what was asked, what the device allows) so that a caller can react to them
 //! and a person reading the message knows what went wrong and how to fix it. Driver errors keep
-//! the name of the call that failed and the driver's own code and message.
+//! the name of the call that failed, the driver's own code and message, and the driver's error
+//! itself as their [`source`](std::error::Error::source).
+//!
+//! Both public enums are `#[non_exhaustive]`: new backends and new failure kinds can be added
+//! without breaking a caller's `match`.
 
 use std::fmt;
 
+pub use cudarc::driver::DriverError;
+
+use crate::device::{Device, DeviceId};
+
 /// The kind of backend a [`Device`](crate::Device) runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum BackendKind {
     /// CPU threads; the embedded default where no GPU is present and the reference for results.
     Host,
@@ -78,10 +87,14 @@ pub enum DeviceError {
         call: &'static str,
         /// The `CUresult` code.
         code: i32,
-        /// The driver's name for the code, e.g. `CUDA_ERROR_ILLEGAL_ADDRESS`.
+        /// The driver's name for the code, e.g. `CUDA_ERROR_ILLEGAL_ADDRESS`, read when the call
+        /// failed.
         name: String,
-        /// The driver's description of the code.
+        /// The driver's description of the code, read when the call failed.
         message: String,
+        /// The driver's error itself.
+        #[source]
+        source: DriverError,
     },
     /// The device hit a fault its context cannot survive (a kernel trapped, read or wrote out
     /// of bounds, or executed an illegal instruction), or this handle belongs to the device's
@@ -152,10 +165,13 @@ pub enum DeviceError {
         backend: BackendKind,
     },
     /// Shapes that do not fit together.
-    #[error("shape mismatch in {op}: {lhs:?} vs {rhs:?}")]
+    #[error("shape mismatch in {op}: {what}: {lhs:?} vs {rhs:?}")]
     ShapeMismatch {
         /// The operation.
         op: &'static str,
+        /// Which arguments and dimensions disagree, e.g. "inner dimensions differ: the columns
+        /// of `a` (4) are not the rows of `b` (5)".
+        what: String,
         /// The first shape.
         lhs: Vec<usize>,
         /// The second shape.
@@ -178,14 +194,23 @@ pub enum DeviceError {
         reason: String,
     },
     /// Objects of different devices used together.
-    #[error("device mismatch in {op}: {expected} vs {found}; move data with .to_device(..) first")]
+    #[error(
+        "device mismatch in {op}: {what} is on {found_name}, but the operation runs on \
+         {expected_name}; move data with .to_device(..) first"
+    )]
     DeviceMismatch {
         /// The operation.
         op: &'static str,
+        /// The offending object, e.g. "argument 2 of `saxpy`" or "the stream".
+        what: String,
         /// The device the operation runs on.
-        expected: String,
+        expected: DeviceId,
         /// The device of the offending object.
-        found: String,
+        found: DeviceId,
+        /// How `expected` displays, e.g. `cuda:0 (NVIDIA H100 80GB HBM3)`.
+        expected_name: String,
+        /// How `found` displays.
+        found_name: String,
     },
     /// A copy between buffers of different lengths, or a view out of range.
     #[error("length mismatch in {op}: {expected} elements expected, {found} given")]
@@ -251,6 +276,12 @@ pub enum DeviceError {
         /// What is wrong and how to fix it.
         what: String,
     },
+    /// A state cuflow's own invariants rule out: a bug in cuflow, not in the program using it.
+    #[error("internal error in cuflow: {what}; this is a bug, please report it")]
+    Internal {
+        /// Which invariant did not hold.
+        what: String,
+    },
 }
 
 impl DeviceError {
@@ -270,7 +301,110 @@ impl DeviceError {
     pub fn usage(what: impl Into<String>) -> Self {
         DeviceError::Usage { what: what.into() }
     }
+
+    /// Builds a [`DeviceError::Internal`]: an invariant of cuflow itself did not hold.
+    pub fn internal(what: impl Into<String>) -> Self {
+        DeviceError::Internal { what: what.into() }
+    }
+
+    /// Builds a [`DeviceError::ShapeMismatch`] of `op` between `lhs` and `rhs`, saying which
+    /// arguments and dimensions disagree.
+    pub fn shape_mismatch(
+        op: &'static str,
+        what: impl Into<String>,
+        lhs: &[usize],
+        rhs: &[usize],
+    ) -> Self {
+        DeviceError::ShapeMismatch {
+            op,
+            what: what.into(),
+            lhs: lhs.to_vec(),
+            rhs: rhs.to_vec(),
+        }
+    }
+
+    /// Builds a [`DeviceError::DeviceMismatch`]: `what`, an object of `found`, was used by `op`,
+    /// which runs on `expected`.
+    pub fn device_mismatch(
+        op: &'static str,
+        what: impl Into<String>,
+        expected: &Device,
+        found: &Device,
+    ) -> Self {
+        DeviceError::DeviceMismatch {
+            op,
+            what: what.into(),
+            expected: expected.id(),
+            found: found.id(),
+            expected_name: expected.to_string(),
+            found_name: found.to_string(),
+        }
+    }
 }
 
 /// A `Result` whose error is [`DeviceError`].
 pub type Result<T, E = DeviceError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use cudarc::driver::sys::cudaError_enum;
+
+    use super::*;
+
+    #[test]
+    fn driver_errors_keep_the_driver_error_as_their_source() {
+        // Built by hand: the name and message are read when the call fails, so neither
+        // `Display` nor this test needs a driver.
+        let e = DeviceError::Driver {
+            call: "cuMemAlloc",
+            code: cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY as i32,
+            name: "CUDA_ERROR_OUT_OF_MEMORY".into(),
+            message: "out of memory".into(),
+            source: DriverError(cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY),
+        };
+        let source = e.source().expect("the driver error is the source");
+        let driver = source.downcast_ref::<DriverError>().expect("a DriverError");
+        assert_eq!(driver.0, cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY);
+        assert_eq!(
+            e.to_string(),
+            "CUDA driver call cuMemAlloc failed: CUDA_ERROR_OUT_OF_MEMORY (2): out of memory"
+        );
+    }
+
+    #[test]
+    fn internal_errors_say_they_are_bugs() {
+        let e = DeviceError::internal("a slot was filled twice");
+        assert!(matches!(e, DeviceError::Internal { .. }));
+        let text = e.to_string();
+        assert!(
+            text.contains("a slot was filled twice") && text.contains("bug"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn device_mismatches_carry_both_devices() {
+        let (a, b) = (Device::host(), Device::host_numbered(1));
+        let e = DeviceError::device_mismatch("copy_from", "the source", &a, &b);
+        match &e {
+            DeviceError::DeviceMismatch {
+                op,
+                what,
+                expected,
+                found,
+                ..
+            } => {
+                assert_eq!((*op, what.as_str()), ("copy_from", "the source"));
+                assert_eq!((*expected, *found), (a.id(), b.id()));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            e.to_string(),
+            "device mismatch in copy_from: the source is on host:1, but the operation runs on \
+             host; move data with .to_device(..) first"
+        );
+    }
+}

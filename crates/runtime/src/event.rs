@@ -7,19 +7,14 @@
 
 use std::fmt;
 
-use crate::backend::{cuda, host};
+use crate::backend::EventBackend;
+use crate::capture::CaptureSession;
 use crate::device::Device;
 use crate::error::{DeviceError, Result};
-use crate::graph::CaptureSession;
 #[cfg(doc)]
 use crate::stream::Stream;
 use crate::stream::StreamId;
 use crate::sync::Arc;
-
-pub(crate) enum EventBackend {
-    Host(host::HostEvent),
-    Cuda(cuda::CudaEventHandle),
-}
 
 pub(crate) struct EventInner {
     pub(crate) device: Device,
@@ -44,10 +39,7 @@ impl Event {
     ///
     /// The error that work hit, if it failed.
     pub fn is_complete(&self) -> Result<bool> {
-        match &self.inner.backend {
-            EventBackend::Host(e) => e.is_complete(),
-            EventBackend::Cuda(e) => e.is_complete(),
-        }
+        self.inner.backend.is_complete()
     }
 
     /// Blocks until the event has completed.
@@ -64,10 +56,7 @@ impl Event {
                     .into(),
             });
         }
-        match &self.inner.backend {
-            EventBackend::Host(e) => e.synchronize(),
-            EventBackend::Cuda(e) => e.synchronize(),
-        }
+        self.inner.backend.synchronize()
     }
 
     /// Milliseconds between `self` and a later event `end`; both must be timed
@@ -83,15 +72,15 @@ impl Event {
                  Stream::record_timed_event",
             ));
         }
-        match (&self.inner.backend, &end.inner.backend) {
-            (EventBackend::Host(a), EventBackend::Host(b)) => a.elapsed_ms(b),
-            (EventBackend::Cuda(a), EventBackend::Cuda(b)) => a.elapsed_ms(b),
-            _ => Err(DeviceError::DeviceMismatch {
-                op: "Event::elapsed_ms",
-                expected: self.inner.device.to_string(),
-                found: end.inner.device.to_string(),
-            }),
+        if self.inner.device.kind() != end.inner.device.kind() {
+            return Err(DeviceError::device_mismatch(
+                "Event::elapsed_ms",
+                "the end event",
+                &self.inner.device,
+                &end.inner.device,
+            ));
         }
+        self.inner.backend.elapsed_ms(&end.inner.backend)
     }
 
     /// Whether the event was recorded during a capture: it then stands for captured work,

@@ -35,10 +35,10 @@
 mod access;
 mod backend;
 mod blas;
+mod capture;
 mod device;
 mod error;
 mod event;
-mod graph;
 mod kernel;
 mod memory;
 pub mod scope;
@@ -46,10 +46,10 @@ mod stream;
 pub mod sync;
 
 pub use blas::{gemm, GemmConfig, GemmDtype, GemmElem};
+pub use capture::{Graph, GraphExec};
 pub use device::{Device, DeviceId, DeviceLimits, MemoryInfo};
-pub use error::{BackendKind, DeviceError, Result};
+pub use error::{BackendKind, DeviceError, DriverError, Result};
 pub use event::Event;
-pub use graph::{Graph, GraphExec};
 pub use kernel::{HostKernelArgs, HostKernelFn, Kernel, KernelArgs, LaunchConfig};
 pub use memory::{
     BufferView, DeviceBuffer, DeviceCopy, PinnedBuffer, PinnedMut, PinnedRef, PinnedTransfer,

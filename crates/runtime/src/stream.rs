@@ -17,11 +17,11 @@ use std::fmt;
 use smallvec::SmallVec;
 
 use crate::access::Access;
-use crate::backend::{cuda, host};
-use crate::device::{Device, DeviceBackend};
+use crate::backend::StreamBackend;
+use crate::capture::{CaptureSession, Graph};
+use crate::device::Device;
 use crate::error::{DeviceError, Result};
-use crate::event::{Event, EventBackend, EventInner};
-use crate::graph::{CaptureSession, Graph};
+use crate::event::{Event, EventInner};
 use crate::memory::Memory;
 use crate::sync::{Arc, AtomicBool, AtomicU64, Mutex, Ordering, RwLock, RwLockReadGuard};
 
@@ -40,11 +40,6 @@ impl fmt::Display for StreamId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "#{}", self.0)
     }
-}
-
-pub(crate) enum StreamBackend {
-    Host(host::HostStream),
-    Cuda(cuda::CudaStreamHandle),
 }
 
 pub(crate) struct StreamInner {
@@ -81,20 +76,7 @@ static NEXT_STREAM_ID: AtomicU64 = AtomicU64::new(1);
 impl Stream {
     pub(crate) fn new(device: &Device, priority: Option<i32>) -> Result<Stream> {
         let id = StreamId(NEXT_STREAM_ID.fetch_add(1, Ordering::Relaxed));
-        let (backend, priority) = match device.backend() {
-            DeviceBackend::Host(h) => {
-                // Clamped to the advertised range, as the CUDA backend does.
-                let (least, greatest) = host::PRIORITY_RANGE;
-                (
-                    StreamBackend::Host(h.new_stream(id)?),
-                    priority.map_or(0, |p| p.clamp(greatest, least)),
-                )
-            }
-            DeviceBackend::Cuda(c) => {
-                let (s, p) = c.new_stream(priority)?;
-                (StreamBackend::Cuda(s), p)
-            }
-        };
+        let (backend, priority) = device.backend().new_stream(id, priority)?;
         let stream = Stream {
             inner: Arc::new(StreamInner {
                 id,
@@ -163,10 +145,7 @@ impl Stream {
         }
         // Read before the record: the event covers at least the accesses counted so far.
         let seq = self.inner.seq.load(Ordering::Acquire);
-        let backend = match &self.inner.backend {
-            StreamBackend::Host(h) => EventBackend::Host(h.record_event(timed)?),
-            StreamBackend::Cuda(c) => EventBackend::Cuda(c.record_event(timed)?),
-        };
+        let backend = self.inner.backend.record_event(timed)?;
         Ok(Event {
             inner: Arc::new(EventInner {
                 device: self.inner.device.clone(),
@@ -196,11 +175,7 @@ impl Stream {
     /// recorded during a capture; the error the host work before a host event hit, when a
     /// CUDA stream waits for it; or a driver error.
     pub fn wait_event(&self, event: &Event) -> Result<()> {
-        let same_backend = matches!(
-            (&self.inner.backend, &event.inner.backend),
-            (StreamBackend::Host(_), EventBackend::Host(_))
-                | (StreamBackend::Cuda(_), EventBackend::Cuda(_))
-        );
+        let same_backend = self.inner.device.kind() == event.inner.device.kind();
         if !same_backend && (event.inner.capture.is_some() || self.is_capturing()) {
             return Err(DeviceError::Capture {
                 op: "Stream::wait_event".into(),
@@ -230,15 +205,7 @@ impl Stream {
         if let Some(session) = self.capture_session() {
             session.check_owner("Stream::wait_event", self.inner.id)?;
         }
-        match (&self.inner.backend, &event.inner.backend) {
-            (StreamBackend::Host(s), EventBackend::Host(e)) => s.wait_event(e),
-            (StreamBackend::Cuda(s), EventBackend::Cuda(e)) => s.wait_event(e),
-            (StreamBackend::Host(s), EventBackend::Cuda(_)) => {
-                let event = event.clone();
-                s.enqueue(Arc::new(move || event.synchronize()))
-            }
-            (StreamBackend::Cuda(_), EventBackend::Host(_)) => event.synchronize(),
-        }?;
+        self.inner.backend.wait_event(event)?;
         if event.inner.capture.is_none() && !self.is_capturing() {
             self.note_waited(event.inner.stream, event.inner.seq);
         }
@@ -359,10 +326,7 @@ impl Stream {
     /// [`DeviceError::Capture`] while the stream is capturing (a host wait cannot be recorded).
     pub fn synchronize(&self) -> Result<()> {
         self.forbid_in_capture("Stream::synchronize")?;
-        match &self.inner.backend {
-            StreamBackend::Host(h) => h.synchronize(),
-            StreamBackend::Cuda(c) => c.synchronize(),
-        }
+        self.inner.backend.synchronize()
     }
 
     /// Whether the stream is recording into a graph.
@@ -395,10 +359,7 @@ impl Stream {
             });
         }
         *self.inner.fence.lock() = Some(self.record_ungated(false)?);
-        let session = match &self.inner.backend {
-            StreamBackend::Host(h) => CaptureSession::new(self.inner.id, h.begin_capture()?),
-            StreamBackend::Cuda(c) => CaptureSession::new(self.inner.id, c.begin_capture()?),
-        };
+        let session = CaptureSession::new(self.inner.id, self.inner.backend.begin_capture()?);
         if let Some(workspace) = blas_workspace {
             session.add_blas_workspace(self.inner.id, workspace);
         }
@@ -440,17 +401,12 @@ impl Stream {
             }
         };
         let members: Vec<Stream> = std::mem::take(&mut *session.members.lock());
-        let result = match &self.inner.backend {
-            StreamBackend::Host(h) => h.end_capture(&session),
-            StreamBackend::Cuda(c) => c.end_capture(),
-        };
+        let result = self.inner.backend.end_capture(&session);
         session.close();
         for m in &members {
             m.inner.capturing.store(false, Ordering::Release);
             *m.inner.capture.lock() = None;
-            if let StreamBackend::Host(h) = &m.inner.backend {
-                h.leave_capture();
-            }
+            m.inner.backend.leave_capture();
         }
         session.run_deferred_frees();
         session.release_blas_workspaces();
@@ -475,10 +431,7 @@ impl Stream {
     pub fn enqueue_host_fn(&self, f: impl FnOnce() + Send + 'static) -> Result<()> {
         let _gate = self.enqueue_gate();
         self.forbid_in_capture("Stream::enqueue_host_fn")?;
-        match &self.inner.backend {
-            StreamBackend::Host(h) => h.enqueue_once(f),
-            StreamBackend::Cuda(c) => c.launch_host_fn(Box::new(f)),
-        }
+        self.inner.backend.enqueue_host_fn(Box::new(f))
     }
 
     /// Whether two handles name the same stream.
@@ -544,9 +497,7 @@ impl Stream {
                 reason: "the stream is part of another capture".into(),
             }),
             None => {
-                if let StreamBackend::Host(h) = &self.inner.backend {
-                    h.join_capture(session)?;
-                }
+                self.inner.backend.join_capture(session)?;
                 if let Some(workspace) = workspace {
                     session.add_blas_workspace(self.inner.id, workspace);
                 }

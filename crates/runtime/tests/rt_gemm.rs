@@ -438,7 +438,7 @@ fn buffers_of_another_device_are_a_device_mismatch() -> Result<(), DeviceError> 
     let device = device();
     let other = match device.kind() {
         BackendKind::Cuda => Device::host(),
-        BackendKind::Host => match Device::cuda(0) {
+        _ => match Device::cuda(0) {
             Ok(gpu) => gpu,
             // The host is the only device: there is no second device to mix in.
             Err(_) => return Ok(()),

@@ -175,15 +175,14 @@ fn a_two_dimensional_launch_matches_the_host_backend_and_a_float64_reference(
             }
         }
         let block = (16u32, 8u32, 1u32);
-        let config = LaunchConfig {
-            grid: (
+        let config = LaunchConfig::new(
+            (
                 (cols as u32).div_ceil(block.0),
                 (rows as u32).div_ceil(block.1),
                 1,
             ),
             block,
-            shared_mem_bytes: 0,
-        };
+        );
         let on_device = run_2d(&device, &x, &row_scale, &col_bias, config)?;
         let on_host = run_2d(&host, &x, &row_scale, &col_bias, config)?;
         let what = format!("{rows}x{cols}");
@@ -199,10 +198,8 @@ fn a_two_dimensional_launch_matches_the_host_backend_and_a_float64_reference(
 
         // A grid one block short along y leaves the last rows' poison in place.
         if rows > block.1 as usize {
-            let short = LaunchConfig {
-                grid: (config.grid.0, config.grid.1 - 1, 1),
-                ..config
-            };
+            let mut short = config;
+            short.grid.1 -= 1;
             let covered = (config.grid.1 as usize - 1) * block.1 as usize * cols;
             for got in [
                 run_2d(&device, &x, &row_scale, &col_bias, short)?,

@@ -287,11 +287,15 @@ fn mixing_devices_is_a_clear_error() -> Result<(), DeviceError> {
     match on_b.copy_from_device(&sa, &on_a) {
         Err(DeviceError::DeviceMismatch {
             op,
+            what,
             expected,
             found,
+            expected_name,
+            found_name,
         }) => {
-            assert_eq!(op, "copy_from_device");
-            assert_eq!((expected, found), (a.to_string(), b.to_string()));
+            assert_eq!((op, what.as_str()), ("copy_from_device", "the destination"));
+            assert_eq!((expected, found), (a.id(), b.id()));
+            assert_eq!((expected_name, found_name), (a.to_string(), b.to_string()));
         }
         other => panic!("a stream of the source's device was accepted: {other:?}"),
     }

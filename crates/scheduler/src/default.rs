@@ -44,11 +44,12 @@ pub fn set_default_policy(
     policy: Arc<dyn SchedulingPolicy>,
 ) -> Result<(), DeviceError> {
     if policy.device() != device {
-        return Err(DeviceError::DeviceMismatch {
-            op: "set_default_policy",
-            expected: device.to_string(),
-            found: policy.device().to_string(),
-        });
+        return Err(DeviceError::device_mismatch(
+            "set_default_policy",
+            "the scheduling policy",
+            device,
+            policy.device(),
+        ));
     }
     *device.extension(DefaultPolicySlot::default).0.write() = Some(policy);
     Ok(())

@@ -25,6 +25,7 @@ use cuflow_runtime::{Device, DeviceError, Event, Stream};
 
 /// The urgency of a piece of work, for policies that keep streams of several priorities.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum PriorityLevel {
     /// Ordinary work.
     #[default]
@@ -35,6 +36,7 @@ pub enum PriorityLevel {
 
 /// Where a piece of work sits in its op, for the policy to decide its stream.
 #[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
 pub struct Placement<'a> {
     /// The device of the enclosing work (for the root: the policy's device).
     pub device: &'a Device,

@@ -443,11 +443,12 @@ pub fn memcpy<'a, T: DType, S: TensorInput<T> + 'a>(
         check_device("memcpy", stream, dst)?;
         check_device("memcpy", stream, src)?;
         if dst.shape() != src.shape() {
-            return Err(DeviceError::ShapeMismatch {
-                op: "memcpy",
-                lhs: dst.shape().to_vec(),
-                rhs: src.shape().to_vec(),
-            });
+            return Err(DeviceError::shape_mismatch(
+                "memcpy",
+                "the destination and the source must have the same shape",
+                dst.shape(),
+                src.shape(),
+            ));
         }
         dst.buffer().copy_from(stream, src.buffer())
     })

@@ -19,10 +19,13 @@ fn assert_shape_mismatch(err: DeviceError, op: &str, lhs: &[usize], rhs: &[usize
     match err {
         DeviceError::ShapeMismatch {
             op: o,
+            what,
             lhs: l,
             rhs: r,
+            ..
         } => {
             assert_eq!((o, &l[..], &r[..]), (op, lhs, rhs), "{msg}");
+            assert!(!what.is_empty() && msg.contains(&what), "{msg}");
         }
         other => panic!("expected a shape mismatch in {op}, got {other:?}"),
     }

@@ -189,6 +189,10 @@ fn matmul_shape_errors_name_the_op_and_shapes() -> Result<(), DeviceError> {
     );
     let msg = err.to_string();
     assert!(msg.contains("[3, 4]") && msg.contains("[5, 2]"), "{msg}");
+    assert!(
+        msg.contains("inner dimensions") && msg.contains("`a` has 4 columns but `b` has 5 rows"),
+        "the message names both inner dimensions: {msg}"
+    );
 
     let v = api::ones::<f32>(&[4]).sync_on(&stream)?;
     let err = kernels::matmul(&v, &b).sync_on(&stream).unwrap_err();
@@ -200,6 +204,20 @@ fn matmul_shape_errors_name_the_op_and_shapes() -> Result<(), DeviceError> {
     let err = kernels::linear(&a, &b).sync_on(&stream).unwrap_err();
     assert!(
         matches!(err, DeviceError::ShapeMismatch { op: "linear", .. }),
+        "{err}"
+    );
+    assert!(
+        err.to_string()
+            .contains("`x` has 4 columns but `w` has 2 columns"),
+        "linear names its own arguments: {err}"
+    );
+    // Batches of different sizes name both.
+    let a3 = api::ones::<f32>(&[2, 3, 4]).sync_on(&stream)?;
+    let b3 = api::ones::<f32>(&[3, 4, 2]).sync_on(&stream)?;
+    let err = kernels::matmul(&a3, &b3).sync_on(&stream).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("`a` holds 2 matrices but `b` holds 3"),
         "{err}"
     );
     // The stream still works.

@@ -139,10 +139,22 @@ fn a_kernel_input_of_another_device_is_a_device_mismatch() -> Result<(), DeviceE
         let text = err.to_string();
         match &err {
             DeviceError::DeviceMismatch {
-                expected, found, ..
+                expected,
+                found,
+                expected_name,
+                found_name,
+                ..
             } => {
-                assert_eq!(expected, &a.to_string());
-                assert!(found.contains(&b.to_string()), "{text}");
+                assert_eq!((*expected, *found), (a.id(), b.id()), "{text}");
+                assert_eq!(
+                    (expected_name, found_name),
+                    (&a.to_string(), &b.to_string())
+                );
+                assert!(
+                    text.contains(&a.to_string()) && text.contains(&b.to_string()),
+                    "{text}"
+                );
+                assert!(text.contains("a tensor [2, 2]"), "names the input: {text}");
             }
             other => panic!("expected a device mismatch, got {other}"),
         }

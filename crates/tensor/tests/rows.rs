@@ -187,6 +187,7 @@ fn row_kernels_refuse_bad_shapes() -> Result<(), DeviceError> {
         err.to_string().contains("[4, 8]") && err.to_string().contains("[7]"),
         "{err}"
     );
+    assert!(err.to_string().contains("`weight` must be [8]"), "{err}");
     let w8 = api::ones::<f32>(&[8]).sync_on(&s)?;
     let err = kernels::layer_norm(&x, &w8, &w, 1e-5)
         .sync_on(&s)
@@ -200,6 +201,20 @@ fn row_kernels_refuse_bad_shapes() -> Result<(), DeviceError> {
             }
         ),
         "{err}"
+    );
+    // The message says which of weight or bias is wrong.
+    let text = err.to_string();
+    assert!(
+        text.contains("`bias` must be [8]") && !text.contains("`weight`"),
+        "{text}"
+    );
+    let err = kernels::layer_norm(&x, &w, &w8, 1e-5)
+        .sync_on(&s)
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("`weight` must be [8]") && !text.contains("`bias`"),
+        "{text}"
     );
     let scalar = api::ones::<f32>(&[]).sync_on(&s)?;
     let err = kernels::softmax(&scalar).sync_on(&s).unwrap_err();

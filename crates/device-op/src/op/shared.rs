@@ -199,7 +199,7 @@ where
                             };
                             Ok((output, event))
                         }),
-                        None => Err(DeviceError::usage("internal: shared op ran twice")),
+                        None => Err(DeviceError::internal("shared op ran twice")),
                     };
                     return match result {
                         Ok((output, event)) => {
@@ -243,9 +243,7 @@ where
                             stream,
                         }) => (output.clone(), event.clone(), *stream),
                         Some(Outcome::Failed(e)) => return Err(e.clone()),
-                        None => {
-                            return Err(DeviceError::usage("internal: shared op has no outcome"))
-                        }
+                        None => return Err(DeviceError::internal("shared op has no outcome")),
                     };
                     if let Some(event) = event {
                         if event.is_captured() && !ctx.stream()?.is_capturing() {

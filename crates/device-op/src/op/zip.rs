@@ -11,7 +11,7 @@ use super::DeviceOp;
 use crate::context::ExecutionContext;
 
 fn unfilled() -> DeviceError {
-    DeviceError::usage("internal: a zip branch produced no output")
+    DeviceError::internal("a zip branch produced no output")
 }
 
 macro_rules! zip_op {

@@ -5,421 +5,37 @@
 //! limits ([`DeviceError::InvalidLaunch`]), every buffer against the stream's device, and on
 //! the host backend every argument's element type against what the host implementation reads
 //! ([`DeviceError::InvalidArgument`]).
+//!
+//! One concept per file: [`Kernel`] here, [`LaunchConfig`] in `config.rs`, the arguments
+//! ([`KernelArgs`], [`HostKernelArgs`]) in `args.rs`, and the parameters the CUDA C source
+//! declares, with the check of a launch's arguments against them, in `params.rs`.
 
-use std::any::TypeId;
 use std::fmt;
 
 use smallvec::SmallVec;
 
+mod args;
+mod config;
 mod params;
 
-use crate::access::{ordered, Access, Accesses};
-use crate::backend::{cuda, host};
-use crate::device::{Device, DeviceId, DeviceLimits};
+pub use args::{HostKernelArgs, HostKernelFn, KernelArgs};
+pub(crate) use args::{HostSlot, KernelArg};
+pub use config::LaunchConfig;
+
+use crate::access::ordered;
+use crate::backend::CompileCache;
+use crate::device::Device;
 use crate::error::{BackendKind, DeviceError, Result};
-use crate::memory::{BufferView, DeviceCopy, Memory};
-use crate::stream::{Stream, StreamBackend};
+use crate::stream::Stream;
 use crate::sync::{Arc, Mutex};
-
-/// Grid and block dimensions and dynamic shared memory of a launch.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct LaunchConfig {
-    /// Blocks along x, y, z.
-    pub grid: (u32, u32, u32),
-    /// Threads per block along x, y, z.
-    pub block: (u32, u32, u32),
-    /// Dynamic shared memory per block, in bytes.
-    pub shared_mem_bytes: u32,
-}
-
-impl LaunchConfig {
-    /// A one-dimensional launch of `grid` blocks of `block` threads.
-    #[must_use]
-    pub fn linear(grid: u32, block: u32) -> Self {
-        LaunchConfig {
-            grid: (grid, 1, 1),
-            block: (block, 1, 1),
-            shared_mem_bytes: 0,
-        }
-    }
-
-    /// Enough 256-thread blocks to give every one of `n` elements a thread (at least one block).
-    #[must_use]
-    pub fn for_num_elems(n: usize) -> Self {
-        let blocks = n.div_ceil(256).clamp(1, i32::MAX as usize) as u32;
-        Self::linear(blocks, 256)
-    }
-
-    /// The same launch with `bytes` of dynamic shared memory.
-    #[must_use]
-    pub fn with_shared_mem(mut self, bytes: u32) -> Self {
-        self.shared_mem_bytes = bytes;
-        self
-    }
-
-    /// Total threads per block.
-    pub fn threads_per_block(&self) -> u64 {
-        self.block.0 as u64 * self.block.1 as u64 * self.block.2 as u64
-    }
-
-    /// Total blocks.
-    pub fn block_count(&self) -> u64 {
-        self.grid.0 as u64 * self.grid.1 as u64 * self.grid.2 as u64
-    }
-
-    /// Checks the configuration against `limits`.
-    ///
-    /// # Errors
-    ///
-    /// [`DeviceError::InvalidLaunch`] naming the limit that is exceeded.
-    pub fn validate(&self, kernel: &str, limits: &DeviceLimits) -> Result<()> {
-        let bad = |reason: String| {
-            Err(DeviceError::InvalidLaunch {
-                kernel: kernel.to_string(),
-                reason,
-            })
-        };
-        let g = [self.grid.0, self.grid.1, self.grid.2];
-        let b = [self.block.0, self.block.1, self.block.2];
-        if g.contains(&0) || b.contains(&0) {
-            return bad(format!(
-                "grid {:?} and block {:?} must be at least 1 in every dimension",
-                self.grid, self.block
-            ));
-        }
-        for (axis, name) in ["x", "y", "z"].iter().enumerate() {
-            if b[axis] > limits.max_block_dim[axis] {
-                return bad(format!(
-                    "block.{name} = {} exceeds the device's limit of {}",
-                    b[axis], limits.max_block_dim[axis]
-                ));
-            }
-            if g[axis] > limits.max_grid_dim[axis] {
-                return bad(format!(
-                    "grid.{name} = {} exceeds the device's limit of {}",
-                    g[axis], limits.max_grid_dim[axis]
-                ));
-            }
-        }
-        if self.threads_per_block() > limits.max_threads_per_block as u64 {
-            return bad(format!(
-                "{} threads per block exceed the device's limit of {}",
-                self.threads_per_block(),
-                limits.max_threads_per_block
-            ));
-        }
-        if self.shared_mem_bytes > limits.max_shared_mem_per_block_optin {
-            return bad(format!(
-                "{} bytes of shared memory exceed the device's limit of {}",
-                self.shared_mem_bytes, limits.max_shared_mem_per_block_optin
-            ));
-        }
-        Ok(())
-    }
-}
-
-#[derive(Clone)]
-pub(crate) enum KernelArg<'a> {
-    Buffer {
-        mem: &'a Arc<Memory>,
-        byte_offset: usize,
-        byte_len: usize,
-        ty: TypeId,
-        ty_name: &'static str,
-        writable: bool,
-    },
-    Scalar {
-        bytes: [u8; 16],
-        len: u8,
-        ty: TypeId,
-        ty_name: &'static str,
-    },
-}
-
-impl<'a> KernelArgs<'a> {
-    /// The buffers of the launch and how it uses them: outputs are written, inputs read.
-    fn accesses(&self) -> Accesses<'a> {
-        self.args
-            .iter()
-            .filter_map(|a| match a {
-                KernelArg::Buffer { mem, writable, .. } => Some((
-                    *mem,
-                    if *writable {
-                        Access::Write
-                    } else {
-                        Access::Read
-                    },
-                )),
-                KernelArg::Scalar { .. } => None,
-            })
-            .collect()
-    }
-}
-
-/// The arguments of one launch, in the order the kernel declares its parameters.
-///
-/// Buffers are passed to CUDA C as pointers to their first element (`const T*` for inputs,
-/// `T*` for outputs) and scalars by value.
-#[derive(Clone, Default)]
-pub struct KernelArgs<'a> {
-    pub(crate) args: SmallVec<[KernelArg<'a>; 8]>,
-    pub(crate) error: Option<DeviceError>,
-}
-
-impl<'a> KernelArgs<'a> {
-    /// No arguments yet.
-    pub fn new() -> Self {
-        KernelArgs::default()
-    }
-
-    fn buffer<T: DeviceCopy>(&mut self, view: BufferView<'a, T>, writable: bool) -> &mut Self {
-        self.args.push(KernelArg::Buffer {
-            mem: view.mem,
-            byte_offset: view.byte_offset(),
-            byte_len: view.byte_len(),
-            ty: TypeId::of::<T>(),
-            ty_name: std::any::type_name::<T>(),
-            writable,
-        });
-        self
-    }
-
-    /// Adds a buffer the kernel only reads.
-    pub fn input<T: DeviceCopy>(&mut self, view: impl Into<BufferView<'a, T>>) -> &mut Self {
-        self.buffer(view.into(), false)
-    }
-
-    /// Adds a buffer the kernel writes (and may read).
-    pub fn output<T: DeviceCopy>(&mut self, view: impl Into<BufferView<'a, T>>) -> &mut Self {
-        self.buffer(view.into(), true)
-    }
-
-    /// Adds a scalar passed by value (at most 16 bytes).
-    pub fn scalar<T: DeviceCopy>(&mut self, value: T) -> &mut Self {
-        let src = bytemuck::bytes_of(&value);
-        if src.len() > 16 {
-            if self.error.is_none() {
-                self.error = Some(DeviceError::InvalidArgument {
-                    kernel: String::new(),
-                    index: self.args.len(),
-                    reason: format!(
-                        "scalar of type {} is {} bytes; at most 16 are supported",
-                        std::any::type_name::<T>(),
-                        src.len()
-                    ),
-                });
-            }
-            return self;
-        }
-        let mut bytes = [0u8; 16];
-        bytes[..src.len()].copy_from_slice(src);
-        self.args.push(KernelArg::Scalar {
-            bytes,
-            len: src.len() as u8,
-            ty: TypeId::of::<T>(),
-            ty_name: std::any::type_name::<T>(),
-        });
-        self
-    }
-
-    /// Number of arguments.
-    pub fn len(&self) -> usize {
-        self.args.len()
-    }
-
-    /// Whether there are no arguments.
-    pub fn is_empty(&self) -> bool {
-        self.args.is_empty()
-    }
-}
-
-impl fmt::Debug for KernelArgs<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut l = f.debug_list();
-        for a in &self.args {
-            match a {
-                KernelArg::Buffer {
-                    ty_name,
-                    byte_len,
-                    writable,
-                    ..
-                } => l.entry(&format_args!(
-                    "{} {ty_name}[{byte_len} bytes]",
-                    if *writable { "out" } else { "in" }
-                )),
-                KernelArg::Scalar { ty_name, .. } => l.entry(&format_args!("scalar {ty_name}")),
-            };
-        }
-        l.finish()
-    }
-}
-
-pub(crate) enum HostSlot<'a> {
-    In {
-        bytes: &'a [u8],
-        ty: TypeId,
-        ty_name: &'static str,
-    },
-    Out {
-        bytes: Option<&'a mut [u8]>,
-        ty: TypeId,
-        ty_name: &'static str,
-    },
-    Scalar {
-        bytes: [u8; 16],
-        len: u8,
-        ty: TypeId,
-        ty_name: &'static str,
-    },
-}
-
-/// What a host implementation sees of a launch: the configuration and typed access to the
-/// arguments (by position, as in the CUDA C signature).
-pub struct HostKernelArgs<'a> {
-    pub(crate) kernel: &'a str,
-    pub(crate) config: LaunchConfig,
-    pub(crate) slots: Vec<HostSlot<'a>>,
-}
-
-impl<'a> HostKernelArgs<'a> {
-    /// The launch configuration.
-    pub fn config(&self) -> LaunchConfig {
-        self.config
-    }
-
-    /// The kernel's name.
-    pub fn kernel_name(&self) -> &str {
-        self.kernel
-    }
-
-    /// Number of arguments.
-    pub fn len(&self) -> usize {
-        self.slots.len()
-    }
-
-    /// Whether there are no arguments.
-    pub fn is_empty(&self) -> bool {
-        self.slots.is_empty()
-    }
-
-    fn mismatch(&self, index: usize, reason: String) -> DeviceError {
-        DeviceError::InvalidArgument {
-            kernel: self.kernel.to_string(),
-            index,
-            reason,
-        }
-    }
-
-    /// The input buffer at `index`.
-    ///
-    /// # Errors
-    ///
-    /// [`DeviceError::InvalidArgument`] when the argument is not an input buffer of `T`.
-    pub fn input<T: DeviceCopy>(&self, index: usize) -> Result<&'a [T]> {
-        match self.slots.get(index) {
-            Some(HostSlot::In { bytes, ty, ty_name }) => {
-                if *ty != TypeId::of::<T>() {
-                    return Err(self.mismatch(
-                        index,
-                        format!(
-                            "is a buffer of {ty_name}, read as {}",
-                            std::any::type_name::<T>()
-                        ),
-                    ));
-                }
-                let bytes: &'a [u8] = bytes;
-                bytemuck::try_cast_slice(bytes).map_err(|e| self.mismatch(index, e.to_string()))
-            }
-            Some(_) => Err(self.mismatch(index, "is not an input buffer".into())),
-            None => Err(self.mismatch(index, format!("only {} arguments", self.slots.len()))),
-        }
-    }
-
-    /// The output buffer at `index`; each output can be taken once per launch.
-    ///
-    /// # Errors
-    ///
-    /// [`DeviceError::InvalidArgument`] when the argument is not an output buffer of `T`, or
-    /// was taken already.
-    pub fn output<T: DeviceCopy>(&mut self, index: usize) -> Result<&'a mut [T]> {
-        let n = self.slots.len();
-        let kernel = self.kernel;
-        let err = |reason: String| DeviceError::InvalidArgument {
-            kernel: kernel.to_string(),
-            index,
-            reason,
-        };
-        match self.slots.get_mut(index) {
-            Some(HostSlot::Out { bytes, ty, ty_name }) => {
-                if *ty != TypeId::of::<T>() {
-                    return Err(err(format!(
-                        "is a buffer of {ty_name}, written as {}",
-                        std::any::type_name::<T>()
-                    )));
-                }
-                let taken = bytes
-                    .take()
-                    .ok_or_else(|| err("was already taken in this launch".into()))?;
-                bytemuck::try_cast_slice_mut(taken).map_err(|e| err(e.to_string()))
-            }
-            Some(_) => Err(err("is not an output buffer".into())),
-            None => Err(err(format!("only {n} arguments"))),
-        }
-    }
-
-    /// The scalar at `index`.
-    ///
-    /// # Errors
-    ///
-    /// [`DeviceError::InvalidArgument`] when the argument is not a scalar of `T`.
-    pub fn scalar<T: DeviceCopy>(&self, index: usize) -> Result<T> {
-        match self.slots.get(index) {
-            Some(HostSlot::Scalar {
-                bytes,
-                len,
-                ty,
-                ty_name,
-            }) => {
-                if *ty != TypeId::of::<T>() {
-                    return Err(self.mismatch(
-                        index,
-                        format!(
-                            "is a scalar of {ty_name}, read as {}",
-                            std::any::type_name::<T>()
-                        ),
-                    ));
-                }
-                bytemuck::try_pod_read_unaligned(&bytes[..*len as usize])
-                    .map_err(|e| self.mismatch(index, e.to_string()))
-            }
-            Some(_) => Err(self.mismatch(index, "is not a scalar".into())),
-            None => Err(self.mismatch(index, format!("only {} arguments", self.slots.len()))),
-        }
-    }
-}
-
-impl fmt::Debug for HostKernelArgs<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("HostKernelArgs")
-            .field("kernel", &self.kernel)
-            .field("config", &self.config)
-            .field("args", &self.slots.len())
-            .finish()
-    }
-}
-
-/// A host implementation of a kernel.
-pub type HostKernelFn = dyn Fn(&mut HostKernelArgs<'_>) -> Result<()> + Send + Sync;
-
-/// Compiled functions, one per device the kernel ran on.
-type CompileCache = SmallVec<[(DeviceId, Arc<cuda::CompiledKernel>); 2]>;
 
 pub(crate) struct KernelInner {
     pub(crate) name: Arc<str>,
     pub(crate) source: Arc<str>,
     pub(crate) options: Vec<String>,
     pub(crate) host: Option<Arc<HostKernelFn>>,
-    compiled: Mutex<CompileCache>,
+    /// Compiled functions, one per CUDA device the kernel ran on.
+    pub(crate) compiled: Mutex<CompileCache>,
     /// The parameters the source declares, read at the first launch (`None`: unreadable).
     params: std::sync::OnceLock<Option<Vec<params::Param>>>,
 }
@@ -550,31 +166,7 @@ impl Kernel {
     ///
     /// [`DeviceError::Compile`] with the compiler log, or [`DeviceError::NoCompiler`].
     pub fn compile(&self, device: &Device) -> Result<()> {
-        if let crate::device::DeviceBackend::Cuda(_) = device.backend() {
-            self.compiled_for(device)?;
-        }
-        Ok(())
-    }
-
-    fn compiled_for(&self, device: &Device) -> Result<Arc<cuda::CompiledKernel>> {
-        let id = device.id();
-        {
-            let cache = self.inner.compiled.lock();
-            if let Some((_, k)) = cache.iter().find(|(d, _)| *d == id) {
-                return Ok(k.clone());
-            }
-        }
-        let crate::device::DeviceBackend::Cuda(cuda_device) = device.backend() else {
-            return Err(DeviceError::usage("compiling for a non-CUDA device"));
-        };
-        let compiled =
-            cuda_device.compile(&self.inner.name, &self.inner.source, &self.inner.options)?;
-        let mut cache = self.inner.compiled.lock();
-        if let Some((_, k)) = cache.iter().find(|(d, _)| *d == id) {
-            return Ok(k.clone());
-        }
-        cache.push((id, compiled.clone()));
-        Ok(compiled)
+        device.backend().compile_kernel(&self.inner, device.id())
     }
 
     /// Enqueues the kernel on `stream`.
@@ -610,38 +202,23 @@ impl Kernel {
         for (index, a) in args.args.iter().enumerate() {
             if let KernelArg::Buffer { mem, .. } = a {
                 if mem.device != *device {
-                    return Err(DeviceError::DeviceMismatch {
-                        op: "Kernel::launch",
-                        expected: device.to_string(),
-                        found: format!(
-                            "{} (argument {index} of `{}`)",
-                            mem.device, self.inner.name
-                        ),
-                    });
+                    return Err(DeviceError::device_mismatch(
+                        "Kernel::launch",
+                        format!("argument {index} of `{}`", self.inner.name),
+                        device,
+                        &mem.device,
+                    ));
                 }
             }
         }
-        match stream.backend() {
-            StreamBackend::Host(s) => {
-                let Some(f) = &self.inner.host else {
-                    return Err(DeviceError::HostKernel {
-                        kernel: self.inner.name.to_string(),
-                        reason: "it has no host implementation; add one with Kernel::with_host, \
-                                 or run it on a CUDA device"
-                            .into(),
-                    });
-                };
-                ordered(stream, "Kernel::launch", args.accesses(), || {
-                    host::launch_host_kernel(s, self.inner.name.clone(), f.clone(), config, args)
-                })
-            }
-            StreamBackend::Cuda(s) => {
-                let compiled = self.compiled_for(device)?;
-                ordered(stream, "Kernel::launch", args.accesses(), || {
-                    s.launch(&compiled, config, args)
-                })
-            }
-        }
+        // The host implementation, or the module compiled for this GPU (compiled now at the
+        // first launch): resolved before the launch is ordered.
+        let code = device.backend().kernel_code(&self.inner, device.id())?;
+        ordered(stream, "Kernel::launch", args.accesses(), || {
+            stream
+                .backend()
+                .launch_kernel(&code, &self.inner.name, config, args)
+        })
     }
 
     /// Which backends can run this kernel.

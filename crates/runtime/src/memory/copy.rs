@@ -5,11 +5,10 @@
 
 use smallvec::smallvec;
 
-use super::{backend_mismatch, BufferView, DeviceCopy, MemoryBackend};
+use super::{BufferView, DeviceCopy};
 use crate::access::{ordered, Access, Accesses};
-use crate::backend::cuda;
 use crate::error::{DeviceError, Result};
-use crate::stream::{Stream, StreamBackend};
+use crate::stream::Stream;
 
 impl<T: DeviceCopy> BufferView<'_, T> {
     /// Copies `src` (same length), which may live on another device, into this view on
@@ -68,7 +67,7 @@ impl<T: DeviceCopy> BufferView<'_, T> {
         force_staged: bool,
         op: &'static str,
     ) -> Result<()> {
-        self.mem.check_device(stream, op)?;
+        self.mem.check_device(stream, op, "the destination")?;
         if src.len != self.len {
             return Err(DeviceError::LengthMismatch {
                 op,
@@ -80,79 +79,55 @@ impl<T: DeviceCopy> BufferView<'_, T> {
             return self.copy_from(stream, src);
         }
         stream.forbid_in_capture(op)?;
-        match (&self.mem.backend, &src.mem.backend, stream.backend()) {
-            (MemoryBackend::Host(_), MemoryBackend::Host(_), StreamBackend::Host(s)) => {
+        let (from, to) = (src.region(), self.region());
+        if src.device().kind() == self.device().kind() {
+            // Two devices of one backend: a direct copy where this device reads the source's
+            // memory (host devices always; CUDA devices with peer access), else staged.
+            if stream
+                .backend()
+                .copies_directly_from(src.mem, force_staged)?
+            {
                 let accesses: Accesses<'_> =
                     smallvec![(self.mem, Access::Write), (src.mem, Access::Read)];
-                ordered(stream, op, accesses, || {
-                    s.copy_device(
-                        src.mem.clone(),
-                        src.byte_offset(),
-                        self.mem.clone(),
-                        self.byte_offset(),
-                        self.byte_len(),
-                    )
-                })
+                return ordered(stream, op, accesses, || {
+                    stream.backend().copy_peer(from, to)
+                });
             }
-            (MemoryBackend::Cuda(d), MemoryBackend::Cuda(sr), StreamBackend::Cuda(s)) => {
-                if !force_staged && s.peer_access(sr)? {
-                    let accesses: Accesses<'_> =
-                        smallvec![(self.mem, Access::Write), (src.mem, Access::Read)];
-                    return ordered(stream, op, accesses, || {
-                        s.copy_peer(
-                            sr,
-                            src.byte_offset(),
-                            d,
-                            self.byte_offset(),
-                            self.byte_len(),
-                        )
-                    });
-                }
-                let staging = src.mem.device.staging_stream()?;
-                let StreamBackend::Cuda(ss) = staging.backend() else {
-                    return Err(backend_mismatch(op));
-                };
-                // The source is read on the staging stream, the destination written on
-                // `stream`; `copy_staged` joins the two with events, and the staging stream's
-                // reads are recorded before the copy's chunks are enqueued on it.
-                ordered(&staging, op, smallvec![(src.mem, Access::Read)], || Ok(()))?;
-                stream.order_after(&staging, u64::MAX)?;
-                ordered(stream, op, smallvec![(self.mem, Access::Write)], || {
-                    cuda::copy_staged(
-                        ss,
-                        sr,
-                        src.byte_offset(),
-                        s,
-                        d,
-                        self.byte_offset(),
-                        self.byte_len(),
-                    )
-                })
-            }
-            (MemoryBackend::Cuda(d), MemoryBackend::Host(h), StreamBackend::Cuda(s)) => {
-                // The GPU cannot wait for the host backend's work: wait for it here, then copy
-                // from its storage (the driver has taken the bytes when the call returns).
+            let staging = src.mem.device.staging_stream()?;
+            // The source is read on the staging stream, the destination written on `stream`;
+            // the staged copy joins the two with events, and the staging stream's reads are
+            // recorded before the copy's chunks are enqueued on it.
+            ordered(&staging, op, smallvec![(src.mem, Access::Read)], || Ok(()))?;
+            stream.order_after(&staging, u64::MAX)?;
+            return ordered(stream, op, smallvec![(self.mem, Access::Write)], || {
+                stream.backend().copy_staged(staging.backend(), from, to)
+            });
+        }
+        // Across backends, through host memory.
+        match src.mem.backend.host() {
+            // The host backend's storage is host memory: once the work using it is done, the
+            // stream copies straight from it (the copy has taken the bytes when it returns).
+            Some(storage) => {
                 src.mem.wait_for_uses()?;
                 ordered(stream, op, smallvec![(self.mem, Access::Write)], || {
-                    let words = h.read();
+                    let words = storage.read();
                     let bytes: &[u8] = bytemuck::cast_slice(&words[..]);
-                    let range = src.byte_offset()..src.byte_offset() + src.byte_len();
-                    s.copy_from_host(d, self.byte_offset(), &bytes[range])
+                    stream
+                        .backend()
+                        .copy_from_host(to, &bytes[from.offset..from.offset + from.len])
                 })
             }
-            (MemoryBackend::Host(_), MemoryBackend::Cuda(_), StreamBackend::Host(s)) => {
+            // A GPU's memory is read into host memory first, on a stream of its device.
+            None => {
                 let reader = src.mem.device.staging_stream()?;
                 let mut data = vec![T::zeroed(); src.len];
                 src.copy_to_host(&reader, &mut data)?;
                 ordered(stream, op, smallvec![(self.mem, Access::Write)], || {
-                    s.copy_from_host(
-                        self.mem.clone(),
-                        self.byte_offset(),
-                        bytemuck::cast_slice(&data).to_vec(),
-                    )
+                    stream
+                        .backend()
+                        .copy_from_host(to, bytemuck::cast_slice(&data))
                 })
             }
-            _ => Err(backend_mismatch(op)),
         }
     }
 }

@@ -29,10 +29,10 @@ pub use view::BufferView;
 use smallvec::SmallVec;
 
 use crate::access::{Access, AccessState};
-use crate::backend::{cuda, host};
+use crate::backend::MemoryBackend;
 use crate::device::Device;
 use crate::error::{DeviceError, Result};
-use crate::stream::{Stream, StreamBackend};
+use crate::stream::Stream;
 use crate::sync::{Arc, Mutex, Ordering};
 
 /// Element types that can live in device memory: plain data with no padding, no pointers and
@@ -41,9 +41,15 @@ pub trait DeviceCopy: bytemuck::Pod + Send + Sync + 'static {}
 
 impl<T: bytemuck::Pod + Send + Sync + 'static> DeviceCopy for T {}
 
-pub(crate) enum MemoryBackend {
-    Host(host::HostMemory),
-    Cuda(cuda::CudaMemory),
+/// A byte range of one allocation: what the backends copy, fill, and hand to kernels and
+/// GEMMs.
+#[derive(Clone, Copy)]
+pub(crate) struct Region<'a> {
+    pub(crate) mem: &'a Arc<Memory>,
+    /// Bytes from the start of the allocation.
+    pub(crate) offset: usize,
+    /// Bytes in the range.
+    pub(crate) len: usize,
 }
 
 /// One allocation; shared by the buffer that owns it, and by graphs and in-flight host work
@@ -88,17 +94,11 @@ impl Memory {
         let owned_by_capture = session
             .as_ref()
             .is_some_and(|s| s.check_owner("DeviceBuffer::alloc", stream.id()).is_ok());
-        let backend = match stream.backend() {
-            StreamBackend::Host(_) => {
-                MemoryBackend::Host(host::HostMemory::alloc(bytes, stream.device().name())?)
-            }
-            // During a capture the allocation is made now, outside the graph, and the graph
-            // keeps it (below): every replay finds it at the same address.
-            StreamBackend::Cuda(s) if session.is_some() => {
-                MemoryBackend::Cuda(s.alloc_outside_capture(bytes)?)
-            }
-            StreamBackend::Cuda(s) => MemoryBackend::Cuda(s.alloc(bytes)?),
-        };
+        // During a capture the allocation is made now, outside the graph, and the graph keeps
+        // it (below): every replay finds it at the same address.
+        let backend = stream
+            .backend()
+            .alloc(bytes, stream.device().name(), session.is_some())?;
         stream
             .device()
             .inner
@@ -130,13 +130,15 @@ impl Memory {
         Ok(())
     }
 
-    pub(crate) fn check_device(&self, stream: &Stream, op: &'static str) -> Result<()> {
+    /// Checks that this memory is on `stream`'s device; `what` names it in the error.
+    pub(crate) fn check_device(&self, stream: &Stream, op: &'static str, what: &str) -> Result<()> {
         if self.device != *stream.device() {
-            return Err(DeviceError::DeviceMismatch {
+            return Err(DeviceError::device_mismatch(
                 op,
-                expected: stream.device().to_string(),
-                found: self.device.to_string(),
-            });
+                what,
+                stream.device(),
+                &self.device,
+            ));
         }
         Ok(())
     }
@@ -148,44 +150,8 @@ impl Drop for Memory {
             .inner
             .bytes_in_use
             .fetch_sub(self.bytes, Ordering::AcqRel);
-        if let MemoryBackend::Cuda(mem) = &mut self.backend {
-            let uses = std::mem::take(&mut self.state.lock().uses);
-            // Ordering a free after a capturing stream would record it into the graph; free it
-            // when the capture ends instead.
-            if let Some(session) = uses.iter().find_map(|s| s.capture_session()) {
-                session.defer_free(mem.take(), uses);
-                return;
-            }
-            free_cuda_after_uses(mem, &uses);
-        }
-    }
-}
-
-/// Frees `mem` on the most recent of `uses` that belongs to its device, after making it wait
-/// for every other one (those of other devices included: copies between devices record a use
-/// on both buffers).
-pub(crate) fn free_cuda_after_uses(mem: &mut cuda::CudaMemory, uses: &[Stream]) {
-    let own_device = |s: &Stream| match s.backend() {
-        StreamBackend::Cuda(c) => c.shared.ordinal == mem.shared().ordinal,
-        StreamBackend::Host(_) => false,
-    };
-    let Some(pos) = uses.iter().rposition(own_device) else {
-        mem.leak_warning("no stream of its device recorded");
-        return;
-    };
-    let last = &uses[pos];
-    let mut ordered = Ok(());
-    for (i, other) in uses.iter().enumerate() {
-        if i != pos {
-            if let Err(e) = last.join(other) {
-                ordered = Err(e);
-            }
-        }
-    }
-    match (ordered, last.backend()) {
-        (Ok(()), StreamBackend::Cuda(s)) => mem.free_on(s),
-        (Err(e), _) => mem.leak_warning(&e.to_string()),
-        (Ok(()), StreamBackend::Host(_)) => mem.leak_warning("host stream"),
+        let uses = std::mem::take(&mut self.state.lock().uses);
+        self.backend.release(uses);
     }
 }
 
@@ -195,10 +161,4 @@ pub(crate) fn byte_size<T>(len: usize, op: &'static str) -> Result<usize> {
             op,
             reason: format!("{len} elements overflow the address space"),
         })
-}
-
-pub(crate) fn backend_mismatch(op: &'static str) -> DeviceError {
-    DeviceError::usage(format!(
-        "{op}: buffer and stream belong to different backends"
-    ))
 }

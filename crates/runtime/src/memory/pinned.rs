@@ -5,18 +5,12 @@ use std::marker::PhantomData;
 
 use smallvec::smallvec;
 
-use super::{byte_size, BufferView, DeviceCopy, MemoryBackend};
+use super::{byte_size, BufferView, DeviceCopy};
 use crate::access::{ordered, Access};
-use crate::backend::{cuda, host};
-use crate::device::{Device, DeviceBackend};
+use crate::backend::{PinnedBackend, PinnedBytes, PinnedBytesMut};
+use crate::device::Device;
 use crate::error::{DeviceError, Result};
-use crate::stream::{Stream, StreamBackend};
-use crate::sync::{MappedMutexGuard, MutexGuard};
-
-pub(crate) enum PinnedBackend {
-    Host(host::HostPinned),
-    Cuda(cuda::CudaPinned),
-}
+use crate::stream::Stream;
 
 /// Page-locked host memory: copies between it and the device run asynchronously, overlapping
 /// with host work.
@@ -38,10 +32,7 @@ impl<T: DeviceCopy> PinnedBuffer<T> {
     /// [`DeviceError::OutOfMemory`] or a driver error.
     pub fn new(device: &Device, len: usize) -> Result<Self> {
         let bytes = byte_size::<T>(len, "PinnedBuffer::new")?;
-        let backend = match device.backend() {
-            DeviceBackend::Host(_) => PinnedBackend::Host(host::HostPinned::new(bytes)?),
-            DeviceBackend::Cuda(c) => PinnedBackend::Cuda(c.alloc_pinned(bytes)?),
-        };
+        let backend = device.backend().alloc_pinned(bytes)?;
         Ok(PinnedBuffer {
             backend,
             len,
@@ -62,30 +53,20 @@ impl<T: DeviceCopy> PinnedBuffer<T> {
 
     /// The contents.
     pub fn as_slice(&self) -> PinnedRef<'_, T> {
-        let len = self.len;
-        PinnedRef(match &self.backend {
-            PinnedBackend::Host(h) => PinnedRefInner::Host(MutexGuard::map(h.lock(), move |w| {
-                let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut w[..]);
-                bytemuck::cast_slice_mut(&mut bytes[..len * std::mem::size_of::<T>()])
-            })),
-            PinnedBackend::Cuda(c) => PinnedRefInner::Cuda(bytemuck::cast_slice(
-                &c.raw_bytes()[..len * std::mem::size_of::<T>()],
-            )),
-        })
+        PinnedRef {
+            bytes: self.backend.bytes(),
+            len: self.len,
+            _marker: PhantomData,
+        }
     }
 
     /// The contents, mutably.
     pub fn as_mut_slice(&mut self) -> PinnedMut<'_, T> {
-        let len = self.len;
-        PinnedMut(match &mut self.backend {
-            PinnedBackend::Host(h) => PinnedMutInner::Host(MutexGuard::map(h.lock(), move |w| {
-                let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut w[..]);
-                bytemuck::cast_slice_mut(&mut bytes[..len * std::mem::size_of::<T>()])
-            })),
-            PinnedBackend::Cuda(c) => PinnedMutInner::Cuda(bytemuck::cast_slice_mut(
-                &mut c.raw_bytes_mut()[..len * std::mem::size_of::<T>()],
-            )),
-        })
+        PinnedMut {
+            bytes: self.backend.bytes_mut(),
+            len: self.len,
+            _marker: PhantomData,
+        }
     }
 
     /// Enqueues an asynchronous copy of `src` (same length) into this buffer, after all work
@@ -102,7 +83,7 @@ impl<T: DeviceCopy> PinnedBuffer<T> {
         src: BufferView<'_, T>,
     ) -> Result<PinnedTransfer<T>> {
         src.mem
-            .check_device(stream, "PinnedBuffer::copy_from_device")?;
+            .check_device(stream, "PinnedBuffer::copy_from_device", "the source")?;
         stream.forbid_in_capture("PinnedBuffer::copy_from_device")?;
         if src.len != self.len {
             return Err(DeviceError::LengthMismatch {
@@ -112,18 +93,12 @@ impl<T: DeviceCopy> PinnedBuffer<T> {
             });
         }
         let mut this = self;
-        let byte_len = src.byte_len();
         let op = "PinnedBuffer::copy_from_device";
+        this.check_backend(op, stream)?;
         ordered(stream, op, smallvec![(src.mem, Access::Read)], || {
-            match (&mut this.backend, &src.mem.backend, stream.backend()) {
-                (PinnedBackend::Host(p), MemoryBackend::Host(_), StreamBackend::Host(s)) => {
-                    s.copy_to_pinned(src.mem.clone(), src.byte_offset(), p, byte_len)
-                }
-                (PinnedBackend::Cuda(p), MemoryBackend::Cuda(m), StreamBackend::Cuda(s)) => {
-                    s.copy_to_pinned(m, src.byte_offset(), p, byte_len)
-                }
-                _ => Err(pinned_mismatch(&this.device, op, stream)),
-            }
+            stream
+                .backend()
+                .copy_to_pinned(src.region(), &mut this.backend)
         })?;
         let event = stream.record_event()?;
         Ok(PinnedTransfer {
@@ -146,7 +121,7 @@ impl<T: DeviceCopy> PinnedBuffer<T> {
         dst: BufferView<'_, T>,
     ) -> Result<PinnedTransfer<T>> {
         dst.mem
-            .check_device(stream, "PinnedBuffer::copy_to_device")?;
+            .check_device(stream, "PinnedBuffer::copy_to_device", "the destination")?;
         stream.forbid_in_capture("PinnedBuffer::copy_to_device")?;
         if dst.len != self.len {
             return Err(DeviceError::LengthMismatch {
@@ -155,18 +130,12 @@ impl<T: DeviceCopy> PinnedBuffer<T> {
                 found: self.len,
             });
         }
-        let byte_len = dst.byte_len();
         let op = "PinnedBuffer::copy_to_device";
+        self.check_backend(op, stream)?;
         ordered(stream, op, smallvec![(dst.mem, Access::Write)], || {
-            match (&self.backend, &dst.mem.backend, stream.backend()) {
-                (PinnedBackend::Host(p), MemoryBackend::Host(_), StreamBackend::Host(s)) => {
-                    s.copy_from_pinned(p, dst.mem.clone(), dst.byte_offset(), byte_len)
-                }
-                (PinnedBackend::Cuda(p), MemoryBackend::Cuda(m), StreamBackend::Cuda(s)) => {
-                    s.copy_from_pinned(p, m, dst.byte_offset(), byte_len)
-                }
-                _ => Err(pinned_mismatch(&self.device, op, stream)),
-            }
+            stream
+                .backend()
+                .copy_from_pinned(&self.backend, dst.region())
         })?;
         let event = stream.record_event()?;
         Ok(PinnedTransfer {
@@ -176,68 +145,65 @@ impl<T: DeviceCopy> PinnedBuffer<T> {
     }
 }
 
-/// The error for a pinned buffer of one backend used with a stream of the other. (Views are
-/// checked against the stream before, so this is the only way backends can differ.)
-fn pinned_mismatch(device: &Device, op: &'static str, stream: &Stream) -> DeviceError {
-    DeviceError::DeviceMismatch {
-        op,
-        expected: stream.device().to_string(),
-        found: format!("{device} (pinned buffer)"),
+impl<T> PinnedBuffer<T> {
+    /// Refuses a stream of the other backend: pinned memory of one backend serves every device
+    /// of that backend, and no other. (Views are checked against the stream before, so this is
+    /// the only way backends can differ.)
+    fn check_backend(&self, op: &'static str, stream: &Stream) -> Result<()> {
+        if self.device.kind() != stream.device().kind() {
+            return Err(DeviceError::device_mismatch(
+                op,
+                "the pinned buffer",
+                stream.device(),
+                &self.device,
+            ));
+        }
+        Ok(())
     }
-}
-
-enum PinnedRefInner<'a, T> {
-    Host(MappedMutexGuard<'a, [T]>),
-    Cuda(&'a [T]),
 }
 
 /// A borrow of a [`PinnedBuffer`]'s contents; dereferences to `[T]`.
-pub struct PinnedRef<'a, T>(PinnedRefInner<'a, T>);
+pub struct PinnedRef<'a, T> {
+    bytes: PinnedBytes<'a>,
+    len: usize,
+    _marker: PhantomData<fn() -> T>,
+}
 
-impl<T> std::ops::Deref for PinnedRef<'_, T> {
+impl<T: DeviceCopy> std::ops::Deref for PinnedRef<'_, T> {
     type Target = [T];
     fn deref(&self) -> &[T] {
-        match &self.0 {
-            PinnedRefInner::Host(g) => g,
-            PinnedRefInner::Cuda(s) => s,
-        }
+        bytemuck::cast_slice(&self.bytes[..self.len * std::mem::size_of::<T>()])
     }
 }
 
-impl<T: fmt::Debug> fmt::Debug for PinnedRef<'_, T> {
+impl<T: DeviceCopy + fmt::Debug> fmt::Debug for PinnedRef<'_, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Debug::fmt(&**self, f)
     }
 }
 
-enum PinnedMutInner<'a, T> {
-    Host(MappedMutexGuard<'a, [T]>),
-    Cuda(&'a mut [T]),
+/// A mutable borrow of a [`PinnedBuffer`]'s contents; dereferences to `[T]`.
+pub struct PinnedMut<'a, T> {
+    bytes: PinnedBytesMut<'a>,
+    len: usize,
+    _marker: PhantomData<fn() -> T>,
 }
 
-/// A mutable borrow of a [`PinnedBuffer`]'s contents; dereferences to `[T]`.
-pub struct PinnedMut<'a, T>(PinnedMutInner<'a, T>);
-
-impl<T> std::ops::Deref for PinnedMut<'_, T> {
+impl<T: DeviceCopy> std::ops::Deref for PinnedMut<'_, T> {
     type Target = [T];
     fn deref(&self) -> &[T] {
-        match &self.0 {
-            PinnedMutInner::Host(g) => g,
-            PinnedMutInner::Cuda(s) => s,
-        }
+        bytemuck::cast_slice(&self.bytes[..self.len * std::mem::size_of::<T>()])
     }
 }
 
-impl<T> std::ops::DerefMut for PinnedMut<'_, T> {
+impl<T: DeviceCopy> std::ops::DerefMut for PinnedMut<'_, T> {
     fn deref_mut(&mut self) -> &mut [T] {
-        match &mut self.0 {
-            PinnedMutInner::Host(g) => g,
-            PinnedMutInner::Cuda(s) => s,
-        }
+        let bytes = self.len * std::mem::size_of::<T>();
+        bytemuck::cast_slice_mut(&mut self.bytes[..bytes])
     }
 }
 
-impl<T: fmt::Debug> fmt::Debug for PinnedMut<'_, T> {
+impl<T: DeviceCopy + fmt::Debug> fmt::Debug for PinnedMut<'_, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Debug::fmt(&**self, f)
     }

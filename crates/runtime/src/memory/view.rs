@@ -8,11 +8,11 @@ use std::ops::{Bound, RangeBounds};
 
 use smallvec::smallvec;
 
-use super::{backend_mismatch, DeviceBuffer, DeviceCopy, Memory, MemoryBackend};
+use super::{DeviceBuffer, DeviceCopy, Memory, Region};
 use crate::access::{ordered, Access, Accesses};
 use crate::device::Device;
 use crate::error::{DeviceError, Result};
-use crate::stream::{Stream, StreamBackend};
+use crate::stream::Stream;
 use crate::sync::Arc;
 
 /// A borrowed range of a [`DeviceBuffer`].
@@ -99,6 +99,15 @@ impl<'a, T: DeviceCopy> BufferView<'a, T> {
         self.len * std::mem::size_of::<T>()
     }
 
+    /// The bytes of the view in its allocation.
+    pub(crate) fn region(&self) -> Region<'a> {
+        Region {
+            mem: self.mem,
+            offset: self.byte_offset(),
+            len: self.byte_len(),
+        }
+    }
+
     /// Enqueues a copy of `data` into this view. `data` may be dropped as soon as this returns.
     ///
     /// # Errors
@@ -106,7 +115,8 @@ impl<'a, T: DeviceCopy> BufferView<'a, T> {
     /// [`DeviceError::LengthMismatch`] when lengths differ; [`DeviceError::Capture`] during a
     /// capture (pageable host memory cannot be recorded).
     pub fn copy_from_host(&self, stream: &Stream, data: &[T]) -> Result<()> {
-        self.mem.check_device(stream, "copy_from_host")?;
+        self.mem
+            .check_device(stream, "copy_from_host", "the destination")?;
         stream.forbid_in_capture("copy_from_host")?;
         if data.len() != self.len {
             return Err(DeviceError::LengthMismatch {
@@ -118,15 +128,7 @@ impl<'a, T: DeviceCopy> BufferView<'a, T> {
         let bytes: &[u8] = bytemuck::cast_slice(data);
         let accesses: Accesses<'_> = smallvec![(self.mem, Access::Write)];
         ordered(stream, "copy_from_host", accesses, || {
-            match (&self.mem.backend, stream.backend()) {
-                (MemoryBackend::Host(_), StreamBackend::Host(s)) => {
-                    s.copy_from_host(self.mem.clone(), self.byte_offset(), bytes.to_vec())
-                }
-                (MemoryBackend::Cuda(m), StreamBackend::Cuda(s)) => {
-                    s.copy_from_host(m, self.byte_offset(), bytes)
-                }
-                _ => Err(backend_mismatch("copy_from_host")),
-            }
+            stream.backend().copy_from_host(self.region(), bytes)
         })
     }
 
@@ -137,7 +139,8 @@ impl<'a, T: DeviceCopy> BufferView<'a, T> {
     ///
     /// [`DeviceError::LengthMismatch`] when lengths differ; any error the pending work hit.
     pub fn copy_to_host(&self, stream: &Stream, out: &mut [T]) -> Result<()> {
-        self.mem.check_device(stream, "copy_to_host")?;
+        self.mem
+            .check_device(stream, "copy_to_host", "the source")?;
         stream.forbid_in_capture("copy_to_host")?;
         if out.len() != self.len {
             return Err(DeviceError::LengthMismatch {
@@ -154,15 +157,7 @@ impl<'a, T: DeviceCopy> BufferView<'a, T> {
             stream,
             "copy_to_host",
             smallvec![(self.mem, Access::Read)],
-            || match (&self.mem.backend, stream.backend()) {
-                (MemoryBackend::Host(_), StreamBackend::Host(s)) => {
-                    s.copy_to_host(self.mem.clone(), self.byte_offset(), bytes)
-                }
-                (MemoryBackend::Cuda(m), StreamBackend::Cuda(s)) => {
-                    s.copy_to_host(m, self.byte_offset(), bytes)
-                }
-                _ => Err(backend_mismatch("copy_to_host")),
-            },
+            || stream.backend().copy_to_host(self.region(), bytes),
         )
     }
 
@@ -185,8 +180,9 @@ impl<'a, T: DeviceCopy> BufferView<'a, T> {
     /// [`DeviceError::LengthMismatch`] when lengths differ, [`DeviceError::DeviceMismatch`]
     /// when the views live on different devices.
     pub fn copy_from(&self, stream: &Stream, src: BufferView<'_, T>) -> Result<()> {
-        self.mem.check_device(stream, "copy_from")?;
-        src.mem.check_device(stream, "copy_from")?;
+        self.mem
+            .check_device(stream, "copy_from", "the destination")?;
+        src.mem.check_device(stream, "copy_from", "the source")?;
         if src.len != self.len {
             return Err(DeviceError::LengthMismatch {
                 op: "copy_from",
@@ -196,25 +192,7 @@ impl<'a, T: DeviceCopy> BufferView<'a, T> {
         }
         let accesses: Accesses<'_> = smallvec![(self.mem, Access::Write), (src.mem, Access::Read)];
         ordered(stream, "copy_from", accesses, || {
-            match (&self.mem.backend, &src.mem.backend, stream.backend()) {
-                (MemoryBackend::Host(_), MemoryBackend::Host(_), StreamBackend::Host(s)) => s
-                    .copy_device(
-                        src.mem.clone(),
-                        src.byte_offset(),
-                        self.mem.clone(),
-                        self.byte_offset(),
-                        self.byte_len(),
-                    ),
-                (MemoryBackend::Cuda(d), MemoryBackend::Cuda(sr), StreamBackend::Cuda(s)) => s
-                    .copy_device(
-                        sr,
-                        src.byte_offset(),
-                        d,
-                        self.byte_offset(),
-                        self.byte_len(),
-                    ),
-                _ => Err(backend_mismatch("copy_from")),
-            }
+            stream.backend().copy_device(src.region(), self.region())
         })
     }
 
@@ -224,20 +202,12 @@ impl<'a, T: DeviceCopy> BufferView<'a, T> {
     ///
     /// A driver error.
     pub fn fill_bytes(&self, stream: &Stream, value: u8) -> Result<()> {
-        self.mem.check_device(stream, "fill_bytes")?;
+        self.mem.check_device(stream, "fill_bytes", "the buffer")?;
         ordered(
             stream,
             "fill_bytes",
             smallvec![(self.mem, Access::Write)],
-            || match (&self.mem.backend, stream.backend()) {
-                (MemoryBackend::Host(_), StreamBackend::Host(s)) => {
-                    s.fill_bytes(self.mem.clone(), self.byte_offset(), self.byte_len(), value)
-                }
-                (MemoryBackend::Cuda(m), StreamBackend::Cuda(s)) => {
-                    s.fill_bytes(m, self.byte_offset(), self.byte_len(), value)
-                }
-                _ => Err(backend_mismatch("fill_bytes")),
-            },
+            || stream.backend().fill_bytes(self.region(), value),
         )
     }
 }

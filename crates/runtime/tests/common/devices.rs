@@ -15,7 +15,7 @@ pub fn devices() -> Vec<Device> {
         BackendKind::Cuda => (0..Device::cuda_count())
             .map(|i| Device::cuda(i).expect("a visible CUDA device must open"))
             .collect(),
-        BackendKind::Host => vec![Device::host(), Device::host_numbered(1)],
+        _ => vec![Device::host(), Device::host_numbered(1)],
     };
     if let Ok(min) = std::env::var("CUFLOW_MIN_DEVICES") {
         let min: usize = min

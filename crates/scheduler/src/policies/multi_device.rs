@@ -15,6 +15,7 @@ use crate::{Placement, SchedulingPolicy, StreamPoolRoundRobin};
 
 /// How [`MultiDevice`] chooses the device of an outermost `zip!` branch.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum DeviceSpread {
     /// Branch `i` runs on device `i mod N`: predictable, so that branch `i`'s data can be
     /// prepared on its device beforehand.

@@ -230,11 +230,12 @@ pub(crate) fn check_device<T: DType>(
     t: &Tensor<T>,
 ) -> Result<(), DeviceError> {
     if t.device() != stream.device() {
-        return Err(DeviceError::DeviceMismatch {
+        return Err(DeviceError::device_mismatch(
             op,
-            expected: stream.device().to_string(),
-            found: format!("a tensor {:?} on {}", t.shape(), t.device()),
-        });
+            format!("a tensor {:?}", t.shape()),
+            stream.device(),
+            t.device(),
+        ));
     }
     Ok(())
 }
@@ -289,11 +290,15 @@ pub(crate) fn binary<T: DType, X: TensorInput<T>, Y: TensorInput<T>>(
         } else if y.rank() == 1 && x.rank() >= 1 && y.len() == x.rows_cols().1 {
             true
         } else {
-            return Err(DeviceError::ShapeMismatch {
-                op: ew.name,
-                lhs: x.shape().to_vec(),
-                rhs: y.shape().to_vec(),
-            });
+            return Err(DeviceError::shape_mismatch(
+                ew.name,
+                format!(
+                    "`y` must have the shape of `x`, or be a row of its last dimension ({})",
+                    x.rows_cols().1
+                ),
+                x.shape(),
+                y.shape(),
+            ));
         };
         let out = alloc::<T>(stream, x.shape())?;
         ew.launch(
@@ -328,11 +333,12 @@ pub(crate) fn into_partition<T: DType, P: TensorMut<T>, X: TensorInput<T>>(
             check_device(ew.name, stream, o)?;
             check_device(ew.name, stream, xt)?;
             if o.shape() != xt.shape() {
-                return Err(DeviceError::ShapeMismatch {
-                    op: ew.name,
-                    lhs: o.shape().to_vec(),
-                    rhs: xt.shape().to_vec(),
-                });
+                return Err(DeviceError::shape_mismatch(
+                    ew.name,
+                    "the output and `x` must have the same shape",
+                    o.shape(),
+                    xt.shape(),
+                ));
             }
             let t = tiling(ew.name, o.shape(), out.tile())?;
             ew.launch(

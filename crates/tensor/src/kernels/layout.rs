@@ -75,11 +75,7 @@ pub fn transpose<T: DType, X: TensorInput<T>>(
                     reason: format!("{:?} needs more blocks than a launch can have", x.shape()),
                 })
             };
-            let config = LaunchConfig {
-                grid: (grid(cols)?, grid(rows)?, 1),
-                block: (32, 8, 1),
-                shared_mem_bytes: 0,
-            };
+            let config = LaunchConfig::new((grid(cols)?, grid(rows)?, 1), (32, 8, 1));
             transpose_kernel::<T>().launch(
                 stream,
                 config,

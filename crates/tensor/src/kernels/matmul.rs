@@ -40,20 +40,31 @@ fn product<T: DType + GemmElem, A: TensorInput<T>, B: TensorInput<T>>(
         let stream = ctx.stream()?;
         check_device(op, stream, a)?;
         check_device(op, stream, b)?;
-        let mismatch = || DeviceError::ShapeMismatch {
-            op,
-            lhs: a.shape().to_vec(),
-            rhs: b.shape().to_vec(),
-        };
+        let mismatch = |what: String| DeviceError::shape_mismatch(op, what, a.shape(), b.shape());
         let (batch, m, k) = matrix_dims(op, a)?;
         let (b_batch, b_rows, b_cols) = matrix_dims(op, b)?;
-        let (kb, n) = if trans_b {
-            (b_cols, b_rows)
+        // The arguments as the docs name them: `matmul(a, b)`, `linear(x, w)`.
+        let (a_name, b_name, kb, n, b_axis) = if trans_b {
+            ("x", "w", b_cols, b_rows, "columns")
         } else {
-            (b_rows, b_cols)
+            ("a", "b", b_rows, b_cols, "rows")
         };
-        if kb != k || (b.rank() == 3 && (a.rank() != 3 || b_batch != batch)) {
-            return Err(mismatch());
+        if kb != k {
+            return Err(mismatch(format!(
+                "inner dimensions differ: `{a_name}` has {k} columns but `{b_name}` has \
+                 {kb} {b_axis}"
+            )));
+        }
+        if b.rank() == 3 && a.rank() != 3 {
+            return Err(mismatch(format!(
+                "a batch `{b_name}` of {b_batch} matrices needs a batch `{a_name}` of as many"
+            )));
+        }
+        if b.rank() == 3 && b_batch != batch {
+            return Err(mismatch(format!(
+                "batch sizes differ: `{a_name}` holds {batch} matrices but `{b_name}` holds \
+                 {b_batch}"
+            )));
         }
         let shape: Vec<usize> = if a.rank() == 3 {
             vec![batch, m, n]
@@ -94,8 +105,9 @@ fn product<T: DType + GemmElem, A: TensorInput<T>, B: TensorInput<T>>(
 ///
 /// # Errors
 ///
-/// [`DeviceError::ShapeMismatch`] naming `matmul` and both shapes when the inner dimensions
-/// differ, [`DeviceError::InvalidShape`] for tensors that are not 2-D or 3-D.
+/// [`DeviceError::ShapeMismatch`] naming `matmul`, both shapes and both inner dimensions
+/// (`a`'s columns, `b`'s rows) when they differ, or both batch sizes when a 3-D `b` does not
+/// match `a`'s batch; [`DeviceError::InvalidShape`] for tensors that are not 2-D or 3-D.
 pub fn matmul<T: DType + GemmElem, A: TensorInput<T>, B: TensorInput<T>>(
     a: A,
     b: B,

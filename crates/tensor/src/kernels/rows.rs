@@ -469,18 +469,24 @@ const LAYER_BODY: &str = r#"
   WRITE((e - mean) * r * ld(w[i]) + ld(b[i]))
 "#;
 
+/// Checks that the parameter `name` (`weight`, `bias`) of a row normalization is `[cols]`.
 fn check_row_param<T: DType>(
     op: &'static str,
+    name: &str,
     x: &Tensor<T>,
     p: &Tensor<T>,
     cols: usize,
 ) -> Result<(), DeviceError> {
     if p.shape() != [cols] {
-        return Err(DeviceError::ShapeMismatch {
+        return Err(DeviceError::shape_mismatch(
             op,
-            lhs: x.shape().to_vec(),
-            rhs: p.shape().to_vec(),
-        });
+            format!(
+                "`{name}` must be [{cols}], the last dimension of `x`, but is {:?}",
+                p.shape()
+            ),
+            x.shape(),
+            p.shape(),
+        ));
     }
     Ok(())
 }
@@ -520,7 +526,7 @@ pub fn softmax<T: FloatDType, X: TensorInput<T>>(
 ///
 /// # Errors
 ///
-/// [`DeviceError::ShapeMismatch`] naming `rms_norm` when `weight` is not `[cols]`,
+/// [`DeviceError::ShapeMismatch`] naming `rms_norm` and `weight` when it is not `[cols]`,
 /// [`DeviceError::InvalidShape`] for a scalar.
 pub fn rms_norm<T: FloatDType, X: TensorInput<T>, W: TensorInput<T>>(
     x: X,
@@ -535,7 +541,7 @@ pub fn rms_norm<T: FloatDType, X: TensorInput<T>, W: TensorInput<T>>(
         check_device("rms_norm", stream, x)?;
         check_device("rms_norm", stream, w)?;
         let (rows, cols) = rows_of("rms_norm", x)?;
-        check_row_param("rms_norm", x, w, cols)?;
+        check_row_param("rms_norm", "weight", x, w, cols)?;
         let out = alloc::<T>(stream, x.shape())?;
         if rows > 0 && cols > 0 {
             norm_kernel::<T>("rms_norm", ", const T* w, float eps", RMS_BODY).launch(
@@ -558,7 +564,8 @@ pub fn rms_norm<T: FloatDType, X: TensorInput<T>, W: TensorInput<T>>(
 ///
 /// # Errors
 ///
-/// [`DeviceError::ShapeMismatch`] naming `layer_norm` when `weight` or `bias` is not `[cols]`,
+/// [`DeviceError::ShapeMismatch`] naming `layer_norm` and which of `weight` or `bias` is not
+/// `[cols]`,
 /// [`DeviceError::InvalidShape`] for a scalar.
 pub fn layer_norm<T: FloatDType, X: TensorInput<T>, W: TensorInput<T>, B: TensorInput<T>>(
     x: X,
@@ -575,8 +582,8 @@ pub fn layer_norm<T: FloatDType, X: TensorInput<T>, W: TensorInput<T>, B: Tensor
             check_device("layer_norm", stream, t)?;
         }
         let (rows, cols) = rows_of("layer_norm", x)?;
-        check_row_param("layer_norm", x, w, cols)?;
-        check_row_param("layer_norm", x, b, cols)?;
+        check_row_param("layer_norm", "weight", x, w, cols)?;
+        check_row_param("layer_norm", "bias", x, b, cols)?;
         let out = alloc::<T>(stream, x.shape())?;
         if rows > 0 && cols > 0 {
             norm_kernel::<T>(

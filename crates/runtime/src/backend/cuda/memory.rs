@@ -6,6 +6,7 @@ use cudarc::driver::{result, sys, CudaContext};
 use super::stream::CudaStreamHandle;
 use super::{driver_err, CudaDeviceShared};
 use crate::error::{DeviceError, Result};
+use crate::stream::Stream;
 use crate::sync::Arc;
 
 /// Keeps freed memory in the default pool rather than returning it to the driver at every
@@ -149,6 +150,32 @@ impl CudaMemory {
         if self.ptr != 0 {
             tracing::warn!("leaking {} bytes of device memory ({why})", self.bytes);
             self.ptr = 0;
+        }
+    }
+
+    /// Frees the allocation on the most recent of `uses` that belongs to its device, after
+    /// making it wait for every other one (those of other devices included: copies between
+    /// devices record a use on both buffers).
+    pub(crate) fn free_after_uses(&mut self, uses: &[Stream]) {
+        let ordinal = self.shared.ordinal;
+        let own_device = |s: &Stream| s.backend().cuda().map(|c| c.shared.ordinal) == Some(ordinal);
+        let Some(pos) = uses.iter().rposition(own_device) else {
+            self.leak_warning("no stream of its device recorded");
+            return;
+        };
+        let last = &uses[pos];
+        let mut ordered = Ok(());
+        for (i, other) in uses.iter().enumerate() {
+            if i != pos {
+                if let Err(e) = last.join(other) {
+                    ordered = Err(e);
+                }
+            }
+        }
+        match (ordered, last.backend().cuda()) {
+            (Ok(()), Some(s)) => self.free_on(s),
+            (Err(e), _) => self.leak_warning(&e.to_string()),
+            (Ok(()), None) => self.leak_warning("host stream"),
         }
     }
 }

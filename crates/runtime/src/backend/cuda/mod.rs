@@ -18,15 +18,15 @@
 //!   loaded by `blas` itself, which reports a missing library as an error.
 
 mod blas;
-mod compile;
-mod graph;
+mod capture;
+mod kernel;
 mod memory;
 mod peer;
 mod stream;
 
 pub(crate) use blas::BlasWorkspace;
-pub(crate) use compile::CompiledKernel;
-pub(crate) use graph::{CudaGraphExecHandle, CudaGraphHandle};
+pub(crate) use capture::{CudaGraphExecHandle, CudaGraphHandle};
+pub(crate) use kernel::CompiledKernel;
 pub(crate) use memory::{CudaMemory, CudaPinned};
 pub(crate) use peer::copy_staged;
 pub(crate) use stream::{CudaEventHandle, CudaStreamHandle};
@@ -65,6 +65,7 @@ fn plain_driver_err(call: &'static str, e: &DriverError) -> DeviceError {
         code: e.0 as i32,
         name,
         message,
+        source: *e,
     }
 }
 
@@ -484,7 +485,7 @@ impl CudaDevice {
         }
         // Compiled outside the lock: NVRTC takes milliseconds and other kernels may load
         // meanwhile. Two threads racing on one key both compile; the first insert wins.
-        let compiled = Arc::new(compile::compile(&self.shared, name, source, options)?);
+        let compiled = Arc::new(kernel::compile(&self.shared, name, source, options)?);
         Ok(self
             .shared
             .modules

@@ -7,12 +7,12 @@ use std::mem::ManuallyDrop;
 use cudarc::driver::{result, sys, CudaStream};
 use smallvec::SmallVec;
 
-use super::compile::CompiledKernel;
-use super::graph::CudaGraphHandle;
+use super::capture::CudaGraphHandle;
+use super::kernel::CompiledKernel;
 use super::memory::{CudaMemory, CudaPinned};
 use super::{driver_err, CudaDeviceShared, RawEvent};
+use crate::backend::{CaptureBackend, GraphBackend};
 use crate::error::{DeviceError, Result};
-use crate::graph::{CaptureBackend, GraphBackend};
 use crate::kernel::{KernelArg, KernelArgs, LaunchConfig};
 use crate::scope::ErrorSink;
 use crate::sync::{Arc, Mutex};
@@ -316,15 +316,7 @@ impl CudaStreamHandle {
                 mem, byte_offset, ..
             } = a
             {
-                let base = match &mem.backend {
-                    crate::memory::MemoryBackend::Cuda(m) => m.ptr(),
-                    crate::memory::MemoryBackend::Host(_) => {
-                        return Err(DeviceError::usage(
-                            "a host buffer was passed to a CUDA kernel",
-                        ))
-                    }
-                };
-                pointers.push(base + *byte_offset as u64);
+                pointers.push(mem.backend.cuda()?.ptr() + *byte_offset as u64);
             }
         }
         let mut params: SmallVec<[*mut c_void; 16]> = SmallVec::with_capacity(args.args.len());

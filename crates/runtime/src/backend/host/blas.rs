@@ -165,10 +165,7 @@ fn run_typed<E: HostElem>(
 }
 
 fn internal(what: &str) -> DeviceError {
-    DeviceError::HostKernel {
-        kernel: "gemm".into(),
-        reason: format!("internal: {what}"),
-    }
+    DeviceError::internal(format!("gemm on the host backend: {what}"))
 }
 
 /// The accumulation types.

@@ -193,10 +193,9 @@ fn run(name: &str, f: &HostKernelFn, config: LaunchConfig, args: &[OwnedArg]) ->
     }
     let slots: Vec<HostSlot<'_>> = slots.into_iter().flatten().collect();
     if slots.len() != args.len() {
-        return Err(DeviceError::HostKernel {
-            kernel: name.to_string(),
-            reason: "internal: an argument was not bound".into(),
-        });
+        return Err(DeviceError::internal(format!(
+            "an argument of kernel `{name}` was not bound on the host backend"
+        )));
     }
     let mut host_args = HostKernelArgs {
         kernel: name,

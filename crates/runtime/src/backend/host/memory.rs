@@ -2,7 +2,7 @@
 //! behind a reader-writer lock.
 
 use crate::error::{DeviceError, Result};
-use crate::memory::{Memory, MemoryBackend};
+use crate::memory::Memory;
 use crate::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 fn words_for(bytes: usize) -> usize {
@@ -41,13 +41,11 @@ impl HostMemory {
     }
 }
 
+/// The host storage of `mem`, for a stream of the host backend.
 pub(crate) fn host_mem(mem: &Memory) -> Result<&HostMemory> {
-    match &mem.backend {
-        MemoryBackend::Host(h) => Ok(h),
-        MemoryBackend::Cuda(_) => Err(DeviceError::usage(
-            "a CUDA buffer was handed to the host backend",
-        )),
-    }
+    mem.backend.host().ok_or_else(|| {
+        DeviceError::internal("a buffer of another backend reached the host backend")
+    })
 }
 
 /// Host-backend "pinned" memory: ordinary memory shared with the stream worker.

@@ -7,8 +7,9 @@ use std::time::Instant;
 
 use super::capture::{CaptureCursor, HostCapture, HostGraph};
 use super::memory::HostPinned;
+use crate::backend::{CaptureBackend, GraphBackend};
+use crate::capture::CaptureSession;
 use crate::error::{DeviceError, Result};
-use crate::graph::{CaptureBackend, CaptureSession, GraphBackend};
 use crate::memory::Memory;
 use crate::scope::ErrorSink;
 use crate::stream::StreamId;

@@ -12,22 +12,15 @@
 
 use std::fmt;
 
-use smallvec::SmallVec;
-
-use crate::backend::{cuda, host};
+use crate::backend::{CaptureBackend, DeferredFree, GraphBackend, GraphExecBackend};
 use crate::device::Device;
 use crate::error::{DeviceError, Result};
 use crate::memory::Memory;
-use crate::stream::{Stream, StreamBackend, StreamId};
+use crate::stream::{Stream, StreamId};
 use crate::sync::{Arc, AtomicBool, AtomicU64, Mutex, Ordering};
 use std::thread::ThreadId;
 
 use crate::access::{ordered, Access, Accesses};
-
-pub(crate) enum CaptureBackend {
-    Host(host::HostCapture),
-    Cuda,
-}
 
 /// The state shared by the streams taking part in one capture.
 pub(crate) struct CaptureSession {
@@ -41,7 +34,7 @@ pub(crate) struct CaptureSession {
     pub(crate) error: Mutex<Option<DeviceError>>,
     open: AtomicBool,
     keep_alive: Mutex<Vec<(Arc<Memory>, Access)>>,
-    deferred_frees: Mutex<Vec<(cuda::CudaMemory, SmallVec<[Stream; 2]>)>>,
+    deferred_frees: Mutex<Vec<DeferredFree>>,
     /// The cuBLAS workspace of each member stream (see `crate::blas::capture_workspace`);
     /// those that captured GEMMs used are also in `keep_alive`.
     blas_workspaces: Mutex<Vec<(StreamId, Arc<Memory>)>>,
@@ -85,15 +78,15 @@ impl CaptureSession {
     }
 
     /// Holds a free that would otherwise be ordered after a capturing stream.
-    pub(crate) fn defer_free(&self, mem: cuda::CudaMemory, uses: SmallVec<[Stream; 2]>) {
-        self.deferred_frees.lock().push((mem, uses));
+    pub(crate) fn defer_free(&self, free: DeferredFree) {
+        self.deferred_frees.lock().push(free);
     }
 
     /// Runs the frees held during the capture (call once every member left the capture).
     pub(crate) fn run_deferred_frees(&self) {
         let frees = std::mem::take(&mut *self.deferred_frees.lock());
-        for (mut mem, uses) in frees {
-            crate::memory::free_cuda_after_uses(&mut mem, &uses);
+        for free in frees {
+            free.run();
         }
     }
 
@@ -147,11 +140,6 @@ impl CaptureSession {
     }
 }
 
-pub(crate) enum GraphBackend {
-    Host(host::HostGraph),
-    Cuda(cuda::CudaGraphHandle),
-}
-
 /// Work recorded from one or more streams by [`Stream::begin_capture`] /
 /// [`Stream::end_capture`]: nodes and the dependencies between them.
 pub struct Graph {
@@ -184,10 +172,7 @@ impl Graph {
     ///
     /// A driver error if the query fails.
     pub fn node_count(&self) -> Result<usize> {
-        match &self.backend {
-            GraphBackend::Host(g) => Ok(g.node_count()),
-            GraphBackend::Cuda(g) => g.node_count(),
-        }
+        self.backend.node_count()
     }
 
     /// The dependency edges `(from, to)` between nodes, by node index in
@@ -197,10 +182,7 @@ impl Graph {
     ///
     /// A driver error if the query fails.
     pub fn edges(&self) -> Result<Vec<(usize, usize)>> {
-        match &self.backend {
-            GraphBackend::Host(g) => Ok(g.edges()),
-            GraphBackend::Cuda(g) => g.edges(),
-        }
+        self.backend.edges()
     }
 
     /// The number of nodes with no dependencies: more than one means the graph starts with
@@ -266,10 +248,7 @@ impl Graph {
     ///
     /// A driver error if instantiation fails.
     pub fn instantiate(&self) -> Result<GraphExec> {
-        let backend = match &self.backend {
-            GraphBackend::Host(g) => GraphExecBackend::Host(g.instantiate()),
-            GraphBackend::Cuda(g) => GraphExecBackend::Cuda(g.instantiate()?),
-        };
+        let backend = self.backend.instantiate()?;
         Ok(GraphExec {
             device: self.device.clone(),
             backend,
@@ -287,11 +266,6 @@ impl fmt::Debug for Graph {
     }
 }
 
-pub(crate) enum GraphExecBackend {
-    Host(host::HostGraphExec),
-    Cuda(cuda::CudaGraphExecHandle),
-}
-
 /// An instantiated [`Graph`]: launch it on a stream as many times as needed. `Send + Sync`.
 pub struct GraphExec {
     device: Device,
@@ -307,20 +281,17 @@ impl GraphExec {
     /// [`DeviceError::DeviceMismatch`] for a stream of another device, or a driver error.
     pub fn launch(&self, stream: &Stream) -> Result<()> {
         if stream.device() != &self.device {
-            return Err(DeviceError::DeviceMismatch {
-                op: "GraphExec::launch",
-                expected: self.device.to_string(),
-                found: stream.device().to_string(),
-            });
+            return Err(DeviceError::device_mismatch(
+                "GraphExec::launch",
+                "the stream",
+                &self.device,
+                stream.device(),
+            ));
         }
         // A replay is one access of every buffer the graph touches, ordered like any other.
         let accesses: Accesses<'_> = self.keep_alive.iter().map(|(m, a)| (m, *a)).collect();
         ordered(stream, "GraphExec::launch", accesses, || {
-            match (&self.backend, stream.backend()) {
-                (GraphExecBackend::Host(g), StreamBackend::Host(s)) => g.launch(s),
-                (GraphExecBackend::Cuda(g), StreamBackend::Cuda(s)) => g.launch(s),
-                _ => Err(DeviceError::usage("graph and stream of different backends")),
-            }
+            self.backend.launch(stream.backend())
         })
     }
 
@@ -333,15 +304,7 @@ impl GraphExec {
     ///
     /// A driver error other than a topology mismatch.
     pub fn update(&mut self, graph: &Graph) -> Result<bool> {
-        let updated = match (&mut self.backend, &graph.backend) {
-            (GraphExecBackend::Host(e), GraphBackend::Host(g)) => e.update(g),
-            (GraphExecBackend::Cuda(e), GraphBackend::Cuda(g)) => e.update(g)?,
-            _ => {
-                return Err(DeviceError::usage(
-                    "graph and executable of different backends",
-                ))
-            }
-        };
+        let updated = self.backend.update(&graph.backend)?;
         if updated {
             self.keep_alive = graph.keep_alive.clone();
         }

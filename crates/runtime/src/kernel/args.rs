@@ -1,0 +1,307 @@
+//! The arguments of a launch: [`KernelArgs`] as the caller builds them (buffers with their
+//! element types and whether the kernel writes them, scalars by value), and
+//! [`HostKernelArgs`], the typed view a host implementation reads them through.
+
+use std::any::TypeId;
+use std::fmt;
+
+use smallvec::SmallVec;
+
+use super::LaunchConfig;
+use crate::access::{Access, Accesses};
+use crate::error::{DeviceError, Result};
+use crate::memory::{BufferView, DeviceCopy, Memory};
+use crate::sync::Arc;
+
+#[derive(Clone)]
+pub(crate) enum KernelArg<'a> {
+    Buffer {
+        mem: &'a Arc<Memory>,
+        byte_offset: usize,
+        byte_len: usize,
+        ty: TypeId,
+        ty_name: &'static str,
+        writable: bool,
+    },
+    Scalar {
+        bytes: [u8; 16],
+        len: u8,
+        ty: TypeId,
+        ty_name: &'static str,
+    },
+}
+
+impl<'a> KernelArgs<'a> {
+    /// The buffers of the launch and how it uses them: outputs are written, inputs read.
+    pub(crate) fn accesses(&self) -> Accesses<'a> {
+        self.args
+            .iter()
+            .filter_map(|a| match a {
+                KernelArg::Buffer { mem, writable, .. } => Some((
+                    *mem,
+                    if *writable {
+                        Access::Write
+                    } else {
+                        Access::Read
+                    },
+                )),
+                KernelArg::Scalar { .. } => None,
+            })
+            .collect()
+    }
+}
+
+/// The arguments of one launch, in the order the kernel declares its parameters.
+///
+/// Buffers are passed to CUDA C as pointers to their first element (`const T*` for inputs,
+/// `T*` for outputs) and scalars by value.
+#[derive(Clone, Default)]
+pub struct KernelArgs<'a> {
+    pub(crate) args: SmallVec<[KernelArg<'a>; 8]>,
+    pub(crate) error: Option<DeviceError>,
+}
+
+impl<'a> KernelArgs<'a> {
+    /// No arguments yet.
+    pub fn new() -> Self {
+        KernelArgs::default()
+    }
+
+    fn buffer<T: DeviceCopy>(&mut self, view: BufferView<'a, T>, writable: bool) -> &mut Self {
+        self.args.push(KernelArg::Buffer {
+            mem: view.mem,
+            byte_offset: view.byte_offset(),
+            byte_len: view.byte_len(),
+            ty: TypeId::of::<T>(),
+            ty_name: std::any::type_name::<T>(),
+            writable,
+        });
+        self
+    }
+
+    /// Adds a buffer the kernel only reads.
+    pub fn input<T: DeviceCopy>(&mut self, view: impl Into<BufferView<'a, T>>) -> &mut Self {
+        self.buffer(view.into(), false)
+    }
+
+    /// Adds a buffer the kernel writes (and may read).
+    pub fn output<T: DeviceCopy>(&mut self, view: impl Into<BufferView<'a, T>>) -> &mut Self {
+        self.buffer(view.into(), true)
+    }
+
+    /// Adds a scalar passed by value (at most 16 bytes).
+    pub fn scalar<T: DeviceCopy>(&mut self, value: T) -> &mut Self {
+        let src = bytemuck::bytes_of(&value);
+        if src.len() > 16 {
+            if self.error.is_none() {
+                self.error = Some(DeviceError::InvalidArgument {
+                    kernel: String::new(),
+                    index: self.args.len(),
+                    reason: format!(
+                        "scalar of type {} is {} bytes; at most 16 are supported",
+                        std::any::type_name::<T>(),
+                        src.len()
+                    ),
+                });
+            }
+            return self;
+        }
+        let mut bytes = [0u8; 16];
+        bytes[..src.len()].copy_from_slice(src);
+        self.args.push(KernelArg::Scalar {
+            bytes,
+            len: src.len() as u8,
+            ty: TypeId::of::<T>(),
+            ty_name: std::any::type_name::<T>(),
+        });
+        self
+    }
+
+    /// Number of arguments.
+    pub fn len(&self) -> usize {
+        self.args.len()
+    }
+
+    /// Whether there are no arguments.
+    pub fn is_empty(&self) -> bool {
+        self.args.is_empty()
+    }
+}
+
+impl fmt::Debug for KernelArgs<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut l = f.debug_list();
+        for a in &self.args {
+            match a {
+                KernelArg::Buffer {
+                    ty_name,
+                    byte_len,
+                    writable,
+                    ..
+                } => l.entry(&format_args!(
+                    "{} {ty_name}[{byte_len} bytes]",
+                    if *writable { "out" } else { "in" }
+                )),
+                KernelArg::Scalar { ty_name, .. } => l.entry(&format_args!("scalar {ty_name}")),
+            };
+        }
+        l.finish()
+    }
+}
+
+pub(crate) enum HostSlot<'a> {
+    In {
+        bytes: &'a [u8],
+        ty: TypeId,
+        ty_name: &'static str,
+    },
+    Out {
+        bytes: Option<&'a mut [u8]>,
+        ty: TypeId,
+        ty_name: &'static str,
+    },
+    Scalar {
+        bytes: [u8; 16],
+        len: u8,
+        ty: TypeId,
+        ty_name: &'static str,
+    },
+}
+
+/// What a host implementation sees of a launch: the configuration and typed access to the
+/// arguments (by position, as in the CUDA C signature).
+pub struct HostKernelArgs<'a> {
+    pub(crate) kernel: &'a str,
+    pub(crate) config: LaunchConfig,
+    pub(crate) slots: Vec<HostSlot<'a>>,
+}
+
+impl<'a> HostKernelArgs<'a> {
+    /// The launch configuration.
+    pub fn config(&self) -> LaunchConfig {
+        self.config
+    }
+
+    /// The kernel's name.
+    pub fn kernel_name(&self) -> &str {
+        self.kernel
+    }
+
+    /// Number of arguments.
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Whether there are no arguments.
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
+    fn mismatch(&self, index: usize, reason: String) -> DeviceError {
+        DeviceError::InvalidArgument {
+            kernel: self.kernel.to_string(),
+            index,
+            reason,
+        }
+    }
+
+    /// The input buffer at `index`.
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceError::InvalidArgument`] when the argument is not an input buffer of `T`.
+    pub fn input<T: DeviceCopy>(&self, index: usize) -> Result<&'a [T]> {
+        match self.slots.get(index) {
+            Some(HostSlot::In { bytes, ty, ty_name }) => {
+                if *ty != TypeId::of::<T>() {
+                    return Err(self.mismatch(
+                        index,
+                        format!(
+                            "is a buffer of {ty_name}, read as {}",
+                            std::any::type_name::<T>()
+                        ),
+                    ));
+                }
+                let bytes: &'a [u8] = bytes;
+                bytemuck::try_cast_slice(bytes).map_err(|e| self.mismatch(index, e.to_string()))
+            }
+            Some(_) => Err(self.mismatch(index, "is not an input buffer".into())),
+            None => Err(self.mismatch(index, format!("only {} arguments", self.slots.len()))),
+        }
+    }
+
+    /// The output buffer at `index`; each output can be taken once per launch.
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceError::InvalidArgument`] when the argument is not an output buffer of `T`, or
+    /// was taken already.
+    pub fn output<T: DeviceCopy>(&mut self, index: usize) -> Result<&'a mut [T]> {
+        let n = self.slots.len();
+        let kernel = self.kernel;
+        let err = |reason: String| DeviceError::InvalidArgument {
+            kernel: kernel.to_string(),
+            index,
+            reason,
+        };
+        match self.slots.get_mut(index) {
+            Some(HostSlot::Out { bytes, ty, ty_name }) => {
+                if *ty != TypeId::of::<T>() {
+                    return Err(err(format!(
+                        "is a buffer of {ty_name}, written as {}",
+                        std::any::type_name::<T>()
+                    )));
+                }
+                let taken = bytes
+                    .take()
+                    .ok_or_else(|| err("was already taken in this launch".into()))?;
+                bytemuck::try_cast_slice_mut(taken).map_err(|e| err(e.to_string()))
+            }
+            Some(_) => Err(err("is not an output buffer".into())),
+            None => Err(err(format!("only {n} arguments"))),
+        }
+    }
+
+    /// The scalar at `index`.
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceError::InvalidArgument`] when the argument is not a scalar of `T`.
+    pub fn scalar<T: DeviceCopy>(&self, index: usize) -> Result<T> {
+        match self.slots.get(index) {
+            Some(HostSlot::Scalar {
+                bytes,
+                len,
+                ty,
+                ty_name,
+            }) => {
+                if *ty != TypeId::of::<T>() {
+                    return Err(self.mismatch(
+                        index,
+                        format!(
+                            "is a scalar of {ty_name}, read as {}",
+                            std::any::type_name::<T>()
+                        ),
+                    ));
+                }
+                bytemuck::try_pod_read_unaligned(&bytes[..*len as usize])
+                    .map_err(|e| self.mismatch(index, e.to_string()))
+            }
+            Some(_) => Err(self.mismatch(index, "is not a scalar".into())),
+            None => Err(self.mismatch(index, format!("only {} arguments", self.slots.len()))),
+        }
+    }
+}
+
+impl fmt::Debug for HostKernelArgs<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HostKernelArgs")
+            .field("kernel", &self.kernel)
+            .field("config", &self.config)
+            .field("args", &self.slots.len())
+            .finish()
+    }
+}
+
+/// A host implementation of a kernel.
+pub type HostKernelFn = dyn Fn(&mut HostKernelArgs<'_>) -> Result<()> + Send + Sync;
