@@ -42,6 +42,8 @@ pub struct ExecutionContext {
     /// The fork point shared by branches forked since this context last enqueued work.
     fork_cache: Option<Arc<ForkPoint>>,
     touched: bool,
+    /// Whether `stream` is already counted among the execution's streams.
+    counted: bool,
     priority: PriorityLevel,
     /// How many `zip!` levels enclose this context (0 for the root).
     depth: usize,
@@ -68,6 +70,7 @@ impl ExecutionContext {
             pending_forks: Vec::new(),
             fork_cache: None,
             touched: prior_work,
+            counted: false,
             priority: PriorityLevel::Normal,
             depth: 0,
             same_device: false,
@@ -117,10 +120,11 @@ impl ExecutionContext {
             self.stats.lock().event_waits += 1;
         }
         self.fork_cache = None;
-        if !self.touched {
-            self.touched = true;
+        self.touched = true;
+        if !self.counted {
+            self.counted = true;
+            self.note_used(&self.stream);
         }
-        self.note_used(&self.stream);
         Ok(&self.stream)
     }
 
@@ -246,6 +250,7 @@ impl ExecutionContext {
             pending_forks,
             fork_cache: None,
             touched: false,
+            counted: false,
             priority: self.priority,
             depth: self.depth + 1,
             same_device: self.same_device,

@@ -140,6 +140,11 @@ pub(crate) fn ordered<R>(
 ) -> Result<R> {
     let _gate = stream.enqueue_gate();
     let capture = stream.capture_id_for_enqueue(op)?;
+    if accesses.is_empty() {
+        // Nothing to order or record: the gate alone keeps a capture from beginning between
+        // the check above and the enqueue.
+        return enqueue();
+    }
     accesses.sort_by_key(|(m, _)| Arc::as_ptr(m) as usize);
     accesses.dedup_by(|later, earlier| {
         if Arc::ptr_eq(later.0, earlier.0) {

@@ -169,16 +169,25 @@ impl DeviceBackend {
     }
 }
 
-/// Compiled functions of one kernel, one per device it ran on.
-pub(crate) type CompileCache = SmallVec<[(DeviceId, Arc<cuda::CompiledKernel>); 2]>;
+/// A kernel's function compiled for one CUDA device.
+pub(crate) type CompiledFor = (DeviceId, Arc<cuda::CompiledKernel>);
 
-/// `kernel` compiled for CUDA device `device` (whose id is `id`): from the kernel's own cache,
-/// else from the device's module cache or the compiler, then kept in the kernel's cache.
+/// Compiled functions of one kernel, one per device it ran on (after the first).
+pub(crate) type CompileCache = SmallVec<[CompiledFor; 2]>;
+
+/// `kernel` compiled for CUDA device `device` (whose id is `id`): from the kernel's own cache
+/// (its first device's slot, read without a lock, then the others), else from the device's
+/// module cache or the compiler, then kept in the kernel's cache.
 fn compiled_for(
     kernel: &KernelInner,
     id: DeviceId,
     device: &cuda::CudaDevice,
 ) -> Result<Arc<cuda::CompiledKernel>> {
+    if let Some((d, k)) = kernel.compiled_first.get() {
+        if *d == id {
+            return Ok(k.clone());
+        }
+    }
     {
         let cache = kernel.compiled.lock();
         if let Some((_, k)) = cache.iter().find(|(d, _)| *d == id) {
@@ -186,6 +195,12 @@ fn compiled_for(
         }
     }
     let compiled = device.compile(&kernel.name, &kernel.source, &kernel.options)?;
+    let (first, _) = kernel
+        .compiled_first
+        .get_or_init(|| (id, compiled.clone()));
+    if *first == id {
+        return Ok(compiled);
+    }
     let mut cache = kernel.compiled.lock();
     if let Some((_, k)) = cache.iter().find(|(d, _)| *d == id) {
         return Ok(k.clone());

@@ -33,7 +33,7 @@ mod memory;
 mod stream;
 
 pub(crate) use capture::{CaptureBackend, GraphBackend, GraphExecBackend};
-pub(crate) use device::{CompileCache, DeviceBackend, KernelCode};
+pub(crate) use device::{CompileCache, CompiledFor, DeviceBackend, KernelCode};
 pub(crate) use event::EventBackend;
 pub(crate) use memory::{DeferredFree, MemoryBackend, PinnedBackend, PinnedBytes, PinnedBytesMut};
 pub(crate) use stream::StreamBackend;

@@ -21,6 +21,8 @@ pub(crate) enum KernelArg<'a> {
         byte_len: usize,
         ty: TypeId,
         ty_name: &'static str,
+        /// `size_of` the element type.
+        elem_size: usize,
         writable: bool,
     },
     Scalar {
@@ -74,6 +76,7 @@ impl<'a> KernelArgs<'a> {
             byte_len: view.byte_len(),
             ty: TypeId::of::<T>(),
             ty_name: std::any::type_name::<T>(),
+            elem_size: std::mem::size_of::<T>(),
             writable,
         });
         self

@@ -23,7 +23,7 @@ pub(crate) use args::{HostSlot, KernelArg};
 pub use config::LaunchConfig;
 
 use crate::access::ordered;
-use crate::backend::CompileCache;
+use crate::backend::{CompileCache, CompiledFor};
 use crate::device::Device;
 use crate::error::{BackendKind, DeviceError, Result};
 use crate::stream::Stream;
@@ -34,7 +34,10 @@ pub(crate) struct KernelInner {
     pub(crate) source: Arc<str>,
     pub(crate) options: Vec<String>,
     pub(crate) host: Option<Arc<HostKernelFn>>,
-    /// Compiled functions, one per CUDA device the kernel ran on.
+    /// The function compiled for the first CUDA device the kernel ran on: read without a lock
+    /// at every launch.
+    pub(crate) compiled_first: std::sync::OnceLock<CompiledFor>,
+    /// Compiled functions for the other CUDA devices the kernel ran on.
     pub(crate) compiled: Mutex<CompileCache>,
     /// The parameters the source declares, read at the first launch (`None`: unreadable).
     params: std::sync::OnceLock<Option<Vec<params::Param>>>,
@@ -108,6 +111,7 @@ impl Kernel {
                 source: Arc::from(source.into()),
                 options: Vec::new(),
                 host: None,
+                compiled_first: std::sync::OnceLock::new(),
                 compiled: Mutex::new(SmallVec::new()),
                 params: std::sync::OnceLock::new(),
             }),
@@ -122,11 +126,13 @@ impl Kernel {
                 source: shared.source.clone(),
                 options: shared.options.clone(),
                 host: shared.host.clone(),
+                compiled_first: std::sync::OnceLock::new(),
                 compiled: Mutex::new(SmallVec::new()),
                 params: std::sync::OnceLock::new(),
             },
         };
         f(&mut inner);
+        inner.compiled_first = std::sync::OnceLock::new();
         inner.compiled.lock().clear();
         Kernel {
             inner: Arc::new(inner),

@@ -262,7 +262,12 @@ pub(crate) fn check(kernel: &str, params: &[Param], args: &[KernelArg<'_>]) -> R
     }
     for (index, (param, arg)) in params.iter().zip(args).enumerate() {
         match arg {
-            KernelArg::Buffer { ty, ty_name, .. } => {
+            KernelArg::Buffer {
+                ty,
+                ty_name,
+                elem_size,
+                ..
+            } => {
                 if !param.pointer {
                     return Err(bad(
                         index,
@@ -272,8 +277,8 @@ pub(crate) fn check(kernel: &str, params: &[Param], args: &[KernelArg<'_>]) -> R
                         ),
                     ));
                 }
-                let size = rust_size(ty_name);
-                if let (Some(want), Some(got)) = (param.plain, Plain::of_rust(*ty, size)) {
+                let got = param.plain.and_then(|_| Plain::of_rust(*ty, *elem_size));
+                if let (Some(want), Some(got)) = (param.plain, got) {
                     if want != got {
                         return Err(bad(
                             index,
@@ -320,17 +325,6 @@ pub(crate) fn check(kernel: &str, params: &[Param], args: &[KernelArg<'_>]) -> R
         }
     }
     Ok(())
-}
-
-/// The size of the Rust element types buffers can hold, by name (buffers record their element
-/// type's name and `TypeId`, not its size).
-fn rust_size(name: &str) -> usize {
-    match name {
-        "i8" | "u8" | "bool" => 1,
-        "i16" | "u16" => 2,
-        "i64" | "u64" | "isize" | "usize" | "f64" => 8,
-        _ => 4,
-    }
 }
 
 #[cfg(test)]

@@ -35,6 +35,7 @@ template <typename V> __device__ __forceinline__ V op_max(V a, V b) { return a >
   if (warp_ == 0) { \
     V w_ = lane_ < nw_ ? sh[lane_] : (ID); \
     for (int o_ = 16; o_ > 0; o_ >>= 1) w_ = OP(w_, shfl_x<V>(w_, o_)); \
+    __syncwarp(); /* every lane has read sh[0] (the identity of max) before it is written */ \
     if (lane_ == 0) sh[0] = w_; \
   } \
   __syncthreads(); \

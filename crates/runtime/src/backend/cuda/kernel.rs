@@ -245,18 +245,38 @@ pub(crate) fn compile(
 
 /// The size of each parameter of `function`, from `cuFuncGetParamInfo`; `None` when the loaded
 /// driver lacks it (before CUDA 12.4) or fails.
+///
+/// Drivers of CUDA 13 and later say how many parameters there are (`cuFuncGetParamCount`), so
+/// every query succeeds; older ones are asked index after index until the driver answers that
+/// the index is past the last parameter (one expected `CUDA_ERROR_INVALID_VALUE`).
 fn param_sizes(function: sys::CUfunction) -> Option<Vec<usize>> {
     type ParamInfoFn =
         unsafe extern "C" fn(sys::CUfunction, usize, *mut usize, *mut usize) -> sys::CUresult;
+    type ParamCountFn = unsafe extern "C" fn(sys::CUfunction, *mut usize) -> sys::CUresult;
     // SAFETY: a CUDA device exists, so libcuda is loaded; looking a symbol up runs no code of
     // the library, and the symbol is only tested for presence here.
     let present = unsafe { sys::culib().get::<ParamInfoFn>(b"cuFuncGetParamInfo\0") }.is_ok();
     if !present {
         return None;
     }
+    // SAFETY: as above; the symbol, when present, has the signature of the driver's
+    // `CUresult cuFuncGetParamCount(CUfunction, size_t*)`.
+    let count_fn = unsafe { sys::culib().get::<ParamCountFn>(b"cuFuncGetParamCount\0") };
+    let count = match count_fn {
+        Ok(count_fn) => {
+            let mut count = 0usize;
+            // SAFETY: `function` is a loaded function of a live module (kept by the caller) and
+            // the out-pointer is valid for a write.
+            match unsafe { count_fn(function, &mut count) } {
+                sys::CUresult::CUDA_SUCCESS => Some(count),
+                _ => return None,
+            }
+        }
+        Err(_) => None,
+    };
     let mut sizes = Vec::new();
     // A kernel's parameters fit in 32 KiB, which bounds the loop on a misbehaving driver.
-    while sizes.len() <= 32 * 1024 {
+    while sizes.len() <= 32 * 1024 && count.is_none_or(|n| sizes.len() < n) {
         let (mut offset, mut size) = (0usize, 0usize);
         // SAFETY: `function` is a loaded function of a live module (kept by the caller); both
         // out-pointers are valid for writes; the symbol exists (checked above), so the lazy
@@ -264,12 +284,12 @@ fn param_sizes(function: sys::CUfunction) -> Option<Vec<usize>> {
         let r = unsafe { sys::cuFuncGetParamInfo(function, sizes.len(), &mut offset, &mut size) };
         match r {
             sys::CUresult::CUDA_SUCCESS => sizes.push(size),
-            // Past the last parameter.
-            sys::CUresult::CUDA_ERROR_INVALID_VALUE => return Some(sizes),
+            // Past the last parameter (asked only when the driver did not give the count).
+            sys::CUresult::CUDA_ERROR_INVALID_VALUE if count.is_none() => return Some(sizes),
             _ => return None,
         }
     }
-    None
+    count.map(|_| sizes)
 }
 
 struct ProgramGuard(nvrtc::sys::nvrtcProgram);

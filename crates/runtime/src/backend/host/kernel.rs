@@ -54,6 +54,7 @@ pub(crate) fn launch_host_kernel(
                 ty,
                 ty_name,
                 writable,
+                ..
             } => OwnedArg::Buffer {
                 mem: Arc::clone(mem),
                 byte_offset: *byte_offset,

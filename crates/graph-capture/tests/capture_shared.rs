@@ -1,0 +1,131 @@
+//! A `shared` op inside a captured multi-stream graph: the branches that read it are recorded
+//! after its work, so every replay gives them what this replay's producer wrote.
+
+use std::sync::Arc;
+
+use cuflow_device_op::{from_fn, zip, DeviceOpExt};
+use cuflow_graph_capture::GraphCaptureExt;
+use cuflow_runtime::{Device, DeviceBuffer, DeviceError, Kernel, KernelArgs, LaunchConfig};
+use cuflow_scheduler::StreamPoolRoundRobin;
+use rand::Rng;
+
+type Buf = Arc<DeviceBuffer<f32>>;
+
+/// `x[i] += 1` after a pause, so that a reader not ordered after it reads the old value.
+fn slow_increment() -> Kernel {
+    // SAFETY: the kernel reads and writes only `x[0..n)`, one element per thread, and has no
+    // data race of its own.
+    let kernel = unsafe {
+        Kernel::new(
+            "slow_increment",
+            r#"extern "C" __global__ void slow_increment(float* x, unsigned n, long long spin) {
+            long long start = clock64();
+            while (clock64() - start < spin) {}
+            for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
+                 i += blockDim.x * gridDim.x) {
+                x[i] = x[i] + 1.0f;
+            }
+        }"#,
+        )
+    };
+    kernel.with_host(|args| {
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        for v in args.output::<f32>(0)? {
+            *v += 1.0;
+        }
+        Ok(())
+    })
+}
+
+/// `dst[i] = src[i]`.
+fn copy() -> Kernel {
+    // SAFETY: the kernel reads `src[0..n)` and writes `dst[0..n)`, one element per thread.
+    let kernel = unsafe {
+        Kernel::new(
+            "copy_f32",
+            r#"extern "C" __global__ void copy_f32(float* dst, const float* src, unsigned n) {
+            for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
+                 i += blockDim.x * gridDim.x) {
+                dst[i] = src[i];
+            }
+        }"#,
+        )
+    };
+    kernel.with_host(|args| {
+        let src = args.input::<f32>(1)?;
+        args.output::<f32>(0)?.copy_from_slice(src);
+        Ok(())
+    })
+}
+
+#[test]
+fn two_branches_reading_a_shared_op_in_a_captured_multi_stream_graph_read_what_it_wrote(
+) -> Result<(), DeviceError> {
+    let device = Device::auto().expect("the device selected by CUFLOW_DEVICE must be usable");
+    let policy = StreamPoolRoundRobin::new(&device, 4)?;
+    let stream = device.new_stream()?;
+    let n = 1 << 16;
+    let mut rng = rand::thread_rng();
+    let mut want: Vec<f32> = (0..n).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+    let src: Buf = Arc::new(DeviceBuffer::from_host(&stream, &want)?);
+    let dsts: [Buf; 2] = [
+        Arc::new(DeviceBuffer::zeroed(&stream, n)?),
+        Arc::new(DeviceBuffer::zeroed(&stream, n)?),
+    ];
+    let produced = {
+        let src = src.clone();
+        from_fn(move |ctx| {
+            slow_increment().launch(
+                ctx.stream()?,
+                LaunchConfig::for_num_elems(n),
+                KernelArgs::new()
+                    .output(&*src)
+                    .scalar(n as u32)
+                    .scalar(2_000_000i64),
+            )?;
+            Ok(src)
+        })
+        .shared()
+    };
+    let read_into = |dst: &Buf| {
+        let dst = dst.clone();
+        produced.clone().then(move |src: Arc<Buf>| {
+            from_fn(move |ctx| {
+                copy().launch(
+                    ctx.stream()?,
+                    LaunchConfig::for_num_elems(n),
+                    KernelArgs::new()
+                        .output(&*dst)
+                        .input(&**src)
+                        .scalar(n as u32),
+                )?;
+                Ok(dst)
+            })
+        })
+    };
+    let mut graph = zip!(read_into(&dsts[0]), read_into(&dsts[1])).graph_with_policy(&policy)?;
+    assert!(
+        graph.capture_stats().streams.len() >= 2,
+        "the branches must be captured on streams of their own: {:?}",
+        graph.capture_stats()
+    );
+    for replay in 0..5 {
+        for dst in &dsts {
+            dst.copy_from_host(&stream, &vec![f32::NAN; n])?;
+        }
+        graph.replay_and_wait()?;
+        for v in &mut want {
+            *v += 1.0;
+        }
+        for (i, dst) in dsts.iter().enumerate() {
+            let got = dst.to_host_vec(graph.stream())?;
+            let wrong = got.iter().zip(&want).filter(|(g, w)| g != w).count();
+            assert_eq!(
+                wrong, 0,
+                "replay {replay}, branch {i}: {wrong} of {n} elements are not what the producer \
+                 wrote in this replay"
+            );
+        }
+    }
+    Ok(())
+}
