@@ -24,6 +24,7 @@
 
 pub use cuflow_device_op as device_op;
 pub use cuflow_graph_capture as graph_capture;
+pub use cuflow_models as models;
 pub use cuflow_runtime as runtime;
 pub use cuflow_scheduler as scheduler;
 pub use cuflow_tensor as tensor;

@@ -24,6 +24,7 @@ mod error;
 mod graph;
 mod kernels;
 mod launch;
+mod llama;
 mod multigpu;
 mod ops;
 mod overlap;
@@ -92,6 +93,13 @@ const BENCHMARKS: &[Benchmark] = &[
         iters_meaning: "unused (fixed trial sizes)",
         default_iters: 1,
         run: graph::run,
+    },
+    Benchmark {
+        name: "llama",
+        about: "Llama-3.2-1B-shaped batch-1 decode vs roofline and PyTorch (eager, graph, compile)",
+        iters_meaning: "unused (fixed trial sizes)",
+        default_iters: 1,
+        run: llama::run,
     },
     Benchmark {
         name: "multigpu",

@@ -15,6 +15,7 @@
 //!
 //! [`DeviceError`]: cuflow_runtime::DeviceError
 
+pub mod decode;
 mod elementwise;
 mod layout;
 mod matmul;

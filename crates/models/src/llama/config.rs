@@ -1,0 +1,312 @@
+//! The model's hyperparameters, read from a Hugging Face `config.json` or taken from a
+//! preset, and the rotary frequencies they imply.
+
+use std::path::Path;
+
+use cuflow_runtime::DeviceError;
+use serde::{Deserialize, Serialize};
+
+/// Llama 3 frequency scaling of rotary embeddings (`rope_scaling` in `config.json`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RopeScaling {
+    /// `"llama3"` (wavelength-dependent scaling) or `"linear"` (every frequency divided by
+    /// `factor`).
+    #[serde(alias = "type")]
+    pub rope_type: String,
+    /// How much longer the context is than the one the model was trained on.
+    pub factor: f64,
+    /// Wavelengths longer than `original_max_position_embeddings / low_freq_factor` are
+    /// scaled fully (Llama 3 only).
+    #[serde(default = "one")]
+    pub low_freq_factor: f64,
+    /// Wavelengths shorter than `original_max_position_embeddings / high_freq_factor` are
+    /// kept (Llama 3 only).
+    #[serde(default = "four")]
+    pub high_freq_factor: f64,
+    /// The training context of the unscaled model (Llama 3 only).
+    #[serde(default = "eight_k")]
+    pub original_max_position_embeddings: usize,
+}
+
+fn one() -> f64 {
+    1.0
+}
+fn four() -> f64 {
+    4.0
+}
+fn eight_k() -> usize {
+    8192
+}
+fn default_theta() -> f64 {
+    10_000.0
+}
+fn default_eps() -> f64 {
+    1e-5
+}
+fn default_max_pos() -> usize {
+    4096
+}
+
+/// The sizes and constants of a Llama model, with the field names of Hugging Face's
+/// `config.json` (unknown fields are ignored).
+///
+/// # Examples
+///
+/// ```
+/// use cuflow_models::llama::LlamaConfig;
+/// let cfg: LlamaConfig = serde_json::from_str(
+///     r#"{"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+///         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256}"#,
+/// ).unwrap();
+/// assert_eq!(cfg.head_dim(), 16);
+/// assert_eq!(cfg.rope_theta, 10000.0);
+/// ```
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LlamaConfig {
+    /// Width of the residual stream.
+    pub hidden_size: usize,
+    /// Width of the MLP's gate and up projections.
+    pub intermediate_size: usize,
+    /// Decoder layers.
+    pub num_hidden_layers: usize,
+    /// Query heads.
+    pub num_attention_heads: usize,
+    /// Key/value heads (grouped-query attention); `num_attention_heads` when absent.
+    #[serde(default)]
+    pub num_key_value_heads: Option<usize>,
+    /// Width of a head; `hidden_size / num_attention_heads` when absent.
+    #[serde(default)]
+    pub head_dim: Option<usize>,
+    /// Tokens of the vocabulary.
+    pub vocab_size: usize,
+    /// The `eps` of every RMS norm.
+    #[serde(default = "default_eps")]
+    pub rms_norm_eps: f64,
+    /// Base of the rotary frequencies.
+    #[serde(default = "default_theta")]
+    pub rope_theta: f64,
+    /// Frequency scaling of the rotary embedding, if any.
+    #[serde(default)]
+    pub rope_scaling: Option<RopeScaling>,
+    /// Whether the logits projection is the embedding table (no `lm_head.weight`).
+    #[serde(default)]
+    pub tie_word_embeddings: bool,
+    /// The longest context the model was made for (the default `max_seq` of a capture is
+    /// this, capped at 4096).
+    #[serde(default = "default_max_pos")]
+    pub max_position_embeddings: usize,
+}
+
+impl LlamaConfig {
+    /// A tiny model for tests and the host backend: 2 layers, hidden 64, 4 query heads and
+    /// 2 key/value heads of 16, MLP 128, vocabulary 256, Llama 3 rope scaling, untied.
+    pub fn tiny() -> LlamaConfig {
+        LlamaConfig {
+            hidden_size: 64,
+            intermediate_size: 128,
+            num_hidden_layers: 2,
+            num_attention_heads: 4,
+            num_key_value_heads: Some(2),
+            head_dim: None,
+            vocab_size: 256,
+            rms_norm_eps: 1e-5,
+            rope_theta: 500_000.0,
+            rope_scaling: Some(RopeScaling {
+                rope_type: "llama3".into(),
+                factor: 32.0,
+                low_freq_factor: 1.0,
+                high_freq_factor: 4.0,
+                original_max_position_embeddings: 64,
+            }),
+            tie_word_embeddings: false,
+            max_position_embeddings: 512,
+        }
+    }
+
+    /// The shape of Llama 3.2 1B: 16 layers, hidden 2048, 32 query heads and 8 key/value
+    /// heads of 64, MLP 8192, vocabulary 128256, tied embeddings, Llama 3 rope scaling
+    /// (2.47 GB of `bf16` weights).
+    pub fn llama_3_2_1b() -> LlamaConfig {
+        LlamaConfig {
+            hidden_size: 2048,
+            intermediate_size: 8192,
+            num_hidden_layers: 16,
+            num_attention_heads: 32,
+            num_key_value_heads: Some(8),
+            head_dim: Some(64),
+            vocab_size: 128_256,
+            rms_norm_eps: 1e-5,
+            rope_theta: 500_000.0,
+            rope_scaling: Some(RopeScaling {
+                rope_type: "llama3".into(),
+                factor: 32.0,
+                low_freq_factor: 1.0,
+                high_freq_factor: 4.0,
+                original_max_position_embeddings: 8192,
+            }),
+            tie_word_embeddings: true,
+            max_position_embeddings: 131_072,
+        }
+    }
+
+    /// Reads `config.json` from a checkpoint folder.
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceError::Usage`] naming the file when it cannot be read, is not valid JSON
+    /// with the fields above, or describes an unsupported model.
+    pub fn from_file(path: &Path) -> Result<LlamaConfig, DeviceError> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            DeviceError::usage(format!(
+                "cannot read {}: {e}; a checkpoint folder holds config.json beside its \
+                 *.safetensors files",
+                path.display()
+            ))
+        })?;
+        let cfg: LlamaConfig = serde_json::from_str(&text).map_err(|e| {
+            DeviceError::usage(format!(
+                "{} is not a Llama config.json: {e}; it needs hidden_size, \
+                 intermediate_size, num_hidden_layers, num_attention_heads and vocab_size",
+                path.display()
+            ))
+        })?;
+        cfg.validate()
+            .map_err(|e| DeviceError::usage(format!("{}: {e}", path.display())))?;
+        Ok(cfg)
+    }
+
+    /// Key/value heads.
+    pub fn kv_heads(&self) -> usize {
+        self.num_key_value_heads.unwrap_or(self.num_attention_heads)
+    }
+
+    /// Width of a head.
+    pub fn head_dim(&self) -> usize {
+        self.head_dim
+            .unwrap_or(self.hidden_size / self.num_attention_heads.max(1))
+    }
+
+    /// Rows of the fused query/key/value projection.
+    pub fn qkv_rows(&self) -> usize {
+        (self.num_attention_heads + 2 * self.kv_heads()) * self.head_dim()
+    }
+
+    /// Elements of every weight, as the model stores them.
+    pub fn parameter_count(&self) -> usize {
+        let (d, i, v) = (self.hidden_size, self.intermediate_size, self.vocab_size);
+        let layer = 2 * d
+            + self.qkv_rows() * d
+            + d * self.num_attention_heads * self.head_dim()
+            + 3 * i * d;
+        let head = if self.tie_word_embeddings { 0 } else { v * d };
+        v * d + self.num_hidden_layers * layer + d + head
+    }
+
+    /// Checks that the model is one the kernels run.
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceError::Usage`] saying which field is out of range and why.
+    pub fn validate(&self) -> Result<(), DeviceError> {
+        let bad = |what: String| {
+            Err(DeviceError::usage(format!(
+                "unsupported Llama config: {what}"
+            )))
+        };
+        let sizes = [
+            ("hidden_size", self.hidden_size),
+            ("intermediate_size", self.intermediate_size),
+            ("num_hidden_layers", self.num_hidden_layers),
+            ("num_attention_heads", self.num_attention_heads),
+            ("num_key_value_heads", self.kv_heads()),
+            ("vocab_size", self.vocab_size),
+        ];
+        if let Some((name, _)) = sizes.iter().find(|(_, v)| *v == 0) {
+            return bad(format!("{name} must be positive"));
+        }
+        if !self.num_attention_heads.is_multiple_of(self.kv_heads())
+            || self.num_attention_heads / self.kv_heads() > 8
+        {
+            return bad(format!(
+                "num_attention_heads {} must be a multiple of num_key_value_heads {}, at most 8 \
+                 times it",
+                self.num_attention_heads,
+                self.kv_heads()
+            ));
+        }
+        let hd = self.head_dim();
+        if !(16..=256).contains(&hd) || !hd.is_power_of_two() {
+            return bad(format!(
+                "head_dim {hd} must be a power of two from 16 to 256"
+            ));
+        }
+        for (name, v) in [
+            ("hidden_size", self.hidden_size),
+            ("intermediate_size", self.intermediate_size),
+        ] {
+            if v % 8 != 0 {
+                return bad(format!("{name} {v} must be a multiple of 8"));
+            }
+        }
+        if self.vocab_size > u32::MAX as usize / 2 {
+            return bad(format!(
+                "vocab_size {} does not fit u32 ids",
+                self.vocab_size
+            ));
+        }
+        let positive = |v: f64| v > 0.0;
+        if !positive(self.rope_theta) || self.rms_norm_eps.is_nan() || self.rms_norm_eps < 0.0 {
+            return bad("rope_theta must be positive and rms_norm_eps not negative".into());
+        }
+        if let Some(s) = &self.rope_scaling {
+            if !matches!(s.rope_type.as_str(), "llama3" | "linear" | "default") {
+                return bad(format!(
+                    "rope_scaling type {:?}: only \"llama3\", \"linear\" and \"default\" are \
+                     supported",
+                    s.rope_type
+                ));
+            }
+            if !positive(s.factor) || !positive(s.high_freq_factor - s.low_freq_factor) {
+                return bad(
+                    "rope_scaling needs factor > 0 and high_freq_factor > low_freq_factor".into(),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// The `head_dim / 2` rotary frequencies, `1 / rope_theta^(2i / head_dim)`, with the
+    /// config's scaling applied exactly as Hugging Face transformers applies it.
+    pub fn inv_freq(&self) -> Vec<f64> {
+        let hd = self.head_dim();
+        let base: Vec<f64> = (0..hd / 2)
+            .map(|i| 1.0 / self.rope_theta.powf((2 * i) as f64 / hd as f64))
+            .collect();
+        let Some(s) = &self.rope_scaling else {
+            return base;
+        };
+        match s.rope_type.as_str() {
+            "linear" => base.iter().map(|f| f / s.factor).collect(),
+            "llama3" => {
+                let old = s.original_max_position_embeddings as f64;
+                let (low_wavelen, high_wavelen) =
+                    (old / s.low_freq_factor, old / s.high_freq_factor);
+                base.iter()
+                    .map(|&f| {
+                        let wavelen = 2.0 * std::f64::consts::PI / f;
+                        if wavelen < high_wavelen {
+                            f
+                        } else if wavelen > low_wavelen {
+                            f / s.factor
+                        } else {
+                            let smooth = (old / wavelen - s.low_freq_factor)
+                                / (s.high_freq_factor - s.low_freq_factor);
+                            (1.0 - smooth) * f / s.factor + smooth * f
+                        }
+                    })
+                    .collect()
+            }
+            _ => base,
+        }
+    }
+}

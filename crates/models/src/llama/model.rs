@@ -1,0 +1,360 @@
+//! The model: weights and rotary table on a device, construction from a checkpoint or a
+//! seed, and the forward passes (prefill over a prompt, one decode step).
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use cuflow_device_op::{from_fn, DeviceOp, DeviceOpExt, ExecutionContext};
+use cuflow_runtime::{Device, DeviceError, Stream};
+use cuflow_tensor::kernels::decode::{self, AttentionShape, SampleParams};
+use cuflow_tensor::{api, bf16, kernels, Tensor};
+
+use super::config::LlamaConfig;
+use super::loader::{Checkpoint, Source, Stager};
+use super::options::GenerateOptions;
+use super::step::{LlamaStep, State};
+use super::testing::synthetic_map;
+use super::weights::{build, Weights};
+
+/// Partition length of prefill attention (decode uses 64).
+const PREFILL_CHUNK: usize = 512;
+
+/// How a checkpoint was loaded.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LoadStats {
+    /// Bytes read from the files.
+    pub bytes: usize,
+    /// Seconds from opening the folder until the weights were on the device.
+    pub seconds: f64,
+}
+
+impl LoadStats {
+    /// Gigabytes (10⁹ bytes) per second.
+    pub fn gb_per_s(&self) -> f64 {
+        self.bytes as f64 / self.seconds.max(1e-12) / 1e9
+    }
+}
+
+/// What every forward pass reads: the config, the weights and the rotary frequencies.
+#[derive(Debug)]
+pub(crate) struct Core {
+    pub(crate) cfg: LlamaConfig,
+    pub(crate) weights: Weights,
+    pub(crate) inv_freq: Tensor<f32>,
+}
+
+impl Core {
+    pub(crate) fn shape(&self, max_seq: usize) -> AttentionShape {
+        AttentionShape {
+            heads: self.cfg.num_attention_heads,
+            kv_heads: self.cfg.kv_heads(),
+            head_dim: self.cfg.head_dim(),
+            max_seq,
+        }
+    }
+
+    fn eps(&self) -> f32 {
+        self.cfg.rms_norm_eps as f32
+    }
+
+    /// One decode step over `state`: embeds `token` at position `pos`, runs every layer
+    /// (appending to the caches), computes the logits and samples the next token, which the
+    /// sampling kernel feeds back (`token`, `generated[pos + 1]`, `pos + 1`).
+    pub(crate) fn step<'a>(
+        &'a self,
+        s: &'a mut State,
+        params: SampleParams,
+    ) -> impl DeviceOp<Output = ()> + 'a {
+        from_fn(move |ctx: &mut ExecutionContext| {
+            let (w, eps, shape) = (&self.weights, self.eps(), self.shape(s.max_seq));
+            decode::embed_rows(&mut s.x, &w.embed, &s.token).execute(ctx)?;
+            for (l, lw) in w.layers.iter().enumerate() {
+                if l == 0 {
+                    decode::rms_norm_rows(&mut s.h, &s.x, &lw.attn_norm, eps).execute(ctx)?;
+                } else {
+                    decode::residual_rms_norm(&mut s.x, &mut s.h, &s.down, &lw.attn_norm, eps)
+                        .execute(ctx)?;
+                }
+                decode::gemv(&mut s.qkv, &lw.wqkv, &s.h, 0).execute(ctx)?;
+                let cache = &mut s.caches[l];
+                decode::rope_kv_append(&mut s.q, cache, &s.qkv, &self.inv_freq, &s.pos, shape)
+                    .execute(ctx)?;
+                decode::attention(&mut s.attn, &mut s.scratch, &s.q, cache, &s.pos, shape)
+                    .execute(ctx)?;
+                decode::gemv(&mut s.o, &lw.wo, &s.attn, 0).execute(ctx)?;
+                decode::residual_rms_norm(&mut s.x, &mut s.h, &s.o, &lw.mlp_norm, eps)
+                    .execute(ctx)?;
+                decode::gemv(&mut s.gu, &lw.w_gate_up, &s.h, 0).execute(ctx)?;
+                decode::silu_mul(&mut s.act, &s.gu).execute(ctx)?;
+                decode::gemv(&mut s.down, &lw.w_down, &s.act, 0).execute(ctx)?;
+            }
+            decode::residual_rms_norm(&mut s.x, &mut s.h, &s.down, &w.final_norm, eps)
+                .execute(ctx)?;
+            decode::gemv(&mut s.logits, &w.lm_head, &s.h, 0).execute(ctx)?;
+            decode::sample(
+                &mut s.token,
+                &mut s.generated,
+                &mut s.pos,
+                &mut s.rng,
+                &s.logits,
+                params,
+            )
+            .execute(ctx)
+        })
+    }
+
+    /// The forward pass over all `prompt` rows at positions `0..len` with matrix products,
+    /// writing the caches and the logits of the last row into `s.logits`. Allocates its
+    /// intermediates (it is not captured).
+    pub(crate) fn prefill<'a>(
+        &'a self,
+        s: &'a mut State,
+        prompt: &'a Tensor<u32>,
+    ) -> impl DeviceOp<Output = ()> + 'a {
+        from_fn(move |ctx: &mut ExecutionContext| {
+            let cfg = &self.cfg;
+            let (w, eps, shape) = (&self.weights, self.eps(), self.shape(s.max_seq));
+            let rows = prompt.len();
+            let (d, qd) = (cfg.hidden_size, cfg.num_attention_heads * cfg.head_dim());
+            let zeros =
+                |shape: &[usize], ctx: &mut ExecutionContext| api::zeros::<f32>(shape).execute(ctx);
+            api::memcpy(&mut s.pos, api::from_vec(vec![0u32], &[1])).execute(ctx)?;
+            let mut x = zeros(&[rows, d], ctx)?;
+            let mut h = zeros(&[rows, d], ctx)?;
+            let mut q = zeros(&[rows, qd], ctx)?;
+            let mut attn = zeros(&[rows, qd], ctx)?;
+            let parts = decode::attention_partitions(s.max_seq, PREFILL_CHUNK);
+            let mut scratch = zeros(
+                &[rows, cfg.num_attention_heads, parts, cfg.head_dim() + 2],
+                ctx,
+            )?;
+            let mut act = zeros(&[rows, cfg.intermediate_size], ctx)?;
+            decode::embed_rows(&mut x, &w.embed, prompt).execute(ctx)?;
+            let mut down: Option<Tensor<f32>> = None;
+            for (l, lw) in w.layers.iter().enumerate() {
+                match &down {
+                    None => decode::rms_norm_rows(&mut h, &x, &lw.attn_norm, eps).execute(ctx)?,
+                    Some(dn) => decode::residual_rms_norm(&mut x, &mut h, dn, &lw.attn_norm, eps)
+                        .execute(ctx)?,
+                }
+                let qkv = project(&h, &lw.wqkv).execute(ctx)?;
+                let cache = &mut s.caches[l];
+                decode::rope_kv_append(&mut q, cache, &qkv, &self.inv_freq, &s.pos, shape)
+                    .execute(ctx)?;
+                decode::attention(&mut attn, &mut scratch, &q, cache, &s.pos, shape)
+                    .execute(ctx)?;
+                let o = project(&attn, &lw.wo).execute(ctx)?;
+                decode::residual_rms_norm(&mut x, &mut h, &o, &lw.mlp_norm, eps).execute(ctx)?;
+                let gu = project(&h, &lw.w_gate_up).execute(ctx)?;
+                decode::silu_mul(&mut act, &gu).execute(ctx)?;
+                down = Some(project(&act, &lw.w_down).execute(ctx)?);
+            }
+            let dn = down.ok_or_else(|| DeviceError::internal("a model without layers"))?;
+            decode::residual_rms_norm(&mut x, &mut h, &dn, &w.final_norm, eps).execute(ctx)?;
+            decode::gemv(&mut s.logits, &w.lm_head, &h, rows - 1).execute(ctx)
+        })
+    }
+}
+
+/// `x · wᵀ` in `bf16` through the runtime's GEMM (cuBLAS on CUDA), `f32` in and out.
+fn project<'a>(
+    x: &'a Tensor<f32>,
+    w: &'a Tensor<bf16>,
+) -> impl DeviceOp<Output = Tensor<f32>> + 'a {
+    api::cast::<bf16, f32, _>(kernels::linear(api::cast::<f32, bf16, _>(x), w))
+}
+
+/// A Llama model on a device. See the [module docs](super) for what it computes.
+#[derive(Debug)]
+pub struct Llama {
+    core: Arc<Core>,
+    device: Device,
+    load: Option<LoadStats>,
+}
+
+impl Llama {
+    fn new(
+        device: &Device,
+        cfg: LlamaConfig,
+        source: Source<'_>,
+    ) -> Result<(Llama, usize), DeviceError> {
+        cfg.validate()?;
+        let stream = device.new_stream()?;
+        let mut stager = Stager::new(&stream, source)?;
+        let weights = build(&stream, &cfg, &mut stager)?;
+        let inv_freq: Vec<f32> = cfg.inv_freq().iter().map(|&f| f as f32).collect();
+        let n = inv_freq.len();
+        let inv_freq = api::from_vec(inv_freq, &[n]).sync_on(&stream)?;
+        decode::compile_all(device)?;
+        let model = Llama {
+            core: Arc::new(Core {
+                cfg,
+                weights,
+                inv_freq,
+            }),
+            device: device.clone(),
+            load: None,
+        };
+        Ok((model, stager.bytes_read))
+    }
+
+    /// Loads a Hugging Face checkpoint folder: `config.json` and the `*.safetensors` files
+    /// with the usual parameter names (`model.layers.N.self_attn.q_proj.weight`, ...), in
+    /// `f32`, `f16` or `bf16` (stored as `bf16` on the device). Tensors are read in chunks
+    /// through pinned staging buffers, overlapping file reads with copies to the device.
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceError::Usage`] naming the file or the tensor when the folder has no
+    /// `config.json` or `*.safetensors`, the config is unreadable or unsupported, or a tensor
+    /// is missing or has another shape than the config implies or an unsupported dtype;
+    /// device errors.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cuflow_models::llama::{testing, Llama, LlamaConfig};
+    /// use cuflow_runtime::Device;
+    /// # fn main() -> Result<(), cuflow_runtime::DeviceError> {
+    /// let dir = std::env::temp_dir().join(format!("cuflow-doc-load-{}", std::process::id()));
+    /// testing::write_tiny_checkpoint(&dir, &LlamaConfig::tiny(), 1)?;
+    /// let model = Llama::load(&Device::host(), &dir)?;
+    /// assert!(model.load_stats().is_some_and(|s| s.bytes == model.weight_bytes()));
+    /// # std::fs::remove_dir_all(&dir).ok();
+    /// # Ok(()) }
+    /// ```
+    pub fn load(device: &Device, path: impl AsRef<Path>) -> Result<Llama, DeviceError> {
+        let start = Instant::now();
+        let dir = path.as_ref();
+        let cfg = LlamaConfig::from_file(&dir.join("config.json"))?;
+        let checkpoint = Checkpoint::open(dir)?;
+        let _ = checkpoint.total_bytes();
+        let (mut model, bytes) = Llama::new(device, cfg, Source::Files(&checkpoint))?;
+        model.load = Some(LoadStats {
+            bytes,
+            seconds: start.elapsed().as_secs_f64(),
+        });
+        Ok(model)
+    }
+
+    /// A model of `cfg` with seeded random weights (the ones
+    /// [`testing::write_tiny_checkpoint`](super::testing::write_tiny_checkpoint) writes for
+    /// the same config and seed).
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceError::Usage`] for an unsupported config; device errors.
+    pub fn synthetic(device: &Device, cfg: LlamaConfig, seed: u64) -> Result<Llama, DeviceError> {
+        cfg.validate()?;
+        let tensors = synthetic_map(&cfg, seed);
+        Ok(Llama::new(device, cfg, Source::Memory(&tensors))?.0)
+    }
+
+    /// The model's config.
+    pub fn config(&self) -> &LlamaConfig {
+        &self.core.cfg
+    }
+
+    /// The device the weights live on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Bytes of the weights on the device (a decode step reads each once).
+    pub fn weight_bytes(&self) -> usize {
+        self.core.weights.bytes()
+    }
+
+    /// How [`Llama::load`] went; `None` for synthetic models.
+    pub fn load_stats(&self) -> Option<LoadStats> {
+        self.load
+    }
+
+    /// Generates `n` tokens after `prompt` eagerly (prefill, then one step op per token) and
+    /// returns them.
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceError::Usage`] for an empty prompt, an id outside the vocabulary, or a prompt
+    /// and generation longer than `options`' `max_seq`; device errors.
+    pub fn generate(
+        &self,
+        stream: &Stream,
+        prompt: &[u32],
+        n: usize,
+        options: &GenerateOptions,
+    ) -> Result<Vec<u32>, DeviceError> {
+        let mut opts = *options;
+        if opts.max_seq.is_none() {
+            opts.max_seq = Some(prompt.len() + n.max(1));
+        }
+        LlamaStep::new(self.core.clone(), stream, opts, false)?.generate_eager(prompt, n)
+    }
+
+    /// Captures one decode step into a graph on `stream`, with caches of `options`' `max_seq`
+    /// positions and its sampling choices: the returned step prefills and replays it.
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceError::Capture`] and device errors of the capture.
+    pub fn capture(
+        &self,
+        stream: &Stream,
+        options: GenerateOptions,
+    ) -> Result<LlamaStep, DeviceError> {
+        LlamaStep::new(
+            self.core.clone(),
+            stream,
+            self.with_default_seq(options),
+            true,
+        )
+    }
+
+    /// A decoder with the state of a capture but no graph: its steps run eagerly.
+    ///
+    /// # Errors
+    ///
+    /// Device errors.
+    pub fn decoder(
+        &self,
+        stream: &Stream,
+        options: GenerateOptions,
+    ) -> Result<LlamaStep, DeviceError> {
+        LlamaStep::new(
+            self.core.clone(),
+            stream,
+            self.with_default_seq(options),
+            false,
+        )
+    }
+
+    fn with_default_seq(&self, mut options: GenerateOptions) -> GenerateOptions {
+        if options.max_seq.is_none() {
+            options.max_seq = Some(self.core.cfg.max_position_embeddings.min(4096));
+        }
+        options
+    }
+
+    /// The logits (`vocab` values) after the last token of `prompt`, computed by the prefill
+    /// path (matrix products over all rows).
+    ///
+    /// # Errors
+    ///
+    /// As [`Llama::generate`].
+    pub fn prefill_logits(&self, stream: &Stream, prompt: &[u32]) -> Result<Vec<f32>, DeviceError> {
+        let opts = GenerateOptions::greedy().max_seq(prompt.len().max(1));
+        LlamaStep::new(self.core.clone(), stream, opts, false)?.logits(prompt, false)
+    }
+
+    /// The logits after the last token of `prompt`, computed by the decode step (the prompt
+    /// but its last token prefilled, then one step).
+    ///
+    /// # Errors
+    ///
+    /// As [`Llama::generate`].
+    pub fn decode_logits(&self, stream: &Stream, prompt: &[u32]) -> Result<Vec<f32>, DeviceError> {
+        let opts = GenerateOptions::greedy().max_seq(prompt.len().max(1));
+        LlamaStep::new(self.core.clone(), stream, opts, false)?.logits(prompt, true)
+    }
+}

@@ -1,0 +1,370 @@
+//! A decoder: the key/value caches and the workspace of one sequence, and the decode step
+//! over them, run eagerly or replayed from a captured graph.
+
+use std::sync::Arc;
+
+use cuflow_device_op::{enqueue_on, DeviceOpExt};
+use cuflow_graph_capture::{CudaGraph, GraphCaptureExt};
+use cuflow_runtime::{DeviceError, Stream};
+use cuflow_scheduler::{default_policy, SchedulingPolicy};
+use cuflow_tensor::kernels::decode;
+use cuflow_tensor::{api, bf16, Tensor};
+
+use super::model::Core;
+use super::options::GenerateOptions;
+
+/// Partition length of decode attention.
+const DECODE_CHUNK: usize = 64;
+
+/// Everything a decode step reads and writes besides the weights, allocated once.
+#[derive(Debug)]
+pub(crate) struct State {
+    pub(crate) max_seq: usize,
+    /// Per layer, `[2, kv_heads, max_seq, head_dim]`.
+    pub(crate) caches: Vec<Tensor<bf16>>,
+    /// The token the next step embeds, `[1]`.
+    pub(crate) token: Tensor<u32>,
+    /// The position of that token, `[1]`.
+    pub(crate) pos: Tensor<u32>,
+    /// Seed (two words) and counter of the sampling generator, `[3]`.
+    pub(crate) rng: Tensor<u32>,
+    /// `generated[p + 1]` is the token chosen after position `p`, `[max_seq + 1]`.
+    pub(crate) generated: Tensor<u32>,
+    pub(crate) x: Tensor<f32>,
+    pub(crate) h: Tensor<f32>,
+    pub(crate) qkv: Tensor<f32>,
+    pub(crate) q: Tensor<f32>,
+    pub(crate) attn: Tensor<f32>,
+    pub(crate) scratch: Tensor<f32>,
+    pub(crate) o: Tensor<f32>,
+    pub(crate) gu: Tensor<f32>,
+    pub(crate) act: Tensor<f32>,
+    pub(crate) down: Tensor<f32>,
+    pub(crate) logits: Tensor<f32>,
+}
+
+impl State {
+    fn new(core: &Core, stream: &Stream, max_seq: usize) -> Result<State, DeviceError> {
+        let cfg = &core.cfg;
+        let shape = core.shape(max_seq);
+        // Intermediates start as NaN, so a kernel that failed to write one shows.
+        let f = |shape: &[usize]| api::full::<f32>(shape, f32::NAN).sync_on(stream);
+        let (d, qd) = (cfg.hidden_size, cfg.num_attention_heads * cfg.head_dim());
+        let parts = decode::attention_partitions(max_seq, DECODE_CHUNK);
+        Ok(State {
+            max_seq,
+            caches: (0..cfg.num_hidden_layers)
+                .map(|_| api::zeros::<bf16>(&[shape.cache_len()]).sync_on(stream))
+                .collect::<Result<_, _>>()?,
+            token: api::zeros::<u32>(&[1]).sync_on(stream)?,
+            pos: api::zeros::<u32>(&[1]).sync_on(stream)?,
+            rng: api::zeros::<u32>(&[3]).sync_on(stream)?,
+            generated: api::full::<u32>(&[max_seq + 1], u32::MAX).sync_on(stream)?,
+            x: f(&[1, d])?,
+            h: f(&[1, d])?,
+            qkv: f(&[1, cfg.qkv_rows()])?,
+            q: f(&[1, qd])?,
+            attn: f(&[1, qd])?,
+            scratch: f(&[1, cfg.num_attention_heads, parts, cfg.head_dim() + 2])?,
+            o: f(&[1, d])?,
+            gu: f(&[1, 2 * cfg.intermediate_size])?,
+            act: f(&[1, cfg.intermediate_size])?,
+            down: f(&[1, d])?,
+            logits: f(&[cfg.vocab_size])?,
+        })
+    }
+}
+
+/// A decoder of one sequence at a time, with caches of `max_seq` positions, and (from
+/// [`Llama::capture`](super::Llama::capture)) its decode step captured into a graph.
+///
+/// [`generate`](Self::generate) replays the graph; [`generate_eager`](Self::generate_eager)
+/// runs the same step op eagerly over the same state, and gives the same tokens.
+#[derive(Debug)]
+pub struct LlamaStep {
+    core: Arc<Core>,
+    state: State,
+    options: GenerateOptions,
+    stream: Stream,
+    policy: Arc<dyn SchedulingPolicy>,
+    graph: Option<CudaGraph<()>>,
+    /// Length of the prompt last prefilled, and tokens generated since.
+    prompt_len: usize,
+    produced: usize,
+}
+
+impl LlamaStep {
+    pub(crate) fn new(
+        core: Arc<Core>,
+        stream: &Stream,
+        options: GenerateOptions,
+        capture: bool,
+    ) -> Result<LlamaStep, DeviceError> {
+        let max_seq = options.max_seq.unwrap_or(1).max(1);
+        if max_seq >= u32::MAX as usize / 2 {
+            return Err(DeviceError::usage(format!(
+                "max_seq {max_seq} does not fit the kernels' 32-bit positions"
+            )));
+        }
+        let mut state = State::new(&core, stream, max_seq)?;
+        let policy = default_policy(stream.device())?;
+        let graph = if capture {
+            decode::compile_all(stream.device())?;
+            Some(
+                core.step(&mut state, options.sample)
+                    .graph_on(stream.clone())?,
+            )
+        } else {
+            None
+        };
+        Ok(LlamaStep {
+            core,
+            state,
+            options,
+            stream: stream.clone(),
+            policy,
+            graph,
+            prompt_len: 0,
+            produced: 0,
+        })
+    }
+
+    /// Positions the caches hold: prompt plus generated tokens must fit.
+    pub fn max_seq(&self) -> usize {
+        self.state.max_seq
+    }
+
+    /// Whether the step is captured (else [`decode`](Self::decode) runs eagerly).
+    pub fn is_captured(&self) -> bool {
+        self.graph.is_some()
+    }
+
+    /// Kernels and copies in the captured graph (0 when not captured).
+    ///
+    /// # Errors
+    ///
+    /// A driver error.
+    pub fn node_count(&self) -> Result<usize, DeviceError> {
+        self.graph
+            .as_ref()
+            .map_or(Ok(0), |g| g.graph().node_count())
+    }
+
+    fn check(&self, prompt: &[u32], n: usize) -> Result<(), DeviceError> {
+        let vocab = self.core.cfg.vocab_size;
+        if prompt.is_empty() {
+            return Err(DeviceError::usage(
+                "the prompt is empty; give at least one token id",
+            ));
+        }
+        if let Some(bad) = prompt.iter().find(|&&id| id as usize >= vocab) {
+            return Err(DeviceError::usage(format!(
+                "prompt id {bad} is outside the vocabulary of {vocab} tokens"
+            )));
+        }
+        if prompt.len() + n > self.state.max_seq {
+            return Err(DeviceError::usage(format!(
+                "a prompt of {} tokens and {n} generated tokens need {} positions, but the \
+                 caches hold max_seq = {}; raise GenerateOptions::max_seq",
+                prompt.len(),
+                prompt.len() + n,
+                self.state.max_seq
+            )));
+        }
+        Ok(())
+    }
+
+    fn enqueue<O: cuflow_device_op::DeviceOp>(
+        stream: &Stream,
+        policy: &Arc<dyn SchedulingPolicy>,
+        op: O,
+    ) -> Result<O::Output, DeviceError> {
+        Ok(enqueue_on(op, stream, policy.clone())?.0)
+    }
+
+    /// Resets the sequence to `prompt`: prefills it (matrix products over all its tokens),
+    /// then chooses the first generated token. Waits for nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceError::Usage`] for an empty prompt, an id outside the vocabulary, or a prompt
+    /// that leaves no position free; device errors.
+    pub fn prefill(&mut self, prompt: &[u32]) -> Result<(), DeviceError> {
+        self.check(prompt, 1)?;
+        let (stream, policy) = (&self.stream, &self.policy);
+        let s = &mut self.state;
+        let seed = self.options.seed;
+        Self::enqueue(
+            stream,
+            policy,
+            api::memcpy(
+                &mut s.rng,
+                api::from_vec(vec![seed as u32, (seed >> 32) as u32, 0], &[3]),
+            ),
+        )?;
+        let ids = api::from_vec(prompt.to_vec(), &[prompt.len()]).sync_on(stream)?;
+        Self::enqueue(stream, policy, self.core.prefill(s, &ids))?;
+        let last = (prompt.len() - 1) as u32;
+        Self::enqueue(
+            stream,
+            policy,
+            api::memcpy(&mut s.pos, api::from_vec(vec![last], &[1])),
+        )?;
+        Self::enqueue(
+            stream,
+            policy,
+            decode::sample(
+                &mut s.token,
+                &mut s.generated,
+                &mut s.pos,
+                &mut s.rng,
+                &s.logits,
+                self.options.sample,
+            ),
+        )?;
+        self.prompt_len = prompt.len();
+        self.produced = 1;
+        Ok(())
+    }
+
+    fn check_room(&self, n: usize) -> Result<(), DeviceError> {
+        if self.prompt_len == 0 {
+            return Err(DeviceError::usage(
+                "decode before prefill: call prefill(prompt) first",
+            ));
+        }
+        if self.prompt_len + self.produced + n > self.state.max_seq {
+            return Err(DeviceError::usage(format!(
+                "{n} more tokens after {} prompt and {} generated tokens exceed max_seq = {}",
+                self.prompt_len, self.produced, self.state.max_seq
+            )));
+        }
+        Ok(())
+    }
+
+    /// Generates `n` more tokens by replaying the captured step (eagerly when the step was
+    /// not captured); waits for nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceError::Usage`] before [`prefill`](Self::prefill) or past `max_seq`; device
+    /// errors.
+    pub fn decode(&mut self, n: usize) -> Result<(), DeviceError> {
+        self.check_room(n)?;
+        match &mut self.graph {
+            Some(graph) => {
+                for _ in 0..n {
+                    graph.launch()?;
+                }
+            }
+            None => return self.decode_eager(n),
+        }
+        self.produced += n;
+        Ok(())
+    }
+
+    /// Generates `n` more tokens running the step op eagerly (one op per token); waits for
+    /// nothing.
+    ///
+    /// # Errors
+    ///
+    /// As [`decode`](Self::decode).
+    pub fn decode_eager(&mut self, n: usize) -> Result<(), DeviceError> {
+        self.check_room(n)?;
+        for _ in 0..n {
+            let op = self.core.step(&mut self.state, self.options.sample);
+            Self::enqueue(&self.stream, &self.policy, op)?;
+        }
+        self.produced += n;
+        Ok(())
+    }
+
+    /// Waits for the work enqueued so far.
+    ///
+    /// # Errors
+    ///
+    /// Device errors of that work.
+    pub fn synchronize(&self) -> Result<(), DeviceError> {
+        self.stream.synchronize()
+    }
+
+    /// The tokens generated since the last prefill (one read of the device buffer).
+    ///
+    /// # Errors
+    ///
+    /// Device errors.
+    pub fn tokens(&self) -> Result<Vec<u32>, DeviceError> {
+        let all = self.state.generated.to_host_vec_on(&self.stream)?;
+        Ok(all
+            .get(self.prompt_len..self.prompt_len + self.produced)
+            .unwrap_or_default()
+            .to_vec())
+    }
+
+    /// Prefills `prompt` and generates `n` tokens by replaying the captured step `n - 1`
+    /// times; returns the `n` tokens.
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceError::Usage`] for an empty prompt, an id outside the vocabulary, or more
+    /// than `max_seq` positions; device errors.
+    pub fn generate(&mut self, prompt: &[u32], n: usize) -> Result<Vec<u32>, DeviceError> {
+        self.check(prompt, n)?;
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        self.prefill(prompt)?;
+        self.decode(n - 1)?;
+        self.tokens()
+    }
+
+    /// [`generate`](Self::generate) with the step run eagerly: the same tokens.
+    ///
+    /// # Errors
+    ///
+    /// As [`generate`](Self::generate).
+    pub fn generate_eager(&mut self, prompt: &[u32], n: usize) -> Result<Vec<u32>, DeviceError> {
+        self.check(prompt, n)?;
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        self.prefill(prompt)?;
+        self.decode_eager(n - 1)?;
+        self.tokens()
+    }
+
+    /// The logits after `prompt` by prefill (`by_step == false`) or by one decode step after
+    /// prefilling all but the last token.
+    pub(crate) fn logits(
+        &mut self,
+        prompt: &[u32],
+        by_step: bool,
+    ) -> Result<Vec<f32>, DeviceError> {
+        self.check(prompt, 0)?;
+        let (stream, policy) = (&self.stream, &self.policy);
+        if !by_step {
+            let ids = api::from_vec(prompt.to_vec(), &[prompt.len()]).sync_on(stream)?;
+            Self::enqueue(stream, policy, self.core.prefill(&mut self.state, &ids))?;
+        } else {
+            let (head, last) = prompt.split_at(prompt.len() - 1);
+            if !head.is_empty() {
+                let ids = api::from_vec(head.to_vec(), &[head.len()]).sync_on(stream)?;
+                Self::enqueue(stream, policy, self.core.prefill(&mut self.state, &ids))?;
+            }
+            let s = &mut self.state;
+            Self::enqueue(
+                stream,
+                policy,
+                api::memcpy(&mut s.token, api::from_vec(last.to_vec(), &[1])),
+            )?;
+            let p = vec![head.len() as u32];
+            Self::enqueue(
+                stream,
+                policy,
+                api::memcpy(&mut s.pos, api::from_vec(p, &[1])),
+            )?;
+            Self::enqueue(stream, policy, self.core.step(s, self.options.sample))?;
+        }
+        self.state.logits.to_host_vec_on(stream)
+    }
+}

@@ -1,0 +1,161 @@
+//! Writing checkpoints in the Hugging Face layout (`config.json` + `model.safetensors`), so
+//! tests, examples and benchmarks exercise the real loader with weights they make
+//! themselves.
+//!
+//! The synthetic tensors are the ones [`Llama::synthetic`](super::Llama::synthetic) uses for
+//! the same config and seed, so a checkpoint written here loads into the same model.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use cuflow_runtime::DeviceError;
+use cuflow_tensor::f16;
+use safetensors::tensor::TensorView;
+use safetensors::Dtype;
+
+use super::config::LlamaConfig;
+use super::weights::{hf_tensors, synthetic_values};
+
+/// The element type of a checkpoint tensor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WeightDtype {
+    /// `F32`.
+    F32,
+    /// `F16`.
+    F16,
+    /// `BF16`.
+    Bf16,
+    /// `I32`, which the loader refuses (for testing its errors).
+    I32,
+}
+
+impl WeightDtype {
+    pub(crate) fn safetensors(self) -> Dtype {
+        match self {
+            WeightDtype::F32 => Dtype::F32,
+            WeightDtype::F16 => Dtype::F16,
+            WeightDtype::Bf16 => Dtype::BF16,
+            WeightDtype::I32 => Dtype::I32,
+        }
+    }
+}
+
+/// One tensor of a checkpoint: its name, dtype, shape and little-endian bytes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CheckpointTensor {
+    /// The Hugging Face parameter name, e.g. `model.layers.0.self_attn.q_proj.weight`.
+    pub name: String,
+    /// The element type of `data`.
+    pub dtype: WeightDtype,
+    /// The shape.
+    pub shape: Vec<usize>,
+    /// The elements, little-endian.
+    pub data: Vec<u8>,
+}
+
+/// The synthetic weights of `cfg` and `seed`, stored as `dtype` (`bf16` values, converted;
+/// `I32` stores each value's bits).
+pub fn synthetic_tensors(
+    cfg: &LlamaConfig,
+    seed: u64,
+    dtype: WeightDtype,
+) -> Vec<CheckpointTensor> {
+    hf_tensors(cfg)
+        .into_iter()
+        .map(|(name, shape)| {
+            let values = synthetic_values(&name, &shape, seed);
+            let data: Vec<u8> = match dtype {
+                WeightDtype::Bf16 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+                WeightDtype::F32 => values
+                    .iter()
+                    .flat_map(|v| v.to_f32().to_le_bytes())
+                    .collect(),
+                WeightDtype::F16 => values
+                    .iter()
+                    .flat_map(|v| f16::from_f32(v.to_f32()).to_le_bytes())
+                    .collect(),
+                WeightDtype::I32 => values
+                    .iter()
+                    .flat_map(|v| i32::from(v.to_bits()).to_le_bytes())
+                    .collect(),
+            };
+            CheckpointTensor {
+                name,
+                dtype,
+                shape,
+                data,
+            }
+        })
+        .collect()
+}
+
+/// The synthetic tensors of `cfg` and `seed` by name, as `bf16`.
+pub(crate) fn synthetic_map(cfg: &LlamaConfig, seed: u64) -> HashMap<String, CheckpointTensor> {
+    synthetic_tensors(cfg, seed, WeightDtype::Bf16)
+        .into_iter()
+        .map(|t| (t.name.clone(), t))
+        .collect()
+}
+
+/// Writes `cfg` as `dir/config.json` and `tensors` as `dir/model.safetensors`, creating
+/// `dir` if needed.
+///
+/// # Errors
+///
+/// [`DeviceError::Usage`] naming the file that could not be written, or the tensor whose
+/// bytes do not match its shape and dtype.
+pub fn write_checkpoint(
+    dir: &Path,
+    cfg: &LlamaConfig,
+    tensors: &[CheckpointTensor],
+) -> Result<(), DeviceError> {
+    let write_err = |path: &Path, e: &dyn std::fmt::Display| {
+        DeviceError::usage(format!("cannot write {}: {e}", path.display()))
+    };
+    std::fs::create_dir_all(dir).map_err(|e| write_err(dir, &e))?;
+    let config_path = dir.join("config.json");
+    let json = serde_json::to_string_pretty(cfg).map_err(|e| write_err(&config_path, &e))?;
+    std::fs::write(&config_path, json).map_err(|e| write_err(&config_path, &e))?;
+    let views = tensors
+        .iter()
+        .map(|t| {
+            TensorView::new(t.dtype.safetensors(), t.shape.clone(), &t.data)
+                .map(|v| (t.name.clone(), v))
+                .map_err(|e| {
+                    DeviceError::usage(format!(
+                        "tensor `{}`: {} bytes do not hold {:?} of {:?}: {e}",
+                        t.name,
+                        t.data.len(),
+                        t.shape,
+                        t.dtype
+                    ))
+                })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let path = dir.join("model.safetensors");
+    safetensors::serialize_to_file(views, None, &path).map_err(|e| write_err(&path, &e))
+}
+
+/// Writes the synthetic weights of `cfg` and `seed` as a `bf16` checkpoint in `dir`: the
+/// same weights as `Llama::synthetic(device, cfg, seed)`.
+///
+/// # Errors
+///
+/// As [`write_checkpoint`].
+///
+/// # Examples
+///
+/// ```
+/// use cuflow_models::llama::{testing, Llama, LlamaConfig};
+/// use cuflow_runtime::Device;
+/// # fn main() -> Result<(), cuflow_runtime::DeviceError> {
+/// let dir = std::env::temp_dir().join(format!("cuflow-doc-tiny-{}", std::process::id()));
+/// testing::write_tiny_checkpoint(&dir, &LlamaConfig::tiny(), 7)?;
+/// let model = Llama::load(&Device::host(), &dir)?;
+/// assert_eq!(model.config(), &LlamaConfig::tiny());
+/// # std::fs::remove_dir_all(&dir).ok();
+/// # Ok(()) }
+/// ```
+pub fn write_tiny_checkpoint(dir: &Path, cfg: &LlamaConfig, seed: u64) -> Result<(), DeviceError> {
+    write_checkpoint(dir, cfg, &synthetic_tensors(cfg, seed, WeightDtype::Bf16))
+}

@@ -1,0 +1,80 @@
+//! Generation: eager and replayed ids agree, sampling is seeded and reproducible, and bad
+//! requests are errors.
+
+use cuflow_models::llama::{GenerateOptions, Llama, LlamaConfig};
+use cuflow_runtime::{Device, DeviceError};
+
+const PROMPT: [u32; 5] = [3, 141, 59, 26, 200];
+
+fn model() -> Result<(Device, Llama), DeviceError> {
+    let device = Device::auto()?;
+    let model = Llama::synthetic(&device, LlamaConfig::tiny(), 5)?;
+    Ok((device, model))
+}
+
+#[test]
+fn replayed_greedy_ids_equal_eager_ids() -> Result<(), DeviceError> {
+    let (device, model) = model()?;
+    let stream = device.new_stream()?;
+    let eager = model.generate(&stream, &PROMPT, 12, &GenerateOptions::greedy())?;
+    assert_eq!(eager.len(), 12);
+    assert!(
+        eager.iter().any(|&t| t != eager[0]),
+        "degenerate generation {eager:?}"
+    );
+    let mut step = model.capture(&stream, GenerateOptions::greedy().max_seq(32))?;
+    assert!(step.is_captured());
+    assert_eq!(step.generate(&PROMPT, 12)?, eager);
+    // Again on the same state, and eagerly over the captured step's state.
+    assert_eq!(step.generate(&PROMPT, 12)?, eager);
+    assert_eq!(step.generate_eager(&PROMPT, 12)?, eager);
+    // A shorter prompt is a new sequence: its own prefix of a generation.
+    let short = model.generate(&stream, &PROMPT[..2], 4, &GenerateOptions::greedy())?;
+    assert_eq!(step.generate(&PROMPT[..2], 4)?, short);
+    Ok(())
+}
+
+#[test]
+fn sampling_is_seeded_and_top_k_1_is_greedy() -> Result<(), DeviceError> {
+    let (device, model) = model()?;
+    let stream = device.new_stream()?;
+    let greedy = model.generate(&stream, &PROMPT, 10, &GenerateOptions::greedy())?;
+    let sampled = GenerateOptions::sampled(1.0).top_k(50).top_p(0.9).seed(42);
+    let a = model.generate(&stream, &PROMPT, 10, &sampled)?;
+    let b = model.generate(&stream, &PROMPT, 10, &sampled)?;
+    assert_eq!(a, b, "the same seed gives the same tokens");
+    let c = model.generate(&stream, &PROMPT, 10, &sampled.seed(43))?;
+    assert_ne!(a, c, "another seed gives other tokens");
+    let mut step = model.capture(&stream, sampled.max_seq(32))?;
+    assert_eq!(
+        step.generate(&PROMPT, 10)?,
+        a,
+        "replayed sampling matches eager"
+    );
+    let top1 = GenerateOptions::sampled(1.0).top_k(1).seed(9);
+    assert_eq!(model.generate(&stream, &PROMPT, 10, &top1)?, greedy);
+    // A nucleus narrower than the best token's probability keeps only the best token.
+    let narrow = GenerateOptions::sampled(0.7).top_p(1e-6).seed(3);
+    assert_eq!(model.generate(&stream, &PROMPT, 10, &narrow)?, greedy);
+    Ok(())
+}
+
+#[test]
+fn bad_requests_are_errors() -> Result<(), DeviceError> {
+    let (device, model) = model()?;
+    let stream = device.new_stream()?;
+    let opts = GenerateOptions::greedy().max_seq(8);
+    let too_long = model.generate(&stream, &PROMPT, 4, &opts).unwrap_err();
+    assert!(too_long.to_string().contains("max_seq"), "{too_long}");
+    let mut step = model.capture(&stream, opts)?;
+    let err = step.generate(&[1; 9], 1).unwrap_err();
+    assert!(err.to_string().contains("max_seq = 8"), "{err}");
+    let err = step.generate(&[], 1).unwrap_err();
+    assert!(err.to_string().contains("empty"), "{err}");
+    let err = step.generate(&[256], 1).unwrap_err();
+    assert!(err.to_string().contains("outside the vocabulary"), "{err}");
+    assert!(step.decode(1).is_err(), "decode before prefill");
+    // The step still works after refused requests.
+    assert_eq!(step.generate(&PROMPT, 3)?.len(), 3);
+    Ok(())
+}

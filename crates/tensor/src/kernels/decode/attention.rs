@@ -1,0 +1,418 @@
+//! Attention of query rows over a layer's key/value cache, split over the sequence
+//! (flash-decoding): the positions `0..=p` a query attends are cut into partitions of
+//! `chunk` positions, each partition is reduced by its own block into a partial result (its
+//! score maximum `m`, the sum `l` of `exp(score − m)`, and the `exp`-weighted sum of values),
+//! and a second kernel combines the partitions of each head with the usual rescaling. Long
+//! contexts thus spread over many blocks instead of one block per head.
+//!
+//! Grouped-query attention reads each key and value once per group: a block handles one
+//! key/value head and all the query heads that share it. Query row `r` sits at position
+//! `pos[0] + r` and attends positions `0..=pos[0] + r` (causal), clamped to the cache.
+//!
+//! The partial results live in a scratch tensor the caller allocates once,
+//! `[rows, heads, parts, head_dim + 2]` `f32`; partitions past a row's last position write
+//! `m = −∞` and are skipped by the combine without reading their (unwritten) values.
+
+use cuflow_device_op::{from_fn, ExecutionContext};
+use cuflow_runtime::{DeviceError, Kernel, KernelArgs, LaunchConfig};
+use half::bf16;
+
+use super::{bf16_defs, check_len, first_index, u32_of};
+use crate::kernels::check_device;
+use crate::op::{cached_kernel, TensorOp};
+use crate::tensor::Tensor;
+
+/// Threads per block of the partial kernel.
+const PARTIAL_THREADS: usize = 128;
+/// The largest partition the partial kernel holds scores for.
+const MAX_CHUNK: usize = 1024;
+/// The most query heads that share one key/value head.
+const MAX_GROUP: usize = 8;
+
+/// The sizes of multi-head attention over a cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttentionShape {
+    /// Query heads; a multiple of `kv_heads`, at most 8 per key/value head.
+    pub heads: usize,
+    /// Key/value heads.
+    pub kv_heads: usize,
+    /// Width of a head: a power of two from 16 to 256.
+    pub head_dim: usize,
+    /// Positions the cache holds.
+    pub max_seq: usize,
+}
+
+impl AttentionShape {
+    /// Elements of one layer's cache, `[2, kv_heads, max_seq, head_dim]`.
+    pub fn cache_len(&self) -> usize {
+        2 * self.kv_heads * self.max_seq * self.head_dim
+    }
+
+    pub(super) fn check(&self, op: &'static str) -> Result<(), DeviceError> {
+        let bad = |reason: String| Err(DeviceError::InvalidShape { op, reason });
+        if self.kv_heads == 0 || !self.heads.is_multiple_of(self.kv_heads) {
+            return bad(format!(
+                "{} query heads are not a multiple of {} key/value heads",
+                self.heads, self.kv_heads
+            ));
+        }
+        if self.heads / self.kv_heads > MAX_GROUP {
+            return bad(format!(
+                "{} query heads per key/value head; at most {MAX_GROUP} are supported",
+                self.heads / self.kv_heads
+            ));
+        }
+        if !(16..=256).contains(&self.head_dim) || !self.head_dim.is_power_of_two() {
+            return bad(format!(
+                "head_dim {} must be a power of two from 16 to 256",
+                self.head_dim
+            ));
+        }
+        if self.max_seq == 0 {
+            return bad("max_seq must be positive".into());
+        }
+        Ok(())
+    }
+}
+
+/// The number of partitions of about `chunk` positions that cover `max_seq` positions: the
+/// third axis of the scratch tensor of [`attention`]. Partitions hold at most 1024 positions.
+pub fn attention_partitions(max_seq: usize, chunk: usize) -> usize {
+    max_seq.div_ceil(chunk.clamp(1, MAX_CHUNK)).max(1)
+}
+
+pub(super) fn partial_kernel() -> Kernel {
+    cached_kernel("decode_attention_partial", "bf16", || {
+        let source = format!(
+            r#"{defs}
+#define MAX_GROUP {max_group}
+__device__ __forceinline__ float bf_lo(unsigned v) {{ return __uint_as_float(v << 16); }}
+__device__ __forceinline__ float bf_hi(unsigned v) {{ return __uint_as_float(v & 0xffff0000u); }}
+extern "C" __global__ void decode_attention_partial(
+    float* part, const float* q, const T_bf16* cache, const unsigned* pos, unsigned heads,
+    unsigned kv_heads, unsigned head_dim, unsigned max_seq, unsigned parts, unsigned chunk,
+    float scale) {{
+  extern __shared__ float sm[];
+  const unsigned g = heads / kv_heads, hd = head_dim, W = hd + 2;
+  unsigned b = blockIdx.x;
+  const unsigned pi = b % parts; b /= parts;
+  const unsigned kvh = b % kv_heads;
+  const unsigned row = b / kv_heads;
+  unsigned qp = pos[0] + row;
+  if (qp >= max_seq) qp = max_seq - 1;
+  const unsigned n = qp + 1, t0 = pi * chunk;
+  const unsigned t1 = t0 + chunk < n ? t0 + chunk : n;
+  float* outp = part + ((unsigned long long)row * heads + (unsigned long long)kvh * g) * parts * W;
+  if (t0 >= t1) {{
+    for (unsigned j = threadIdx.x; j < g; j += blockDim.x) {{
+      float* o = outp + ((unsigned long long)j * parts + pi) * W;
+      o[hd] = -__int_as_float(0x7f800000);
+      o[hd + 1] = 0.0f;
+    }}
+    return;
+  }}
+  const unsigned len = t1 - t0;
+  float* qs = sm;                 // [g][hd], pre-scaled
+  float* s = qs + g * hd;         // [g][chunk]
+  float* red = s + g * chunk;     // [groups][g][hd]
+  const float* qrow = q + ((unsigned long long)row * heads + (unsigned long long)kvh * g) * hd;
+  for (unsigned i = threadIdx.x; i < g * hd; i += blockDim.x) qs[i] = qrow[i] * scale;
+  __syncthreads();
+  const T_bf16* K = cache + (unsigned long long)kvh * max_seq * hd;
+  const T_bf16* V = cache + (unsigned long long)(kv_heads + kvh) * max_seq * hd;
+  for (unsigned t = threadIdx.x; t < len; t += blockDim.x) {{
+    const uint4* k4 = (const uint4*)(K + (unsigned long long)(t0 + t) * hd);
+    float acc[MAX_GROUP];
+#pragma unroll
+    for (int j = 0; j < MAX_GROUP; ++j) acc[j] = 0.0f;
+    for (unsigned c = 0; c < hd / 8; ++c) {{
+      const uint4 w = k4[c];
+      const float kf[8] = {{bf_lo(w.x), bf_hi(w.x), bf_lo(w.y), bf_hi(w.y),
+                           bf_lo(w.z), bf_hi(w.z), bf_lo(w.w), bf_hi(w.w)}};
+#pragma unroll
+      for (int j = 0; j < MAX_GROUP; ++j) {{
+        if (j < (int)g) {{
+          const float* qj = qs + j * hd + c * 8;
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[j] = fmaf(qj[e], kf[e], acc[j]);
+        }}
+      }}
+    }}
+#pragma unroll
+    for (int j = 0; j < MAX_GROUP; ++j) if (j < (int)g) s[j * chunk + t] = acc[j];
+  }}
+  __syncthreads();
+  const unsigned lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  for (unsigned j = warp; j < g; j += warps) {{
+    float m = -__int_as_float(0x7f800000);
+    for (unsigned t = lane; t < len; t += 32) m = fmaxf(m, s[j * chunk + t]);
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    float l = 0.0f;
+    for (unsigned t = lane; t < len; t += 32) {{
+      const float e = expf(s[j * chunk + t] - m);
+      s[j * chunk + t] = e;
+      l += e;
+    }}
+    for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
+    if (lane == 0) {{
+      float* o = outp + ((unsigned long long)j * parts + pi) * W;
+      o[hd] = m;
+      o[hd + 1] = l;
+    }}
+  }}
+  __syncthreads();
+  const unsigned pair_threads = hd / 2, groups = blockDim.x / pair_threads;
+  const unsigned rg = threadIdx.x / pair_threads, cp = threadIdx.x % pair_threads;
+  float acc0[MAX_GROUP], acc1[MAX_GROUP];
+#pragma unroll
+  for (int j = 0; j < MAX_GROUP; ++j) {{ acc0[j] = 0.0f; acc1[j] = 0.0f; }}
+  for (unsigned t = rg; t < len; t += groups) {{
+    const unsigned v2 = ((const unsigned*)(V + (unsigned long long)(t0 + t) * hd))[cp];
+    const float va = bf_lo(v2), vb = bf_hi(v2);
+#pragma unroll
+    for (int j = 0; j < MAX_GROUP; ++j) {{
+      if (j < (int)g) {{
+        const float e = s[j * chunk + t];
+        acc0[j] = fmaf(e, va, acc0[j]);
+        acc1[j] = fmaf(e, vb, acc1[j]);
+      }}
+    }}
+  }}
+#pragma unroll
+  for (int j = 0; j < MAX_GROUP; ++j) {{
+    if (j < (int)g) {{
+      red[(rg * g + j) * hd + 2 * cp] = acc0[j];
+      red[(rg * g + j) * hd + 2 * cp + 1] = acc1[j];
+    }}
+  }}
+  __syncthreads();
+  for (unsigned i = threadIdx.x; i < g * hd; i += blockDim.x) {{
+    const unsigned j = i / hd, c = i % hd;
+    float v = 0.0f;
+    for (unsigned r = 0; r < groups; ++r) v += red[(r * g + j) * hd + c];
+    outp[((unsigned long long)j * parts + pi) * W + c] = v;
+  }}
+}}
+"#,
+            defs = bf16_defs(),
+            max_group = MAX_GROUP,
+        );
+        crate::op::builtin_kernel("decode_attention_partial", source).with_host(host_partial)
+    })
+}
+
+/// The partial kernel on the host: the same partitions and the same arithmetic in `f32`.
+fn host_partial(args: &mut cuflow_runtime::HostKernelArgs<'_>) -> Result<(), DeviceError> {
+    let q = args.input::<f32>(1)?;
+    let cache = args.input::<bf16>(2)?;
+    let start = first_index(args.input::<u32>(3)?);
+    let heads = args.scalar::<u32>(4)? as usize;
+    let kv_heads = (args.scalar::<u32>(5)? as usize).max(1);
+    let hd = args.scalar::<u32>(6)? as usize;
+    let max_seq = (args.scalar::<u32>(7)? as usize).max(1);
+    let parts = (args.scalar::<u32>(8)? as usize).max(1);
+    let chunk = args.scalar::<u32>(9)? as usize;
+    let scale = args.scalar::<f32>(10)?;
+    let part = args.output::<f32>(0)?;
+    let (g, w) = (heads / kv_heads, hd + 2);
+    let rows = q.len() / (heads * hd).max(1);
+    let mut scores = vec![0f32; chunk];
+    for row in 0..rows {
+        let n = start.saturating_add(row).min(max_seq - 1) + 1;
+        for kvh in 0..kv_heads {
+            for pi in 0..parts {
+                let (t0, t1) = (pi * chunk, ((pi + 1) * chunk).min(n));
+                for j in 0..g {
+                    let h = kvh * g + j;
+                    let o = &mut part[((row * heads + h) * parts + pi) * w..][..w];
+                    if t0 >= t1 {
+                        o[hd] = f32::NEG_INFINITY;
+                        o[hd + 1] = 0.0;
+                        continue;
+                    }
+                    let qh = &q[(row * heads + h) * hd..][..hd];
+                    for (t, s) in (t0..t1).zip(scores.iter_mut()) {
+                        let k = &cache[(kvh * max_seq + t) * hd..][..hd];
+                        *s = qh.iter().zip(k).map(|(q, k)| q * scale * k.to_f32()).sum();
+                    }
+                    let len = t1 - t0;
+                    let m = scores[..len]
+                        .iter()
+                        .copied()
+                        .fold(f32::NEG_INFINITY, f32::max);
+                    let mut l = 0.0;
+                    for s in &mut scores[..len] {
+                        *s = (*s - m).exp();
+                        l += *s;
+                    }
+                    for (c, o) in o[..hd].iter_mut().enumerate() {
+                        *o = (t0..t1)
+                            .zip(&scores[..len])
+                            .map(|(t, e)| {
+                                e * cache[((kv_heads + kvh) * max_seq + t) * hd + c].to_f32()
+                            })
+                            .sum();
+                    }
+                    o[hd] = m;
+                    o[hd + 1] = l;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+pub(super) fn combine_kernel() -> Kernel {
+    cached_kernel("decode_attention_combine", "f32", || {
+        let source = r#"
+extern "C" __global__ void decode_attention_combine(float* out, const float* part,
+                                                    unsigned head_dim, unsigned parts) {
+  const unsigned W = head_dim + 2;
+  const float* p = part + (unsigned long long)blockIdx.x * parts * W;
+  const float neg_inf = -__int_as_float(0x7f800000);
+  float m = neg_inf;
+  for (unsigned i = 0; i < parts; ++i) m = fmaxf(m, p[i * W + head_dim]);
+  float l = 0.0f;
+  for (unsigned i = 0; i < parts; ++i) {
+    const float mi = p[i * W + head_dim];
+    if (mi > neg_inf) l += expf(mi - m) * p[i * W + head_dim + 1];
+  }
+  const float inv = 1.0f / l;
+  for (unsigned c = threadIdx.x; c < head_dim; c += blockDim.x) {
+    float acc = 0.0f;
+    for (unsigned i = 0; i < parts; ++i) {
+      const float mi = p[i * W + head_dim];
+      if (mi > neg_inf) acc += expf(mi - m) * p[i * W + c];
+    }
+    out[(unsigned long long)blockIdx.x * head_dim + c] = acc * inv;
+  }
+}
+"#;
+        crate::op::builtin_kernel("decode_attention_combine", source).with_host(|args| {
+            let part = args.input::<f32>(1)?;
+            let hd = args.scalar::<u32>(2)? as usize;
+            let parts = (args.scalar::<u32>(3)? as usize).max(1);
+            let out = args.output::<f32>(0)?;
+            let w = hd + 2;
+            for (o, p) in out.chunks_mut(hd.max(1)).zip(part.chunks(parts * w)) {
+                let m = (0..parts)
+                    .map(|i| p[i * w + hd])
+                    .fold(f32::NEG_INFINITY, f32::max);
+                let live = || (0..parts).filter(|i| p[i * w + hd] > f32::NEG_INFINITY);
+                let l: f32 = live()
+                    .map(|i| (p[i * w + hd] - m).exp() * p[i * w + hd + 1])
+                    .sum();
+                for (c, o) in o.iter_mut().enumerate() {
+                    let acc: f32 = live()
+                        .map(|i| (p[i * w + hd] - m).exp() * p[i * w + c])
+                        .sum();
+                    *o = acc / l;
+                }
+            }
+            Ok(())
+        })
+    })
+}
+
+/// Causal attention of the query rows `q` (`f32`, `[rows, heads · head_dim]`, already
+/// rotated) over `cache` (`bf16`, `[2, kv_heads, max_seq, head_dim]`), query row `r` at
+/// position `pos[0] + r`, scores scaled by `1/√head_dim`; the result goes to `out` (`f32`,
+/// `[rows, heads · head_dim]`). `scratch` (`f32`, `[rows, heads, parts, head_dim + 2]`, from
+/// [`attention_partitions`]) holds the partial results: `parts` partitions cover `max_seq`.
+///
+/// # Errors
+///
+/// [`DeviceError::InvalidShape`] naming `attention` when a shape disagrees with `shape`, or
+/// the partitions are longer than 1024 positions.
+pub fn attention<'a>(
+    out: &'a mut Tensor<f32>,
+    scratch: &'a mut Tensor<f32>,
+    q: &'a Tensor<f32>,
+    cache: &'a Tensor<bf16>,
+    pos: &'a Tensor<u32>,
+    shape: AttentionShape,
+) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> Result<(), DeviceError> + Send + 'a> {
+    from_fn(move |ctx: &mut ExecutionContext| {
+        const OP: &str = "attention";
+        let stream = ctx.stream()?;
+        for t in [&*out, &*scratch, q] {
+            check_device(OP, stream, t)?;
+        }
+        check_device(OP, stream, cache)?;
+        check_device(OP, stream, pos)?;
+        shape.check(OP)?;
+        let hd = shape.head_dim;
+        let g = shape.heads / shape.kv_heads;
+        let row_len = shape.heads * hd;
+        if !q.len().is_multiple_of(row_len) {
+            return Err(DeviceError::InvalidShape {
+                op: OP,
+                reason: format!("`q` {:?} is not made of rows of {row_len}", q.shape()),
+            });
+        }
+        let rows = q.len() / row_len;
+        check_len(OP, "out", out, q.len())?;
+        check_len(OP, "cache", cache, shape.cache_len())?;
+        check_len(OP, "pos", pos, 1)?;
+        let parts = match *scratch.shape() {
+            [r, h, p, w] if r == rows && h == shape.heads && w == hd + 2 && p > 0 => p,
+            _ => {
+                return Err(DeviceError::InvalidShape {
+                    op: OP,
+                    reason: format!(
+                        "`scratch` must be [{rows}, {}, parts, {}], got {:?}",
+                        shape.heads,
+                        hd + 2,
+                        scratch.shape()
+                    ),
+                })
+            }
+        };
+        let chunk = shape.max_seq.div_ceil(parts);
+        if chunk > MAX_CHUNK {
+            return Err(DeviceError::InvalidShape {
+                op: OP,
+                reason: format!(
+                    "{parts} partitions of {} positions hold {chunk} positions each; at most \
+                     {MAX_CHUNK} (use attention_partitions)",
+                    shape.max_seq
+                ),
+            });
+        }
+        if rows == 0 {
+            return Ok(());
+        }
+        let groups = PARTIAL_THREADS / (hd / 2);
+        let shared = (g * hd + g * chunk + groups * g * hd) * std::mem::size_of::<f32>();
+        let blocks = rows * shape.kv_heads * parts;
+        partial_kernel().launch(
+            stream,
+            LaunchConfig::linear(u32_of(OP, "blocks", blocks)?, PARTIAL_THREADS as u32)
+                .with_shared_mem(u32_of(OP, "shared memory", shared)?),
+            KernelArgs::new()
+                .output(&**scratch.buffer())
+                .input(&**q.buffer())
+                .input(&**cache.buffer())
+                .input(&**pos.buffer())
+                .scalar(u32_of(OP, "heads", shape.heads)?)
+                .scalar(u32_of(OP, "kv_heads", shape.kv_heads)?)
+                .scalar(u32_of(OP, "head_dim", hd)?)
+                .scalar(u32_of(OP, "max_seq", shape.max_seq)?)
+                .scalar(u32_of(OP, "parts", parts)?)
+                .scalar(u32_of(OP, "chunk", chunk)?)
+                .scalar(1.0 / (hd as f32).sqrt()),
+        )?;
+        combine_kernel().launch(
+            stream,
+            LaunchConfig::linear(
+                u32_of(OP, "blocks", rows * shape.heads)?,
+                hd.min(128) as u32,
+            ),
+            KernelArgs::new()
+                .output(&**out.buffer())
+                .input(&**scratch.buffer())
+                .scalar(u32_of(OP, "head_dim", hd)?)
+                .scalar(u32_of(OP, "parts", parts)?),
+        )
+    })
+}

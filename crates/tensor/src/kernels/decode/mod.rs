@@ -1,0 +1,102 @@
+//! Kernels for batch-1 decoding of transformer language models, with `bf16` weights and
+//! caches and `f32` activations: a memory-bound GEMV, fused RMS norms with a residual add,
+//! RoPE fused with the key/value cache append, split-K attention over the cache
+//! (flash-decoding), SiLU·mul, and on-device sampling.
+//!
+//! Every function returns an op that writes into outputs the caller owns (`&mut Tensor`) and
+//! allocates nothing, so a decode step built from them can be captured into a graph and
+//! replayed with its intermediates in memory allocated once. Values that change from step to
+//! step (the position, the token, the random generator's counter) are read from and written
+//! to device tensors by the kernels, never passed as scalars, so one captured step serves
+//! every position.
+//!
+//! Layouts (row-major):
+//! - a linear weight is `[out_features, in_features]` `bf16`, with `in_features` a multiple
+//!   of 8 (the GEMV reads it in 16-byte vectors);
+//! - a layer's key/value cache is `[2, kv_heads, max_seq, head_dim]` `bf16`: keys, then
+//!   values, each head's positions contiguous;
+//! - the fused projection output `qkv` is `[rows, (heads + 2 · kv_heads) · head_dim]` `f32`:
+//!   the query heads, then the key heads, then the value heads.
+//!
+//! Invariants the kernels keep whatever the device tensors hold: a position at or past
+//! `max_seq` writes nothing into the cache and is read as `max_seq - 1`; a token id past the
+//! vocabulary embeds as zeros; the generated-token buffer is written only below its length.
+
+mod attention;
+mod gemv;
+mod norm;
+mod rope;
+mod sample;
+
+pub use attention::{attention, attention_partitions, AttentionShape};
+pub use gemv::gemv;
+pub use norm::{embed_rows, residual_rms_norm, rms_norm_rows, silu_mul};
+pub use rope::rope_kv_append;
+pub use sample::{sample, SampleParams};
+
+use cuflow_runtime::{Device, DeviceError};
+
+use crate::dtype::DType;
+use crate::tensor::Tensor;
+
+/// Compiles every decode kernel for `device` now (a no-op on the host backend), so that a
+/// capture that follows compiles nothing.
+///
+/// # Errors
+///
+/// [`DeviceError::Compile`] with the compiler's log, or [`DeviceError::NoCompiler`].
+pub fn compile_all(device: &Device) -> Result<(), DeviceError> {
+    for k in [
+        gemv::kernel(),
+        norm::residual_kernel(),
+        norm::plain_kernel(),
+        norm::embed_kernel(),
+        norm::silu_mul_kernel(),
+        rope::kernel(),
+        attention::partial_kernel(),
+        attention::combine_kernel(),
+        sample::kernel(),
+    ] {
+        k.compile(device)?;
+    }
+    Ok(())
+}
+
+/// `Err(InvalidShape)` unless `t` holds exactly `len` elements.
+fn check_len<T: DType>(
+    op: &'static str,
+    name: &str,
+    t: &Tensor<T>,
+    len: usize,
+) -> Result<(), DeviceError> {
+    if t.len() != len {
+        return Err(DeviceError::InvalidShape {
+            op,
+            reason: format!(
+                "`{name}` must hold {len} elements, but its shape {:?} holds {}",
+                t.shape(),
+                t.len()
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// A size as the `u32` the kernels take.
+fn u32_of(op: &'static str, what: &str, v: usize) -> Result<u32, DeviceError> {
+    u32::try_from(v).map_err(|_| DeviceError::InvalidShape {
+        op,
+        reason: format!("{what} = {v} does not fit the kernel's 32-bit index"),
+    })
+}
+
+/// The value of a one-element index tensor on the host side of a kernel (past every table
+/// when it is empty).
+fn first_index(t: &[u32]) -> usize {
+    t.first().map_or(usize::MAX, |&v| v as usize)
+}
+
+/// `bf16` conversions of the CUDA C sources (`ld_bf16`, `st_bf16`, `T_bf16`).
+fn bf16_defs() -> String {
+    crate::dtype::cuda_defs::<half::bf16>()
+}

@@ -1,0 +1,390 @@
+//! Choosing the next token on the device: greedy (argmax), or temperature sampling restricted
+//! to the top `k` tokens and then to the smallest set of them holding probability `p`
+//! (nucleus), drawn from a counter-based generator whose seed and counter live in a device
+//! tensor. The same kernel then feeds the next step: it writes the token where the next
+//! embedding reads it, records it in the generated-token buffer at the next position, and
+//! advances the position and the generator's counter, so a captured step replays with no
+//! copy from the host.
+//!
+//! One block of 1024 threads does it all. Thresholds are found by bisection over the logit
+//! value (count and mass of the logits above a threshold are monotone in it: 20 passes for
+//! top-k, 20 for top-p, each a block reduction over the vocabulary), then one uniform draw
+//! picks a token by the cumulative mass of the kept tokens in index order. Greedy decoding,
+//! `top_k == 1` and a temperature of zero skip all of that and take the argmax (ties go to
+//! the lowest index).
+//!
+//! The generator: `splitmix64(seed ^ counter · 0x9E3779B97F4A7C15)`, its top 24 bits as a
+//! uniform in `[0, 1)`; `rng` is `u32` `[3]`: the seed's low and high words and the counter.
+
+use cuflow_device_op::{from_fn, ExecutionContext};
+use cuflow_runtime::{DeviceError, Kernel, KernelArgs, LaunchConfig};
+
+use super::{check_len, first_index, u32_of};
+use crate::kernels::check_device;
+use crate::op::{cached_kernel, TensorOp};
+use crate::tensor::Tensor;
+
+/// Threads of the sampling block.
+const SAMPLE_THREADS: u32 = 1024;
+/// Bisection steps per threshold.
+const BISECT_STEPS: u32 = 20;
+/// Tokens whose logit lies this many temperatures below the maximum are never kept (their
+/// probability relative to the best is below e⁻³⁰).
+const SPAN: f32 = 30.0;
+
+/// How the next token is chosen.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SampleParams {
+    /// Softmax temperature; `0` (or below) means greedy.
+    pub temperature: f32,
+    /// Keep only the `top_k` most likely tokens; `0` keeps all, `1` is greedy.
+    pub top_k: u32,
+    /// Then keep the smallest set of the most likely tokens whose probability reaches
+    /// `top_p`; `1` keeps all.
+    pub top_p: f32,
+}
+
+impl SampleParams {
+    /// The argmax.
+    pub const GREEDY: SampleParams = SampleParams {
+        temperature: 0.0,
+        top_k: 1,
+        top_p: 1.0,
+    };
+
+    /// Whether these parameters choose the argmax.
+    pub fn is_greedy(&self) -> bool {
+        self.temperature <= 0.0 || self.top_k == 1
+    }
+}
+
+pub(super) fn kernel() -> Kernel {
+    cached_kernel("decode_sample", "f32", || {
+        let source = format!(
+            r#"
+#define NT {threads}
+__device__ __forceinline__ unsigned long long splitmix64(unsigned long long z) {{
+  z += 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}}
+__device__ float block_sum_f(float v, float* red) {{
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+  __syncthreads();
+  float s = 0.0f;
+  for (unsigned i = 0; i < (blockDim.x >> 5); ++i) s += red[i];
+  return s;
+}}
+__device__ unsigned block_sum_u(unsigned v, unsigned* red) {{
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+  __syncthreads();
+  unsigned s = 0;
+  for (unsigned i = 0; i < (blockDim.x >> 5); ++i) s += red[i];
+  return s;
+}}
+// Count and mass of the logits at or above `tau`.
+__device__ void kept(const float* logits, unsigned vocab, float tau, float m, float inv_t,
+                     float* red, unsigned* redu, float* mass, unsigned* count) {{
+  float s = 0.0f;
+  unsigned c = 0;
+  for (unsigned i = threadIdx.x; i < vocab; i += blockDim.x) {{
+    const float l = logits[i];
+    if (l >= tau) {{ ++c; s += expf((l - m) * inv_t); }}
+  }}
+  *mass = block_sum_f(s, red);
+  *count = block_sum_u(c, redu);
+}}
+extern "C" __global__ void decode_sample(unsigned* token, unsigned* generated, unsigned* pos,
+                                         unsigned* rng, const float* logits, unsigned vocab,
+                                         unsigned gen_len, float temperature, unsigned top_k,
+                                         float top_p) {{
+  __shared__ float red[32];
+  __shared__ unsigned redu[32];
+  __shared__ float sums[NT];
+  __shared__ unsigned owner_s, pick_s;
+  __shared__ float rem_s;
+  const unsigned tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = blockDim.x >> 5;
+  float best = 0.0f;
+  unsigned bi = 0xffffffffu;
+  for (unsigned i = tid; i < vocab; i += blockDim.x) {{
+    const float v = logits[i];
+    if (v == v && (bi == 0xffffffffu || v > best)) {{ best = v; bi = i; }}
+  }}
+  for (int o = 16; o > 0; o >>= 1) {{
+    const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+    const unsigned oi = __shfl_xor_sync(0xffffffffu, bi, o);
+    if (oi != 0xffffffffu && (bi == 0xffffffffu || ov > best || (ov == best && oi < bi))) {{ best = ov; bi = oi; }}
+  }}
+  __shared__ float bv[32];
+  __shared__ unsigned bx[32];
+  if (lane == 0) {{ bv[warp] = best; bx[warp] = bi; }}
+  __syncthreads();
+  if (tid == 0) {{
+    for (unsigned w = 1; w < warps; ++w) {{
+      if (bx[w] != 0xffffffffu && (bi == 0xffffffffu || bv[w] > best || (bv[w] == best && bx[w] < bi))) {{
+        best = bv[w]; bi = bx[w];
+      }}
+    }}
+    bv[0] = best;
+    bx[0] = bi;
+    pick_s = bi == 0xffffffffu ? 0u : bi;
+  }}
+  __syncthreads();
+  const float m = bv[0];
+  if (temperature > 0.0f && top_k != 1 && bx[0] != 0xffffffffu) {{
+    const float inv_t = 1.0f / temperature;
+    float lo = m - {span:.1}f * temperature, hi = m, mass;
+    unsigned count;
+    if (top_k > 0) {{
+      for (unsigned it = 0; it < {steps}u; ++it) {{
+        const float mid = 0.5f * (lo + hi);
+        kept(logits, vocab, mid, m, inv_t, red, redu, &mass, &count);
+        if (count >= top_k) lo = mid; else hi = mid;
+      }}
+    }}
+    if (top_p < 1.0f) {{
+      kept(logits, vocab, lo, m, inv_t, red, redu, &mass, &count);
+      const float goal = top_p * mass;
+      hi = m;
+      for (unsigned it = 0; it < {steps}u; ++it) {{
+        const float mid = 0.5f * (lo + hi);
+        float s;
+        kept(logits, vocab, mid, m, inv_t, red, redu, &s, &count);
+        if (s >= goal) lo = mid; else hi = mid;
+      }}
+    }}
+    const float tau = lo;
+    const unsigned per = (vocab + blockDim.x - 1) / blockDim.x;
+    const unsigned b0 = tid * per < vocab ? tid * per : vocab;
+    const unsigned b1 = b0 + per < vocab ? b0 + per : vocab;
+    float local = 0.0f;
+    for (unsigned i = b0; i < b1; ++i) {{
+      const float l = logits[i];
+      if (l >= tau) local += expf((l - m) * inv_t);
+    }}
+    sums[tid] = local;
+    __syncthreads();
+    if (tid == 0) {{
+      const unsigned long long seed = ((unsigned long long)rng[1] << 32) | rng[0];
+      const unsigned long long x = splitmix64(seed ^ ((unsigned long long)rng[2] * 0x9E3779B97F4A7C15ull));
+      const float u = (float)(x >> 40) * (1.0f / 16777216.0f);
+      float total = 0.0f;
+      for (unsigned t = 0; t < blockDim.x; ++t) total += sums[t];
+      const float target = u * total;
+      float acc = 0.0f;
+      unsigned owner = 0xffffffffu, last = 0xffffffffu;
+      float rem = 3.0e38f;
+      for (unsigned t = 0; t < blockDim.x; ++t) {{
+        if (sums[t] <= 0.0f) continue;
+        last = t;
+        if (target < acc + sums[t]) {{ owner = t; rem = target - acc; break; }}
+        acc += sums[t];
+      }}
+      owner_s = owner != 0xffffffffu ? owner : last;
+      rem_s = rem;
+    }}
+    __syncthreads();
+    if (tid == owner_s) {{
+      float acc = 0.0f;
+      unsigned chosen = 0xffffffffu;
+      for (unsigned i = b0; i < b1; ++i) {{
+        const float l = logits[i];
+        if (l < tau) continue;
+        chosen = i;
+        acc += expf((l - m) * inv_t);
+        if (rem_s < acc) break;
+      }}
+      if (chosen != 0xffffffffu) pick_s = chosen;
+    }}
+    __syncthreads();
+  }}
+  if (tid == 0) {{
+    const unsigned pick = pick_s, p = pos[0];
+    token[0] = pick;
+    if (p + 1 < gen_len) generated[p + 1] = pick;
+    pos[0] = p + 1;
+    rng[2] = rng[2] + 1;
+  }}
+}}
+"#,
+            threads = SAMPLE_THREADS,
+            steps = BISECT_STEPS,
+            span = SPAN,
+        );
+        crate::op::builtin_kernel("decode_sample", source).with_host(|args| {
+            let logits = args.input::<f32>(4)?;
+            let gen_len = args.scalar::<u32>(6)? as usize;
+            let params = SampleParams {
+                temperature: args.scalar::<f32>(7)?,
+                top_k: args.scalar::<u32>(8)?,
+                top_p: args.scalar::<f32>(9)?,
+            };
+            let rng = args.output::<u32>(3)?;
+            let seed = (u64::from(rng[1]) << 32) | u64::from(rng[0]);
+            let draw = splitmix64(seed ^ u64::from(rng[2]).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            let u = (draw >> 40) as f32 * (1.0 / 16_777_216.0);
+            rng[2] = rng[2].wrapping_add(1);
+            let pick = host_pick(logits, params, u);
+            let pos = args.output::<u32>(2)?;
+            let p = first_index(pos);
+            pos[0] = pos[0].wrapping_add(1);
+            if let Some(slot) = args.output::<u32>(1)?.get_mut(p.wrapping_add(1)) {
+                if p + 1 < gen_len {
+                    *slot = pick;
+                }
+            }
+            args.output::<u32>(0)?[0] = pick;
+            Ok(())
+        })
+    })
+}
+
+fn splitmix64(z: u64) -> u64 {
+    let mut z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The host's choice, by the kernel's algorithm (sums in index order).
+fn host_pick(logits: &[f32], p: SampleParams, u: f32) -> u32 {
+    let mut best: Option<(usize, f32)> = None;
+    for (i, &v) in logits.iter().enumerate() {
+        if !v.is_nan() && best.is_none_or(|(_, b)| v > b) {
+            best = Some((i, v));
+        }
+    }
+    let Some((bi, m)) = best else { return 0 };
+    if p.is_greedy() {
+        return bi as u32;
+    }
+    let inv_t = 1.0 / p.temperature;
+    let kept = |tau: f32| {
+        logits
+            .iter()
+            .filter(|&&l| l >= tau)
+            .fold((0.0f32, 0u32), |(s, c), &l| {
+                (s + ((l - m) * inv_t).exp(), c + 1)
+            })
+    };
+    let (mut lo, mut hi) = (m - SPAN * p.temperature, m);
+    if p.top_k > 0 {
+        for _ in 0..BISECT_STEPS {
+            let mid = 0.5 * (lo + hi);
+            if kept(mid).1 >= p.top_k {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+    }
+    if p.top_p < 1.0 {
+        let goal = p.top_p * kept(lo).0;
+        hi = m;
+        for _ in 0..BISECT_STEPS {
+            let mid = 0.5 * (lo + hi);
+            if kept(mid).0 >= goal {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+    }
+    let target = u * kept(lo).0;
+    let mut acc = 0.0;
+    let mut chosen = bi;
+    for (i, &l) in logits.iter().enumerate() {
+        if l < lo {
+            continue;
+        }
+        chosen = i;
+        acc += ((l - m) * inv_t).exp();
+        if target < acc {
+            break;
+        }
+    }
+    chosen as u32
+}
+
+/// Chooses the next token from `logits` (`f32`, `[vocab]`) as `params` say and feeds the
+/// next step on the device: `token[0]` (`u32`, `[1]`) becomes the choice,
+/// `generated[pos[0] + 1]` records it (when inside `generated`), `pos[0]` advances by one,
+/// and so does the generator's counter `rng[2]` (`rng`: `u32` `[3]`, see the module docs).
+///
+/// # Errors
+///
+/// [`DeviceError::InvalidShape`] naming `sample` when a shape is not as above, or `top_p`
+/// is not in `(0, 1]`.
+///
+/// # Examples
+///
+/// ```
+/// use cuflow_device_op::DeviceOpExt;
+/// use cuflow_runtime::Device;
+/// use cuflow_tensor::{api, kernels::decode};
+/// # fn main() -> Result<(), cuflow_runtime::DeviceError> {
+/// let stream = Device::host().new_stream()?;
+/// let logits = api::from_vec(vec![0.5f32, 2.0, -1.0, 1.0], &[4]).sync_on(&stream)?;
+/// let mut token = api::zeros::<u32>(&[1]).sync_on(&stream)?;
+/// let mut generated = api::zeros::<u32>(&[8]).sync_on(&stream)?;
+/// let mut pos = api::from_vec(vec![3u32], &[1]).sync_on(&stream)?;
+/// let mut rng = api::from_vec(vec![7u32, 0, 0], &[3]).sync_on(&stream)?;
+/// decode::sample(&mut token, &mut generated, &mut pos, &mut rng, &logits,
+///     decode::SampleParams::GREEDY).sync_on(&stream)?;
+/// assert_eq!(token.to_host_vec()?, vec![1]);
+/// assert_eq!(generated.to_host_vec()?[4], 1);
+/// assert_eq!(pos.to_host_vec()?, vec![4]);
+/// # Ok(()) }
+/// ```
+pub fn sample<'a>(
+    token: &'a mut Tensor<u32>,
+    generated: &'a mut Tensor<u32>,
+    pos: &'a mut Tensor<u32>,
+    rng: &'a mut Tensor<u32>,
+    logits: &'a Tensor<f32>,
+    params: SampleParams,
+) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> Result<(), DeviceError> + Send + 'a> {
+    from_fn(move |ctx: &mut ExecutionContext| {
+        const OP: &str = "sample";
+        let stream = ctx.stream()?;
+        for t in [&*token, &*generated, &*pos, &*rng] {
+            check_device(OP, stream, t)?;
+        }
+        check_device(OP, stream, logits)?;
+        check_len(OP, "token", token, 1)?;
+        check_len(OP, "pos", pos, 1)?;
+        check_len(OP, "rng", rng, 3)?;
+        if logits.is_empty() {
+            return Err(DeviceError::InvalidShape {
+                op: OP,
+                reason: "`logits` is empty".into(),
+            });
+        }
+        if !(params.top_p > 0.0 && params.top_p <= 1.0) {
+            return Err(DeviceError::InvalidShape {
+                op: OP,
+                reason: format!("top_p = {} must be in (0, 1]", params.top_p),
+            });
+        }
+        kernel().launch(
+            stream,
+            LaunchConfig::linear(1, SAMPLE_THREADS),
+            KernelArgs::new()
+                .output(&**token.buffer())
+                .output(&**generated.buffer())
+                .output(&**pos.buffer())
+                .output(&**rng.buffer())
+                .input(&**logits.buffer())
+                .scalar(u32_of(OP, "vocab", logits.len())?)
+                .scalar(u32_of(OP, "generated", generated.len())?)
+                .scalar(params.temperature)
+                .scalar(params.top_k)
+                .scalar(params.top_p),
+        )
+    })
+}
