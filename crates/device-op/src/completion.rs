@@ -9,69 +9,131 @@
 //! spins (yielding) while work is pending and sleeps briefly after a millisecond without news,
 //! so short ops complete with microsecond latency and long ones do not burn a core.
 //!
-//! A slot's state is one mutex: the reactor stores the result and takes the waker under it,
-//! and `poll` checks for the result and stores the waker under it, so no wake-up is lost. An
-//! error of the work (a device fault) completes the slot with that error: no future stays
-//! pending because its work failed.
+//! A slot's state is a [`Handoff`], one mutex over the result and the waker: the reactor
+//! stores the result and takes the waker under it, and `poll` checks for the result (and
+//! looks at the event) and stores the waker under it, so no wake-up is lost, and the stored
+//! result is moved out to one poll only. A later poll's waker replaces the parked one, and only
+//! the first poll that parks hands the slot to the reactor. An error of the work (a device fault) completes the
+//! slot with that error: no future stays pending because its work failed.
+//!
+//! The handoff is a concurrency core (see `cuflow_runtime::sync`): it knows no event and no
+//! reactor, takes its mutex from the `sync` shim, and the loom models in
+//! `loom_tests/completion.rs` run it against a completing thread in every interleaving.
 
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use cuflow_runtime::sync::{Condvar, Mutex};
-use cuflow_runtime::{DeviceError, Event};
+use cuflow_runtime::{sync, DeviceError, Event};
+use parking_lot::{Condvar, Mutex};
 
 /// How long the first poll of a future waits on its event before parking its waker.
 const FIRST_POLL_SPIN: Duration = Duration::from_micros(20);
 
-struct SlotState {
-    result: Option<Result<(), DeviceError>>,
+/// The handoff of a result from the thread that sees the work complete to the future that
+/// waits for it.
+pub(crate) struct Handoff<T> {
+    state: sync::Mutex<HandoffState<T>>,
+}
+
+struct HandoffState<T> {
+    result: Option<T>,
     waker: Option<Waker>,
+    /// Whether a poll has parked a waker before (the slot is then watched by the reactor).
     watched: bool,
+}
+
+/// What [`Handoff::poll`] found.
+pub(crate) enum Polled<T> {
+    /// The result: stored by [`Handoff::complete`], or found by the poll's probe.
+    Ready(T),
+    /// No result yet: the waker is parked. `first`: no poll parked one before, so the caller
+    /// hands the slot to whoever will complete it.
+    Parked { first: bool },
+}
+
+impl<T> Handoff<T> {
+    pub(crate) fn new() -> Self {
+        Handoff {
+            state: sync::Mutex::new(HandoffState {
+                result: None,
+                waker: None,
+                watched: false,
+            }),
+        }
+    }
+
+    /// Takes the stored result if there is one; otherwise runs `probe` (given whether this is
+    /// the first poll to get that far), which may find the work complete by itself; otherwise
+    /// parks `waker`, replacing the one an earlier poll parked. All under the lock that
+    /// [`Handoff::complete`] takes.
+    pub(crate) fn poll(&self, waker: &Waker, probe: impl FnOnce(bool) -> Option<T>) -> Polled<T> {
+        let mut s = self.state.lock();
+        if let Some(r) = s.result.take() {
+            return Polled::Ready(r);
+        }
+        if let Some(r) = probe(!s.watched) {
+            return Polled::Ready(r);
+        }
+        s.waker = Some(waker.clone());
+        let first = !s.watched;
+        s.watched = true;
+        Polled::Parked { first }
+    }
+
+    /// Stores the result and wakes the parked waker, if any (after releasing the lock).
+    pub(crate) fn complete(&self, result: T) {
+        let waker = {
+            let mut s = self.state.lock();
+            s.result = Some(result);
+            s.waker.take()
+        };
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
 }
 
 /// The completion state of one future's work.
 pub(crate) struct CompletionSlot {
     event: Event,
-    state: Mutex<SlotState>,
+    handoff: Handoff<Result<(), DeviceError>>,
 }
 
 impl CompletionSlot {
     pub(crate) fn new(event: Event) -> Arc<Self> {
         Arc::new(CompletionSlot {
             event,
-            state: Mutex::new(SlotState {
-                result: None,
-                waker: None,
-                watched: false,
-            }),
+            handoff: Handoff::new(),
         })
     }
 
     pub(crate) fn poll(self: &Arc<Self>, cx: &mut Context<'_>) -> Poll<Result<(), DeviceError>> {
-        let mut s = self.state.lock();
-        if let Some(r) = s.result.take() {
-            return Poll::Ready(r);
+        match self.handoff.poll(cx.waker(), |first| self.probe(first)) {
+            Polled::Ready(r) => Poll::Ready(r),
+            Polled::Parked { first } => {
+                if first {
+                    reactor().watch(self.clone());
+                }
+                Poll::Pending
+            }
         }
-        let spin_until = (!s.watched).then(|| Instant::now() + FIRST_POLL_SPIN);
+    }
+
+    /// Looks at the event: for a few microseconds on the first poll, once afterwards.
+    fn probe(&self, first: bool) -> Option<Result<(), DeviceError>> {
+        let spin_until = first.then(|| Instant::now() + FIRST_POLL_SPIN);
         loop {
             match self.event.is_complete() {
-                Ok(true) => return Poll::Ready(Ok(())),
-                Err(e) => return Poll::Ready(Err(e)),
+                Ok(true) => return Some(Ok(())),
+                Err(e) => return Some(Err(e)),
                 Ok(false) => {}
             }
             match spin_until {
                 Some(t) if Instant::now() < t => std::hint::spin_loop(),
-                _ => break,
+                _ => return None,
             }
         }
-        s.waker = Some(cx.waker().clone());
-        if !s.watched {
-            s.watched = true;
-            drop(s);
-            reactor().watch(self.clone());
-        }
-        Poll::Pending
     }
 
     /// Checks the event; true when the slot is finished.
@@ -81,14 +143,7 @@ impl CompletionSlot {
             Ok(true) => Ok(()),
             Err(e) => Err(e),
         };
-        let waker = {
-            let mut s = self.state.lock();
-            s.result = Some(r);
-            s.waker.take()
-        };
-        if let Some(w) = waker {
-            w.wake();
-        }
+        self.handoff.complete(r);
         true
     }
 }

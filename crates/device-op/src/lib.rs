@@ -27,6 +27,9 @@ mod exec;
 mod future;
 pub mod op;
 
+#[cfg(all(test, loom))]
+mod loom_tests;
+
 pub use context::{ExecutionContext, ExecutionStats};
 pub use cuflow_runtime::DeviceError;
 pub use exec::{default_device, enqueue_on, place_root};

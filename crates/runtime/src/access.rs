@@ -30,13 +30,23 @@
 //!   capturing stream (that would pull it into another thread's graph): to order itself after
 //!   the eager work such a stream did before its capture, it waits on the event the stream
 //!   recorded just before it began capturing (its *fence*).
+//!
+//! The tracker is a concurrency core (see [`crate::sync`]): [`order_enqueue_record`] and the
+//! state it keeps ([`AccessState`] per buffer, [`AccessClock`] per stream) know streams and
+//! buffers only through [`TrackedStream`] and [`TrackedBuffer`], and take their locks and
+//! atomics from [`crate::sync`]. [`ordered`] runs it on [`Stream`]s and buffer memory; the
+//! loom models in `loom_tests/access.rs` run the same code on model streams, whose queues and
+//! events stand in for a backend's, and check every interleaving of conflicting accesses made
+//! from two threads.
+
+use std::sync::Arc;
 
 use smallvec::SmallVec;
 
 use crate::error::Result;
 use crate::memory::{Memory, UseState};
-use crate::stream::Stream;
-use crate::sync::{Arc, MutexGuard};
+use crate::stream::{Stream, StreamId};
+use crate::sync::{AtomicU64, Mutex, MutexGuard, Ordering};
 
 /// How a piece of work uses a buffer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,23 +57,142 @@ pub(crate) enum Access {
     Write,
 }
 
+/// A stream as the tracker sees it.
+pub(crate) trait TrackedStream: Clone {
+    /// Whether two handles name the same stream.
+    fn same(&self, other: &Self) -> bool;
+
+    /// The stream's sequence number and what it has waited for.
+    fn clock(&self) -> &AccessClock;
+
+    /// Makes work enqueued on this stream from now on wait for `other`'s work up to its
+    /// sequence number `seq`.
+    fn order_after(&self, other: &Self, seq: u64) -> Result<()>;
+}
+
+/// A buffer as the tracker sees it.
+pub(crate) trait TrackedBuffer {
+    /// The streams its work is enqueued on.
+    type Stream: TrackedStream;
+    /// What its lock guards: its [`AccessState`], and what else the buffer keeps with it.
+    type State;
+
+    /// The lock over the buffer's state. Its address identifies the buffer and orders the
+    /// locking of several buffers.
+    fn state(&self) -> &Mutex<Self::State>;
+
+    /// The hazards within the state.
+    fn access_state(state: &mut Self::State) -> &mut AccessState<Self::Stream>;
+
+    /// Notes, under the lock, that work using the buffer as `access` was enqueued on `stream`
+    /// (within the capture `capture`, if any).
+    fn note_enqueued(
+        &self,
+        state: &mut Self::State,
+        stream: &Self::Stream,
+        access: Access,
+        capture: Option<u64>,
+    );
+}
+
+/// A stream's side of the tracker: its sequence number (the tracked accesses enqueued on it so
+/// far), and per other stream, the highest sequence number of it this stream has waited for
+/// with an eager event.
+pub(crate) struct AccessClock {
+    /// The stream this clock belongs to: waits for itself are not noted.
+    stream: StreamId,
+    seq: AtomicU64,
+    waited: Mutex<SmallVec<[(StreamId, u64); 4]>>,
+}
+
+impl AccessClock {
+    pub(crate) fn new(stream: StreamId) -> Self {
+        AccessClock {
+            stream,
+            seq: AtomicU64::new(0),
+            waited: Mutex::new(SmallVec::new()),
+        }
+    }
+
+    /// Counts one tracked access whose work has been enqueued; returns its sequence number.
+    pub(crate) fn advance(&self) -> u64 {
+        self.seq.fetch_add(1, Ordering::AcqRel) + 1
+    }
+
+    /// Records an event of the stream with `record`, and returns it with the sequence number
+    /// read *before* the record: the event covers at least the accesses that number counts.
+    pub(crate) fn stamp<E>(&self, record: impl FnOnce() -> Result<E>) -> Result<(E, u64)> {
+        let seq = self.seq.load(Ordering::Acquire);
+        Ok((record()?, seq))
+    }
+
+    /// Notes that the stream has waited on an eager event of `other` stamped `seq`.
+    pub(crate) fn note_waited(&self, other: StreamId, seq: u64) {
+        if other == self.stream {
+            return;
+        }
+        let mut waited = self.waited.lock();
+        match waited.iter_mut().find(|(id, _)| *id == other) {
+            Some((_, s)) => *s = (*s).max(seq),
+            None => waited.push((other, seq)),
+        }
+    }
+
+    /// Whether the stream already waits, with an eager event, for `other`'s work up to
+    /// sequence number `seq`.
+    fn has_waited_for(&self, other: StreamId, seq: u64) -> bool {
+        self.waited
+            .lock()
+            .iter()
+            .any(|(id, s)| *id == other && *s >= seq)
+    }
+
+    /// Orders the stream after `other`'s eager work up to `seq` (`u64::MAX`: all of it): nothing
+    /// when it already waits for that far; otherwise `event` gives an eager event after
+    /// `other`'s work so far (`None`: none is needed) and `wait` makes the stream wait on it,
+    /// noting the wait ([`AccessClock::note_waited`]).
+    pub(crate) fn order_after<E>(
+        &self,
+        other: StreamId,
+        seq: u64,
+        event: impl FnOnce() -> Result<Option<E>>,
+        wait: impl FnOnce(&E) -> Result<()>,
+    ) -> Result<()> {
+        if seq != u64::MAX && self.has_waited_for(other, seq) {
+            return Ok(());
+        }
+        match event()? {
+            Some(event) => wait(&event),
+            None => Ok(()),
+        }
+    }
+}
+
 /// A point in a stream's work: the stream, and its sequence number after the access.
 #[derive(Clone)]
-pub(crate) struct Point {
-    stream: Stream,
+pub(crate) struct Point<S> {
+    stream: S,
     seq: u64,
 }
 
 /// The accesses to one buffer that later accesses must order themselves after.
-#[derive(Default)]
-pub(crate) struct Hazards {
-    last_write: Option<Point>,
-    reads: SmallVec<[Point; 2]>,
+pub(crate) struct Hazards<S> {
+    last_write: Option<Point<S>>,
+    reads: SmallVec<[Point<S>; 2]>,
 }
 
-impl Hazards {
+impl<S> Default for Hazards<S> {
+    fn default() -> Self {
+        Hazards {
+            last_write: None,
+            reads: SmallVec::new(),
+        }
+    }
+}
+
+impl<S: TrackedStream> Hazards<S> {
     /// The points an access of kind `access` must wait for.
-    fn conflicts(&self, access: Access, out: &mut SmallVec<[Point; 4]>) {
+    fn conflicts(&self, access: Access, out: &mut SmallVec<[Point<S>; 4]>) {
         if let Some(w) = &self.last_write {
             out.push(w.clone());
         }
@@ -72,7 +201,7 @@ impl Hazards {
         }
     }
 
-    fn record(&mut self, access: Access, point: &Point) {
+    fn record(&mut self, access: Access, point: &Point<S>) {
         match access {
             Access::Write => {
                 self.last_write = Some(point.clone());
@@ -87,15 +216,23 @@ impl Hazards {
 }
 
 /// The eager hazards of a buffer, and those of the capture currently recording it.
-#[derive(Default)]
-pub(crate) struct AccessState {
-    eager: Hazards,
+pub(crate) struct AccessState<S = Stream> {
+    eager: Hazards<S>,
     /// Hazards of captured work, tagged with the id of the capture they belong to.
-    captured: Option<(u64, Hazards)>,
+    captured: Option<(u64, Hazards<S>)>,
 }
 
-impl AccessState {
-    fn scope(&mut self, capture: Option<u64>) -> Option<&mut Hazards> {
+impl<S> Default for AccessState<S> {
+    fn default() -> Self {
+        AccessState {
+            eager: Hazards::default(),
+            captured: None,
+        }
+    }
+}
+
+impl<S> AccessState<S> {
+    fn scope(&mut self, capture: Option<u64>) -> Option<&mut Hazards<S>> {
         match capture {
             None => Some(&mut self.eager),
             Some(id) => match &mut self.captured {
@@ -105,7 +242,7 @@ impl AccessState {
         }
     }
 
-    fn scope_or_new(&mut self, capture: Option<u64>) -> &mut Hazards {
+    fn scope_or_new(&mut self, capture: Option<u64>) -> &mut Hazards<S> {
         match capture {
             None => &mut self.eager,
             Some(id) => {
@@ -135,7 +272,7 @@ pub(crate) type Accesses<'a> = SmallVec<[(&'a Arc<Memory>, Access); 4]>;
 pub(crate) fn ordered<R>(
     stream: &Stream,
     op: &'static str,
-    mut accesses: Accesses<'_>,
+    accesses: Accesses<'_>,
     enqueue: impl FnOnce() -> Result<R>,
 ) -> Result<R> {
     let _gate = stream.enqueue_gate();
@@ -145,9 +282,28 @@ pub(crate) fn ordered<R>(
         // the check above and the enqueue.
         return enqueue();
     }
-    accesses.sort_by_key(|(m, _)| Arc::as_ptr(m) as usize);
+    order_enqueue_record(stream, capture, accesses, enqueue)
+}
+
+/// The tracker (see the module docs): locks the state of every buffer in `accesses` in address
+/// order, makes `stream` wait for the conflicting accesses of other streams in the scope
+/// `capture` (eager work, or one capture's), enqueues the work with `enqueue`, counts it on
+/// `stream`'s clock and records it in each buffer's state, and only then unlocks. The caller
+/// holds `stream`'s capture gate from the capture check on.
+///
+/// # Errors
+///
+/// The error of waiting (nothing was enqueued nor recorded); the error of `enqueue` (the
+/// accesses are recorded all the same).
+pub(crate) fn order_enqueue_record<B: TrackedBuffer, R>(
+    stream: &B::Stream,
+    capture: Option<u64>,
+    mut accesses: SmallVec<[(&B, Access); 4]>,
+    enqueue: impl FnOnce() -> Result<R>,
+) -> Result<R> {
+    accesses.sort_by_key(|(b, _)| std::ptr::from_ref(b.state()) as usize);
     accesses.dedup_by(|later, earlier| {
-        if Arc::ptr_eq(later.0, earlier.0) {
+        if std::ptr::eq(later.0.state(), earlier.0.state()) {
             if later.1 == Access::Write {
                 earlier.1 = Access::Write;
             }
@@ -156,11 +312,11 @@ pub(crate) fn ordered<R>(
             false
         }
     });
-    let mut states: SmallVec<[MutexGuard<'_, UseState>; 4]> =
-        accesses.iter().map(|(m, _)| m.state.lock()).collect();
-    let mut waits: SmallVec<[Point; 4]> = SmallVec::new();
+    let mut states: SmallVec<[MutexGuard<'_, B::State>; 4]> =
+        accesses.iter().map(|(b, _)| b.state().lock()).collect();
+    let mut waits: SmallVec<[Point<B::Stream>; 4]> = SmallVec::new();
     for (state, (_, access)) in states.iter_mut().zip(&accesses) {
-        if let Some(h) = state.access.scope(capture) {
+        if let Some(h) = B::access_state(state).scope(capture) {
             h.conflicts(*access, &mut waits);
         }
     }
@@ -175,14 +331,53 @@ pub(crate) fn ordered<R>(
     let result = enqueue();
     let point = Point {
         stream: stream.clone(),
-        seq: stream.advance(),
+        seq: stream.clock().advance(),
     };
-    for (state, (mem, access)) in states.iter_mut().zip(&accesses) {
-        state.access.scope_or_new(capture).record(*access, &point);
-        state.note_use(stream);
-        if capture.is_some() {
-            stream.note_capture_use(mem, *access);
-        }
+    for (state, (buffer, access)) in states.iter_mut().zip(&accesses) {
+        B::access_state(state)
+            .scope_or_new(capture)
+            .record(*access, &point);
+        buffer.note_enqueued(state, stream, *access, capture);
     }
     result
+}
+
+impl TrackedStream for Stream {
+    fn same(&self, other: &Self) -> bool {
+        Stream::same(self, other)
+    }
+
+    fn clock(&self) -> &AccessClock {
+        &self.inner.clock
+    }
+
+    fn order_after(&self, other: &Self, seq: u64) -> Result<()> {
+        Stream::order_after(self, other, seq)
+    }
+}
+
+impl TrackedBuffer for Arc<Memory> {
+    type Stream = Stream;
+    type State = UseState;
+
+    fn state(&self) -> &Mutex<UseState> {
+        &self.state
+    }
+
+    fn access_state(state: &mut UseState) -> &mut AccessState {
+        &mut state.access
+    }
+
+    fn note_enqueued(
+        &self,
+        state: &mut UseState,
+        stream: &Stream,
+        access: Access,
+        capture: Option<u64>,
+    ) {
+        state.note_use(stream);
+        if capture.is_some() {
+            stream.note_capture_use(self, access);
+        }
+    }
 }

@@ -17,13 +17,14 @@
 //! holds, NaN included, is overwritten); with `k == 0`, `C` becomes `beta · C`; with `m`, `n` or
 //! `batch` zero nothing is enqueued.
 
+use std::sync::Arc;
+
 use smallvec::smallvec;
 
 use crate::access::{ordered, Access, Accesses};
 use crate::error::{DeviceError, Result};
 use crate::memory::{BufferView, DeviceCopy, Memory};
 use crate::stream::Stream;
-use crate::sync::Arc;
 
 /// The element types [`gemm`] supports, as the backends name them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -11,16 +11,18 @@
 //! gone. Such memory is not reused between the steps of one graph; each replay rewrites it.
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::ThreadId;
 
+use parking_lot::Mutex;
+
+use crate::access::{ordered, Access, Accesses};
 use crate::backend::{CaptureBackend, DeferredFree, GraphBackend, GraphExecBackend};
 use crate::device::Device;
 use crate::error::{DeviceError, Result};
 use crate::memory::Memory;
 use crate::stream::{Stream, StreamId};
-use crate::sync::{Arc, AtomicBool, AtomicU64, Mutex, Ordering};
-use std::thread::ThreadId;
-
-use crate::access::{ordered, Access, Accesses};
 
 /// The state shared by the streams taking part in one capture.
 pub(crate) struct CaptureSession {

@@ -7,12 +7,15 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::sync::OnceLock;
+
+use parking_lot::Mutex;
 
 use crate::backend::{self, DeviceBackend};
 use crate::error::{BackendKind, DeviceError, Result};
 use crate::stream::Stream;
-use crate::sync::{Arc, AtomicU64, AtomicUsize, Mutex, Ordering};
 
 /// A process-unique identifier of a [`Device`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -81,7 +84,7 @@ pub(crate) struct DeviceInner {
     /// Bytes in live cuflow buffers on this device.
     pub(crate) bytes_in_use: AtomicUsize,
     /// The device's streams, for `Device::synchronize`.
-    pub(crate) streams: Mutex<Vec<crate::sync::Weak<crate::stream::StreamInner>>>,
+    pub(crate) streams: Mutex<Vec<std::sync::Weak<crate::stream::StreamInner>>>,
     /// The stream on which staged copies out of this device read its memory, created at the
     /// first such copy (see `DeviceBuffer::copy_from_device_staged`).
     pub(crate) staging_stream: Mutex<Option<Stream>>,

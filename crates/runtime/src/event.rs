@@ -6,6 +6,7 @@
 //! in, if any (such an event only orders captured work and never completes by itself).
 
 use std::fmt;
+use std::sync::Arc;
 
 use crate::backend::EventBackend;
 use crate::capture::CaptureSession;
@@ -14,7 +15,6 @@ use crate::error::{DeviceError, Result};
 #[cfg(doc)]
 use crate::stream::Stream;
 use crate::stream::StreamId;
-use crate::sync::Arc;
 
 pub(crate) struct EventInner {
     pub(crate) device: Device,

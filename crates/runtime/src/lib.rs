@@ -45,6 +45,9 @@ pub mod scope;
 mod stream;
 pub mod sync;
 
+#[cfg(all(test, loom))]
+mod loom_tests;
+
 pub use blas::{gemm, GemmConfig, GemmDtype, GemmElem};
 pub use capture::{Graph, GraphExec};
 pub use device::{Device, DeviceId, DeviceLimits, MemoryInfo};

@@ -22,9 +22,11 @@
 
 use std::cell::RefCell;
 use std::fmt;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use crate::error::DeviceError;
-use crate::sync::{Arc, Mutex};
 
 /// The errors of one unit of asynchronous work (see the [module docs](self)).
 ///

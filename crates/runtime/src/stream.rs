@@ -7,23 +7,28 @@
 //! (`b.wait_event(&a.record_event()?)` makes everything enqueued on `b` afterwards wait for
 //! everything enqueued on `a` before the record).
 //!
+//! Each stream also keeps its side of the access tracker, an [`AccessClock`]: the count of the
+//! tracked accesses enqueued on it (an event carries the count read before it was recorded) and
+//! how far it has waited for every other stream; the rules are in [`crate::access`].
+//!
 //! Streams also carry the capture state used by graph capture: while a stream is capturing, the
 //! work enqueued on it is recorded rather than run, and a stream that waits on an event recorded
 //! by a capturing stream joins that capture (as on CUDA). Buffers used by captured work are kept
 //! alive by the resulting [`Graph`](crate::Graph).
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 
-use smallvec::SmallVec;
+use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 
-use crate::access::Access;
+use crate::access::{Access, AccessClock};
 use crate::backend::StreamBackend;
 use crate::capture::{CaptureSession, Graph};
 use crate::device::Device;
 use crate::error::{DeviceError, Result};
 use crate::event::{Event, EventInner};
 use crate::memory::Memory;
-use crate::sync::{Arc, AtomicBool, AtomicU64, Mutex, Ordering, RwLock, RwLockReadGuard};
 
 /// A process-unique identifier of a [`Stream`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -49,11 +54,9 @@ pub(crate) struct StreamInner {
     pub(crate) backend: StreamBackend,
     pub(crate) capturing: AtomicBool,
     pub(crate) capture: Mutex<Option<Arc<CaptureSession>>>,
-    /// Tracked accesses enqueued on this stream so far (see [`crate::access`]).
-    seq: AtomicU64,
-    /// Per other stream, the highest sequence number of it this stream has waited for with an
-    /// eager event: later work here is ordered after that stream's work up to it.
-    waited: Mutex<SmallVec<[(StreamId, u64); 4]>>,
+    /// Tracked accesses enqueued on this stream so far, and how far it has waited for each
+    /// other stream (see [`crate::access`]).
+    pub(crate) clock: AccessClock,
     /// An event recorded just before this stream began or joined its current capture: eager
     /// work that must follow this stream's earlier eager work waits on it, never on the
     /// capturing stream itself.
@@ -85,8 +88,7 @@ impl Stream {
                 backend,
                 capturing: AtomicBool::new(false),
                 capture: Mutex::new(None),
-                seq: AtomicU64::new(0),
-                waited: Mutex::new(SmallVec::new()),
+                clock: AccessClock::new(id),
                 fence: Mutex::new(None),
                 gate: RwLock::new(()),
             }),
@@ -143,9 +145,11 @@ impl Stream {
         if let Some(session) = &capture {
             session.check_owner("Stream::record_event", self.inner.id)?;
         }
-        // Read before the record: the event covers at least the accesses counted so far.
-        let seq = self.inner.seq.load(Ordering::Acquire);
-        let backend = self.inner.backend.record_event(timed)?;
+        // Stamped before the record: the event covers at least the accesses counted so far.
+        let (backend, seq) = self
+            .inner
+            .clock
+            .stamp(|| self.inner.backend.record_event(timed))?;
         Ok(Event {
             inner: Arc::new(EventInner {
                 device: self.inner.device.clone(),
@@ -207,30 +211,11 @@ impl Stream {
         }
         self.inner.backend.wait_event(event)?;
         if event.inner.capture.is_none() && !self.is_capturing() {
-            self.note_waited(event.inner.stream, event.inner.seq);
+            self.inner
+                .clock
+                .note_waited(event.inner.stream, event.inner.seq);
         }
         Ok(())
-    }
-
-    fn note_waited(&self, other: StreamId, seq: u64) {
-        if other == self.inner.id {
-            return;
-        }
-        let mut waited = self.inner.waited.lock();
-        match waited.iter_mut().find(|(id, _)| *id == other) {
-            Some((_, s)) => *s = (*s).max(seq),
-            None => waited.push((other, seq)),
-        }
-    }
-
-    /// Whether this stream already waits, with an eager event, for `other`'s work up to
-    /// sequence number `seq`.
-    fn has_waited_for(&self, other: &Stream, seq: u64) -> bool {
-        self.inner
-            .waited
-            .lock()
-            .iter()
-            .any(|(id, s)| *id == other.inner.id && *s >= seq)
     }
 
     /// The shared side of the capture gate: held from checking whether the stream captures
@@ -238,11 +223,6 @@ impl Stream {
     /// stream again while holding it.
     pub(crate) fn enqueue_gate(&self) -> RwLockReadGuard<'_, ()> {
         self.inner.gate.read_recursive()
-    }
-
-    /// Counts one tracked access enqueued on this stream; returns its sequence number.
-    pub(crate) fn advance(&self) -> u64 {
-        self.inner.seq.fetch_add(1, Ordering::AcqRel) + 1
     }
 
     /// Makes work enqueued on this stream from now on wait for `other`'s work up to sequence
@@ -262,15 +242,12 @@ impl Stream {
                 Some(theirs) if Arc::ptr_eq(&own, &theirs) => self.join(other),
                 _ => Ok(()),
             },
-            None => {
-                if seq != u64::MAX && self.has_waited_for(other, seq) {
-                    return Ok(());
-                }
-                match other.ordering_event()? {
-                    Some(event) => self.wait_event(&event),
-                    None => Ok(()),
-                }
-            }
+            None => self.inner.clock.order_after(
+                other.inner.id,
+                seq,
+                || other.ordering_event(),
+                |event| self.wait_event(event),
+            ),
         }
     }
 

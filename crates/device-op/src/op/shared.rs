@@ -1,25 +1,41 @@
 //! `shared`: a cloneable op that runs at most once.
 //!
-//! An explicit state machine, moved by compare-and-swap: `IDLE → RUNNING → COMPLETE`, or
-//! `RUNNING → POISONED` when the op fails or panics (a guard poisons on unwind). The first
-//! consumer to win the CAS runs the op on its own context and, if it did device work, records
-//! an event; consumers on other streams wait on that event, so they never read the output
-//! before it is written. A consumer that finds the op running on another thread blocks until it
-//! finishes; one that finds it running on its own thread, or whose wait would close a cycle of
-//! waits across threads (two shared ops consuming each other), gets [`DeviceError::Reentrant`].
+//! An explicit state machine, [`RunOnce`], moved by compare-and-swap: `IDLE → RUNNING →
+//! COMPLETE`, or `RUNNING → POISONED` when the op fails or panics (a guard poisons on unwind).
+//! The first consumer to win the CAS runs the op on its own context and, if it did device work,
+//! records an event; consumers on other streams wait on that event, so they never read the
+//! output before it is written. A consumer that finds the op running on another thread blocks
+//! until it finishes; one that finds it running on its own thread, or whose wait would close a
+//! cycle of waits across threads (two shared ops consuming each other), gets
+//! [`DeviceError::Reentrant`].
 //!
 //! Every consumer, on any stream (the producer's own included), orders its work after the
 //! producer's completion event and counts as device work, so its execution completes only
 //! after the producer's. A value produced inside a capture is written only by replays of the
 //! graph: consuming it outside that capture is a [`DeviceError::Capture`].
+//!
+//! Invariants of the state machine:
+//! - Only the CAS winner leaves `IDLE`, so the op runs at most once. The outcome is stored,
+//!   under its lock, before the state leaves `RUNNING`; a consumer that saw `RUNNING` waits on
+//!   that lock's condition variable for the outcome and takes it, never looping on the state.
+//! - An edge of the wait graph names an op still `RUNNING`: it is added, under the graph's
+//!   lock, only while the op's state is `RUNNING`, and the producer drops its op's edges,
+//!   under the same lock, after the state has left it. A consumer whose look at an op crossed
+//!   the op's end therefore never leaves an edge that closes a cycle that is not there.
+//! - The guard of the producer publishes an outcome however the producer ends: its own, or
+//!   [`DeviceError::Poisoned`] when it unwinds. No consumer waits for ever on a producer that
+//!   panicked.
+//!
+//! [`RunOnce`] and the [`WaitGraph`] are a concurrency core (see `cuflow_runtime::sync`): they
+//! know no device, take their atomics, locks and thread ids from the `sync` shim, and the loom
+//! models in `loom_tests/shared.rs` run them in every interleaving of two consumers.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::thread::ThreadId;
 
+use cuflow_runtime::sync::thread::{self, ThreadId};
+use cuflow_runtime::sync::{AtomicU8, Condvar, Mutex, Ordering};
 use cuflow_runtime::{DeviceError, Event, StreamId};
-use parking_lot::{Condvar, Mutex};
 
 use super::DeviceOp;
 use crate::context::ExecutionContext;
@@ -29,21 +45,233 @@ const RUNNING: u8 = 1;
 const COMPLETE: u8 = 2;
 const POISONED: u8 = 3;
 
-enum Outcome<T> {
-    Ready {
-        output: Arc<T>,
-        event: Option<Event>,
-        stream: StreamId,
-    },
-    Failed(DeviceError),
+/// The state machine of a value produced once and handed to every consumer.
+pub(crate) struct RunOnce<T> {
+    state: AtomicU8,
+    /// The thread that won the CAS, once it has said so.
+    runner: Mutex<Option<ThreadId>>,
+    /// Set, under this lock, before the state leaves `RUNNING`.
+    outcome: Mutex<Option<Result<T, DeviceError>>>,
+    finished: Condvar,
+}
+
+/// A consumer's turn, from [`RunOnce::turn`].
+pub(crate) enum Turn<'a, T> {
+    /// This consumer won the race: it produces the value and hands it to the guard.
+    Produce(Producing<'a, T>),
+    /// The value, produced by another consumer.
+    Ready(T),
+}
+
+impl<T> RunOnce<T> {
+    pub(crate) fn new() -> Self {
+        RunOnce {
+            state: AtomicU8::new(IDLE),
+            runner: Mutex::new(None),
+            outcome: Mutex::new(None),
+            finished: Condvar::new(),
+        }
+    }
+
+    /// Whether the value was produced, or its production failed.
+    pub(crate) fn is_finished(&self) -> bool {
+        matches!(self.state.load(Ordering::Acquire), COMPLETE | POISONED)
+    }
+
+    /// Identifies this state machine in the wait graph.
+    fn key(&self) -> usize {
+        self as *const Self as usize
+    }
+}
+
+impl<T: Clone> RunOnce<T> {
+    /// Takes a consumer's turn: produce the value (the first consumer), or wait until it is
+    /// produced and take a clone of it. `graph` holds the waits of blocked consumers.
+    ///
+    /// # Errors
+    ///
+    /// The producer's error (or [`DeviceError::Poisoned`] when it panicked);
+    /// [`DeviceError::Reentrant`] when the value is being produced on this thread, or when
+    /// waiting would close a cycle of waits across threads.
+    pub(crate) fn turn<'a>(&'a self, graph: &'a WaitGraph) -> Result<Turn<'a, T>, DeviceError> {
+        loop {
+            match self.state.load(Ordering::Acquire) {
+                IDLE => {
+                    if self
+                        .state
+                        .compare_exchange(IDLE, RUNNING, Ordering::AcqRel, Ordering::Acquire)
+                        .is_err()
+                    {
+                        continue;
+                    }
+                    *self.runner.lock() = Some(thread::current().id());
+                    return Ok(Turn::Produce(Producing {
+                        once: self,
+                        graph,
+                        armed: true,
+                    }));
+                }
+                RUNNING => {
+                    let me = thread::current().id();
+                    let Some(runner) = *self.runner.lock() else {
+                        // The winner of the race has not said who it is yet.
+                        thread::yield_now();
+                        continue;
+                    };
+                    if runner == me {
+                        return Err(DeviceError::Reentrant {
+                            what: "a shared op consumed while it is being produced",
+                        });
+                    }
+                    let _edge = graph.add(me, runner, self)?;
+                    let mut outcome = self.outcome.lock();
+                    while outcome.is_none() {
+                        self.finished.wait(&mut outcome);
+                    }
+                    return Self::published(&outcome);
+                }
+                _ => return Self::published(&self.outcome.lock()),
+            }
+        }
+    }
+
+    /// A consumer's copy of the published outcome.
+    fn published<'a>(outcome: &Option<Result<T, DeviceError>>) -> Result<Turn<'a, T>, DeviceError> {
+        match outcome {
+            Some(Ok(value)) => Ok(Turn::Ready(value.clone())),
+            Some(Err(e)) => Err(e.clone()),
+            None => Err(DeviceError::internal("shared op has no outcome")),
+        }
+    }
+}
+
+/// The producer's side of a [`RunOnce`]: [`Producing::finish`] hands the outcome to the
+/// consumers; dropped unfinished (the producer panicked), it poisons.
+pub(crate) struct Producing<'a, T> {
+    once: &'a RunOnce<T>,
+    graph: &'a WaitGraph,
+    armed: bool,
+}
+
+impl<T> Producing<'_, T> {
+    /// Publishes the outcome and wakes the waiting consumers.
+    pub(crate) fn finish(mut self, outcome: Result<T, DeviceError>) {
+        self.armed = false;
+        self.publish(outcome);
+    }
+
+    /// Publishes the outcome, then leaves `RUNNING`, then drops the edges of the consumers
+    /// waiting for it (no edge is added once the state has left `RUNNING`), then wakes them.
+    fn publish(&self, outcome: Result<T, DeviceError>) {
+        let state = if outcome.is_ok() { COMPLETE } else { POISONED };
+        let once = self.once;
+        *once.outcome.lock() = Some(outcome);
+        once.state.store(state, Ordering::Release);
+        self.graph.forget_waits_for(once.key());
+        once.finished.notify_all();
+    }
+}
+
+impl<T> Drop for Producing<'_, T> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.publish(Err(DeviceError::Poisoned {
+                reason: "the op panicked while it ran".into(),
+            }));
+        }
+    }
+}
+
+/// The wait graph of blocked consumers: thread → (the thread running the shared op it waits
+/// for, that op's key). A consumer that would wait, through a chain of such waits, for itself
+/// (two shared ops consuming each other from two threads) is refused with
+/// [`DeviceError::Reentrant`] instead of blocking forever; the op it was producing then fails,
+/// and so, in turn, do the others of the cycle.
+#[derive(Default)]
+pub(crate) struct WaitGraph {
+    edges: Mutex<HashMap<ThreadId, (ThreadId, usize)>>,
+}
+
+/// A blocked consumer's edge in a [`WaitGraph`], removed when dropped (if the producer has not
+/// dropped it first).
+struct WaitEdge<'a> {
+    graph: &'a WaitGraph,
+    thread: ThreadId,
+}
+
+impl WaitGraph {
+    /// Adds the edge of `me`, about to wait for the op `once` that `runner` produces; none
+    /// when `once` has left `RUNNING` (its outcome is then there to take, and its producer may
+    /// already have dropped its edges: see [`Producing::publish`]).
+    fn add<'a, T>(
+        &'a self,
+        me: ThreadId,
+        runner: ThreadId,
+        once: &RunOnce<T>,
+    ) -> Result<Option<WaitEdge<'a>>, DeviceError> {
+        let mut edges = self.edges.lock();
+        if once.state.load(Ordering::Acquire) != RUNNING {
+            return Ok(None);
+        }
+        let mut next = runner;
+        for _ in 0..=edges.len() {
+            if next == me {
+                return Err(DeviceError::Reentrant {
+                    what: "shared ops that consume each other from several threads (a cycle)",
+                });
+            }
+            match edges.get(&next) {
+                Some((runner, _)) => next = *runner,
+                None => break,
+            }
+        }
+        edges.insert(me, (runner, once.key()));
+        Ok(Some(WaitEdge {
+            graph: self,
+            thread: me,
+        }))
+    }
+
+    /// Drops the edges of the consumers waiting for the op `key`, which has finished: they
+    /// are no longer part of any cycle.
+    fn forget_waits_for(&self, key: usize) {
+        self.edges.lock().retain(|_, (_, k)| *k != key);
+    }
+}
+
+impl Drop for WaitEdge<'_> {
+    fn drop(&mut self) {
+        self.graph.edges.lock().remove(&self.thread);
+    }
+}
+
+/// The process-wide wait graph of the consumers of every shared op.
+fn wait_graph() -> &'static WaitGraph {
+    static GRAPH: OnceLock<WaitGraph> = OnceLock::new();
+    GRAPH.get_or_init(WaitGraph::default)
+}
+
+/// What a shared op's producer hands its consumers.
+struct Produced<T> {
+    output: Arc<T>,
+    /// The producer's completion event, if it did device work.
+    event: Option<Event>,
+    stream: StreamId,
+}
+
+impl<T> Clone for Produced<T> {
+    fn clone(&self) -> Self {
+        Produced {
+            output: self.output.clone(),
+            event: self.event.clone(),
+            stream: self.stream,
+        }
+    }
 }
 
 struct Inner<O: DeviceOp> {
-    state: AtomicU8,
-    op: Mutex<Option<O>>,
-    runner: Mutex<Option<ThreadId>>,
-    outcome: Mutex<Option<Outcome<O::Output>>>,
-    finished: Condvar,
+    once: RunOnce<Produced<O::Output>>,
+    op: parking_lot::Mutex<Option<O>>,
 }
 
 /// The op returned by [`DeviceOpExt::shared`](super::DeviceOpExt::shared): `Clone`, runs at
@@ -65,106 +293,15 @@ impl<O: DeviceOp> Shared<O> {
     pub(crate) fn new(op: O) -> Self {
         Shared {
             inner: Arc::new(Inner {
-                state: AtomicU8::new(IDLE),
-                op: Mutex::new(Some(op)),
-                runner: Mutex::new(None),
-                outcome: Mutex::new(None),
-                finished: Condvar::new(),
+                once: RunOnce::new(),
+                op: parking_lot::Mutex::new(Some(op)),
             }),
         }
     }
 
     /// Whether the op has run to completion (successfully or not).
     pub fn is_finished(&self) -> bool {
-        matches!(
-            self.inner.state.load(Ordering::Acquire),
-            COMPLETE | POISONED
-        )
-    }
-}
-
-/// Poisons the shared op if the producer unwinds before finishing.
-struct PoisonGuard<'a, O: DeviceOp> {
-    inner: &'a Inner<O>,
-    armed: bool,
-}
-
-impl<O: DeviceOp> PoisonGuard<'_, O> {
-    fn finish(mut self, outcome: Outcome<O::Output>) {
-        self.armed = false;
-        let state = match outcome {
-            Outcome::Ready { .. } => COMPLETE,
-            Outcome::Failed(_) => POISONED,
-        };
-        WaitEdge::forget_waits_for(self.inner.key());
-        *self.inner.outcome.lock() = Some(outcome);
-        self.inner.state.store(state, Ordering::Release);
-        self.inner.finished.notify_all();
-    }
-}
-
-impl<O: DeviceOp> Inner<O> {
-    /// Identifies this shared op in the wait graph.
-    fn key(&self) -> usize {
-        self as *const Self as usize
-    }
-}
-
-/// The process-wide wait graph of blocked consumers: thread → (the thread running the shared
-/// op it waits for, that op's key). A consumer that would wait, through a chain of such waits,
-/// for itself (two shared ops consuming each other from two threads) is refused with
-/// [`DeviceError::Reentrant`] instead of blocking forever; the op it was producing then fails,
-/// and so, in turn, do the others of the cycle.
-fn wait_graph() -> &'static Mutex<HashMap<ThreadId, (ThreadId, usize)>> {
-    static GRAPH: OnceLock<Mutex<HashMap<ThreadId, (ThreadId, usize)>>> = OnceLock::new();
-    GRAPH.get_or_init(|| Mutex::new(HashMap::new()))
-}
-
-/// A blocked consumer's edge in the wait graph, removed when dropped.
-struct WaitEdge(ThreadId);
-
-impl WaitEdge {
-    fn add(me: ThreadId, runner: ThreadId, key: usize) -> Result<WaitEdge, DeviceError> {
-        let mut graph = wait_graph().lock();
-        let mut next = runner;
-        for _ in 0..=graph.len() {
-            if next == me {
-                return Err(DeviceError::Reentrant {
-                    what: "shared ops that consume each other from several threads (a cycle)",
-                });
-            }
-            match graph.get(&next) {
-                Some((runner, _)) => next = *runner,
-                None => break,
-            }
-        }
-        graph.insert(me, (runner, key));
-        Ok(WaitEdge(me))
-    }
-
-    /// Drops the edges of the consumers waiting for the shared op `key`, which has finished:
-    /// they are no longer part of any cycle.
-    fn forget_waits_for(key: usize) {
-        wait_graph().lock().retain(|_, (_, k)| *k != key);
-    }
-}
-
-impl Drop for WaitEdge {
-    fn drop(&mut self) {
-        wait_graph().lock().remove(&self.0);
-    }
-}
-
-impl<O: DeviceOp> Drop for PoisonGuard<'_, O> {
-    fn drop(&mut self) {
-        if self.armed {
-            WaitEdge::forget_waits_for(self.inner.key());
-            *self.inner.outcome.lock() = Some(Outcome::Failed(DeviceError::Poisoned {
-                reason: "the op panicked while it ran".into(),
-            }));
-            self.inner.state.store(POISONED, Ordering::Release);
-            self.inner.finished.notify_all();
-        }
+        self.inner.once.is_finished()
     }
 }
 
@@ -177,95 +314,60 @@ where
 
     fn execute(self, ctx: &mut ExecutionContext) -> Result<Self::Output, DeviceError> {
         let inner = &*self.inner;
-        loop {
-            match inner.state.load(Ordering::Acquire) {
-                IDLE => {
-                    if inner
-                        .state
-                        .compare_exchange(IDLE, RUNNING, Ordering::AcqRel, Ordering::Acquire)
-                        .is_err()
-                    {
-                        continue;
-                    }
-                    *inner.runner.lock() = Some(std::thread::current().id());
-                    let guard = PoisonGuard { inner, armed: true };
-                    let op = inner.op.lock().take();
-                    let result = match op {
-                        Some(op) => op.execute(ctx).and_then(|output| {
-                            let event = if ctx.has_device_work() {
-                                Some(ctx.record_event()?)
-                            } else {
-                                None
-                            };
-                            Ok((output, event))
-                        }),
-                        None => Err(DeviceError::internal("shared op ran twice")),
-                    };
-                    return match result {
-                        Ok((output, event)) => {
-                            let output = Arc::new(output);
-                            guard.finish(Outcome::Ready {
-                                output: output.clone(),
-                                event,
-                                stream: ctx.stream_id(),
-                            });
-                            Ok(output)
-                        }
-                        Err(e) => {
-                            guard.finish(Outcome::Failed(e.clone()));
-                            Err(e)
-                        }
-                    };
-                }
-                RUNNING => {
-                    let me = std::thread::current().id();
-                    let Some(runner) = *inner.runner.lock() else {
-                        // The winner of the race has not said who it is yet.
-                        std::thread::yield_now();
-                        continue;
-                    };
-                    if runner == me {
-                        return Err(DeviceError::Reentrant {
-                            what: "a shared op consumed while it is being produced",
-                        });
-                    }
-                    let _edge = WaitEdge::add(me, runner, inner.key())?;
-                    let mut outcome = inner.outcome.lock();
-                    while outcome.is_none() {
-                        inner.finished.wait(&mut outcome);
-                    }
-                }
-                _ => {
-                    let (output, event, stream) = match &*inner.outcome.lock() {
-                        Some(Outcome::Ready {
-                            output,
+        let produced = match inner.once.turn(wait_graph())? {
+            Turn::Produce(producing) => {
+                let op = inner.op.lock().take();
+                let result = match op {
+                    Some(op) => op.execute(ctx).and_then(|output| {
+                        let event = if ctx.has_device_work() {
+                            Some(ctx.record_event()?)
+                        } else {
+                            None
+                        };
+                        Ok((output, event))
+                    }),
+                    None => Err(DeviceError::internal("shared op ran twice")),
+                };
+                return match result {
+                    Ok((output, event)) => {
+                        let output = Arc::new(output);
+                        producing.finish(Ok(Produced {
+                            output: output.clone(),
                             event,
-                            stream,
-                        }) => (output.clone(), event.clone(), *stream),
-                        Some(Outcome::Failed(e)) => return Err(e.clone()),
-                        None => return Err(DeviceError::internal("shared op has no outcome")),
-                    };
-                    if let Some(event) = event {
-                        if event.is_captured() && !ctx.stream()?.is_capturing() {
-                            return Err(DeviceError::Capture {
-                                op: "shared".into(),
-                                reason: format!(
-                                    "the shared op was produced inside a capture (on stream \
-                                     {stream}): its output is written only when that graph is \
-                                     replayed; consume it inside the captured op, or take it \
-                                     from the graph's output"
-                                ),
-                            });
-                        }
-                        // On any stream, the producer's own included: the consumer's work
-                        // follows the producer's, and the consumer counts as device work, so
-                        // that its execution completes only after the producer's.
-                        ctx.wait_for(&event)?;
+                            stream: ctx.stream_id(),
+                        }));
+                        Ok(output)
                     }
-                    return Ok(output);
-                }
+                    Err(e) => {
+                        producing.finish(Err(e.clone()));
+                        Err(e)
+                    }
+                };
             }
+            Turn::Ready(produced) => produced,
+        };
+        let Produced {
+            output,
+            event,
+            stream,
+        } = produced;
+        if let Some(event) = event {
+            if event.is_captured() && !ctx.stream()?.is_capturing() {
+                return Err(DeviceError::Capture {
+                    op: "shared".into(),
+                    reason: format!(
+                        "the shared op was produced inside a capture (on stream {stream}): its \
+                         output is written only when that graph is replayed; consume it inside \
+                         the captured op, or take it from the graph's output"
+                    ),
+                });
+            }
+            // On any stream, the producer's own included: the consumer's work follows the
+            // producer's, and the consumer counts as device work, so that its execution
+            // completes only after the producer's.
+            ctx.wait_for(&event)?;
         }
+        Ok(output)
     }
 }
 

@@ -1,6 +1,8 @@
 //! A device's backend half: what a device answers without a stream (its properties, new
 //! streams, pinned memory, and what runs a kernel on it).
 
+use std::sync::Arc;
+
 use smallvec::SmallVec;
 
 use super::{cuda, host, PinnedBackend, StreamBackend};
@@ -8,7 +10,6 @@ use crate::device::{DeviceId, DeviceLimits, MemoryInfo};
 use crate::error::{BackendKind, DeviceError, Result};
 use crate::kernel::{HostKernelFn, KernelInner};
 use crate::stream::StreamId;
-use crate::sync::Arc;
 
 /// A device's backend half.
 pub(crate) enum DeviceBackend {

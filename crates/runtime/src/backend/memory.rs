@@ -1,12 +1,12 @@
 //! The backend halves of memory: device allocations (and their stream-ordered frees) and pinned
 //! host buffers.
 
+use parking_lot::{MappedMutexGuard, MutexGuard};
 use smallvec::SmallVec;
 
 use super::{cuda, foreign, host};
 use crate::error::{BackendKind, Result};
 use crate::stream::Stream;
-use crate::sync::{MappedMutexGuard, MutexGuard};
 
 /// An allocation's backend half.
 pub(crate) enum MemoryBackend {

@@ -2,6 +2,8 @@
 //! buffers, pinned buffers, events, graphs and kernels it uses resolved against the stream's
 //! backend.
 
+use std::sync::Arc;
+
 use super::{
     cuda, foreign, host, CaptureBackend, EventBackend, GraphBackend, KernelCode, MemoryBackend,
     PinnedBackend,
@@ -12,7 +14,6 @@ use crate::error::{BackendKind, Result};
 use crate::event::Event;
 use crate::kernel::{KernelArgs, LaunchConfig};
 use crate::memory::{Memory, Region};
-use crate::sync::Arc;
 
 /// A stream's backend half: every operation enqueued on a stream is dispatched here.
 pub(crate) enum StreamBackend {

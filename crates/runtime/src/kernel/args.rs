@@ -4,6 +4,7 @@
 
 use std::any::TypeId;
 use std::fmt;
+use std::sync::Arc;
 
 use smallvec::SmallVec;
 
@@ -11,7 +12,6 @@ use super::LaunchConfig;
 use crate::access::{Access, Accesses};
 use crate::error::{DeviceError, Result};
 use crate::memory::{BufferView, DeviceCopy, Memory};
-use crate::sync::Arc;
 
 #[derive(Clone)]
 pub(crate) enum KernelArg<'a> {

@@ -11,7 +11,9 @@
 //! declares, with the check of a launch's arguments against them, in `params.rs`.
 
 use std::fmt;
+use std::sync::Arc;
 
+use parking_lot::Mutex;
 use smallvec::SmallVec;
 
 mod args;
@@ -27,7 +29,6 @@ use crate::backend::{CompileCache, CompiledFor};
 use crate::device::Device;
 use crate::error::{BackendKind, DeviceError, Result};
 use crate::stream::Stream;
-use crate::sync::{Arc, Mutex};
 
 pub(crate) struct KernelInner {
     pub(crate) name: Arc<str>,

@@ -3,12 +3,12 @@
 use std::fmt;
 use std::marker::PhantomData;
 use std::ops::RangeBounds;
+use std::sync::Arc;
 
 use super::{byte_size, BufferView, DeviceCopy, Memory};
 use crate::device::Device;
 use crate::error::Result;
 use crate::stream::Stream;
-use crate::sync::Arc;
 
 /// A typed allocation on a device. Not `Clone`: share it through `Arc`.
 ///

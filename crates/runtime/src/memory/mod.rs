@@ -10,6 +10,8 @@
 //!   ([`crate::access`]): a write after earlier reads and writes, a read after the last write.
 //! - A host read (`to_host_vec`, `copy_to_host`) is such a read, and then waits: the host never
 //!   sees memory that queued work still writes.
+//! - One lock guards a buffer's use state (`Memory::state`): the access tracker's lock, from the
+//!   [`crate::sync`] shim like the rest of the tracker's core.
 //! - Device memory is written only through kernels and copies enqueued on streams; Rust
 //!   references never point into it (the host backend guards its storage with a lock).
 //!
@@ -26,6 +28,9 @@ pub use buffer::DeviceBuffer;
 pub use pinned::{PinnedBuffer, PinnedMut, PinnedRef, PinnedTransfer};
 pub use view::BufferView;
 
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
 use smallvec::SmallVec;
 
 use crate::access::{Access, AccessState};
@@ -33,7 +38,7 @@ use crate::backend::MemoryBackend;
 use crate::device::Device;
 use crate::error::{DeviceError, Result};
 use crate::stream::Stream;
-use crate::sync::{Arc, Mutex, Ordering};
+use crate::sync::Mutex;
 
 /// Element types that can live in device memory: plain data with no padding, no pointers and
 /// every bit pattern valid (`bytemuck::Pod`), shareable across threads.

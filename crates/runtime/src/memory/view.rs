@@ -5,6 +5,7 @@
 use std::fmt;
 use std::marker::PhantomData;
 use std::ops::{Bound, RangeBounds};
+use std::sync::Arc;
 
 use smallvec::smallvec;
 
@@ -13,7 +14,6 @@ use crate::access::{ordered, Access, Accesses};
 use crate::device::Device;
 use crate::error::{DeviceError, Result};
 use crate::stream::Stream;
-use crate::sync::Arc;
 
 /// A borrowed range of a [`DeviceBuffer`].
 pub struct BufferView<'a, T> {

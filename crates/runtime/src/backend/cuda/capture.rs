@@ -1,13 +1,13 @@
 //! CUDA graphs captured from streams, and their executables.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use cudarc::driver::{result, sys};
 
 use super::stream::CudaStreamHandle;
 use super::{driver_err, CudaDeviceShared};
 use crate::error::Result;
-use crate::sync::Arc;
 
 /// A captured `CUgraph`, destroyed on drop.
 pub(crate) struct CudaGraphHandle {

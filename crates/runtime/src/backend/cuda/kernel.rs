@@ -2,6 +2,8 @@
 
 use std::ffi::CString;
 use std::mem::ManuallyDrop;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 
 use cudarc::driver::{sys, CudaFunction, CudaModule};
 use cudarc::nvrtc;
@@ -9,7 +11,6 @@ use cudarc::nvrtc;
 use super::{driver_err, CudaDeviceShared, Life};
 use crate::error::{DeviceError, Result};
 use crate::kernel::KernelArg;
-use crate::sync::{Arc, AtomicU32, Ordering};
 
 /// A kernel compiled and loaded for one device.
 pub(crate) struct CompiledKernel {

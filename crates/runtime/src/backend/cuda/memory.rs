@@ -1,13 +1,14 @@
 //! CUDA allocations: stream-ordered device memory from the device's default pool, and
 //! page-locked host memory.
 
+use std::sync::Arc;
+
 use cudarc::driver::{result, sys, CudaContext};
 
 use super::stream::CudaStreamHandle;
 use super::{driver_err, CudaDeviceShared};
 use crate::error::{DeviceError, Result};
 use crate::stream::Stream;
-use crate::sync::Arc;
 
 /// Keeps freed memory in the default pool rather than returning it to the driver at every
 /// synchronization, so that steady-state loops never call into the allocator's slow path.

@@ -32,13 +32,15 @@ pub(crate) use peer::copy_staged;
 pub(crate) use stream::{CudaEventHandle, CudaStreamHandle};
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::sync::OnceLock;
 
 use cudarc::driver::{result, sys, CudaContext, DriverError};
+use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 
 use crate::device::{DeviceLimits, MemoryInfo};
 use crate::error::{DeviceError, Result};
-use crate::sync::{Arc, AtomicBool, AtomicUsize, Mutex, Ordering, RwLock, RwLockReadGuard};
 
 /// Converts a driver error into a [`DeviceError::Driver`] naming the call; a fault the context
 /// cannot survive marks the device bound on this thread faulted and is

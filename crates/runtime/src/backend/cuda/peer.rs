@@ -13,13 +13,14 @@
 //! A buffer of the ring is reused only after an event of the host-to-device copy that last
 //! read it, so the whole copy is stream-ordered and the calling thread never waits.
 
+use std::sync::Arc;
+
 use cudarc::driver::{result, sys};
 
 use super::memory::{CudaMemory, CudaPinned};
 use super::stream::{CudaEventHandle, CudaStreamHandle};
 use super::{driver_err, CudaDeviceShared};
 use crate::error::Result;
-use crate::sync::Arc;
 
 /// Bytes per staging buffer; two of them form a destination device's ring.
 pub(crate) const STAGING_CHUNK: usize = 8 << 20;

@@ -3,8 +3,10 @@
 
 use std::ffi::c_void;
 use std::mem::ManuallyDrop;
+use std::sync::Arc;
 
 use cudarc::driver::{result, sys, CudaStream};
+use parking_lot::Mutex;
 use smallvec::SmallVec;
 
 use super::capture::CudaGraphHandle;
@@ -15,7 +17,6 @@ use crate::backend::{CaptureBackend, GraphBackend};
 use crate::error::{DeviceError, Result};
 use crate::kernel::{KernelArg, KernelArgs, LaunchConfig};
 use crate::scope::ErrorSink;
-use crate::sync::{Arc, Mutex};
 
 /// A CUDA stream (non-blocking with respect to the legacy default stream).
 pub(crate) struct CudaStreamHandle {

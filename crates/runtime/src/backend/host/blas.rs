@@ -16,13 +16,15 @@
 
 use std::any::TypeId;
 use std::ops::{Add, AddAssign, Mul, Range};
+use std::sync::Arc;
+
+use parking_lot::{RwLockReadGuard, RwLockWriteGuard};
 
 use super::memory::host_mem;
 use super::stream::HostStream;
 use crate::blas::{GemmConfig, GemmDtype};
 use crate::error::{DeviceError, Result};
 use crate::memory::Memory;
-use crate::sync::{Arc, RwLockReadGuard, RwLockWriteGuard};
 
 /// Depth of a block of `B` stored `k×n` (rows of B, columns of A).
 const KC: usize = 128;

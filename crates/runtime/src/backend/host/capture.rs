@@ -1,8 +1,11 @@
 //! Host capture: recorded tasks with their dependencies, replayed in recorded order.
 
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
 use super::stream::HostTask;
 use crate::error::{DeviceError, Result};
-use crate::sync::{Arc, Mutex};
 
 pub(crate) struct HostNode {
     pub(crate) task: HostTask,

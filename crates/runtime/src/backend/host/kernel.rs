@@ -6,13 +6,15 @@
 //! overlap, which is reported as an argument error rather than aliased.
 
 use std::any::TypeId;
+use std::sync::Arc;
+
+use parking_lot::{RwLockReadGuard, RwLockWriteGuard};
 
 use super::memory::host_mem;
 use super::stream::HostStream;
 use crate::error::{DeviceError, Result};
 use crate::kernel::{HostKernelArgs, HostKernelFn, HostSlot, KernelArg, KernelArgs, LaunchConfig};
 use crate::memory::Memory;
-use crate::sync::{Arc, RwLockReadGuard, RwLockWriteGuard};
 
 enum OwnedArg {
     Buffer {

@@ -1,9 +1,12 @@
 //! Host memory: a word vector (8-byte aligned, so every element type can be viewed in place)
 //! behind a reader-writer lock.
 
+use std::sync::Arc;
+
+use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
 use crate::error::{DeviceError, Result};
 use crate::memory::Memory;
-use crate::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 fn words_for(bytes: usize) -> usize {
     bytes.div_ceil(8)
@@ -64,7 +67,7 @@ impl HostPinned {
         self.data.clone()
     }
 
-    pub(crate) fn lock(&self) -> crate::sync::MutexGuard<'_, Vec<u64>> {
+    pub(crate) fn lock(&self) -> parking_lot::MutexGuard<'_, Vec<u64>> {
         self.data.lock()
     }
 }

@@ -3,7 +3,10 @@
 use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc;
+use std::sync::Arc;
 use std::time::Instant;
+
+use parking_lot::{Condvar, Mutex};
 
 use super::capture::{CaptureCursor, HostCapture, HostGraph};
 use super::memory::HostPinned;
@@ -13,7 +16,6 @@ use crate::error::{DeviceError, Result};
 use crate::memory::Memory;
 use crate::scope::ErrorSink;
 use crate::stream::StreamId;
-use crate::sync::{Arc, Condvar, Mutex};
 
 /// A unit of work on a host stream. `Fn` (not `FnOnce`) so that captured work can be replayed.
 pub(crate) type HostTask = Arc<dyn Fn() -> Result<()> + Send + Sync>;

@@ -19,6 +19,7 @@
 mod library;
 
 use std::ffi::{c_int, c_longlong, c_void};
+use std::sync::atomic::Ordering;
 
 use cudarc::cublas::sys as cublas_sys;
 use cudarc::driver::sys::CUdeviceptr;
@@ -29,7 +30,6 @@ use super::stream::CudaStreamHandle;
 use super::CudaDeviceShared;
 use crate::blas::{GemmConfig, GemmDtype};
 use crate::error::{BackendKind, DeviceError, Result};
-use crate::sync::Ordering;
 
 /// A cuBLAS handle, owned by its device's pool or by one [`HandleLease`].
 pub(crate) struct RawBlasHandle(Handle);
