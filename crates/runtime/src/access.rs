@@ -191,25 +191,38 @@ impl<S> Default for Hazards<S> {
 }
 
 impl<S: TrackedStream> Hazards<S> {
-    /// The points an access of kind `access` must wait for.
-    fn conflicts(&self, access: Access, out: &mut SmallVec<[Point<S>; 4]>) {
-        if let Some(w) = &self.last_write {
-            out.push(w.clone());
-        }
+    /// The points of streams other than `on` that an access of kind `access` on `on` must
+    /// wait for (a stream is in order with itself).
+    fn conflicts(&self, access: Access, on: &S, out: &mut SmallVec<[Point<S>; 4]>) {
+        let other = |p: &&Point<S>| !p.stream.same(on);
+        out.extend(self.last_write.iter().filter(other).cloned());
         if access == Access::Write {
-            out.extend(self.reads.iter().cloned());
+            out.extend(self.reads.iter().filter(other).cloned());
         }
     }
 
-    fn record(&mut self, access: Access, point: &Point<S>) {
+    /// Records an access of kind `access` at `seq` of `stream`. A point already held for
+    /// `stream` is moved forward in place.
+    fn record(&mut self, access: Access, stream: &S, seq: u64) {
         match access {
             Access::Write => {
-                self.last_write = Some(point.clone());
+                match &mut self.last_write {
+                    Some(p) if p.stream.same(stream) => p.seq = seq,
+                    last => {
+                        *last = Some(Point {
+                            stream: stream.clone(),
+                            seq,
+                        })
+                    }
+                }
                 self.reads.clear();
             }
-            Access::Read => match self.reads.iter_mut().find(|p| p.stream.same(&point.stream)) {
-                Some(p) => p.seq = point.seq,
-                None => self.reads.push(point.clone()),
+            Access::Read => match self.reads.iter_mut().find(|p| p.stream.same(stream)) {
+                Some(p) => p.seq = seq,
+                None => self.reads.push(Point {
+                    stream: stream.clone(),
+                    seq,
+                }),
             },
         }
     }
@@ -317,26 +330,23 @@ pub(crate) fn order_enqueue_record<B: TrackedBuffer, R>(
     let mut waits: SmallVec<[Point<B::Stream>; 4]> = SmallVec::new();
     for (state, (_, access)) in states.iter_mut().zip(&accesses) {
         if let Some(h) = B::access_state(state).scope(capture) {
-            h.conflicts(*access, &mut waits);
+            h.conflicts(*access, stream, &mut waits);
         }
     }
     for (i, p) in waits.iter().enumerate() {
         let repeated = waits[..i]
             .iter()
             .any(|q| q.stream.same(&p.stream) && q.seq >= p.seq);
-        if !repeated && !p.stream.same(stream) {
+        if !repeated {
             stream.order_after(&p.stream, p.seq)?;
         }
     }
     let result = enqueue();
-    let point = Point {
-        stream: stream.clone(),
-        seq: stream.clock().advance(),
-    };
+    let seq = stream.clock().advance();
     for (state, (buffer, access)) in states.iter_mut().zip(&accesses) {
         B::access_state(state)
             .scope_or_new(capture)
-            .record(*access, &point);
+            .record(*access, stream, seq);
         buffer.note_enqueued(state, stream, *access, capture);
     }
     result

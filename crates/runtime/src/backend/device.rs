@@ -196,9 +196,7 @@ fn compiled_for(
         }
     }
     let compiled = device.compile(&kernel.name, &kernel.source, &kernel.options)?;
-    let (first, _) = kernel
-        .compiled_first
-        .get_or_init(|| (id, compiled.clone()));
+    let (first, _) = kernel.compiled_first.get_or_init(|| (id, compiled.clone()));
     if *first == id {
         return Ok(compiled);
     }
