@@ -154,10 +154,14 @@ impl DeviceBackend {
     ///
     /// [`DeviceError::HostKernel`] on the host when the kernel has no host implementation; a
     /// compile error on CUDA.
-    pub(crate) fn kernel_code(&self, kernel: &KernelInner, id: DeviceId) -> Result<KernelCode> {
+    pub(crate) fn kernel_code<'k>(
+        &self,
+        kernel: &'k KernelInner,
+        id: DeviceId,
+    ) -> Result<KernelCode<'k>> {
         match self {
             DeviceBackend::Host(_) => match &kernel.host {
-                Some(f) => Ok(KernelCode::Host(f.clone())),
+                Some(f) => Ok(KernelCode::Host(f)),
                 None => Err(DeviceError::HostKernel {
                     kernel: kernel.name.to_string(),
                     reason: "it has no host implementation; add one with Kernel::with_host, \
@@ -177,39 +181,56 @@ pub(crate) type CompiledFor = (DeviceId, Arc<cuda::CompiledKernel>);
 pub(crate) type CompileCache = SmallVec<[CompiledFor; 2]>;
 
 /// `kernel` compiled for CUDA device `device` (whose id is `id`): from the kernel's own cache
-/// (its first device's slot, read without a lock, then the others), else from the device's
-/// module cache or the compiler, then kept in the kernel's cache.
-fn compiled_for(
-    kernel: &KernelInner,
+/// (its first device's slot, read without a lock or a reference count, then the others), else
+/// from the device's module cache or the compiler, then kept in the kernel's cache.
+fn compiled_for<'k>(
+    kernel: &'k KernelInner,
     id: DeviceId,
     device: &cuda::CudaDevice,
-) -> Result<Arc<cuda::CompiledKernel>> {
+) -> Result<Compiled<'k>> {
     if let Some((d, k)) = kernel.compiled_first.get() {
         if *d == id {
-            return Ok(k.clone());
+            return Ok(Compiled::First(k));
         }
     }
     {
         let cache = kernel.compiled.lock();
         if let Some((_, k)) = cache.iter().find(|(d, _)| *d == id) {
-            return Ok(k.clone());
+            return Ok(Compiled::Other(k.clone()));
         }
     }
     let compiled = device.compile(&kernel.name, &kernel.source, &kernel.options)?;
     let (first, _) = kernel.compiled_first.get_or_init(|| (id, compiled.clone()));
     if *first == id {
-        return Ok(compiled);
+        return Ok(Compiled::Other(compiled));
     }
     let mut cache = kernel.compiled.lock();
     if let Some((_, k)) = cache.iter().find(|(d, _)| *d == id) {
-        return Ok(k.clone());
+        return Ok(Compiled::Other(k.clone()));
     }
     cache.push((id, compiled.clone()));
-    Ok(compiled)
+    Ok(Compiled::Other(compiled))
+}
+
+/// A kernel's compiled function: borrowed from its first device's slot, or shared.
+pub(crate) enum Compiled<'k> {
+    First(&'k cuda::CompiledKernel),
+    Other(Arc<cuda::CompiledKernel>),
+}
+
+impl std::ops::Deref for Compiled<'_> {
+    type Target = cuda::CompiledKernel;
+
+    fn deref(&self) -> &cuda::CompiledKernel {
+        match self {
+            Compiled::First(k) => k,
+            Compiled::Other(k) => k,
+        }
+    }
 }
 
 /// What runs a kernel on one device (see [`DeviceBackend::kernel_code`]).
-pub(crate) enum KernelCode {
-    Host(Arc<HostKernelFn>),
-    Cuda(Arc<cuda::CompiledKernel>),
+pub(crate) enum KernelCode<'k> {
+    Host(&'k Arc<HostKernelFn>),
+    Cuda(Compiled<'k>),
 }

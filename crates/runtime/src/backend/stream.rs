@@ -254,14 +254,14 @@ impl StreamBackend {
     /// Enqueues a launch of `code` (what runs kernel `name` on this stream's device).
     pub(crate) fn launch_kernel(
         &self,
-        code: &KernelCode,
+        code: &KernelCode<'_>,
         name: &Arc<str>,
         config: LaunchConfig,
         args: &KernelArgs<'_>,
     ) -> Result<()> {
         match (self, code) {
             (StreamBackend::Host(s), KernelCode::Host(f)) => {
-                host::launch_host_kernel(s, name.clone(), f.clone(), config, args)
+                host::launch_host_kernel(s, name.clone(), Arc::clone(f), config, args)
             }
             (StreamBackend::Cuda(s), KernelCode::Cuda(k)) => s.launch(k, config, args),
             _ => Err(foreign("a kernel", self.kind())),
