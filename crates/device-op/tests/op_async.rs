@@ -5,8 +5,6 @@
 //! is certain, not a matter of timing. The watchdog only turns a lost wake-up into a failure
 //! instead of a hang; no test depends on how long anything takes.
 
-mod common;
-
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -14,9 +12,10 @@ use std::sync::{mpsc, Arc};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use common::*;
 use cuflow_device_op::{value, DeviceError, DeviceFuture, DeviceOpExt};
 use cuflow_scheduler::StreamPoolRoundRobin;
+use cuflow_testing::device::device;
+use cuflow_testing::ops::*;
 use rand::{Rng, SeedableRng};
 
 /// Generous bound on a test's wait for a future that should complete.

@@ -1,13 +1,12 @@
 //! `boxed`: ops of different types behind one type, e.g. in a `Vec` for `join_all`.
 
-mod common;
-
 use std::future::IntoFuture;
 use std::sync::Arc;
 
-use common::*;
 use cuflow_device_op::{join_all, value, zip, BoxedOp, DeviceError, DeviceOpExt};
 use cuflow_scheduler::StreamPoolRoundRobin;
+use cuflow_testing::device::device;
+use cuflow_testing::ops::*;
 
 #[test]
 fn a_vec_of_heterogeneous_boxed_ops_runs_through_join_all() -> Result<(), DeviceError> {

@@ -1,18 +1,17 @@
 //! The entry points: `sync`, `sync_on`, `sync_with_policy`, `schedule`, `.await` and
 //! `enqueue_on`. Outputs reach the program only after their work has completed.
 
-mod common;
-
 use std::future::IntoFuture;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use common::*;
 use cuflow_device_op::{
     default_device, enqueue_on, value, with_context, DeviceError, DeviceOp, DeviceOpExt,
 };
 use cuflow_runtime::Device;
 use cuflow_scheduler::{SingleStream, StreamPoolRoundRobin};
+use cuflow_testing::device::device;
+use cuflow_testing::ops::*;
 
 /// A slow write followed by a host function that sets `flag`: the flag is set only once the
 /// write has finished, so a caller that sees the op's output must also see the flag.

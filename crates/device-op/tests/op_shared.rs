@@ -1,15 +1,14 @@
 //! `shared`: runs at most once whatever the number of clones and threads; consumers on other
 //! streams wait on the producer's event; failures and panics reach every consumer.
 
-mod common;
-
 use std::future::IntoFuture;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 
-use common::*;
 use cuflow_device_op::{value, with_context, zip, BoxedOp, DeviceError, DeviceOpExt};
 use cuflow_scheduler::{SingleStream, StreamPoolRoundRobin};
+use cuflow_testing::device::device;
+use cuflow_testing::ops::*;
 use parking_lot::Mutex;
 
 #[test]

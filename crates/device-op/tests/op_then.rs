@@ -1,14 +1,13 @@
 //! `then`, `map`, `inspect`: continuations run on the same stream, after the first op's work;
 //! host-only transforms add no device work; building an op runs nothing.
 
-mod common;
-
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use common::*;
 use cuflow_device_op::{value, with_context, DeviceError, DeviceOpExt};
 use cuflow_scheduler::StreamPoolRoundRobin;
+use cuflow_testing::device::device;
+use cuflow_testing::ops::*;
 
 #[test]
 fn then_runs_dependent_kernels_in_order() -> Result<(), DeviceError> {

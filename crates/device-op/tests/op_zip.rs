@@ -7,11 +7,10 @@
 //! records one fork event that every such branch waits on; each branch with device work on
 //! another stream than its parent's is joined with one event and one wait.
 
-mod common;
-
-use common::*;
 use cuflow_device_op::{join_all, value, zip, DeviceError, DeviceOpExt};
 use cuflow_scheduler::{SchedulingPolicy, SingleStream, StreamPoolRoundRobin};
+use cuflow_testing::device::device;
+use cuflow_testing::ops::*;
 
 #[test]
 fn zip_branches_land_on_distinct_streams_and_the_join_sees_their_writes() -> Result<(), DeviceError>
@@ -245,8 +244,7 @@ fn join_all_joins_every_branch() -> Result<(), DeviceError> {
     );
 
     // No branches: nothing to do.
-    let (out, stats) =
-        join_all(Vec::<common::TestOp<common::Buf>>::new()).sync_with_policy(&policy)?;
+    let (out, stats) = join_all(Vec::<TestOp<Buf>>::new()).sync_with_policy(&policy)?;
     assert!(out.is_empty());
     assert_eq!(
         (stats.events_recorded, stats.event_waits),

@@ -4,11 +4,8 @@
 //! Streams that must stay busy wait on a [`Gate`], so load is observed with `loads()` rather
 //! than inferred from timing.
 
-mod common;
-
 use std::sync::Arc;
 
-use common::*;
 use cuflow_device_op::{
     enqueue_on, value, zip, DeviceError, DeviceOp, DeviceOpExt, ExecutionContext,
 };
@@ -17,6 +14,8 @@ use cuflow_scheduler::{
     LeastLoaded, Placement, Priority, PriorityLevel, SchedulingPolicy, SingleStream,
     StreamPoolRoundRobin,
 };
+use cuflow_testing::device::device;
+use cuflow_testing::ops::*;
 use parking_lot::Mutex;
 
 #[test]

@@ -2,15 +2,14 @@
 //! any number of threads; branches spread over the pool and are joined correctly however it
 //! wraps.
 
-mod common;
-
 use std::collections::HashMap;
 use std::sync::Barrier;
 
-use common::*;
 use cuflow_device_op::{join_all, zip, DeviceError, DeviceOpExt};
 use cuflow_runtime::StreamId;
 use cuflow_scheduler::{Placement, SchedulingPolicy, StreamPoolRoundRobin};
+use cuflow_testing::device::device;
+use cuflow_testing::ops::*;
 
 fn ids(policy: &StreamPoolRoundRobin) -> Vec<StreamId> {
     policy.streams().iter().map(|s| s.id()).collect()

@@ -2,10 +2,12 @@
 //! updated in place; operations that cannot be recorded are refused and leave the streams
 //! usable.
 
-mod common;
-
-use common::{add, add_one, device, random_f32, rng};
 use cuflow_runtime::{DeviceBuffer, DeviceError, Kernel, KernelArgs, LaunchConfig, Stream};
+use cuflow_testing::{
+    device::device,
+    kernels::{add, add_one, prefix_mut},
+    rng::{random_f32, rng},
+};
 
 fn add_one_to(s: &Stream, x: &DeviceBuffer<f32>) -> Result<(), DeviceError> {
     add_one().launch(
@@ -374,7 +376,7 @@ fn a_kernel_first_launched_during_a_capture_is_built_and_replayed() -> Result<()
     }
     .with_host(|args| {
         let n = args.scalar::<u32>(1)? as usize;
-        for v in common::prefix_mut("rt_triple_in_capture", args.output::<f32>(0)?, n)? {
+        for v in prefix_mut("rt_triple_in_capture", args.output::<f32>(0)?, n)? {
             *v *= 3.0;
         }
         Ok(())

@@ -1,10 +1,12 @@
 //! Copies: host to device and back, sub-views, device to device, fills and pinned buffers, on
 //! the device that `Device::auto()` gives.
 
-mod common;
-
-use common::{device, random_f32, random_vec, rng, ODD_SIZES, POISON, POISON_U32};
 use cuflow_runtime::{DeviceBuffer, DeviceCopy, DeviceError, PinnedBuffer, Stream};
+use cuflow_testing::{
+    device::device,
+    rng::{random_f32, random_vec, rng},
+    ODD_SIZES, POISON, POISON_U32,
+};
 use rand::distributions::{Distribution, Standard};
 use rand::rngs::StdRng;
 use rand::Rng;

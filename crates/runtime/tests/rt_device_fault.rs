@@ -8,11 +8,14 @@
 //! One test in its own binary: a fault ends the state of the whole device, so nothing else
 //! may run on it meanwhile.
 
-mod common;
-
-use common::{assert_close, device, random_vec, rng, saxpy, spin_write, SHORT_SPIN};
 use cuflow_runtime::{
     BackendKind, Device, DeviceBuffer, DeviceError, Kernel, KernelArgs, LaunchConfig, PinnedBuffer,
+};
+use cuflow_testing::{
+    device::device,
+    kernels::{saxpy, spin_write, SHORT_SPIN},
+    measure::assert_close_in_norm,
+    rng::{random_vec, rng},
 };
 
 fn trap() -> Kernel {
@@ -61,7 +64,7 @@ fn saxpy_is_correct(device: &Device) -> Result<(), DeviceError> {
         .zip(&y)
         .map(|(&x, &y)| 2.0 * x as f64 + y as f64)
         .collect();
-    assert_close("saxpy", &dy.to_host_vec(&stream)?, &want, 1e-6);
+    assert_close_in_norm("saxpy", &dy.to_host_vec(&stream)?, &want, 1e-6);
     Ok(())
 }
 

@@ -6,12 +6,15 @@
 //! whatever the device under test is: only the host backend runs them. Device faults are not
 //! provoked on CUDA, where one would poison the context of the whole test process.
 
-mod common;
-
-use common::{add_one, device, random_f32, rng, saxpy, spin_write, POISON, SHORT_SPIN};
 use cuflow_runtime::{
     BackendKind, Device, DeviceBuffer, DeviceError, Kernel, KernelArgs, LaunchConfig, PinnedBuffer,
     Stream,
+};
+use cuflow_testing::{
+    device::device,
+    kernels::{add_one, saxpy, spin_write, SHORT_SPIN},
+    rng::{random_f32, rng},
+    POISON,
 };
 
 /// Checks that `s` still runs kernels and copies correctly.
@@ -168,16 +171,16 @@ fn bad_launch_configurations_are_refused_before_they_run() -> Result<(), DeviceE
     for cfg in bad {
         match add_one().launch(&s, cfg, KernelArgs::new().output(&x).scalar(64u32)) {
             Err(DeviceError::InvalidLaunch { kernel, reason }) => {
-                assert_eq!(kernel, "rt_add_one");
+                assert_eq!(kernel, "test_add_one");
                 assert!(!reason.is_empty());
             }
             other => panic!("{cfg:?}: expected InvalidLaunch, got {other:?}"),
         }
-        assert!(cfg.validate("rt_add_one", &limits).is_err());
+        assert!(cfg.validate("test_add_one", &limits).is_err());
     }
     // The limits themselves are valid.
     let widest = LaunchConfig::new((2, 1, 1), (limits.max_threads_per_block, 1, 1));
-    widest.validate("rt_add_one", &limits)?;
+    widest.validate("test_add_one", &limits)?;
     add_one().launch(&s, widest, KernelArgs::new().output(&x).scalar(64u32))?;
     let want: Vec<f32> = x0.iter().map(|v| v + 1.0).collect();
     assert_eq!(x.to_host_vec(&s)?, want, "only the valid launch ran");
@@ -195,7 +198,7 @@ fn a_scalar_larger_than_sixteen_bytes_is_an_invalid_argument() -> Result<(), Dev
     );
     match r {
         Err(DeviceError::InvalidArgument { kernel, index, .. }) => {
-            assert_eq!(kernel, "rt_add_one");
+            assert_eq!(kernel, "test_add_one");
             assert_eq!(index, 1);
         }
         other => panic!("expected InvalidArgument, got {other:?}"),
@@ -234,7 +237,7 @@ fn a_host_impl_reading_the_wrong_argument_type_is_an_invalid_argument() -> Resul
                 )
             }),
         ),
-        // rt_saxpy writes argument 0: an input buffer there.
+        // test_saxpy writes argument 0: an input buffer there.
         (
             0,
             Box::new(|| {
@@ -524,7 +527,7 @@ fn launch_arguments_are_checked_against_the_declared_parameters() -> Result<(), 
     let ints = DeviceBuffer::<u32>::zeroed(&s, 4)?;
     let doubles = DeviceBuffer::<f64>::zeroed(&s, 4)?;
     let one = LaunchConfig::linear(1, 4);
-    // rt_saxpy(float* y, const float* x, float a, unsigned n)
+    // test_saxpy(float* y, const float* x, float a, unsigned n)
     let cases: Vec<(&str, usize, KernelArgs<'_>)> = vec![
         (
             "too few",

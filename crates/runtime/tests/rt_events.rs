@@ -4,15 +4,16 @@
 //! No test here leaves an error on a stream: `Device::synchronize` reports the errors of every
 //! stream of the device, including those of the other tests of this binary.
 
-mod common;
-
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{
-    add_one, device, random_f32, rng, spin_write, LONG_SPIN, POISON, POISON_U32, SHORT_SPIN,
-};
 use cuflow_runtime::{DeviceBuffer, DeviceError, Event, KernelArgs, LaunchConfig, Stream};
+use cuflow_testing::{
+    device::device,
+    kernels::{add_one, spin_write, LONG_SPIN, SHORT_SPIN},
+    rng::{random_f32, rng},
+    POISON, POISON_U32,
+};
 use rand::Rng;
 
 /// Stream `a` runs a long kernel that writes `flag` at its end, then copies `src` into `data`;

@@ -3,12 +3,10 @@
 //! at dense, broadcast and padded strides; empty dimensions; refused shapes; capture and
 //! replay; many threads with a stream each.
 
-mod common;
-
-use common::{device, rng};
 use cuflow_runtime::{
     gemm, BackendKind, Device, DeviceBuffer, DeviceError, GemmConfig, GemmElem, Stream,
 };
+use cuflow_testing::{device::device, measure::assert_close_in_norm, rng::rng};
 use half::{bf16, f16};
 use rand::rngs::StdRng;
 use rand::Rng;
@@ -481,7 +479,7 @@ fn inputs_dropped_after_enqueueing_are_still_read() -> Result<(), DeviceError> {
         &widen(&b),
         &vec![0.0; m * n],
     );
-    common::assert_close("gemm", &c.to_host_vec(&s)?, &want, 1e-5);
+    assert_close_in_norm("gemm", &c.to_host_vec(&s)?, &want, 1e-5);
     Ok(())
 }
 
@@ -527,10 +525,10 @@ fn a_captured_gemm_accumulates_once_per_replay() -> Result<(), DeviceError> {
             .zip(&c0)
             .map(|(p, c)| *c as f64 + 2.0 * p)
             .collect();
-        common::assert_close("captured gemm", &cb.to_host_vec(&s)?, &want, 1e-5);
+        assert_close_in_norm("captured gemm", &cb.to_host_vec(&s)?, &want, 1e-5);
         // Eager work on the stream goes on as before.
         gemm(&s, cfg.scale(1.0, 0.0), ab.view(), bb.view(), cb.view())?;
-        common::assert_close(
+        assert_close_in_norm(
             "gemm after the capture",
             &cb.to_host_vec(&s)?,
             &product,
@@ -562,7 +560,7 @@ fn threads_with_a_stream_each_get_their_own_results() -> Result<(), DeviceError>
                     let (want, _) = reference(&cfg, &widen(a), &widen(b), &vec![0.0; m * n]);
                     for _ in 0..5 {
                         gemm(&s, cfg, ab.view(), bb.view(), cb.view())?;
-                        common::assert_close("gemm", &cb.to_host_vec(&s)?, &want, 1e-5);
+                        assert_close_in_norm("gemm", &cb.to_host_vec(&s)?, &want, 1e-5);
                     }
                     Ok(())
                 })

@@ -1,10 +1,12 @@
 //! Memory accounting, in its own process so that no other test allocates on the device
 //! meanwhile.
 
-mod common;
-
-use common::{add_one, device, random_f32, rng};
 use cuflow_runtime::{DeviceBuffer, DeviceError, KernelArgs, LaunchConfig};
+use cuflow_testing::{
+    device::device,
+    kernels::add_one,
+    rng::{random_f32, rng},
+};
 
 #[test]
 fn bytes_in_use_returns_to_its_baseline_after_buffers_drop() -> Result<(), DeviceError> {

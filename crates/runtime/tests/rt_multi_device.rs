@@ -6,15 +6,13 @@
 //! Tests that need two devices skip with a message when fewer are visible, or fail when
 //! `CUFLOW_MIN_DEVICES` asks for more than are visible.
 
-mod common;
-
-use common::devices::{devices, two_devices};
-
-use common::{
-    device, host_spin_duration, random_f32, rng, spin_write, LONG_SPIN, ODD_SIZES, POISON,
-    POISON_U32,
-};
 use cuflow_runtime::{BackendKind, Device, DeviceBuffer, DeviceError, KernelArgs, LaunchConfig};
+use cuflow_testing::{
+    device::{device, devices, two_devices},
+    kernels::{host_spin_duration, spin_write, LONG_SPIN},
+    rng::{random_f32, rng},
+    ODD_SIZES, POISON, POISON_U32,
+};
 use rand::Rng;
 
 /// Every ordered pair of distinct devices.

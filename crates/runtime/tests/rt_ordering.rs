@@ -3,13 +3,16 @@
 //! puts a long spin before the first access, so that without ordering the second access would
 //! run first, on every backend.
 
-mod common;
-
 use std::sync::mpsc;
 use std::time::Duration;
 
-use common::{add_one, device, random_f32, rng, spin_write, LONG_SPIN, POISON};
 use cuflow_runtime::{DeviceBuffer, DeviceError, KernelArgs, LaunchConfig};
+use cuflow_testing::{
+    device::device,
+    kernels::{add_one, spin_write, LONG_SPIN},
+    rng::{random_f32, rng},
+    POISON,
+};
 
 /// Launches the spin kernel: after a long spin, `out[0] = value`.
 fn slow_write(

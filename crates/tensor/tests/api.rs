@@ -2,14 +2,14 @@
 //! range and with plausible moments, seeded calls reproducible, casts rounding, truncating and
 //! saturating as documented, copies into poisoned memory.
 
-mod common;
-
 use std::sync::Arc;
 
-use common::*;
 use cuflow_device_op::DeviceOpExt;
 use cuflow_runtime::{Device, DeviceError, Stream};
 use cuflow_tensor::{api, bf16, f16, kernels, DType, PartitionExt, Tensor};
+use cuflow_testing::device::stream;
+use cuflow_testing::rng::seeded_rng;
+use cuflow_testing::tensor::*;
 
 /// Runs `op` on `stream`, checks its output's shape, and reads it back.
 fn make<T: DType>(
@@ -129,7 +129,7 @@ fn linspace_includes_both_ends() -> Result<(), DeviceError> {
     assert_eq!((got[0], got[49]), (0.0, 1.0));
     let got = make(&s, &[7], api::linspace::<f32>(1.0, 0.0, 7))?;
     let want: Vec<f64> = (0..7).map(|i| 1.0 - i as f64 / 6.0).collect();
-    assert_close(&got, &want, f32::ARITH_TOL, "linspace(1, 0, 7)");
+    assert_dtype_close(&got, &want, f32::ARITH_TOL, "linspace(1, 0, 7)");
     Ok(())
 }
 
@@ -320,7 +320,7 @@ fn random_tensors_match_the_host_backend() -> Result<(), DeviceError> {
     let shape = [3, 4097];
     let u = |s: &Stream| api::rand_seeded::<f32>(-1.0, 4.0, &shape, 5).sync_on(s);
     let (a, b) = (read(&u(&dev)?), read(&u(&host)?));
-    assert_close(
+    assert_dtype_close(
         &a,
         &f64s(&b),
         f32::ARITH_TOL,
@@ -350,7 +350,7 @@ fn round_trip<T: DType>(data: Vec<T>, shape: &[usize]) -> Result<(), DeviceError
 
 #[test]
 fn from_vec_and_from_slice_round_trip() -> Result<(), DeviceError> {
-    let mut rng = rng(9);
+    let mut rng = seeded_rng(9);
     round_trip::<f32>(uniform(&mut rng, 35, -1e6, 1e6), &[5, 7])?;
     round_trip::<f32>(vec![f32::NEG_INFINITY, f32::INFINITY, -0.0, 1e-45], &[4])?;
     round_trip::<f64>(uniform(&mut rng, 4097, -1.0, 1.0), &[4097])?;
@@ -400,7 +400,7 @@ fn dup_copies_into_new_memory() -> Result<(), DeviceError> {
 #[test]
 fn memcpy_overwrites_poisoned_memory() -> Result<(), DeviceError> {
     let s = stream();
-    let mut rng = rng(10);
+    let mut rng = seeded_rng(10);
     let shape = [3, 4097];
     let data: Vec<f32> = uniform(&mut rng, numel(&shape), -5.0, 5.0);
     let src = upload(&s, &data, &shape);
@@ -564,7 +564,7 @@ fn cast_between_integers_keeps_the_low_bits() -> Result<(), DeviceError> {
 
 #[test]
 fn cast_between_floats_rounds_to_nearest() -> Result<(), DeviceError> {
-    let mut rng = rng(12);
+    let mut rng = seeded_rng(12);
     let mut c = Casts::default();
     let x: Vec<f32> = uniform(&mut rng, 4097, -1000.0, 1000.0);
     let halves: Vec<f16> = x.iter().map(|v| f16::from_f32(*v)).collect();

@@ -1,20 +1,12 @@
 //! `matmul` and `linear` against a float64 reference, on whatever `Device::auto()` gives.
 
 use cuflow_device_op::DeviceOpExt;
-use cuflow_runtime::{Device, DeviceError, GemmElem};
+use cuflow_runtime::{DeviceError, GemmElem};
 use cuflow_tensor::{api, bf16, f16, kernels, DType, Tensor};
+use cuflow_testing::device::device;
+use cuflow_testing::tensor::random;
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
-
-fn device() -> Device {
-    Device::auto().expect("the device selected by CUFLOW_DEVICE must be usable")
-}
-
-fn random<T: DType>(rng: &mut StdRng, n: usize) -> Vec<T> {
-    (0..n)
-        .map(|_| T::from_f64(rng.gen_range(-1.0..1.0)))
-        .collect()
-}
+use rand::SeedableRng;
 
 /// Max over outputs of |got - want| / (Σ|a·b| + tiny): error relative to the magnitude of the
 /// terms summed, which is what the accumulation precision bounds.
