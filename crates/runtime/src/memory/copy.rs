@@ -90,7 +90,7 @@ impl<T: DeviceCopy> BufferView<'_, T> {
                 let accesses: Accesses<'_> =
                     smallvec![(self.mem, Access::Write), (src.mem, Access::Read)];
                 return ordered(stream, op, accesses, || {
-                    stream.backend().copy_peer(from, to)
+                    stream.backend().copy_device(from, to)
                 });
             }
             let staging = src.mem.device.staging_stream()?;
