@@ -42,6 +42,20 @@ fn multi_thread_runtime() -> tokio::runtime::Runtime {
         .expect("a tokio runtime")
 }
 
+/// The outputs of `tasks`, in order; fails the test if one never completes or panics.
+async fn join_tasks<T>(
+    tasks: Vec<tokio::task::JoinHandle<Result<T, DeviceError>>>,
+) -> Result<Vec<T>, DeviceError> {
+    let mut outputs = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        let joined = tokio::time::timeout(WATCHDOG, task)
+            .await
+            .expect("an awaited op never completed");
+        outputs.push(joined.expect("the task panicked")?);
+    }
+    Ok(outputs)
+}
+
 #[test]
 fn a_thousand_concurrent_awaits_on_a_multi_thread_runtime() -> Result<(), DeviceError> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(0x00c0_ffee);
@@ -64,14 +78,7 @@ fn a_thousand_concurrent_awaits_on_a_multi_thread_runtime() -> Result<(), Device
                 })
             })
             .collect();
-        let mut outputs = Vec::with_capacity(tasks.len());
-        for task in tasks {
-            let joined = tokio::time::timeout(WATCHDOG, task)
-                .await
-                .expect("an awaited op never completed");
-            outputs.push(joined.expect("the task panicked")?);
-        }
-        Ok::<_, DeviceError>(outputs)
+        join_tasks(tasks).await
     })?;
     assert_eq!(outputs.len(), 1000);
     for (i, (out, start)) in outputs.iter().zip(&starts).enumerate() {
@@ -87,12 +94,7 @@ fn a_future_moved_to_another_thread_mid_flight_is_woken_there() -> Result<(), De
     let policy = StreamPoolRoundRobin::new(&device, 4)?;
     let mut gate = Gate::closed(&device)?;
     let buf = buffer(0.0);
-    let mut future = wait_event(gate.event())
-        .then({
-            let buf = buf.clone();
-            move |()| fill(&buf, 11.0)
-        })
-        .schedule(&policy)?;
+    let mut future = fill_after(gate.event(), &buf, 11.0).schedule(&policy)?;
     assert!(poll_once(&mut future).is_pending(), "the gate is closed");
 
     // Polled next on another thread, with that thread's waker, still before the gate opens;
@@ -156,14 +158,7 @@ fn futures_hop_between_tokio_tasks_and_workers_mid_flight() -> Result<(), Device
                 })
             })
             .collect();
-        let mut outputs = Vec::with_capacity(tasks.len());
-        for task in tasks {
-            let joined = tokio::time::timeout(WATCHDOG, task)
-                .await
-                .expect("an awaited op never completed");
-            outputs.push(joined.expect("the task panicked")?);
-        }
-        Ok::<_, DeviceError>(outputs)
+        join_tasks(tasks).await
     })?;
     for (i, out) in outputs.iter().enumerate() {
         assert_all(out, i as f32 + 0.5, &format!("op {i}"));
@@ -178,12 +173,7 @@ fn a_future_stays_pending_until_its_work_completes() -> Result<(), DeviceError> 
     let mut gate = Gate::closed(&device)?;
     let buf = buffer(0.0);
     // Enqueueing does not wait for the work, even work that cannot start yet.
-    let mut future = wait_event(gate.event())
-        .then({
-            let buf = buf.clone();
-            move |()| fill(&buf, 2.0)
-        })
-        .schedule(&policy)?;
+    let mut future = fill_after(gate.event(), &buf, 2.0).schedule(&policy)?;
     for _ in 0..3 {
         assert!(poll_once(&mut future).is_pending(), "the gate is closed");
     }

@@ -91,11 +91,7 @@ fn sync_on_runs_after_the_streams_earlier_work_and_stays_on_it() -> Result<(), D
         "sync_on must run after the stream's earlier work",
     );
     assert_eq!(stats.streams, vec![stream.id()], "{stats:?}");
-    assert_eq!(
-        (stats.events_recorded, stats.event_waits),
-        (0, 0),
-        "{stats:?}"
-    );
+    assert_events(&stats, 0, 0);
     Ok(())
 }
 

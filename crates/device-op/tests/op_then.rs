@@ -33,11 +33,7 @@ fn then_runs_dependent_kernels_in_order() -> Result<(), DeviceError> {
         "spin_then_write(2) then multiply(5) then add(-1)",
     );
     assert_eq!(stats.streams, vec![stream.id()], "{stats:?}");
-    assert_eq!(
-        (stats.events_recorded, stats.event_waits),
-        (0, 0),
-        "{stats:?}"
-    );
+    assert_events(&stats, 0, 0);
 
     let policy = StreamPoolRoundRobin::new(&device(), 8)?;
     let (out, stats) = spin_then_write(&buf, 4.0, SPIN)
@@ -54,11 +50,7 @@ fn then_runs_dependent_kernels_in_order() -> Result<(), DeviceError> {
         1,
         "a chain stays on one stream: {stats:?}"
     );
-    assert_eq!(
-        (stats.events_recorded, stats.event_waits),
-        (0, 0),
-        "{stats:?}"
-    );
+    assert_events(&stats, 0, 0);
     Ok(())
 }
 
@@ -107,22 +99,14 @@ fn map_and_inspect_run_on_the_host_and_add_no_device_work() -> Result<(), Device
     assert_eq!(n, 42);
     assert_eq!(seen.load(Ordering::SeqCst), 21);
     assert!(stats.streams.is_empty(), "{stats:?}");
-    assert_eq!(
-        (stats.events_recorded, stats.event_waits),
-        (0, 0),
-        "{stats:?}"
-    );
+    assert_events(&stats, 0, 0);
 
     // After device work, `map` sees the op's output and adds nothing to it.
     let buf = buffer(0.0);
     let (len, stats) = fill(&buf, 3.0).map(|b| b.len()).sync_with_policy(&policy)?;
     assert_eq!(len, LEN);
     assert_eq!(stats.streams.len(), 1, "{stats:?}");
-    assert_eq!(
-        (stats.events_recorded, stats.event_waits),
-        (0, 0),
-        "{stats:?}"
-    );
+    assert_events(&stats, 0, 0);
     assert_all(&buf, 3.0, "fill(3) then map");
     Ok(())
 }

@@ -8,6 +8,7 @@ use cuflow_graph_capture::{CudaGraph, GraphCaptureExt, RecaptureOutcome};
 use cuflow_runtime::{DeviceBuffer, DeviceError, Stream};
 use cuflow_scheduler::StreamPoolRoundRobin;
 use cuflow_testing::device::device;
+use cuflow_testing::device::stream;
 use cuflow_testing::measure::assert_close_elementwise;
 use cuflow_testing::ops::{affine, copy, Buf};
 use cuflow_testing::rng::{random_f32, rng};
@@ -19,8 +20,7 @@ fn reads_back(x: Buf) -> impl DeviceOp<Output = Vec<f32>> {
 
 #[test]
 fn replay_n_times_has_n_times_the_effect() -> Result<(), DeviceError> {
-    let device = device();
-    let stream = device.new_stream()?;
+    let stream = stream();
     let n = 4097;
     let init = random_f32(&mut rng(), n);
     let x = Arc::new(DeviceBuffer::from_host(&stream, &init)?);
@@ -45,8 +45,7 @@ fn replay_n_times_has_n_times_the_effect() -> Result<(), DeviceError> {
 
 #[test]
 fn update_feeds_new_inputs_between_replays() -> Result<(), DeviceError> {
-    let device = device();
-    let stream = device.new_stream()?;
+    let stream = stream();
     let n = 1000;
     let mut rng = rng();
     let input = Arc::new(DeviceBuffer::from_host(&stream, &random_f32(&mut rng, n))?);
@@ -111,8 +110,7 @@ fn zip_branches_on_two_streams_are_parallel_graph_branches() -> Result<(), Devic
 /// and it stays valid after the graph is dropped.
 #[test]
 fn allocation_during_capture_is_the_graphs_output() -> Result<(), DeviceError> {
-    let device = device();
-    let stream = device.new_stream()?;
+    let stream = stream();
     let mut graph = from_fn(|ctx| DeviceBuffer::zeroed(ctx.stream()?, 16))
         .then(|buf: DeviceBuffer<f32>| affine(&Arc::new(buf), 2.0, 3.0))
         .graph_on(stream.clone())?;
@@ -130,8 +128,7 @@ fn allocation_during_capture_is_the_graphs_output() -> Result<(), DeviceError> {
 
 #[test]
 fn host_sync_during_capture_is_refused_and_stream_stays_usable() -> Result<(), DeviceError> {
-    let device = device();
-    let stream = device.new_stream()?;
+    let stream = stream();
     let x = Arc::new(DeviceBuffer::from_host(&stream, &[1.0f32; 5])?);
     let err = reads_back(x.clone()).graph_on(stream.clone()).unwrap_err();
     assert!(matches!(err, DeviceError::Capture { .. }), "{err}");
@@ -142,8 +139,7 @@ fn host_sync_during_capture_is_refused_and_stream_stays_usable() -> Result<(), D
 
 #[test]
 fn recapture_same_topology_updates_in_place() -> Result<(), DeviceError> {
-    let device = device();
-    let stream = device.new_stream()?;
+    let stream = stream();
     let x = Arc::new(DeviceBuffer::from_host(&stream, &[1.0f32; 256])?);
     let mut graph: CudaGraph<_> = affine(&x, 1.0, 1.0).graph_on(stream.clone())?;
     graph.replay_and_wait()?;

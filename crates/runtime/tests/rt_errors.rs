@@ -10,9 +10,11 @@ use cuflow_runtime::{
     BackendKind, Device, DeviceBuffer, DeviceError, Kernel, KernelArgs, LaunchConfig, PinnedBuffer,
     Stream,
 };
+use cuflow_testing::device::stream;
+use cuflow_testing::kernels::launch_spin_write;
 use cuflow_testing::{
     device::device,
-    kernels::{add_one, saxpy, spin_write, SHORT_SPIN},
+    kernels::{add_one, saxpy, SHORT_SPIN},
     rng::{random_f32, rng},
     POISON,
 };
@@ -477,14 +479,7 @@ fn a_panicking_host_impl_reports_from_synchronize_and_the_stream_stays_usable(
     .with_host(|_| panic!("deliberate panic in a host kernel"));
     // Work before and after the panic still runs in order.
     let flag = DeviceBuffer::<f32>::zeroed(&s, 1)?;
-    spin_write().launch(
-        &s,
-        LaunchConfig::linear(1, 1),
-        KernelArgs::new()
-            .output(&flag)
-            .scalar(5.0f32)
-            .scalar(SHORT_SPIN),
-    )?;
+    launch_spin_write(&s, &flag, 5.0, SHORT_SPIN)?;
     panicking.launch(&s, LaunchConfig::linear(1, 1), &KernelArgs::new())?;
     match s.synchronize() {
         Err(DeviceError::Panicked { message, .. }) => {
@@ -520,8 +515,7 @@ fn a_panicking_host_function_is_reported_by_the_next_synchronization() -> Result
 
 #[test]
 fn launch_arguments_are_checked_against_the_declared_parameters() -> Result<(), DeviceError> {
-    let device = device();
-    let s = device.new_stream()?;
+    let s = stream();
     let x = DeviceBuffer::from_host(&s, &[1.0f32, 2.0, 3.0, 4.0])?;
     let y = DeviceBuffer::from_host(&s, &[0.0f32; 4])?;
     let ints = DeviceBuffer::<u32>::zeroed(&s, 4)?;

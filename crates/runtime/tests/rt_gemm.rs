@@ -6,6 +6,8 @@
 use cuflow_runtime::{
     gemm, BackendKind, Device, DeviceBuffer, DeviceError, GemmConfig, GemmElem, Stream,
 };
+use cuflow_testing::device::stream;
+use cuflow_testing::test_cases;
 use cuflow_testing::{device::device, measure::assert_close_in_norm, rng::rng};
 use half::{bf16, f16};
 use rand::rngs::StdRng;
@@ -209,24 +211,11 @@ fn check_all_shapes<T: Elem>() -> Result<(), DeviceError> {
     Ok(())
 }
 
-#[test]
-fn f32_products_match_the_reference() -> Result<(), DeviceError> {
-    check_all_shapes::<f32>()
-}
-
-#[test]
-fn f64_products_match_the_reference() -> Result<(), DeviceError> {
-    check_all_shapes::<f64>()
-}
-
-#[test]
-fn f16_products_accumulate_in_f32() -> Result<(), DeviceError> {
-    check_all_shapes::<f16>()
-}
-
-#[test]
-fn bf16_products_accumulate_in_f32() -> Result<(), DeviceError> {
-    check_all_shapes::<bf16>()
+test_cases! {
+    f32_products_match_the_reference => check_all_shapes::<f32>(),
+    f64_products_match_the_reference => check_all_shapes::<f64>(),
+    f16_products_accumulate_in_f32 => check_all_shapes::<f16>(),
+    bf16_products_accumulate_in_f32 => check_all_shapes::<bf16>(),
 }
 
 /// A sum that f16 accumulation would get wrong: 4096 products of 1 (f16 counts exactly only
@@ -487,8 +476,7 @@ fn inputs_dropped_after_enqueueing_are_still_read() -> Result<(), DeviceError> {
 /// add the product twice.
 #[test]
 fn a_captured_gemm_accumulates_once_per_replay() -> Result<(), DeviceError> {
-    let device = device();
-    let s = device.new_stream()?;
+    let s = stream();
     let mut rng = rng();
     let (m, n, k) = (33, 65, 17);
     let a: Vec<f32> = random(&mut rng, m * k);

@@ -6,9 +6,11 @@ use std::sync::OnceLock;
 use cuflow_runtime::{
     BackendKind, Device, DeviceBuffer, DeviceError, Kernel, KernelArgs, LaunchConfig,
 };
+use cuflow_testing::device::stream;
+use cuflow_testing::kernels::launch_add_one;
 use cuflow_testing::{
     device::device,
-    kernels::{add_one, prefix, prefix_mut, saxpy},
+    kernels::{prefix, prefix_mut, saxpy},
     measure::{assert_close_in_norm, rel_err_in_norm},
     rng::{random_f32, rng},
     ODD_SIZES, POISON, POISON_U32,
@@ -219,8 +221,7 @@ fn a_two_dimensional_launch_matches_the_host_backend_and_a_float64_reference(
 
 #[test]
 fn kernels_on_sub_views_touch_only_their_range() -> Result<(), DeviceError> {
-    let device = device();
-    let s = device.new_stream()?;
+    let s = stream();
     let mut rng = rng();
     let n = 4097;
     let x = random_f32(&mut rng, n);
@@ -256,18 +257,13 @@ fn kernels_on_sub_views_touch_only_their_range() -> Result<(), DeviceError> {
 
 #[test]
 fn repeated_launches_accumulate_in_stream_order() -> Result<(), DeviceError> {
-    let device = device();
-    let s = device.new_stream()?;
+    let s = stream();
     let mut rng = rng();
     let n = 1000;
     let x = random_f32(&mut rng, n);
     let xb = DeviceBuffer::from_host(&s, &x)?;
     for _ in 0..10 {
-        add_one().launch(
-            &s,
-            LaunchConfig::for_num_elems(n),
-            KernelArgs::new().output(&xb).scalar(n as u32),
-        )?;
+        launch_add_one(&s, &xb)?;
     }
     // Ten additions of 1.0 in f32, in the same order as the kernel: exact on both backends.
     let want: Vec<f32> = x

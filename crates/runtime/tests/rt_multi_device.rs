@@ -6,10 +6,11 @@
 //! Tests that need two devices skip with a message when fewer are visible, or fail when
 //! `CUFLOW_MIN_DEVICES` asks for more than are visible.
 
-use cuflow_runtime::{BackendKind, Device, DeviceBuffer, DeviceError, KernelArgs, LaunchConfig};
+use cuflow_runtime::{BackendKind, Device, DeviceBuffer, DeviceError};
+use cuflow_testing::kernels::launch_spin_write;
 use cuflow_testing::{
     device::{device, devices, two_devices},
-    kernels::{host_spin_duration, spin_write, LONG_SPIN},
+    kernels::{host_spin_duration, LONG_SPIN},
     rng::{random_f32, rng},
     ODD_SIZES, POISON, POISON_U32,
 };
@@ -151,14 +152,7 @@ fn a_copy_waits_for_pending_work_on_its_source() -> Result<(), DeviceError> {
         sb.synchronize()?;
 
         // A long kernel, then the data: a copy that did not wait would read the poison.
-        spin_write().launch(
-            &sa,
-            LaunchConfig::linear(1, 1),
-            KernelArgs::new()
-                .output(&flag)
-                .scalar(value)
-                .scalar(LONG_SPIN),
-        )?;
+        launch_spin_write(&sa, &flag, value, LONG_SPIN)?;
         src.copy_from_host(&sa, &values)?;
         let (data, tail) = (dst.slice(..4097)?, dst.slice(4097..)?);
         if staged {
@@ -251,14 +245,7 @@ fn streams_wait_for_events_of_other_devices() -> Result<(), DeviceError> {
         let out = DeviceBuffer::<f32>::zeroed(&sb, 1)?;
         sa.synchronize()?;
         sb.synchronize()?;
-        spin_write().launch(
-            &sa,
-            LaunchConfig::linear(1, 1),
-            KernelArgs::new()
-                .output(&flag)
-                .scalar(value)
-                .scalar(LONG_SPIN),
-        )?;
+        launch_spin_write(&sa, &flag, value, LONG_SPIN)?;
         let written = sa.record_event()?;
         sb.wait_event(&written)?;
         assert_ordered(
@@ -379,14 +366,7 @@ fn copies_between_host_and_cuda_devices() -> Result<(), DeviceError> {
         }
         // Event waits across the two backends.
         let flag = DeviceBuffer::<f32>::zeroed(&sg, 1)?;
-        spin_write().launch(
-            &sg,
-            LaunchConfig::linear(1, 1),
-            KernelArgs::new()
-                .output(&flag)
-                .scalar(3.0f32)
-                .scalar(LONG_SPIN),
-        )?;
+        launch_spin_write(&sg, &flag, 3.0, LONG_SPIN)?;
         let done = sg.record_event()?;
         sh.wait_event(&done)?;
         assert_ordered(&done, &sh.record_event()?, "the host waiting on a GPU")?;

@@ -13,6 +13,7 @@ use cuflow_tensor::{api, bf16, f16, kernels, DType, Partition, PartitionExt, Ten
 use cuflow_testing::device::stream;
 use cuflow_testing::rng::seeded_rng;
 use cuflow_testing::tensor::*;
+use cuflow_testing::test_cases;
 
 /// The shapes every kernel runs on.
 const SHAPES: &[&[usize]] = &[&[1], &[3, 1], &[5, 7], &[4, 1000], &[3, 4097], &[2, 3, 7]];
@@ -241,24 +242,11 @@ macro_rules! float_tests {
         mod $group {
             use super::*;
 
-            #[test]
-            fn f32() -> Result<(), DeviceError> {
-                $body::<f32>()
-            }
-
-            #[test]
-            fn f64() -> Result<(), DeviceError> {
-                $body::<f64>()
-            }
-
-            #[test]
-            fn f16() -> Result<(), DeviceError> {
-                $body::<f16>()
-            }
-
-            #[test]
-            fn bf16() -> Result<(), DeviceError> {
-                $body::<bf16>()
+            test_cases! {
+                f32 => $body::<f32>(),
+                f64 => $body::<f64>(),
+                f16 => $body::<f16>(),
+                bf16 => $body::<bf16>(),
             }
         }
     )*};
@@ -368,24 +356,11 @@ fn int_kernels<T: Int>() -> Result<(), DeviceError> {
 mod integer {
     use super::*;
 
-    #[test]
-    fn i32() -> Result<(), DeviceError> {
-        int_kernels::<i32>()
-    }
-
-    #[test]
-    fn i64() -> Result<(), DeviceError> {
-        int_kernels::<i64>()
-    }
-
-    #[test]
-    fn u32() -> Result<(), DeviceError> {
-        int_kernels::<u32>()
-    }
-
-    #[test]
-    fn u8() -> Result<(), DeviceError> {
-        int_kernels::<u8>()
+    test_cases! {
+        i32 => int_kernels::<i32>(),
+        i64 => int_kernels::<i64>(),
+        u32 => int_kernels::<u32>(),
+        u8 => int_kernels::<u8>(),
     }
 }
 

@@ -14,6 +14,7 @@ use cuflow_tensor::{api, kernels, Partition, PartitionExt, ReshapeOpExt, Tensor,
 use cuflow_testing::device::stream;
 use cuflow_testing::rng::seeded_rng;
 use cuflow_testing::tensor::*;
+use cuflow_testing::test_cases;
 
 /// What an output holds before a kernel writes it: an element left unwritten shows.
 const SENTINEL: f32 = -777.0;
@@ -59,51 +60,22 @@ fn saxpy_in_tiles<const N: usize>(shape: &[usize], tile: [usize; N]) -> Result<(
     Ok(())
 }
 
-#[test]
-fn square_tiles_split_rows_and_columns() -> Result<(), DeviceError> {
-    saxpy_in_tiles(&[16, 16], [4, 4])
-}
-
-#[test]
-fn row_tiles_of_an_odd_length() -> Result<(), DeviceError> {
-    saxpy_in_tiles(&[3, 4097], [1, 4097])
-}
-
-#[test]
-fn tiles_of_two_whole_rows() -> Result<(), DeviceError> {
-    saxpy_in_tiles(&[6, 7], [2, 7])
-}
-
-#[test]
-fn tiles_of_one_column() -> Result<(), DeviceError> {
-    saxpy_in_tiles(&[6, 7], [3, 1])
-}
-
-#[test]
-fn tiles_of_one_element() -> Result<(), DeviceError> {
-    saxpy_in_tiles(&[64, 33], [1, 1])
-}
-
-#[test]
-fn tiles_larger_than_a_block() -> Result<(), DeviceError> {
-    saxpy_in_tiles(&[32, 128], [16, 64])
-}
-
-#[test]
-fn one_dimensional_tiles() -> Result<(), DeviceError> {
-    saxpy_in_tiles(&[64], [8])?;
-    saxpy_in_tiles(&[4097], [4097])
-}
-
-#[test]
-fn rank_3_tiles_keep_the_middle_axis_whole() -> Result<(), DeviceError> {
-    saxpy_in_tiles(&[4, 3, 8], [2, 3, 4])?;
-    saxpy_in_tiles(&[2, 5, 7], [1, 5, 7])
-}
-
-#[test]
-fn rank_4_tiles_keep_the_middle_axes_whole() -> Result<(), DeviceError> {
-    saxpy_in_tiles(&[2, 2, 3, 10], [1, 2, 3, 5])
+test_cases! {
+    square_tiles_split_rows_and_columns => saxpy_in_tiles(&[16, 16], [4, 4]),
+    row_tiles_of_an_odd_length => saxpy_in_tiles(&[3, 4097], [1, 4097]),
+    tiles_of_two_whole_rows => saxpy_in_tiles(&[6, 7], [2, 7]),
+    tiles_of_one_column => saxpy_in_tiles(&[6, 7], [3, 1]),
+    tiles_of_one_element => saxpy_in_tiles(&[64, 33], [1, 1]),
+    tiles_larger_than_a_block => saxpy_in_tiles(&[32, 128], [16, 64]),
+    one_dimensional_tiles => {
+        saxpy_in_tiles(&[64], [8])?;
+        saxpy_in_tiles(&[4097], [4097])
+    },
+    rank_3_tiles_keep_the_middle_axis_whole => {
+        saxpy_in_tiles(&[4, 3, 8], [2, 3, 4])?;
+        saxpy_in_tiles(&[2, 5, 7], [1, 5, 7])
+    },
+    rank_4_tiles_keep_the_middle_axes_whole => saxpy_in_tiles(&[2, 2, 3, 10], [1, 2, 3, 5]),
 }
 
 #[test]

@@ -8,6 +8,7 @@ use cuflow_testing::device::stream;
 use cuflow_testing::measure::assert_close_elementwise;
 use cuflow_testing::rng::seeded_rng;
 use cuflow_testing::tensor::{read, uniform, upload, Float};
+use cuflow_testing::test_cases;
 use rand::Rng;
 
 /// Shapes with 1, 7, 1000 and 4097 columns (register-cached rows), 20000 (rows read twice)
@@ -70,20 +71,13 @@ fn norms_for<T: Float>(seed: u64, tol: f64) -> Result<(), DeviceError> {
     Ok(())
 }
 
-#[test]
-fn softmax_rms_norm_layer_norm_f32() -> Result<(), DeviceError> {
-    norms_for::<f32>(11, 2e-5)
-}
-
-#[test]
-fn softmax_rms_norm_layer_norm_half_types() -> Result<(), DeviceError> {
-    norms_for::<bf16>(12, 1.6e-2)?;
-    norms_for::<f16>(13, 2e-3)
-}
-
-#[test]
-fn softmax_rms_norm_layer_norm_f64() -> Result<(), DeviceError> {
-    norms_for::<f64>(14, 1e-12)
+test_cases! {
+    softmax_rms_norm_layer_norm_f32 => norms_for::<f32>(11, 2e-5),
+    softmax_rms_norm_layer_norm_half_types => {
+        norms_for::<bf16>(12, 1.6e-2)?;
+        norms_for::<f16>(13, 2e-3)
+    },
+    softmax_rms_norm_layer_norm_f64 => norms_for::<f64>(14, 1e-12),
 }
 
 #[test]

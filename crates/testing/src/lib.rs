@@ -24,6 +24,9 @@
 
 #![deny(unsafe_code)]
 
+/// The error type of the tests that [`test_cases!`] writes.
+pub use cuflow_runtime::DeviceError;
+
 pub mod device;
 pub mod kernels;
 pub mod measure;
@@ -43,3 +46,34 @@ pub const POISON_U32: u32 = 0xABAB_ABAB;
 
 /// Element counts that are not multiples of any block or word size.
 pub const ODD_SIZES: [usize; 5] = [1, 7, 1000, 4097, (1 << 20) + 3];
+
+/// One `#[test]` per case: `name => expression` becomes a test function `name` returning
+/// `Result<(), DeviceError>` from the expression. Attributes and doc comments before a case go
+/// on its function. For tests that differ only in their arguments or type parameters, so that
+/// each case stays one line and keeps its own name in the test list.
+///
+/// ```
+/// use cuflow_testing::{test_cases, DeviceError};
+///
+/// fn sums_to(n: u32, want: u32) -> Result<(), DeviceError> {
+///     assert_eq!((1..=n).sum::<u32>(), want);
+///     Ok(())
+/// }
+///
+/// test_cases! {
+///     /// The first triangular numbers.
+///     sum_to_three => sums_to(3, 6),
+///     sum_to_four => sums_to(4, 10),
+/// }
+/// # fn main() {}
+/// ```
+#[macro_export]
+macro_rules! test_cases {
+    ($($(#[$attr:meta])* $name:ident => $body:expr),* $(,)?) => {$(
+        $(#[$attr])*
+        #[test]
+        fn $name() -> ::std::result::Result<(), $crate::DeviceError> {
+            $body
+        }
+    )*};
+}
