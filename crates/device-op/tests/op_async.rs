@@ -42,6 +42,16 @@ fn multi_thread_runtime() -> tokio::runtime::Runtime {
         .expect("a tokio runtime")
 }
 
+/// A fill of a new buffer with `value`, scheduled behind a closed gate: in flight, and sure to
+/// stay so, until the gate opens.
+fn gated_fill(value: f32) -> Result<(Gate, DeviceFuture<Buf>), DeviceError> {
+    let device = device();
+    let policy = StreamPoolRoundRobin::new(&device, 4)?;
+    let gate = Gate::closed(&device)?;
+    let future = fill_after(gate.event(), &buffer(0.0), value).schedule(&policy)?;
+    Ok((gate, future))
+}
+
 /// The outputs of `tasks`, in order; fails the test if one never completes or panics.
 async fn join_tasks<T>(
     tasks: Vec<tokio::task::JoinHandle<Result<T, DeviceError>>>,
@@ -90,11 +100,7 @@ fn a_thousand_concurrent_awaits_on_a_multi_thread_runtime() -> Result<(), Device
 
 #[test]
 fn a_future_moved_to_another_thread_mid_flight_is_woken_there() -> Result<(), DeviceError> {
-    let device = device();
-    let policy = StreamPoolRoundRobin::new(&device, 4)?;
-    let mut gate = Gate::closed(&device)?;
-    let buf = buffer(0.0);
-    let mut future = fill_after(gate.event(), &buf, 11.0).schedule(&policy)?;
+    let (mut gate, mut future) = gated_fill(11.0)?;
     assert!(poll_once(&mut future).is_pending(), "the gate is closed");
 
     // Polled next on another thread, with that thread's waker, still before the gate opens;
@@ -168,12 +174,8 @@ fn futures_hop_between_tokio_tasks_and_workers_mid_flight() -> Result<(), Device
 
 #[test]
 fn a_future_stays_pending_until_its_work_completes() -> Result<(), DeviceError> {
-    let device = device();
-    let policy = StreamPoolRoundRobin::new(&device, 4)?;
-    let mut gate = Gate::closed(&device)?;
-    let buf = buffer(0.0);
     // Enqueueing does not wait for the work, even work that cannot start yet.
-    let mut future = fill_after(gate.event(), &buf, 2.0).schedule(&policy)?;
+    let (mut gate, mut future) = gated_fill(2.0)?;
     for _ in 0..3 {
         assert!(poll_once(&mut future).is_pending(), "the gate is closed");
     }
@@ -182,6 +184,7 @@ fn a_future_stays_pending_until_its_work_completes() -> Result<(), DeviceError> 
     assert_all(&out, 2.0, "after the gate opened");
 
     // No device work: ready at the first poll.
+    let policy = StreamPoolRoundRobin::new(&device(), 4)?;
     let mut ready = value(7).map(|v| v * 6).schedule(&policy)?;
     assert!(matches!(poll_once(&mut ready), Poll::Ready(Ok(42))));
     let mut lazy = value(8).into_future();

@@ -11,6 +11,7 @@ use cuflow_device_op::{
 use cuflow_runtime::Device;
 use cuflow_scheduler::{SingleStream, StreamPoolRoundRobin};
 use cuflow_testing::device::device;
+use cuflow_testing::device::stream;
 use cuflow_testing::ops::*;
 
 /// A slow write followed by a host function that sets `flag`: the flag is set only once the
@@ -74,7 +75,7 @@ fn every_entry_point_returns_only_after_the_work_completed() -> Result<(), Devic
 
 #[test]
 fn sync_on_runs_after_the_streams_earlier_work_and_stays_on_it() -> Result<(), DeviceError> {
-    let stream = device().new_stream()?;
+    let stream = stream();
     let buf = buffer(0.0);
     // Earlier work on the stream, enqueued and not waited for.
     enqueue_on(
@@ -121,7 +122,7 @@ fn schedule_enqueues_at_once_and_await_at_the_first_poll() -> Result<(), DeviceE
     assert_all(&out, 4.0, "the awaited add");
 
     // enqueue_on neither waits nor needs the output to be awaited.
-    let stream = device().new_stream()?;
+    let stream = stream();
     let (out, _) = enqueue_on(
         counted(&runs, mul_scalar(&buf, 2.0)),
         &stream,

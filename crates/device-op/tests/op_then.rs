@@ -7,6 +7,7 @@ use std::sync::Arc;
 use cuflow_device_op::{value, with_context, DeviceError, DeviceOpExt};
 use cuflow_scheduler::StreamPoolRoundRobin;
 use cuflow_testing::device::device;
+use cuflow_testing::device::stream;
 use cuflow_testing::ops::*;
 
 #[test]
@@ -22,7 +23,7 @@ fn then_runs_dependent_kernels_in_order() -> Result<(), DeviceError> {
     assert_all(&out, 6.0, "spin_then_write(1) then add(1) then multiply(3)");
 
     // The same chain on an explicit stream and under an explicit policy.
-    let stream = device().new_stream()?;
+    let stream = stream();
     let (out, stats) = spin_then_write(&buf, 2.0, SPIN)
         .then(|b| mul_scalar(&b, 5.0))
         .then(|b| add_scalar(&b, -1.0))

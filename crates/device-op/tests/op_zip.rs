@@ -202,17 +202,8 @@ fn join_all_joins_every_branch() -> Result<(), DeviceError> {
     let values = [1.0f32, 2.0, 4.0, 8.0, 16.0];
     let bufs = buffers(&[0.0; 5]);
     let sum = buffer(0.0);
-    let ops = bufs
-        .iter()
-        .zip(values)
-        .map(|(b, v)| spin_then_write(b, v, SPIN))
-        .collect();
-    let (out, stats) = join_all(ops)
-        .then({
-            let sum = sum.clone();
-            move |written| sum_into(&sum, written)
-        })
-        .sync_with_policy(&policy)?;
+    let (out, stats) =
+        spin_writes_then_sum(&sum, &bufs, &values, SPIN).sync_with_policy(&policy)?;
     assert_all(&out, 31.0, "the sum must see every branch's write");
     assert_eq!(
         distinct(&stats.streams),

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::Barrier;
 
-use cuflow_device_op::{join_all, zip, DeviceError, DeviceOpExt};
+use cuflow_device_op::{zip, DeviceError, DeviceOpExt};
 use cuflow_runtime::StreamId;
 use cuflow_scheduler::{Placement, SchedulingPolicy, StreamPoolRoundRobin};
 use cuflow_testing::device::device;
@@ -126,17 +126,8 @@ fn a_pool_smaller_than_the_branch_count_still_joins_every_branch() -> Result<(),
     let values = [1.0f32, 2.0, 4.0, 8.0, 16.0, 32.0];
     let bufs = buffers(&[0.0; 6]);
     let sum = buffer(0.0);
-    let ops = bufs
-        .iter()
-        .zip(values)
-        .map(|(b, v)| spin_then_write(b, v, SPIN / 4))
-        .collect();
-    let (out, stats) = join_all(ops)
-        .then({
-            let sum = sum.clone();
-            move |written| sum_into(&sum, written)
-        })
-        .sync_with_policy(&policy)?;
+    let (out, stats) =
+        spin_writes_then_sum(&sum, &bufs, &values, SPIN / 4).sync_with_policy(&policy)?;
     assert_all(&out, 63.0, "the sum must see every branch's write");
     assert_eq!(distinct(&stats.streams), 2, "{stats:?}");
     // Root on stream 0; branches alternate 1, 0, 1, 0, 1, 0. The three on stream 1 are joined

@@ -191,7 +191,7 @@ fn bad_launch_configurations_are_refused_before_they_run() -> Result<(), DeviceE
 
 #[test]
 fn a_scalar_larger_than_sixteen_bytes_is_an_invalid_argument() -> Result<(), DeviceError> {
-    let s = device().new_stream()?;
+    let s = stream();
     let x = DeviceBuffer::<f32>::zeroed(&s, 4)?;
     let r = add_one().launch(
         &s,
@@ -498,7 +498,7 @@ fn a_panicking_host_impl_reports_from_synchronize_and_the_stream_stays_usable(
 
 #[test]
 fn a_panicking_host_function_is_reported_by_the_next_synchronization() -> Result<(), DeviceError> {
-    let stream = device().new_stream()?;
+    let stream = stream();
     stream.enqueue_host_fn(|| panic!("a host function panics"))?;
     match stream.synchronize() {
         Err(DeviceError::Panicked { .. }) => {}

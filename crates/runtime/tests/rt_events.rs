@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cuflow_runtime::{DeviceBuffer, DeviceError, Event, Stream};
+use cuflow_testing::device::stream;
 use cuflow_testing::kernels::launch_add_one;
 use cuflow_testing::kernels::launch_spin_write;
 use cuflow_testing::test_cases;
@@ -69,7 +70,7 @@ test_cases! {
 
 #[test]
 fn joining_a_stream_with_itself_does_nothing() -> Result<(), DeviceError> {
-    let s = device().new_stream()?;
+    let s = stream();
     let x = DeviceBuffer::from_host(&s, &[1.0f32, 2.0])?;
     s.join(&s.clone())?;
     launch_add_one(&s, &x)?;
@@ -113,7 +114,7 @@ fn events_complete_after_the_work_before_them() -> Result<(), DeviceError> {
 
 #[test]
 fn timed_events_measure_and_untimed_ones_refuse_to() -> Result<(), DeviceError> {
-    let s = device().new_stream()?;
+    let s = stream();
     let x = DeviceBuffer::<f32>::zeroed(&s, 1 << 16)?;
     let start = s.record_timed_event()?;
     launch_add_one(&s, &x)?;
@@ -166,7 +167,7 @@ fn device_synchronize_waits_for_every_stream() -> Result<(), DeviceError> {
 
 #[test]
 fn host_functions_run_in_stream_order() -> Result<(), DeviceError> {
-    let s = device().new_stream()?;
+    let s = stream();
     let n = 257;
     let x = DeviceBuffer::<f32>::zeroed(&s, n)?;
     let log = Arc::new(Mutex::new(Vec::new()));

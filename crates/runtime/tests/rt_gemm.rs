@@ -187,7 +187,7 @@ fn check<T: Elem>(s: &Stream, rng: &mut StdRng, cfg: GemmConfig) -> Result<(), D
 
 /// Awkward sizes, every transpose, and scalings that overwrite and that accumulate.
 fn check_all_shapes<T: Elem>() -> Result<(), DeviceError> {
-    let s = device().new_stream()?;
+    let s = stream();
     let mut rng = rng();
     let shapes = [
         (1, 1, 1),
@@ -222,7 +222,7 @@ test_cases! {
 /// up to 2048).
 #[test]
 fn half_precision_sums_are_not_accumulated_in_half_precision() -> Result<(), DeviceError> {
-    let s = device().new_stream()?;
+    let s = stream();
     let k = 4096;
     for (a, b) in [
         (vec![f16::ONE; k], vec![f16::ONE; k]),
@@ -249,7 +249,7 @@ fn half_precision_sums_are_not_accumulated_in_half_precision() -> Result<(), Dev
 
 #[test]
 fn batches_at_dense_broadcast_and_padded_strides() -> Result<(), DeviceError> {
-    let s = device().new_stream()?;
+    let s = stream();
     let mut rng = rng();
     let (m, n, k) = (9, 13, 11);
     let base = GemmConfig::new(m, n, k);
@@ -273,7 +273,7 @@ fn batches_at_dense_broadcast_and_padded_strides() -> Result<(), DeviceError> {
 
 #[test]
 fn accumulating_into_c_adds_to_what_it_holds() -> Result<(), DeviceError> {
-    let s = device().new_stream()?;
+    let s = stream();
     // A = [[1, 2], [3, 4]], B = I: A·B = A.
     let a = DeviceBuffer::from_host(&s, &[1.0f32, 2.0, 3.0, 4.0])?;
     let id = DeviceBuffer::from_host(&s, &[1.0f32, 0.0, 0.0, 1.0])?;
@@ -295,7 +295,7 @@ fn accumulating_into_c_adds_to_what_it_holds() -> Result<(), DeviceError> {
 
 #[test]
 fn empty_dimensions_do_what_blas_does() -> Result<(), DeviceError> {
-    let s = device().new_stream()?;
+    let s = stream();
     let c0 = [1.0f32, -2.0, 3.0, -4.0, 5.0, -6.0];
     let empty = DeviceBuffer::<f32>::alloc(&s, 0)?;
     // k = 0: the product is empty, so C = beta · C.
@@ -358,7 +358,7 @@ fn assert_shape_error(r: Result<(), DeviceError>, needles: &[&str]) {
 
 #[test]
 fn shapes_that_do_not_fit_are_refused_before_anything_runs() -> Result<(), DeviceError> {
-    let s = device().new_stream()?;
+    let s = stream();
     let (m, n, k) = (3, 4, 5);
     let a = DeviceBuffer::from_host(&s, &[1.0f32; 15])?;
     let b = DeviceBuffer::from_host(&s, &[1.0f32; 20])?;
@@ -451,7 +451,7 @@ fn buffers_of_another_device_are_a_device_mismatch() -> Result<(), DeviceError> 
 /// Inputs may be dropped as soon as the GEMM is enqueued: their frees wait for it.
 #[test]
 fn inputs_dropped_after_enqueueing_are_still_read() -> Result<(), DeviceError> {
-    let s = device().new_stream()?;
+    let s = stream();
     let mut rng = rng();
     let (m, n, k) = (64, 48, 80);
     let a: Vec<f32> = random(&mut rng, m * k);

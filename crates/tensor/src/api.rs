@@ -10,7 +10,7 @@ use cuflow_runtime::{DeviceBuffer, DeviceError, Kernel, KernelArgs, LaunchConfig
 use crate::dtype::{cuda_defs, cuda_prelude, DType, FloatDType};
 use crate::kernels::{alloc, check_device, fill};
 use crate::op::{cached_kernel, cached_kernel2, kernel_op, TensorOp};
-use crate::tensor::{numel, Shape, Tensor, TensorInput};
+use crate::tensor::{check_numel, Shape, Tensor, TensorInput};
 
 /// The result of a constructor op.
 pub type TensorResult<T> = Result<Tensor<T>, DeviceError>;
@@ -395,16 +395,12 @@ pub fn from_slice<'a, T: DType>(
 }
 
 fn upload<T: DType>(ctx: &mut ExecutionContext, data: &[T], shape: &[usize]) -> TensorResult<T> {
-    let n = numel("from_vec", shape)?;
-    if n != data.len() {
-        return Err(DeviceError::InvalidShape {
-            op: "from_vec",
-            reason: format!(
-                "shape {shape:?} has {n} elements but {} were given",
-                data.len()
-            ),
-        });
-    }
+    check_numel("from_vec", shape, data.len(), |n| {
+        format!(
+            "shape {shape:?} has {n} elements but {} were given",
+            data.len()
+        )
+    })?;
     let stream = ctx.stream()?;
     Tensor::from_buffer(Arc::new(DeviceBuffer::from_host(stream, data)?), shape)
 }

@@ -12,7 +12,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 
-use cuflow_device_op::{from_fn, DeviceOp, ExecutionContext, ExecutionStats, FromFn};
+use cuflow_device_op::{
+    from_fn, join_all, DeviceOp, DeviceOpExt, ExecutionContext, ExecutionStats, FromFn,
+};
 use cuflow_runtime::{
     Device, DeviceBuffer, DeviceError, Event, Kernel, KernelArgs, LaunchConfig, Stream, StreamId,
 };
@@ -172,6 +174,24 @@ pub fn sum_into(dst: &Buf, srcs: Vec<Buf>) -> FromFn<impl OpFn<Buf>> {
         }
         Ok(dst)
     })
+}
+
+/// A `join_all` of one branch per buffer, each writing `values[i]` into `bufs[i]` after a spin
+/// of `cycles`, then the sum of the branches' outputs into `sum`, on the device: the sum is
+/// right only if every branch was joined before it. Yields `sum`.
+pub fn spin_writes_then_sum(
+    sum: &Buf,
+    bufs: &[Buf],
+    values: &[f32],
+    cycles: u64,
+) -> impl DeviceOp<Output = Buf> + 'static {
+    let writes = bufs
+        .iter()
+        .zip(values)
+        .map(|(b, v)| spin_then_write(b, *v, cycles))
+        .collect();
+    let sum = sum.clone();
+    join_all(writes).then(move |written| sum_into(&sum, written))
 }
 
 /// Allocates `len` elements on the op's stream, spins for `cycles`, then fills them with

@@ -99,27 +99,25 @@ enum Case {
 /// Every case, in the order of the report and of the PyTorch script's results.
 const CASES: [Case; 7] = [
     Case::Saxpy,
-    Case::RmsNorm {
-        rows: ROW_SHAPES[0].0,
-        cols: ROW_SHAPES[0].1,
-    },
-    Case::RmsNorm {
-        rows: ROW_SHAPES[1].0,
-        cols: ROW_SHAPES[1].1,
-    },
-    Case::Softmax {
-        rows: ROW_SHAPES[0].0,
-        cols: ROW_SHAPES[0].1,
-    },
-    Case::Softmax {
-        rows: ROW_SHAPES[1].0,
-        cols: ROW_SHAPES[1].1,
-    },
+    Case::rms_norm(ROW_SHAPES[0]),
+    Case::rms_norm(ROW_SHAPES[1]),
+    Case::softmax(ROW_SHAPES[0]),
+    Case::softmax(ROW_SHAPES[1]),
     Case::Matmul(MatmulType::F32),
     Case::Matmul(MatmulType::Bf16),
 ];
 
 impl Case {
+    /// rms_norm over `(rows, cols)`.
+    const fn rms_norm((rows, cols): (usize, usize)) -> Case {
+        Case::RmsNorm { rows, cols }
+    }
+
+    /// softmax over `(rows, cols)`.
+    const fn softmax((rows, cols): (usize, usize)) -> Case {
+        Case::Softmax { rows, cols }
+    }
+
     /// The figure's name.
     fn name(self) -> String {
         match self {
