@@ -6,8 +6,10 @@
 //! `CUFLOW_DEVICE=cuda`, where a device that cannot be had fails the tests.
 
 use cuflow::prelude::*;
-use cuflow_testing::device::stream;
-use cuflow_testing::model::{Config, Model};
+use cuflow_testing::{
+    device::stream,
+    model::{Config, Model},
+};
 
 /// Two layers of width 64, four heads of 16.
 fn small() -> Config {

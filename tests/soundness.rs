@@ -12,9 +12,11 @@ use std::sync::Barrier;
 use std::time::Duration;
 
 use cuflow::prelude::*;
-use cuflow_testing::device::device;
-use cuflow_testing::measure::assert_close_elementwise;
-use cuflow_testing::rng::{random_f32, rng};
+use cuflow_testing::{
+    device::device,
+    measure::assert_close_elementwise,
+    rng::{random_f32, rng},
+};
 
 const N: usize = 1 << 20;
 

@@ -14,8 +14,7 @@ use std::time::Duration;
 
 use cuflow_device_op::{value, DeviceError, DeviceFuture, DeviceOpExt};
 use cuflow_scheduler::StreamPoolRoundRobin;
-use cuflow_testing::device::device;
-use cuflow_testing::ops::*;
+use cuflow_testing::{device::device, ops::*};
 use rand::{Rng, SeedableRng};
 
 /// Generous bound on a test's wait for a future that should complete.

@@ -5,8 +5,7 @@ use std::sync::Arc;
 
 use cuflow_device_op::{join_all, value, zip, BoxedOp, DeviceError, DeviceOpExt};
 use cuflow_scheduler::StreamPoolRoundRobin;
-use cuflow_testing::device::device;
-use cuflow_testing::ops::*;
+use cuflow_testing::{device::device, ops::*};
 
 #[test]
 fn a_vec_of_heterogeneous_boxed_ops_runs_through_join_all() -> Result<(), DeviceError> {

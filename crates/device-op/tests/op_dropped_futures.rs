@@ -6,9 +6,7 @@ use std::future::Future;
 
 use cuflow_device_op::{DeviceError, DeviceOpExt};
 use cuflow_scheduler::StreamPoolRoundRobin;
-use cuflow_testing::device::device;
-use cuflow_testing::kernels;
-use cuflow_testing::ops::*;
+use cuflow_testing::{device::device, kernels, ops::*};
 
 #[test]
 fn dropping_in_flight_futures_returns_memory_to_its_baseline() -> Result<(), DeviceError> {

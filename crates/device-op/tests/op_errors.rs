@@ -10,8 +10,7 @@ use cuflow_device_op::{
     from_fn, value, with_context, zip, BoxedOp, DeviceError, DeviceOpExt, FromFn,
 };
 use cuflow_scheduler::StreamPoolRoundRobin;
-use cuflow_testing::device::device;
-use cuflow_testing::ops::*;
+use cuflow_testing::{device::device, ops::*};
 use parking_lot::Mutex;
 
 #[test]

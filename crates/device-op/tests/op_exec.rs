@@ -10,9 +10,10 @@ use cuflow_device_op::{
 };
 use cuflow_runtime::Device;
 use cuflow_scheduler::{SingleStream, StreamPoolRoundRobin};
-use cuflow_testing::device::device;
-use cuflow_testing::device::stream;
-use cuflow_testing::ops::*;
+use cuflow_testing::{
+    device::{device, stream},
+    ops::*,
+};
 
 /// A slow write followed by a host function that sets `flag`: the flag is set only once the
 /// write has finished, so a caller that sees the op's output must also see the flag.

@@ -7,9 +7,10 @@ use std::sync::{Arc, Barrier};
 
 use cuflow_device_op::{value, with_context, zip, BoxedOp, DeviceError, DeviceOpExt};
 use cuflow_scheduler::{SingleStream, StreamPoolRoundRobin};
-use cuflow_testing::device::device;
-use cuflow_testing::device::stream;
-use cuflow_testing::ops::*;
+use cuflow_testing::{
+    device::{device, stream},
+    ops::*,
+};
 use parking_lot::Mutex;
 
 #[test]

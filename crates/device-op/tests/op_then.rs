@@ -6,9 +6,10 @@ use std::sync::Arc;
 
 use cuflow_device_op::{value, with_context, DeviceError, DeviceOpExt};
 use cuflow_scheduler::StreamPoolRoundRobin;
-use cuflow_testing::device::device;
-use cuflow_testing::device::stream;
-use cuflow_testing::ops::*;
+use cuflow_testing::{
+    device::{device, stream},
+    ops::*,
+};
 
 #[test]
 fn then_runs_dependent_kernels_in_order() -> Result<(), DeviceError> {

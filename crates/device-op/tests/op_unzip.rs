@@ -5,8 +5,7 @@ use std::sync::Arc;
 
 use cuflow_device_op::{value, zip, DeviceError, DeviceOpExt, UnzipExt};
 use cuflow_scheduler::StreamPoolRoundRobin;
-use cuflow_testing::device::device;
-use cuflow_testing::ops::*;
+use cuflow_testing::{device::device, ops::*};
 
 #[test]
 fn unzip_splits_pairs_and_runs_the_original_once() -> Result<(), DeviceError> {

@@ -9,9 +9,10 @@
 
 use cuflow_device_op::{join_all, value, zip, DeviceError, DeviceOpExt};
 use cuflow_scheduler::{SchedulingPolicy, SingleStream, StreamPoolRoundRobin};
-use cuflow_testing::device::device;
-use cuflow_testing::device::stream;
-use cuflow_testing::ops::*;
+use cuflow_testing::{
+    device::{device, stream},
+    ops::*,
+};
 
 #[test]
 fn zip_branches_land_on_distinct_streams_and_the_join_sees_their_writes() -> Result<(), DeviceError>

@@ -11,8 +11,7 @@ use cuflow_scheduler::{
     default_policy, DevicePolicyExt, SchedulingPolicy, SingleStream, StreamPoolRoundRobin,
     DEFAULT_POOL_SIZE,
 };
-use cuflow_testing::device::device;
-use cuflow_testing::ops::*;
+use cuflow_testing::{device::device, ops::*};
 use parking_lot::Mutex;
 
 /// The tests of this file observe or replace the one default policy: one at a time.

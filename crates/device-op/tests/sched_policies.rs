@@ -14,8 +14,7 @@ use cuflow_scheduler::{
     LeastLoaded, Placement, Priority, PriorityLevel, SchedulingPolicy, SingleStream,
     StreamPoolRoundRobin,
 };
-use cuflow_testing::device::device;
-use cuflow_testing::ops::*;
+use cuflow_testing::{device::device, ops::*};
 use parking_lot::Mutex;
 
 #[test]

@@ -8,8 +8,7 @@ use std::sync::Barrier;
 use cuflow_device_op::{zip, DeviceError, DeviceOpExt};
 use cuflow_runtime::StreamId;
 use cuflow_scheduler::{Placement, SchedulingPolicy, StreamPoolRoundRobin};
-use cuflow_testing::device::device;
-use cuflow_testing::ops::*;
+use cuflow_testing::{device::device, ops::*};
 
 fn ids(policy: &StreamPoolRoundRobin) -> Vec<StreamId> {
     policy.streams().iter().map(|s| s.id()).collect()

@@ -7,11 +7,12 @@ use cuflow_device_op::{from_fn, zip, DeviceOp, DeviceOpExt};
 use cuflow_graph_capture::{CudaGraph, GraphCaptureExt, RecaptureOutcome};
 use cuflow_runtime::{DeviceBuffer, DeviceError, Stream};
 use cuflow_scheduler::StreamPoolRoundRobin;
-use cuflow_testing::device::device;
-use cuflow_testing::device::stream;
-use cuflow_testing::measure::assert_close_elementwise;
-use cuflow_testing::ops::{affine, copy, Buf};
-use cuflow_testing::rng::{random_f32, rng};
+use cuflow_testing::{
+    device::{device, stream},
+    measure::assert_close_elementwise,
+    ops::{affine, copy, Buf},
+    rng::{random_f32, rng},
+};
 
 /// An op that reads `x` back to the host while it runs.
 fn reads_back(x: Buf) -> impl DeviceOp<Output = Vec<f32>> {

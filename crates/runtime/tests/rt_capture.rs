@@ -3,11 +3,9 @@
 //! usable.
 
 use cuflow_runtime::{DeviceBuffer, DeviceError, Kernel, KernelArgs, LaunchConfig, Stream};
-use cuflow_testing::device::stream;
-use cuflow_testing::kernels::launch_add_one;
 use cuflow_testing::{
-    device::device,
-    kernels::{add, prefix_mut},
+    device::{device, stream},
+    kernels::{add, launch_add_one, prefix_mut},
     rng::{random_f32, rng},
 };
 

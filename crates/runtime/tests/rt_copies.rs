@@ -2,9 +2,8 @@
 //! the device that `Device::auto()` gives.
 
 use cuflow_runtime::{DeviceBuffer, DeviceCopy, DeviceError, PinnedBuffer, Stream};
-use cuflow_testing::device::stream;
 use cuflow_testing::{
-    device::device,
+    device::{device, stream},
     rng::{random_f32, random_vec, rng},
     ODD_SIZES, POISON, POISON_U32,
 };

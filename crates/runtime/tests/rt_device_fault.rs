@@ -11,10 +11,9 @@
 use cuflow_runtime::{
     BackendKind, Device, DeviceBuffer, DeviceError, Kernel, KernelArgs, LaunchConfig, PinnedBuffer,
 };
-use cuflow_testing::kernels::launch_spin_write;
 use cuflow_testing::{
     device::device,
-    kernels::{saxpy, SHORT_SPIN},
+    kernels::{launch_spin_write, saxpy, SHORT_SPIN},
     measure::assert_close_in_norm,
     rng::{random_vec, rng},
 };

@@ -8,15 +8,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cuflow_runtime::{DeviceBuffer, DeviceError, Event, Stream};
-use cuflow_testing::device::stream;
-use cuflow_testing::kernels::launch_add_one;
-use cuflow_testing::kernels::launch_spin_write;
-use cuflow_testing::test_cases;
 use cuflow_testing::{
-    device::device,
-    kernels::{LONG_SPIN, SHORT_SPIN},
+    device::{device, stream},
+    kernels::{launch_add_one, launch_spin_write, LONG_SPIN, SHORT_SPIN},
     rng::{random_f32, rng},
-    POISON, POISON_U32,
+    test_cases, POISON, POISON_U32,
 };
 use rand::Rng;
 

@@ -6,9 +6,12 @@
 use cuflow_runtime::{
     gemm, BackendKind, Device, DeviceBuffer, DeviceError, GemmConfig, GemmElem, Stream,
 };
-use cuflow_testing::device::stream;
-use cuflow_testing::test_cases;
-use cuflow_testing::{device::device, measure::assert_close_in_norm, rng::rng};
+use cuflow_testing::{
+    device::{device, stream},
+    measure::assert_close_in_norm,
+    rng::rng,
+    test_cases,
+};
 use half::{bf16, f16};
 use rand::rngs::StdRng;
 use rand::Rng;

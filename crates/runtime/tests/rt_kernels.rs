@@ -6,11 +6,9 @@ use std::sync::OnceLock;
 use cuflow_runtime::{
     BackendKind, Device, DeviceBuffer, DeviceError, Kernel, KernelArgs, LaunchConfig,
 };
-use cuflow_testing::device::stream;
-use cuflow_testing::kernels::launch_add_one;
 use cuflow_testing::{
-    device::device,
-    kernels::{prefix, prefix_mut, saxpy},
+    device::{device, stream},
+    kernels::{launch_add_one, prefix, prefix_mut, saxpy},
     measure::{assert_close_in_norm, rel_err_in_norm},
     rng::{random_f32, rng},
     ODD_SIZES, POISON, POISON_U32,

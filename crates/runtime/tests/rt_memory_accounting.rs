@@ -2,9 +2,9 @@
 //! meanwhile.
 
 use cuflow_runtime::{DeviceBuffer, DeviceError};
-use cuflow_testing::kernels::launch_add_one;
 use cuflow_testing::{
     device::device,
+    kernels::launch_add_one,
     rng::{random_f32, rng},
 };
 

@@ -7,10 +7,9 @@
 //! `CUFLOW_MIN_DEVICES` asks for more than are visible.
 
 use cuflow_runtime::{BackendKind, Device, DeviceBuffer, DeviceError};
-use cuflow_testing::kernels::launch_spin_write;
 use cuflow_testing::{
     device::{device, devices, two_devices},
-    kernels::{host_spin_duration, LONG_SPIN},
+    kernels::{host_spin_duration, launch_spin_write, LONG_SPIN},
     rng::{random_f32, rng},
     ODD_SIZES, POISON, POISON_U32,
 };

@@ -7,12 +7,9 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use cuflow_runtime::{DeviceBuffer, DeviceError};
-use cuflow_testing::device::stream;
-use cuflow_testing::kernels::launch_add_one;
-use cuflow_testing::kernels::launch_spin_write;
 use cuflow_testing::{
-    device::device,
-    kernels::LONG_SPIN,
+    device::{device, stream},
+    kernels::{launch_add_one, launch_spin_write, LONG_SPIN},
     rng::{random_f32, rng},
     POISON,
 };

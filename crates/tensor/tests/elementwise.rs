@@ -10,10 +10,7 @@
 use cuflow_device_op::DeviceOpExt;
 use cuflow_runtime::{DeviceError, Stream};
 use cuflow_tensor::{api, bf16, f16, kernels, DType, Partition, PartitionExt, Tensor};
-use cuflow_testing::device::stream;
-use cuflow_testing::rng::seeded_rng;
-use cuflow_testing::tensor::*;
-use cuflow_testing::test_cases;
+use cuflow_testing::{device::stream, rng::seeded_rng, tensor::*, test_cases};
 
 /// The shapes every kernel runs on.
 const SHAPES: &[&[usize]] = &[&[1], &[3, 1], &[5, 7], &[4, 1000], &[3, 4097], &[2, 3, 7]];

@@ -7,8 +7,7 @@
 use cuflow_device_op::DeviceOpExt;
 use cuflow_runtime::DeviceError;
 use cuflow_tensor::{api, kernels, PartitionExt, ReshapeOpExt, Tensor};
-use cuflow_testing::device::stream;
-use cuflow_testing::tensor::*;
+use cuflow_testing::{device::stream, tensor::*};
 
 /// Asserts that `err` is a shape mismatch of `op` between `lhs` and `rhs`, and that its message
 /// names them.

@@ -3,9 +3,11 @@
 use cuflow_device_op::DeviceOpExt;
 use cuflow_runtime::DeviceError;
 use cuflow_tensor::{api, bf16, kernels, DType};
-use cuflow_testing::device::stream;
-use cuflow_testing::rng::seeded_rng;
-use cuflow_testing::tensor::{read, upload};
+use cuflow_testing::{
+    device::stream,
+    rng::seeded_rng,
+    tensor::{read, upload},
+};
 use rand::Rng;
 
 fn check_transpose<T: DType>(rows: usize, cols: usize, seed: u64) -> Result<(), DeviceError> {

@@ -3,8 +3,7 @@
 use cuflow_device_op::DeviceOpExt;
 use cuflow_runtime::{DeviceError, GemmElem};
 use cuflow_tensor::{api, bf16, f16, kernels, DType, Tensor};
-use cuflow_testing::device::stream;
-use cuflow_testing::tensor::random;
+use cuflow_testing::{device::stream, tensor::random};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 

@@ -11,10 +11,7 @@ use std::sync::Arc;
 use cuflow_device_op::{value, DeviceOpExt};
 use cuflow_runtime::DeviceError;
 use cuflow_tensor::{api, kernels, Partition, PartitionExt, ReshapeOpExt, Tensor, TensorOpExt};
-use cuflow_testing::device::stream;
-use cuflow_testing::rng::seeded_rng;
-use cuflow_testing::tensor::*;
-use cuflow_testing::test_cases;
+use cuflow_testing::{device::stream, rng::seeded_rng, tensor::*, test_cases};
 
 /// What an output holds before a kernel writes it: an element left unwritten shows.
 const SENTINEL: f32 = -777.0;

@@ -13,10 +13,7 @@ use cuflow_runtime::{Device, DeviceError};
 use cuflow_scheduler::MultiDevice;
 use cuflow_tensor::{api, bf16, kernels, DType, Tensor, ToDeviceExt};
 
-use cuflow_testing::device::two_devices;
-use cuflow_testing::measure::rel_err_in_norm;
-use cuflow_testing::rng::rng;
-use cuflow_testing::tensor::random;
+use cuflow_testing::{device::two_devices, measure::rel_err_in_norm, rng::rng, tensor::random};
 use rand::rngs::StdRng;
 
 fn upload<T: DType>(

@@ -4,11 +4,13 @@
 use cuflow_device_op::DeviceOpExt;
 use cuflow_runtime::DeviceError;
 use cuflow_tensor::{api, bf16, f16, kernels};
-use cuflow_testing::device::stream;
-use cuflow_testing::measure::assert_close_elementwise;
-use cuflow_testing::rng::seeded_rng;
-use cuflow_testing::tensor::{read, uniform, upload, Float};
-use cuflow_testing::test_cases;
+use cuflow_testing::{
+    device::stream,
+    measure::assert_close_elementwise,
+    rng::seeded_rng,
+    tensor::{read, uniform, upload, Float},
+    test_cases,
+};
 use rand::Rng;
 
 /// Shapes with 1, 7, 1000 and 4097 columns (register-cached rows), 20000 (rows read twice)

@@ -11,7 +11,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use cuflow_runtime::{
-    BufferView, DeviceError, HostKernelArgs, Kernel, KernelArgs, LaunchConfig, Stream,
+    BufferView, DeviceBuffer, DeviceError, HostKernelArgs, Kernel, KernelArgs, LaunchConfig, Stream,
 };
 
 /// Cycles of a long spin: about 100 ms at 2 GHz on CUDA, a sleep of the same length on the
@@ -273,4 +273,15 @@ pub fn launch_spin_write<'a>(
         LaunchConfig::linear(1, 1),
         KernelArgs::new().output(out).scalar(value).scalar(cycles),
     )
+}
+
+/// Checks that `s` still runs kernels and copies correctly: [`add_one`] over random data, read
+/// back, then a synchronization.
+pub fn assert_stream_usable(s: &Stream) -> Result<(), DeviceError> {
+    let x0 = crate::rng::random_f32(&mut crate::rng::rng(), 37);
+    let x = DeviceBuffer::from_host(s, &x0)?;
+    launch_add_one(s, &x)?;
+    let want: Vec<f32> = x0.iter().map(|v| v + 1.0).collect();
+    assert_eq!(x.to_host_vec(s)?, want, "a kernel after the error");
+    s.synchronize()
 }

@@ -40,6 +40,19 @@ pub fn eval<T: DType>(
     out.to_host_vec()
 }
 
+/// Runs `op` on `stream`, checks its output's shape, and reads it back.
+pub fn make<T: DType>(
+    stream: &Stream,
+    shape: &[usize],
+    op: impl DeviceOp<Output = Tensor<T>>,
+) -> Result<Vec<T>, DeviceError> {
+    let t = op.sync_on(stream)?;
+    assert_eq!(t.shape(), shape, "shape");
+    assert_eq!(t.len(), numel(shape), "element count");
+    assert_eq!(t.device(), stream.device(), "device");
+    t.to_host_vec()
+}
+
 /// `n` values uniform in `[-1, 1)`, rounded to `T`.
 pub fn random<T: DType>(rng: &mut StdRng, n: usize) -> Vec<T> {
     uniform(rng, n, -1.0, 1.0)
