@@ -33,12 +33,27 @@ fn poll_once<T: Send>(future: &mut DeviceFuture<T>) -> Poll<Result<T, DeviceErro
     Pin::new(future).poll(&mut Context::from_waker(Waker::noop()))
 }
 
-fn multi_thread_runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
+/// Runs `task(i, bufs[i])` for every buffer as a task of a multi-thread tokio runtime (four
+/// workers); their outputs, in order. Fails the test if a task never completes or panics.
+fn spawn_per_buffer<F, Fut>(bufs: &[Buf], task: F) -> Result<Vec<Buf>, DeviceError>
+where
+    F: Fn(usize, Buf) -> Fut,
+    Fut: Future<Output = Result<Buf, DeviceError>> + Send + 'static,
+{
+    let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(4)
         .enable_time()
         .build()
-        .expect("a tokio runtime")
+        .expect("a tokio runtime");
+    rt.block_on(async {
+        let tasks: Vec<_> = bufs
+            .iter()
+            .cloned()
+            .enumerate()
+            .map(|(i, buf)| tokio::spawn(task(i, buf)))
+            .collect();
+        join_tasks(tasks).await
+    })
 }
 
 /// A fill of a new buffer with `value`, scheduled behind a closed gate: in flight, and sure to
@@ -72,22 +87,11 @@ fn a_thousand_concurrent_awaits_on_a_multi_thread_runtime() -> Result<(), Device
         .map(|_| rng.gen_range(-1000.0f32..1000.0))
         .collect();
     let bufs = buffers(&starts);
-    let rt = multi_thread_runtime();
-    let outputs = rt.block_on(async {
-        let tasks: Vec<_> = bufs
-            .iter()
-            .cloned()
-            .enumerate()
-            .map(|(i, buf)| {
-                // Each task owns a 'static op on its own buffer.
-                tokio::spawn(async move {
-                    add_scalar(&buf, i as f32)
-                        .then(|b| mul_scalar(&b, 2.0))
-                        .await
-                })
-            })
-            .collect();
-        join_tasks(tasks).await
+    // Each task owns a 'static op on its own buffer.
+    let outputs = spawn_per_buffer(&bufs, |i, buf| async move {
+        add_scalar(&buf, i as f32)
+            .then(|b| mul_scalar(&b, 2.0))
+            .await
     })?;
     assert_eq!(outputs.len(), 1000);
     for (i, (out, start)) in outputs.iter().zip(&starts).enumerate() {
@@ -140,30 +144,21 @@ fn a_future_moved_to_another_thread_mid_flight_is_woken_there() -> Result<(), De
 fn futures_hop_between_tokio_tasks_and_workers_mid_flight() -> Result<(), DeviceError> {
     let policy = StreamPoolRoundRobin::new(&device(), 4)?;
     let bufs = buffers(&[0.0; 64]);
-    let rt = multi_thread_runtime();
-    let outputs = rt.block_on(async {
-        let tasks: Vec<_> = bufs
-            .iter()
-            .cloned()
-            .enumerate()
-            .map(|(i, buf)| {
-                let policy = policy.clone();
-                tokio::spawn(async move {
-                    let mut future = spin_then_write(&buf, i as f32, SPIN / 100)
-                        .then(|b| add_scalar(&b, 0.5))
-                        .schedule(&policy)?;
-                    // Polled here, then handed to another task that may run on any worker.
-                    if let Poll::Ready(r) = poll_once(&mut future) {
-                        return r;
-                    }
-                    tokio::task::yield_now().await;
-                    tokio::spawn(future)
-                        .await
-                        .expect("the awaiting task panicked")
-                })
-            })
-            .collect();
-        join_tasks(tasks).await
+    let outputs = spawn_per_buffer(&bufs, |i, buf| {
+        let policy = policy.clone();
+        async move {
+            let mut future = spin_then_write(&buf, i as f32, SPIN / 100)
+                .then(|b| add_scalar(&b, 0.5))
+                .schedule(&policy)?;
+            // Polled here, then handed to another task that may run on any worker.
+            if let Poll::Ready(r) = poll_once(&mut future) {
+                return r;
+            }
+            tokio::task::yield_now().await;
+            tokio::spawn(future)
+                .await
+                .expect("the awaiting task panicked")
+        }
     })?;
     for (i, out) in outputs.iter().enumerate() {
         assert_all(out, i as f32 + 0.5, &format!("op {i}"));

@@ -6,9 +6,7 @@
 
 use std::sync::Arc;
 
-use cuflow_device_op::{
-    enqueue_on, value, zip, DeviceError, DeviceOp, DeviceOpExt, ExecutionContext,
-};
+use cuflow_device_op::{enqueue_on, value, zip, DeviceError, DeviceOpExt};
 use cuflow_runtime::{Device, Event, Stream, StreamId};
 use cuflow_scheduler::{
     LeastLoaded, Placement, Priority, PriorityLevel, SchedulingPolicy, SingleStream,
@@ -120,18 +118,6 @@ fn least_loaded_places_work_away_from_busy_streams() -> Result<(), DeviceError> 
     Ok(())
 }
 
-/// Runs its op with [`PriorityLevel::High`] requested for the branches it forks.
-struct Urgent<O>(O);
-
-impl<O: DeviceOp> DeviceOp for Urgent<O> {
-    type Output = O::Output;
-    fn execute(self, ctx: &mut ExecutionContext) -> Result<O::Output, DeviceError> {
-        ctx.with_priority(PriorityLevel::High, |ctx| self.0.execute(ctx))
-    }
-}
-
-cuflow_device_op::impl_op_boilerplate!([O: DeviceOp] Urgent<O>);
-
 #[test]
 fn priority_puts_high_requests_on_its_high_priority_streams() -> Result<(), DeviceError> {
     let device = device();
@@ -159,10 +145,11 @@ fn priority_puts_high_requests_on_its_high_priority_streams() -> Result<(), Devi
 
     // Through an op: branches forked under a High request land on high-priority streams.
     let (a, b, c, d) = (buffer(0.0), buffer(0.0), buffer(0.0), buffer(0.0));
-    let (((ra, sa), (rb, sb)), _) = Urgent(zip!(
+    let (((ra, sa), (rb, sb)), _) = zip!(
         with_stream(spin_then_write(&a, 1.0, SPIN)),
         with_stream(fill(&b, 2.0))
-    ))
+    )
+    .with_priority(PriorityLevel::High)
     .sync_with_policy(&policy)?;
     assert!(
         high.contains(&sa) && high.contains(&sb),

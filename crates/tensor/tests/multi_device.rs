@@ -13,6 +13,7 @@ use cuflow_runtime::{Device, DeviceError};
 use cuflow_scheduler::MultiDevice;
 use cuflow_tensor::{api, bf16, kernels, DType, Tensor, ToDeviceExt};
 
+use cuflow_testing::device::device_pair;
 use cuflow_testing::{device::two_devices, measure::rel_err_in_norm, rng::rng, tensor::random};
 use rand::rngs::StdRng;
 
@@ -92,12 +93,11 @@ fn to_device_moves_random_tensors_of_odd_shapes() -> Result<(), DeviceError> {
 
 #[test]
 fn a_kernel_input_of_another_device_is_a_device_mismatch() -> Result<(), DeviceError> {
-    let Some(devices) = two_devices() else {
+    let Some((a, b)) = device_pair() else {
         return Ok(());
     };
-    let (a, b) = (&devices[0], &devices[1]);
-    let x = upload(a, &[1.0f32, 2.0, 3.0, 4.0], &[2, 2])?;
-    let y = upload(b, &[1.0f32, 2.0, 3.0, 4.0], &[2, 2])?;
+    let x = upload(&a, &[1.0f32, 2.0, 3.0, 4.0], &[2, 2])?;
+    let y = upload(&b, &[1.0f32, 2.0, 3.0, 4.0], &[2, 2])?;
     let cases: Vec<Result<Tensor<f32>, DeviceError>> = vec![
         kernels::add(&x, &y).sync_on(&a.new_stream()?),
         kernels::matmul(&y, &x).sync_on(&a.new_stream()?),
@@ -133,7 +133,7 @@ fn a_kernel_input_of_another_device_is_a_device_mismatch() -> Result<(), DeviceE
         );
     }
     // Moving it first is the fix.
-    let moved = kernels::add(&x, y.to_device(a)).sync_on(&a.new_stream()?)?;
+    let moved = kernels::add(&x, y.to_device(&a)).sync_on(&a.new_stream()?)?;
     assert_eq!(moved.to_host_vec()?, vec![2.0, 4.0, 6.0, 8.0]);
     Ok(())
 }

@@ -63,6 +63,12 @@ pub fn two_devices() -> Option<Vec<Device>> {
     None
 }
 
+/// The first two devices of [`two_devices`], or `None` (with a message) under the same rule.
+pub fn device_pair() -> Option<(Device, Device)> {
+    let mut devices = two_devices()?.into_iter();
+    Some((devices.next()?, devices.next()?))
+}
+
 /// Every ordered pair of distinct devices of `devices`.
 pub fn pairs(devices: &[Device]) -> Vec<(Device, Device)> {
     let mut out = Vec::new();

@@ -1,4 +1,4 @@
-//! Test ops made with `from_fn` over the [`kernels`](crate::kernels), on buffers shared between
+//! Test ops made with `from_fn` over the [`crate::kernels`], on buffers shared between
 //! the ops and the test as `Arc<DeviceBuffer<f32>>`, so that the ops are `'static` (they can be
 //! awaited, spawned and shared); making and reading such buffers; and [`Gate`], a stream held
 //! back until the test lets it go.

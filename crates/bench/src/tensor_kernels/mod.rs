@@ -23,6 +23,9 @@
 //! same cases and counts, timed the same way with `torch.cuda.Event`; it prints one JSON
 //! object. Where the interpreter or torch is missing, or a case fails there, cuflow's figures
 //! are still reported, without that baseline, and a note says why.
+//!
+//! [`enqueue_on`]: cuflow::device_op::enqueue_on
+//! [`TORCH_SCRIPT`]: torch::TORCH_SCRIPT
 
 mod measure;
 mod torch;

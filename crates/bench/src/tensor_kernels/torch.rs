@@ -6,7 +6,7 @@ use serde_json::{json, Value};
 use super::{CASES, TRIALS, WARMUP};
 
 /// The PyTorch baseline; its docstring gives its command line and output.
-const TORCH_SCRIPT: &str = include_str!("../tensor_kernels_torch.py");
+pub(super) const TORCH_SCRIPT: &str = include_str!("../tensor_kernels_torch.py");
 
 /// What the PyTorch script measured.
 pub(super) struct TorchRun {
