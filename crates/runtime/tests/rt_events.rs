@@ -60,8 +60,12 @@ fn reader_sees_the_writers_data(
 }
 
 test_cases! {
-    a_reader_waiting_on_an_event_sees_the_writers_data => reader_sees_the_writers_data(|reader, writer| reader.wait_event(&writer.record_event()?)),
-    a_reader_joined_to_the_writer_sees_its_data => reader_sees_the_writers_data(|reader, writer| reader.join(writer)),
+    a_reader_waiting_on_an_event_sees_the_writers_data => {
+        reader_sees_the_writers_data(|reader, writer| reader.wait_event(&writer.record_event()?))
+    },
+    a_reader_joined_to_the_writer_sees_its_data => {
+        reader_sees_the_writers_data(|reader, writer| reader.join(writer))
+    },
 }
 
 #[test]

@@ -16,6 +16,8 @@
 //!   and uploading and reading back tensors.
 //! - `model` (feature `model`): the small decoder-only transformer of the `04_inference_loop`
 //!   example, shared by the example, its test and the benchmark program.
+//! - [`test_cases!`]: one `#[test]` per line, for tests that differ only in their arguments or
+//!   type parameters.
 //!
 //! This crate is a dev-dependency of the integration tests and examples (and a dependency of
 //! the benchmark program, which is no library); no library depends on it, and no unit test

@@ -1,5 +1,5 @@
-//! Helpers over tensors: uploading and reading back, random inputs rounded to the element type
-//! under test, float64 references, per-type tolerances ([`Float`]) and integer reference
+//! Test support over tensors: uploading and reading back, random inputs rounded to the element
+//! type under test, float64 references, per-type tolerances ([`Float`]) and integer reference
 //! arithmetic ([`Int`], written with the standard library's operations, independently of the
 //! crate under test).
 //!
