@@ -1,23 +1,15 @@
-//! The inference-loop example's model (`examples/04_inference_loop/model.rs`) on the device
+//! The inference-loop example's model (`cuflow_testing::model`) on the device
 //! under test: eager and graph-replayed generation agree, and the decode step matches a
 //! float64 forward pass computed on the host from the same weights.
 //!
 //! The device comes from `Device::auto()`: the host backend in CI, CUDA under
 //! `CUFLOW_DEVICE=cuda`, where a device that cannot be had fails the tests.
 
-#[path = "../examples/04_inference_loop/model.rs"]
-mod model;
-
 use cuflow::prelude::*;
-
-use crate::model::{Config, Model};
-
-fn stream() -> Stream {
-    Device::auto()
-        .expect("the device selected by CUFLOW_DEVICE must be usable")
-        .new_stream()
-        .expect("a stream of the device under test")
-}
+use cuflow_testing::{
+    device::stream,
+    model::{Config, Model},
+};
 
 /// Two layers of width 64, four heads of 16.
 fn small() -> Config {

@@ -12,39 +12,19 @@ use std::sync::Barrier;
 use std::time::Duration;
 
 use cuflow::prelude::*;
-use rand::{Rng, SeedableRng};
+use cuflow_testing::{
+    device::device,
+    measure::assert_close_elementwise,
+    rng::{random_f32, rng},
+};
 
 const N: usize = 1 << 20;
-
-fn device() -> Device {
-    Device::auto().expect("the device selected by CUFLOW_DEVICE must be usable")
-}
-
-fn random(seed: u64, n: usize) -> Vec<f32> {
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    (0..n).map(|_| rng.gen_range(-1.0f32..1.0)).collect()
-}
-
-fn fresh_seed() -> u64 {
-    let seed = rand::thread_rng().gen();
-    eprintln!("random seed: {seed}");
-    seed
-}
-
-fn max_rel_err(got: &[f32], want: &[f64]) -> f64 {
-    assert_eq!(got.len(), want.len());
-    got.iter()
-        .zip(want)
-        .map(|(&g, &w)| (g as f64 - w).abs() / w.abs().max(1e-6))
-        .fold(0.0, f64::max)
-}
 
 #[test]
 fn clones_written_by_ops_on_two_streams_lose_no_update() -> Result<(), DeviceError> {
     let device = device();
     let policy = StreamPoolRoundRobin::new(&device, 2)?;
-    let seed = fresh_seed();
-    let xs = random(seed, N);
+    let xs = random_f32(&mut rng(), N);
     let x = api::from_vec(xs.clone(), &[N]).sync()?;
     for trial in 0..4 {
         let z = api::zeros::<f32>(&[N]).sync()?;
@@ -59,13 +39,11 @@ fn clones_written_by_ops_on_two_streams_lose_no_update() -> Result<(), DeviceErr
         futures::executor::block_on(first)?;
         futures::executor::block_on(second)?;
         let want: Vec<f64> = xs.iter().map(|&v| 5.0 * v as f64).collect();
-        let err = max_rel_err(&z.to_host_vec()?, &want);
-        assert!(err < 1e-5, "trial {trial}: z = 5x off by {err}");
-        let err = max_rel_err(&read.to_host_vec()?, &want);
-        assert!(
-            err < 1e-5,
-            "trial {trial}: a read on a third stream off by {err}"
-        );
+        let z = z.to_host_vec()?;
+        assert_close_elementwise(&format!("trial {trial}: z = 5x"), &z, &want, 1e-6, 1e-5);
+        let read = read.to_host_vec()?;
+        let what = format!("trial {trial}: a read on a third stream");
+        assert_close_elementwise(&what, &read, &want, 1e-6, 1e-5);
     }
     Ok(())
 }
@@ -74,8 +52,7 @@ fn clones_written_by_ops_on_two_streams_lose_no_update() -> Result<(), DeviceErr
 fn a_dropped_future_of_a_mut_borrow_is_still_ordered() -> Result<(), DeviceError> {
     let device = device();
     let policy = StreamPoolRoundRobin::new(&device, 3)?;
-    let seed = fresh_seed();
-    let xs = random(seed, N);
+    let xs = random_f32(&mut rng(), N);
     let x = api::from_vec(xs.clone(), &[N]).sync()?;
     let mut z = api::zeros::<f32>(&[N]).sync()?;
     let pending = kernels::saxpy((&mut z).partition([N / 8]), 4.0, &x).schedule(&policy)?;
@@ -83,8 +60,8 @@ fn a_dropped_future_of_a_mut_borrow_is_still_ordered() -> Result<(), DeviceError
     let y = kernels::scale(&z, 0.5).schedule(&policy)?; // another stream reads z
     let y = futures::executor::block_on(y)?;
     let want: Vec<f64> = xs.iter().map(|&v| 2.0 * v as f64).collect();
-    let err = max_rel_err(&y.to_host_vec()?, &want);
-    assert!(err < 1e-5, "a read after a dropped write is off by {err}");
+    let what = "a read after a dropped write";
+    assert_close_elementwise(what, &y.to_host_vec()?, &want, 1e-6, 1e-5);
     Ok(())
 }
 
@@ -92,8 +69,7 @@ fn a_dropped_future_of_a_mut_borrow_is_still_ordered() -> Result<(), DeviceError
 fn a_capture_on_one_thread_records_nothing_of_other_threads() -> Result<(), DeviceError> {
     let threads = 4;
     let start = Barrier::new(threads + 1);
-    let seed = fresh_seed();
-    let xs = random(seed, 4096);
+    let xs = random_f32(&mut rng(), 4096);
     let x = api::from_vec(xs.clone(), &[4096]).sync()?;
     std::thread::scope(|scope| -> Result<(), DeviceError> {
         let workers: Vec<_> = (0..threads)
@@ -134,8 +110,7 @@ fn a_capture_on_one_thread_records_nothing_of_other_threads() -> Result<(), Devi
         graph.launch()?;
         graph.synchronize()?;
         let want: Vec<f64> = xs.iter().map(|&v| 5.0 * v as f64).collect();
-        let err = max_rel_err(&out.to_host_vec()?, &want);
-        assert!(err < 1e-5, "the replay is off by {err}");
+        assert_close_elementwise("the replay", &out.to_host_vec()?, &want, 1e-6, 1e-5);
         Ok(())
     })
 }

@@ -17,17 +17,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use cuflow::prelude::*;
+use cuflow_testing::model;
 use serde_json::{json, Value};
 
 use crate::error::BenchError;
 use crate::kernels::inc_kernel;
 use crate::raw::{EventTracking, RawKernel, RawLauncher};
 use crate::report::{Goal, Results, Row};
-
-// The example declares its kernels from CUDA C source, which is `unsafe`.
-#[allow(unsafe_code)]
-#[path = "../../../examples/04_inference_loop/model.rs"]
-mod model;
 
 /// Trials of each figure; odd, so the median is one of them.
 const TRIALS: usize = 7;

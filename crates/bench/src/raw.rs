@@ -27,6 +27,13 @@ use cuflow::prelude::Device;
 use crate::error::BenchError;
 use crate::kernels;
 
+/// One block of one thread without shared memory: every raw launch's configuration.
+const ONE_THREAD: LaunchConfig = LaunchConfig {
+    grid_dim: (1, 1, 1),
+    block_dim: (1, 1, 1),
+    shared_mem_bytes: 0,
+};
+
 /// Whether cudarc records an event per buffer use to order streams (its default is on).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum EventTracking {
@@ -158,15 +165,9 @@ impl RawLauncher {
     /// Launches the kernel `n` times back to back (one block of one thread), then synchronizes
     /// the stream; returns the wall time of the whole, synchronize included.
     pub(crate) fn launch_n(&mut self, n: usize) -> Result<Duration, BenchError> {
-        let config = LaunchConfig {
-            grid_dim: (1, 1, 1),
-            block_dim: (1, 1, 1),
-            shared_mem_bytes: 0,
-        };
         let start = Instant::now();
         for _ in 0..n {
-            // SAFETY: one block of one thread without shared memory.
-            unsafe { self.launch_one(config) }?;
+            self.launch_one()?;
         }
         self.stream
             .synchronize()
@@ -182,11 +183,6 @@ impl RawLauncher {
             BenchError::Verification("alternating launches need event tracking on".into())
         })?;
         let first = self.stream.clone();
-        let config = LaunchConfig {
-            grid_dim: (1, 1, 1),
-            block_dim: (1, 1, 1),
-            shared_mem_bytes: 0,
-        };
         let start = Instant::now();
         for i in 0..n {
             let stream = if i % 2 == 0 { &first } else { &second };
@@ -196,7 +192,8 @@ impl RawLauncher {
             }
             // SAFETY: as in `launch_one`; the buffer is used on two streams, which cudarc's
             // event tracking (on, or `second` would not exist) orders.
-            unsafe { launch.launch(config) }.map_err(BenchError::driver("LaunchArgs::launch"))?;
+            unsafe { launch.launch(ONE_THREAD) }
+                .map_err(BenchError::driver("LaunchArgs::launch"))?;
         }
         for stream in [&first, &second] {
             stream
@@ -206,13 +203,9 @@ impl RawLauncher {
         Ok(start.elapsed())
     }
 
-    /// Launches the kernel once with `config`.
-    ///
-    /// # Safety
-    ///
-    /// `config` must be one block of one thread without shared memory.
+    /// Launches the kernel once, one block of one thread.
     #[inline(always)]
-    unsafe fn launch_one(&mut self, config: LaunchConfig) -> Result<(), BenchError> {
+    fn launch_one(&mut self) -> Result<(), BenchError> {
         let mut launch = self.stream.launch_builder(&self.function);
         if let Some(buffer) = self.buffer.as_mut() {
             launch.arg(buffer);
@@ -222,27 +215,21 @@ impl RawLauncher {
         // live one-element f32 allocation for `empty_kernel_arg(float*)` (which never
         // dereferences it) and for `inc_kernel(float*)` (whose one thread writes element 0).
         // The buffer is owned by `self`, so it outlives the launch, and it is freed on the same
-        // stream after it. One block of one thread without shared memory (the caller's
-        // contract) is a valid configuration on every device.
-        unsafe { launch.launch(config) }.map_err(BenchError::driver("LaunchArgs::launch"))?;
+        // stream after it. One block of one thread without shared memory is a valid
+        // configuration on every device.
+        unsafe { launch.launch(ONE_THREAD) }.map_err(BenchError::driver("LaunchArgs::launch"))?;
         Ok(())
     }
 
     /// Captures `n` launches of the kernel (one block of one thread each) on the stream into a
     /// CUDA graph with cudarc's capture API, instantiated and uploaded: a raw graph baseline.
     pub(crate) fn capture_graph(&mut self, n: usize) -> Result<RawGraph, BenchError> {
-        let config = LaunchConfig {
-            grid_dim: (1, 1, 1),
-            block_dim: (1, 1, 1),
-            shared_mem_bytes: 0,
-        };
         self.stream
             .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
             .map_err(BenchError::driver("CudaStream::begin_capture"))?;
         let mut launched = Ok(());
         for _ in 0..n {
-            // SAFETY: one block of one thread without shared memory.
-            launched = unsafe { self.launch_one(config) };
+            launched = self.launch_one();
             if launched.is_err() {
                 break;
             }

@@ -81,15 +81,9 @@ impl Row {
         baseline_trials: &[f64],
     ) -> Row {
         Row {
-            figure: figure.into(),
-            unit,
-            value: median(trials),
-            baseline_name: baseline_name.into(),
             baseline: Some(median(baseline_trials)),
-            lower_is_better: true,
-            goal: None,
-            trials: trials.to_vec(),
             baseline_trials: baseline_trials.to_vec(),
+            ..Row::without_baseline(figure, unit, trials, baseline_name)
         }
     }
 

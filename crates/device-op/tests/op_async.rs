@@ -5,8 +5,6 @@
 //! is certain, not a matter of timing. The watchdog only turns a lost wake-up into a failure
 //! instead of a hang; no test depends on how long anything takes.
 
-mod common;
-
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -14,9 +12,9 @@ use std::sync::{mpsc, Arc};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use common::*;
 use cuflow_device_op::{value, DeviceError, DeviceFuture, DeviceOpExt};
 use cuflow_scheduler::StreamPoolRoundRobin;
+use cuflow_testing::{device::device, ops::*};
 use rand::{Rng, SeedableRng};
 
 /// Generous bound on a test's wait for a future that should complete.
@@ -35,12 +33,51 @@ fn poll_once<T: Send>(future: &mut DeviceFuture<T>) -> Poll<Result<T, DeviceErro
     Pin::new(future).poll(&mut Context::from_waker(Waker::noop()))
 }
 
-fn multi_thread_runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
+/// Runs `task(i, bufs[i])` for every buffer as a task of a multi-thread tokio runtime (four
+/// workers); their outputs, in order. Fails the test if a task never completes or panics.
+fn spawn_per_buffer<F, Fut>(bufs: &[Buf], task: F) -> Result<Vec<Buf>, DeviceError>
+where
+    F: Fn(usize, Buf) -> Fut,
+    Fut: Future<Output = Result<Buf, DeviceError>> + Send + 'static,
+{
+    let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(4)
         .enable_time()
         .build()
-        .expect("a tokio runtime")
+        .expect("a tokio runtime");
+    rt.block_on(async {
+        let tasks: Vec<_> = bufs
+            .iter()
+            .cloned()
+            .enumerate()
+            .map(|(i, buf)| tokio::spawn(task(i, buf)))
+            .collect();
+        join_tasks(tasks).await
+    })
+}
+
+/// A fill of a new buffer with `value`, scheduled behind a closed gate: in flight, and sure to
+/// stay so, until the gate opens.
+fn gated_fill(value: f32) -> Result<(Gate, DeviceFuture<Buf>), DeviceError> {
+    let device = device();
+    let policy = StreamPoolRoundRobin::new(&device, 4)?;
+    let gate = Gate::closed(&device)?;
+    let future = fill_after(gate.event(), &buffer(0.0), value).schedule(&policy)?;
+    Ok((gate, future))
+}
+
+/// The outputs of `tasks`, in order; fails the test if one never completes or panics.
+async fn join_tasks<T>(
+    tasks: Vec<tokio::task::JoinHandle<Result<T, DeviceError>>>,
+) -> Result<Vec<T>, DeviceError> {
+    let mut outputs = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        let joined = tokio::time::timeout(WATCHDOG, task)
+            .await
+            .expect("an awaited op never completed");
+        outputs.push(joined.expect("the task panicked")?);
+    }
+    Ok(outputs)
 }
 
 #[test]
@@ -50,29 +87,11 @@ fn a_thousand_concurrent_awaits_on_a_multi_thread_runtime() -> Result<(), Device
         .map(|_| rng.gen_range(-1000.0f32..1000.0))
         .collect();
     let bufs = buffers(&starts);
-    let rt = multi_thread_runtime();
-    let outputs = rt.block_on(async {
-        let tasks: Vec<_> = bufs
-            .iter()
-            .cloned()
-            .enumerate()
-            .map(|(i, buf)| {
-                // Each task owns a 'static op on its own buffer.
-                tokio::spawn(async move {
-                    add_scalar(&buf, i as f32)
-                        .then(|b| mul_scalar(&b, 2.0))
-                        .await
-                })
-            })
-            .collect();
-        let mut outputs = Vec::with_capacity(tasks.len());
-        for task in tasks {
-            let joined = tokio::time::timeout(WATCHDOG, task)
-                .await
-                .expect("an awaited op never completed");
-            outputs.push(joined.expect("the task panicked")?);
-        }
-        Ok::<_, DeviceError>(outputs)
+    // Each task owns a 'static op on its own buffer.
+    let outputs = spawn_per_buffer(&bufs, |i, buf| async move {
+        add_scalar(&buf, i as f32)
+            .then(|b| mul_scalar(&b, 2.0))
+            .await
     })?;
     assert_eq!(outputs.len(), 1000);
     for (i, (out, start)) in outputs.iter().zip(&starts).enumerate() {
@@ -84,16 +103,7 @@ fn a_thousand_concurrent_awaits_on_a_multi_thread_runtime() -> Result<(), Device
 
 #[test]
 fn a_future_moved_to_another_thread_mid_flight_is_woken_there() -> Result<(), DeviceError> {
-    let device = device();
-    let policy = StreamPoolRoundRobin::new(&device, 4)?;
-    let mut gate = Gate::closed(&device)?;
-    let buf = buffer(0.0);
-    let mut future = wait_event(gate.event())
-        .then({
-            let buf = buf.clone();
-            move |()| fill(&buf, 11.0)
-        })
-        .schedule(&policy)?;
+    let (mut gate, mut future) = gated_fill(11.0)?;
     assert!(poll_once(&mut future).is_pending(), "the gate is closed");
 
     // Polled next on another thread, with that thread's waker, still before the gate opens;
@@ -134,37 +144,21 @@ fn a_future_moved_to_another_thread_mid_flight_is_woken_there() -> Result<(), De
 fn futures_hop_between_tokio_tasks_and_workers_mid_flight() -> Result<(), DeviceError> {
     let policy = StreamPoolRoundRobin::new(&device(), 4)?;
     let bufs = buffers(&[0.0; 64]);
-    let rt = multi_thread_runtime();
-    let outputs = rt.block_on(async {
-        let tasks: Vec<_> = bufs
-            .iter()
-            .cloned()
-            .enumerate()
-            .map(|(i, buf)| {
-                let policy = policy.clone();
-                tokio::spawn(async move {
-                    let mut future = spin_then_write(&buf, i as f32, SPIN / 100)
-                        .then(|b| add_scalar(&b, 0.5))
-                        .schedule(&policy)?;
-                    // Polled here, then handed to another task that may run on any worker.
-                    if let Poll::Ready(r) = poll_once(&mut future) {
-                        return r;
-                    }
-                    tokio::task::yield_now().await;
-                    tokio::spawn(future)
-                        .await
-                        .expect("the awaiting task panicked")
-                })
-            })
-            .collect();
-        let mut outputs = Vec::with_capacity(tasks.len());
-        for task in tasks {
-            let joined = tokio::time::timeout(WATCHDOG, task)
+    let outputs = spawn_per_buffer(&bufs, |i, buf| {
+        let policy = policy.clone();
+        async move {
+            let mut future = spin_then_write(&buf, i as f32, SPIN / 100)
+                .then(|b| add_scalar(&b, 0.5))
+                .schedule(&policy)?;
+            // Polled here, then handed to another task that may run on any worker.
+            if let Poll::Ready(r) = poll_once(&mut future) {
+                return r;
+            }
+            tokio::task::yield_now().await;
+            tokio::spawn(future)
                 .await
-                .expect("an awaited op never completed");
-            outputs.push(joined.expect("the task panicked")?);
+                .expect("the awaiting task panicked")
         }
-        Ok::<_, DeviceError>(outputs)
     })?;
     for (i, out) in outputs.iter().enumerate() {
         assert_all(out, i as f32 + 0.5, &format!("op {i}"));
@@ -174,17 +168,8 @@ fn futures_hop_between_tokio_tasks_and_workers_mid_flight() -> Result<(), Device
 
 #[test]
 fn a_future_stays_pending_until_its_work_completes() -> Result<(), DeviceError> {
-    let device = device();
-    let policy = StreamPoolRoundRobin::new(&device, 4)?;
-    let mut gate = Gate::closed(&device)?;
-    let buf = buffer(0.0);
     // Enqueueing does not wait for the work, even work that cannot start yet.
-    let mut future = wait_event(gate.event())
-        .then({
-            let buf = buf.clone();
-            move |()| fill(&buf, 2.0)
-        })
-        .schedule(&policy)?;
+    let (mut gate, mut future) = gated_fill(2.0)?;
     for _ in 0..3 {
         assert!(poll_once(&mut future).is_pending(), "the gate is closed");
     }
@@ -193,6 +178,7 @@ fn a_future_stays_pending_until_its_work_completes() -> Result<(), DeviceError> 
     assert_all(&out, 2.0, "after the gate opened");
 
     // No device work: ready at the first poll.
+    let policy = StreamPoolRoundRobin::new(&device(), 4)?;
     let mut ready = value(7).map(|v| v * 6).schedule(&policy)?;
     assert!(matches!(poll_once(&mut ready), Poll::Ready(Ok(42))));
     let mut lazy = value(8).into_future();

@@ -1,13 +1,11 @@
 //! `boxed`: ops of different types behind one type, e.g. in a `Vec` for `join_all`.
 
-mod common;
-
 use std::future::IntoFuture;
 use std::sync::Arc;
 
-use common::*;
 use cuflow_device_op::{join_all, value, zip, BoxedOp, DeviceError, DeviceOpExt};
 use cuflow_scheduler::StreamPoolRoundRobin;
+use cuflow_testing::{device::device, ops::*};
 
 #[test]
 fn a_vec_of_heterogeneous_boxed_ops_runs_through_join_all() -> Result<(), DeviceError> {
@@ -45,11 +43,7 @@ fn a_vec_of_heterogeneous_boxed_ops_runs_through_join_all() -> Result<(), Device
     // work and are joined (6 events, 6 waits); the value branch is not. The zip inside branch 3
     // places its branches next, on streams 0 and 1: the value one adds nothing, the device one
     // is joined into branch 3 (1 event, 1 wait). The shared producer records its event.
-    assert_eq!(
-        (stats.events_recorded, stats.event_waits),
-        (8, 7),
-        "{stats:?}"
-    );
+    assert_events(&stats, 8, 7);
     for (b, want) in bufs.iter().zip([1.0, 2.0, 4.0, 8.0, 16.0, 64.0]) {
         assert_all(b, want, "a branch's buffer");
     }

@@ -2,18 +2,16 @@
 //! is done. In its own test binary (its own process), so that no other test allocates while
 //! device memory is counted.
 
-mod common;
-
 use std::future::Future;
 
-use common::*;
 use cuflow_device_op::{DeviceError, DeviceOpExt};
 use cuflow_scheduler::StreamPoolRoundRobin;
+use cuflow_testing::{device::device, kernels, ops::*};
 
 #[test]
 fn dropping_in_flight_futures_returns_memory_to_its_baseline() -> Result<(), DeviceError> {
     let device = device();
-    for k in [spin_kernel(), fill_kernel()] {
+    for k in [kernels::spin(), kernels::fill()] {
         k.compile(&device)?;
     }
     let policy = StreamPoolRoundRobin::new(&device, 4)?;

@@ -2,17 +2,15 @@
 //! `DeviceError::Panicked`, failed launches come back from the op that hit them, and the
 //! thread and the device stay usable afterwards.
 
-mod common;
-
 use std::future::IntoFuture;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use common::*;
 use cuflow_device_op::{
     from_fn, value, with_context, zip, BoxedOp, DeviceError, DeviceOpExt, FromFn,
 };
 use cuflow_scheduler::StreamPoolRoundRobin;
+use cuflow_testing::{device::device, ops::*};
 use parking_lot::Mutex;
 
 #[test]

@@ -1,18 +1,19 @@
 //! The entry points: `sync`, `sync_on`, `sync_with_policy`, `schedule`, `.await` and
 //! `enqueue_on`. Outputs reach the program only after their work has completed.
 
-mod common;
-
 use std::future::IntoFuture;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use common::*;
 use cuflow_device_op::{
     default_device, enqueue_on, value, with_context, DeviceError, DeviceOp, DeviceOpExt,
 };
 use cuflow_runtime::Device;
 use cuflow_scheduler::{SingleStream, StreamPoolRoundRobin};
+use cuflow_testing::{
+    device::{device, stream},
+    ops::*,
+};
 
 /// A slow write followed by a host function that sets `flag`: the flag is set only once the
 /// write has finished, so a caller that sees the op's output must also see the flag.
@@ -75,7 +76,7 @@ fn every_entry_point_returns_only_after_the_work_completed() -> Result<(), Devic
 
 #[test]
 fn sync_on_runs_after_the_streams_earlier_work_and_stays_on_it() -> Result<(), DeviceError> {
-    let stream = device().new_stream()?;
+    let stream = stream();
     let buf = buffer(0.0);
     // Earlier work on the stream, enqueued and not waited for.
     enqueue_on(
@@ -92,11 +93,7 @@ fn sync_on_runs_after_the_streams_earlier_work_and_stays_on_it() -> Result<(), D
         "sync_on must run after the stream's earlier work",
     );
     assert_eq!(stats.streams, vec![stream.id()], "{stats:?}");
-    assert_eq!(
-        (stats.events_recorded, stats.event_waits),
-        (0, 0),
-        "{stats:?}"
-    );
+    assert_events(&stats, 0, 0);
     Ok(())
 }
 
@@ -126,7 +123,7 @@ fn schedule_enqueues_at_once_and_await_at_the_first_poll() -> Result<(), DeviceE
     assert_all(&out, 4.0, "the awaited add");
 
     // enqueue_on neither waits nor needs the output to be awaited.
-    let stream = device().new_stream()?;
+    let stream = stream();
     let (out, _) = enqueue_on(
         counted(&runs, mul_scalar(&buf, 2.0)),
         &stream,

@@ -1,15 +1,16 @@
 //! `shared`: runs at most once whatever the number of clones and threads; consumers on other
 //! streams wait on the producer's event; failures and panics reach every consumer.
 
-mod common;
-
 use std::future::IntoFuture;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 
-use common::*;
 use cuflow_device_op::{value, with_context, zip, BoxedOp, DeviceError, DeviceOpExt};
 use cuflow_scheduler::{SingleStream, StreamPoolRoundRobin};
+use cuflow_testing::{
+    device::{device, stream},
+    ops::*,
+};
 use parking_lot::Mutex;
 
 #[test]
@@ -89,11 +90,7 @@ fn a_consumer_in_a_later_execution_waits_on_the_producers_event() -> Result<(), 
         "the consumer's copy must wait for the producer's write",
     );
     // The consumer's stream waits on the producer's event; nothing else is needed.
-    assert_eq!(
-        (stats.events_recorded, stats.event_waits),
-        (0, 1),
-        "{stats:?}"
-    );
+    assert_events(&stats, 0, 1);
     let from_future = futures::executor::block_on(in_flight)?;
     assert!(shared.is_finished());
     assert!(Arc::ptr_eq(&from_future, &shared.sync()?));
@@ -119,11 +116,7 @@ fn consumers_in_one_dag_on_other_streams_wait_on_the_producer() -> Result<(), De
         "the consuming branch must wait on the producer's event",
     );
     // The producer's event, and one join per branch; the second branch waits on the producer.
-    assert_eq!(
-        (stats.events_recorded, stats.event_waits),
-        (3, 3),
-        "{stats:?}"
-    );
+    assert_events(&stats, 3, 3);
     Ok(())
 }
 
@@ -137,11 +130,7 @@ fn a_shared_host_value_adds_no_events() -> Result<(), DeviceError> {
         zip!(shared.clone(), shared.clone(), shared).sync_with_policy(&policy)?;
     assert_eq!((*a, *b, *c), (6, 6, 6));
     assert!(Arc::ptr_eq(&a, &b) && Arc::ptr_eq(&b, &c));
-    assert_eq!(
-        (stats.events_recorded, stats.event_waits),
-        (0, 0),
-        "{stats:?}"
-    );
+    assert_events(&stats, 0, 0);
     assert!(stats.streams.is_empty(), "{stats:?}");
     Ok(())
 }
@@ -253,8 +242,7 @@ fn a_shared_op_consumed_while_it_is_being_produced_is_refused() {
 
 #[test]
 fn a_consumer_on_the_producers_stream_waits_for_the_producer() -> Result<(), DeviceError> {
-    let device = device();
-    let s = device.new_stream()?;
+    let s = stream();
     let on_s = SingleStream::on(&s);
     for entry in ["sync_on", "schedule"] {
         let produced = buffer(0.0);

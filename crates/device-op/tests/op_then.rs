@@ -1,14 +1,15 @@
 //! `then`, `map`, `inspect`: continuations run on the same stream, after the first op's work;
 //! host-only transforms add no device work; building an op runs nothing.
 
-mod common;
-
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use common::*;
 use cuflow_device_op::{value, with_context, DeviceError, DeviceOpExt};
 use cuflow_scheduler::StreamPoolRoundRobin;
+use cuflow_testing::{
+    device::{device, stream},
+    ops::*,
+};
 
 #[test]
 fn then_runs_dependent_kernels_in_order() -> Result<(), DeviceError> {
@@ -23,7 +24,7 @@ fn then_runs_dependent_kernels_in_order() -> Result<(), DeviceError> {
     assert_all(&out, 6.0, "spin_then_write(1) then add(1) then multiply(3)");
 
     // The same chain on an explicit stream and under an explicit policy.
-    let stream = device().new_stream()?;
+    let stream = stream();
     let (out, stats) = spin_then_write(&buf, 2.0, SPIN)
         .then(|b| mul_scalar(&b, 5.0))
         .then(|b| add_scalar(&b, -1.0))
@@ -34,11 +35,7 @@ fn then_runs_dependent_kernels_in_order() -> Result<(), DeviceError> {
         "spin_then_write(2) then multiply(5) then add(-1)",
     );
     assert_eq!(stats.streams, vec![stream.id()], "{stats:?}");
-    assert_eq!(
-        (stats.events_recorded, stats.event_waits),
-        (0, 0),
-        "{stats:?}"
-    );
+    assert_events(&stats, 0, 0);
 
     let policy = StreamPoolRoundRobin::new(&device(), 8)?;
     let (out, stats) = spin_then_write(&buf, 4.0, SPIN)
@@ -55,11 +52,7 @@ fn then_runs_dependent_kernels_in_order() -> Result<(), DeviceError> {
         1,
         "a chain stays on one stream: {stats:?}"
     );
-    assert_eq!(
-        (stats.events_recorded, stats.event_waits),
-        (0, 0),
-        "{stats:?}"
-    );
+    assert_events(&stats, 0, 0);
     Ok(())
 }
 
@@ -108,22 +101,14 @@ fn map_and_inspect_run_on_the_host_and_add_no_device_work() -> Result<(), Device
     assert_eq!(n, 42);
     assert_eq!(seen.load(Ordering::SeqCst), 21);
     assert!(stats.streams.is_empty(), "{stats:?}");
-    assert_eq!(
-        (stats.events_recorded, stats.event_waits),
-        (0, 0),
-        "{stats:?}"
-    );
+    assert_events(&stats, 0, 0);
 
     // After device work, `map` sees the op's output and adds nothing to it.
     let buf = buffer(0.0);
     let (len, stats) = fill(&buf, 3.0).map(|b| b.len()).sync_with_policy(&policy)?;
     assert_eq!(len, LEN);
     assert_eq!(stats.streams.len(), 1, "{stats:?}");
-    assert_eq!(
-        (stats.events_recorded, stats.event_waits),
-        (0, 0),
-        "{stats:?}"
-    );
+    assert_events(&stats, 0, 0);
     assert_all(&buf, 3.0, "fill(3) then map");
     Ok(())
 }

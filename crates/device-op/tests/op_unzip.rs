@@ -1,13 +1,11 @@
 //! `unzip`: an op yielding a tuple split into one op per element; the original runs once.
 
-mod common;
-
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use common::*;
 use cuflow_device_op::{value, zip, DeviceError, DeviceOpExt, UnzipExt};
 use cuflow_scheduler::StreamPoolRoundRobin;
+use cuflow_testing::{device::device, ops::*};
 
 #[test]
 fn unzip_splits_pairs_and_runs_the_original_once() -> Result<(), DeviceError> {

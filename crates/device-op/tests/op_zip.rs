@@ -7,11 +7,12 @@
 //! records one fork event that every such branch waits on; each branch with device work on
 //! another stream than its parent's is joined with one event and one wait.
 
-mod common;
-
-use common::*;
 use cuflow_device_op::{join_all, value, zip, DeviceError, DeviceOpExt};
 use cuflow_scheduler::{SchedulingPolicy, SingleStream, StreamPoolRoundRobin};
+use cuflow_testing::{
+    device::{device, stream},
+    ops::*,
+};
 
 #[test]
 fn zip_branches_land_on_distinct_streams_and_the_join_sees_their_writes() -> Result<(), DeviceError>
@@ -41,8 +42,7 @@ fn zip_branches_land_on_distinct_streams_and_the_join_sees_their_writes() -> Res
     assert_eq!(stats.streams.len(), 3, "{stats:?}");
     assert_eq!(distinct(&stats.streams), 3, "{stats:?}");
     // No fork under a policy-chosen root; one join event and wait per branch.
-    assert_eq!(stats.events_recorded, 2, "{stats:?}");
-    assert_eq!(stats.event_waits, 2, "{stats:?}");
+    assert_events(&stats, 2, 2);
     assert_all(&a, 2.0, "branch a");
     assert_all(&b, 5.0, "branch b");
     Ok(())
@@ -62,22 +62,14 @@ fn zip_of_host_values_records_no_events() -> Result<(), DeviceError> {
     };
     let (out, stats) = op().sync_with_policy(&policy)?;
     assert_eq!(out, (1, 4, "x", 5.0));
-    assert_eq!(
-        (stats.events_recorded, stats.event_waits),
-        (0, 0),
-        "{stats:?}"
-    );
+    assert_events(&stats, 0, 0);
     assert!(stats.streams.is_empty(), "{stats:?}");
 
     // Also from a program-given root stream, whose earlier work branches would fork from.
     let stream = device.new_stream()?;
     let (out, stats) = op().sync_on_with_stats(&stream)?;
     assert_eq!(out, (1, 4, "x", 5.0));
-    assert_eq!(
-        (stats.events_recorded, stats.event_waits),
-        (0, 0),
-        "{stats:?}"
-    );
+    assert_events(&stats, 0, 0);
     assert!(stats.streams.is_empty(), "{stats:?}");
     Ok(())
 }
@@ -98,11 +90,7 @@ fn only_branches_with_device_work_are_joined() -> Result<(), DeviceError> {
     .sync_with_policy(&policy)?;
     assert_eq!((n, s), (9, 4));
     assert_all(&copied.0, 3.0, "the join must wait for the device branch");
-    assert_eq!(
-        (stats.events_recorded, stats.event_waits),
-        (1, 1),
-        "{stats:?}"
-    );
+    assert_events(&stats, 1, 1);
     assert_eq!(stats.streams.len(), 2, "{stats:?}");
     assert_eq!(stats.streams[0], copied.1, "{stats:?}");
     Ok(())
@@ -110,8 +98,7 @@ fn only_branches_with_device_work_are_joined() -> Result<(), DeviceError> {
 
 #[test]
 fn branches_from_an_explicit_stream_fork_after_its_earlier_work() -> Result<(), DeviceError> {
-    let device = device();
-    let stream = device.new_stream()?;
+    let stream = stream();
     let (src, d1, d2) = (buffer(0.0), buffer(0.0), buffer(0.0));
     // Earlier work on `stream`, enqueued without waiting for it.
     cuflow_device_op::enqueue_on(
@@ -131,10 +118,9 @@ fn branches_from_an_explicit_stream_fork_after_its_earlier_work() -> Result<(), 
         5.0,
         "branch 2 must fork after the stream's earlier work",
     );
-    // One fork event shared by both branches, one join event per branch.
-    assert_eq!(stats.events_recorded, 3, "{stats:?}");
-    // Each branch waits on the fork, the parent waits on each branch.
-    assert_eq!(stats.event_waits, 4, "{stats:?}");
+    // One fork event shared by both branches, one join event per branch; each branch waits on
+    // the fork, the parent waits on each branch.
+    assert_events(&stats, 3, 4);
     assert!(stats.streams.contains(&stream.id()), "{stats:?}");
     Ok(())
 }
@@ -160,11 +146,7 @@ fn nested_zips_join_level_by_level() -> Result<(), DeviceError> {
     assert_eq!(distinct(&stats.streams), 5, "{stats:?}");
     // Inner: two joins into the first outer branch; outer: two joins into the root. No forks:
     // neither the root nor the first outer branch had work before its branches.
-    assert_eq!(
-        (stats.events_recorded, stats.event_waits),
-        (4, 4),
-        "{stats:?}"
-    );
+    assert_events(&stats, 4, 4);
     Ok(())
 }
 
@@ -221,38 +203,20 @@ fn join_all_joins_every_branch() -> Result<(), DeviceError> {
     let values = [1.0f32, 2.0, 4.0, 8.0, 16.0];
     let bufs = buffers(&[0.0; 5]);
     let sum = buffer(0.0);
-    let ops = bufs
-        .iter()
-        .zip(values)
-        .map(|(b, v)| spin_then_write(b, v, SPIN))
-        .collect();
-    let (out, stats) = join_all(ops)
-        .then({
-            let sum = sum.clone();
-            move |written| sum_into(&sum, written)
-        })
-        .sync_with_policy(&policy)?;
+    let (out, stats) =
+        spin_writes_then_sum(&sum, &bufs, &values, SPIN).sync_with_policy(&policy)?;
     assert_all(&out, 31.0, "the sum must see every branch's write");
     assert_eq!(
         distinct(&stats.streams),
         6,
         "root and five branches: {stats:?}"
     );
-    assert_eq!(
-        (stats.events_recorded, stats.event_waits),
-        (5, 5),
-        "{stats:?}"
-    );
+    assert_events(&stats, 5, 5);
 
     // No branches: nothing to do.
-    let (out, stats) =
-        join_all(Vec::<common::TestOp<common::Buf>>::new()).sync_with_policy(&policy)?;
+    let (out, stats) = join_all(Vec::<TestOp<Buf>>::new()).sync_with_policy(&policy)?;
     assert!(out.is_empty());
-    assert_eq!(
-        (stats.events_recorded, stats.event_waits),
-        (0, 0),
-        "{stats:?}"
-    );
+    assert_events(&stats, 0, 0);
     assert!(stats.streams.is_empty(), "{stats:?}");
 
     // Branch outputs come back in branch order.

@@ -2,18 +2,16 @@
 //! process-wide (the same from every thread), replaceable at run time. In its own test binary
 //! (its own process), since replacing it affects every op run with `sync()` or `.await`.
 
-mod common;
-
 use std::future::IntoFuture;
 use std::sync::Arc;
 
-use common::*;
 use cuflow_device_op::{value, with_context, zip, DeviceError, DeviceOpExt};
 use cuflow_runtime::StreamId;
 use cuflow_scheduler::{
     default_policy, DevicePolicyExt, SchedulingPolicy, SingleStream, StreamPoolRoundRobin,
     DEFAULT_POOL_SIZE,
 };
+use cuflow_testing::{device::device, ops::*};
 use parking_lot::Mutex;
 
 /// The tests of this file observe or replace the one default policy: one at a time.

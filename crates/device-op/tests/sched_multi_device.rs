@@ -2,11 +2,10 @@
 //! picks, `with_same_device` keeps them home, and `on_device` joins work of another device
 //! into the op. Placement is the same on every backend, so these run on two host devices.
 
-use cuflow_device_op::{
-    value, with_context, zip, DeviceError, DeviceOp, DeviceOpExt, ExecutionContext,
-};
+use cuflow_device_op::{from_fn, value, with_context, zip, DeviceError, DeviceOp, DeviceOpExt};
 use cuflow_runtime::{Device, DeviceBuffer};
 use cuflow_scheduler::MultiDevice;
+use cuflow_testing::ops::assert_events;
 
 fn devices() -> [Device; 2] {
     [Device::host(), Device::host_numbered(1)]
@@ -35,14 +34,9 @@ fn branches_run_on_the_device_of_their_stream() -> Result<(), DeviceError> {
     );
 
     // Branches forked under `with_same_device` (as kernels fork their inputs) stay home.
-    struct KeptHome;
-    impl DeviceOp for KeptHome {
-        type Output = (Device, Device);
-        fn execute(self, ctx: &mut ExecutionContext) -> Result<(Device, Device), DeviceError> {
-            ctx.with_same_device(|ctx| zip!(where_am_i(), where_am_i()).execute(ctx))
-        }
-    }
-    let ((p, q), _) = KeptHome.sync_with_policy(&policy)?;
+    let kept_home =
+        from_fn(|ctx| ctx.with_same_device(|ctx| zip!(where_am_i(), where_am_i()).execute(ctx)));
+    let ((p, q), _) = kept_home.sync_with_policy(&policy)?;
     assert_eq!((p, q), (a.clone(), a));
     Ok(())
 }
@@ -52,26 +46,20 @@ fn on_device_orders_work_of_another_device_into_the_op() -> Result<(), DeviceErr
     let [a, b] = devices();
     let home = a.new_stream()?;
     let src = DeviceBuffer::from_host(&home, &[1.0f32, 2.0, 3.0])?;
-    struct Gather(DeviceBuffer<f32>, Device);
-    impl DeviceOp for Gather {
-        type Output = DeviceBuffer<f32>;
-        fn execute(self, ctx: &mut ExecutionContext) -> Result<DeviceBuffer<f32>, DeviceError> {
-            let src = self.0;
-            ctx.on_device(&self.1, |stream| {
+    let gather = from_fn({
+        let b = b.clone();
+        move |ctx| {
+            ctx.on_device(&b, |stream| {
                 let dst = DeviceBuffer::<f32>::alloc(stream, src.len())?;
                 dst.copy_from_device(stream, &src)?;
                 Ok(dst)
             })
         }
-    }
-    let (out, stats) = Gather(src, b.clone()).sync_on_with_stats(&home)?;
+    });
+    let (out, stats) = gather.sync_on_with_stats(&home)?;
     assert_eq!(out.device(), &b);
     assert_eq!(out.to_host_vec(&b.new_stream()?)?, vec![1.0, 2.0, 3.0]);
     assert_eq!(stats.streams.len(), 2, "{stats:?}");
-    assert_eq!(
-        (stats.events_recorded, stats.event_waits),
-        (2, 2),
-        "{stats:?}"
-    );
+    assert_events(&stats, 2, 2);
     Ok(())
 }

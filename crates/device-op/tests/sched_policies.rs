@@ -4,19 +4,15 @@
 //! Streams that must stay busy wait on a [`Gate`], so load is observed with `loads()` rather
 //! than inferred from timing.
 
-mod common;
-
 use std::sync::Arc;
 
-use common::*;
-use cuflow_device_op::{
-    enqueue_on, value, zip, DeviceError, DeviceOp, DeviceOpExt, ExecutionContext,
-};
+use cuflow_device_op::{enqueue_on, value, zip, DeviceError, DeviceOpExt};
 use cuflow_runtime::{Device, Event, Stream, StreamId};
 use cuflow_scheduler::{
     LeastLoaded, Placement, Priority, PriorityLevel, SchedulingPolicy, SingleStream,
     StreamPoolRoundRobin,
 };
+use cuflow_testing::{device::device, ops::*};
 use parking_lot::Mutex;
 
 #[test]
@@ -40,11 +36,7 @@ fn single_stream_puts_every_branch_on_its_stream() -> Result<(), DeviceError> {
     assert_all(&out, 7.0, "branches on one stream run in order");
     assert_eq!(on, [only; 3]);
     assert_eq!(stats.streams, vec![only], "{stats:?}");
-    assert_eq!(
-        (stats.events_recorded, stats.event_waits),
-        (0, 0),
-        "{stats:?}"
-    );
+    assert_events(&stats, 0, 0);
 
     // `on` wraps an existing stream, for roots and branches alike.
     let stream = device.new_stream()?;
@@ -126,18 +118,6 @@ fn least_loaded_places_work_away_from_busy_streams() -> Result<(), DeviceError> 
     Ok(())
 }
 
-/// Runs its op with [`PriorityLevel::High`] requested for the branches it forks.
-struct Urgent<O>(O);
-
-impl<O: DeviceOp> DeviceOp for Urgent<O> {
-    type Output = O::Output;
-    fn execute(self, ctx: &mut ExecutionContext) -> Result<O::Output, DeviceError> {
-        ctx.with_priority(PriorityLevel::High, |ctx| self.0.execute(ctx))
-    }
-}
-
-cuflow_device_op::impl_op_boilerplate!([O: DeviceOp] Urgent<O>);
-
 #[test]
 fn priority_puts_high_requests_on_its_high_priority_streams() -> Result<(), DeviceError> {
     let device = device();
@@ -165,10 +145,11 @@ fn priority_puts_high_requests_on_its_high_priority_streams() -> Result<(), Devi
 
     // Through an op: branches forked under a High request land on high-priority streams.
     let (a, b, c, d) = (buffer(0.0), buffer(0.0), buffer(0.0), buffer(0.0));
-    let (((ra, sa), (rb, sb)), _) = Urgent(zip!(
+    let (((ra, sa), (rb, sb)), _) = zip!(
         with_stream(spin_then_write(&a, 1.0, SPIN)),
         with_stream(fill(&b, 2.0))
-    ))
+    )
+    .with_priority(PriorityLevel::High)
     .sync_with_policy(&policy)?;
     assert!(
         high.contains(&sa) && high.contains(&sb),

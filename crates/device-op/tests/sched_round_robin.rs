@@ -2,15 +2,13 @@
 //! any number of threads; branches spread over the pool and are joined correctly however it
 //! wraps.
 
-mod common;
-
 use std::collections::HashMap;
 use std::sync::Barrier;
 
-use common::*;
-use cuflow_device_op::{join_all, zip, DeviceError, DeviceOpExt};
+use cuflow_device_op::{zip, DeviceError, DeviceOpExt};
 use cuflow_runtime::StreamId;
 use cuflow_scheduler::{Placement, SchedulingPolicy, StreamPoolRoundRobin};
+use cuflow_testing::{device::device, ops::*};
 
 fn ids(policy: &StreamPoolRoundRobin) -> Vec<StreamId> {
     policy.streams().iter().map(|s| s.id()).collect()
@@ -117,11 +115,7 @@ fn eight_branches_on_a_pool_of_eight_use_every_stream() -> Result<(), DeviceErro
     assert!(branch_streams.iter().all(|s| pool.contains(s)));
     // Seven branches off the root's stream are joined with an event each; the eighth runs on
     // the root's stream, in order, and needs none.
-    assert_eq!(
-        (stats.events_recorded, stats.event_waits),
-        (7, 7),
-        "{stats:?}"
-    );
+    assert_events(&stats, 7, 7);
     Ok(())
 }
 
@@ -131,25 +125,12 @@ fn a_pool_smaller_than_the_branch_count_still_joins_every_branch() -> Result<(),
     let values = [1.0f32, 2.0, 4.0, 8.0, 16.0, 32.0];
     let bufs = buffers(&[0.0; 6]);
     let sum = buffer(0.0);
-    let ops = bufs
-        .iter()
-        .zip(values)
-        .map(|(b, v)| spin_then_write(b, v, SPIN / 4))
-        .collect();
-    let (out, stats) = join_all(ops)
-        .then({
-            let sum = sum.clone();
-            move |written| sum_into(&sum, written)
-        })
-        .sync_with_policy(&policy)?;
+    let (out, stats) =
+        spin_writes_then_sum(&sum, &bufs, &values, SPIN / 4).sync_with_policy(&policy)?;
     assert_all(&out, 63.0, "the sum must see every branch's write");
     assert_eq!(distinct(&stats.streams), 2, "{stats:?}");
     // Root on stream 0; branches alternate 1, 0, 1, 0, 1, 0. The three on stream 1 are joined
     // with an event each; the three on the root's stream are in order already.
-    assert_eq!(
-        (stats.events_recorded, stats.event_waits),
-        (3, 3),
-        "{stats:?}"
-    );
+    assert_events(&stats, 3, 3);
     Ok(())
 }

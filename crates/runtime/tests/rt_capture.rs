@@ -2,18 +2,12 @@
 //! updated in place; operations that cannot be recorded are refused and leave the streams
 //! usable.
 
-mod common;
-
-use common::{add, add_one, device, random_f32, rng};
 use cuflow_runtime::{DeviceBuffer, DeviceError, Kernel, KernelArgs, LaunchConfig, Stream};
-
-fn add_one_to(s: &Stream, x: &DeviceBuffer<f32>) -> Result<(), DeviceError> {
-    add_one().launch(
-        s,
-        LaunchConfig::for_num_elems(x.len()),
-        KernelArgs::new().output(x).scalar(x.len() as u32),
-    )
-}
+use cuflow_testing::{
+    device::{device, stream},
+    kernels::{add, launch_add_one, prefix_mut},
+    rng::{random_f32, rng},
+};
 
 /// `v` plus 1.0 added `times` times in f32, as the kernel does it.
 fn plus_ones(v: &[f32], times: usize) -> Vec<f32> {
@@ -34,7 +28,7 @@ fn assert_capture_error<T: std::fmt::Debug>(r: Result<T, DeviceError>, what: &st
 fn assert_usable(s: &Stream) -> Result<(), DeviceError> {
     assert!(!s.is_capturing());
     let y = DeviceBuffer::from_host(s, &[1.0f32, 2.0, 3.0])?;
-    add_one_to(s, &y)?;
+    launch_add_one(s, &y)?;
     s.synchronize()?;
     assert_eq!(y.to_host_vec(s)?, vec![2.0, 3.0, 4.0]);
     Ok(())
@@ -51,7 +45,7 @@ fn replaying_a_capture_n_times_has_n_times_its_effect() -> Result<(), DeviceErro
 
     s.begin_capture()?;
     assert!(s.is_capturing());
-    add_one_to(&s, &x)?;
+    launch_add_one(&s, &x)?;
     let graph = s.end_capture()?;
     assert!(!s.is_capturing());
     assert_eq!(graph.device(), &device);
@@ -92,8 +86,8 @@ fn a_multi_stream_capture_records_two_parallel_branches() -> Result<(), DeviceEr
         side.is_capturing(),
         "waiting on a capture's event joins the capture"
     );
-    add_one_to(&origin, &a)?;
-    add_one_to(&side, &b)?;
+    launch_add_one(&origin, &a)?;
+    launch_add_one(&side, &b)?;
     origin.wait_event(&side.record_event()?)?;
     add().launch(
         &origin,
@@ -133,8 +127,7 @@ fn a_multi_stream_capture_records_two_parallel_branches() -> Result<(), DeviceEr
 
 #[test]
 fn captured_copies_and_fills_replay_in_order() -> Result<(), DeviceError> {
-    let device = device();
-    let s = device.new_stream()?;
+    let s = stream();
     let n = 777;
     let s0 = random_f32(&mut rng(), n);
     let src = DeviceBuffer::from_host(&s, &s0)?;
@@ -144,9 +137,9 @@ fn captured_copies_and_fills_replay_in_order() -> Result<(), DeviceError> {
 
     s.begin_capture()?;
     dst.copy_from(&s, &src)?;
-    add_one_to(&s, &src)?;
+    launch_add_one(&s, &src)?;
     scratch.view().fill_bytes(&s, 0)?;
-    add_one_to(&s, &scratch)?;
+    launch_add_one(&s, &scratch)?;
     let graph = s.end_capture()?;
     assert_eq!(graph.node_count()?, 4);
     assert_eq!(graph.max_parallelism()?, 1, "one stream records a chain");
@@ -180,7 +173,7 @@ fn a_joined_stream_that_is_not_joined_back_fails_the_capture() -> Result<(), Dev
 
     origin.begin_capture()?;
     side.wait_event(&origin.record_event()?)?;
-    add_one_to(&side, &x)?;
+    launch_add_one(&side, &x)?;
     assert_capture_error(origin.end_capture(), "an unjoined branch");
     assert!(!origin.is_capturing() && !side.is_capturing());
     assert_usable(&origin)?;
@@ -195,8 +188,7 @@ fn a_joined_stream_that_is_not_joined_back_fails_the_capture() -> Result<(), Dev
 
 #[test]
 fn host_waits_during_a_capture_are_refused() -> Result<(), DeviceError> {
-    let device = device();
-    let s = device.new_stream()?;
+    let s = stream();
     let x = DeviceBuffer::<f32>::zeroed(&s, 8)?;
     s.synchronize()?;
 
@@ -215,7 +207,7 @@ fn host_waits_during_a_capture_are_refused() -> Result<(), DeviceError> {
     ];
     for (what, op) in &ops {
         s.begin_capture()?;
-        add_one_to(&s, &x)?;
+        launch_add_one(&s, &x)?;
         assert_capture_error(op(&s), what);
         assert_capture_error(s.end_capture(), &format!("end_capture after {what}"));
         assert_usable(&s)?;
@@ -233,16 +225,15 @@ fn host_waits_during_a_capture_are_refused() -> Result<(), DeviceError> {
 /// replays (which would reuse a freed allocation) is never overwritten by them.
 #[test]
 fn an_allocation_during_a_capture_stays_valid_for_every_replay() -> Result<(), DeviceError> {
-    let device = device();
-    let s = device.new_stream()?;
+    let s = stream();
     let n = 1000;
     let x = DeviceBuffer::<f32>::zeroed(&s, n)?;
     s.synchronize()?;
 
     s.begin_capture()?;
     let scratch = DeviceBuffer::<f32>::zeroed(&s, n)?;
-    add_one_to(&s, &scratch)?;
-    add_one_to(&s, &scratch)?;
+    launch_add_one(&s, &scratch)?;
+    launch_add_one(&s, &scratch)?;
     x.copy_from(&s, &scratch)?;
     drop(scratch);
     let graph = s.end_capture()?;
@@ -274,8 +265,7 @@ fn an_allocation_during_a_capture_stays_valid_for_every_replay() -> Result<(), D
 
 #[test]
 fn updating_with_a_graph_of_the_same_topology_swaps_its_work() -> Result<(), DeviceError> {
-    let device = device();
-    let s = device.new_stream()?;
+    let s = stream();
     let n = 300;
     let mut rng = rng();
     let (x0, y0) = (random_f32(&mut rng, n), random_f32(&mut rng, n));
@@ -284,14 +274,14 @@ fn updating_with_a_graph_of_the_same_topology_swaps_its_work() -> Result<(), Dev
     s.synchronize()?;
 
     s.begin_capture()?;
-    add_one_to(&s, &x)?;
+    launch_add_one(&s, &x)?;
     let on_x = s.end_capture()?;
     s.begin_capture()?;
-    add_one_to(&s, &y)?;
+    launch_add_one(&s, &y)?;
     let on_y = s.end_capture()?;
     s.begin_capture()?;
-    add_one_to(&s, &x)?;
-    add_one_to(&s, &x)?;
+    launch_add_one(&s, &x)?;
+    launch_add_one(&s, &x)?;
     let twice_on_x = s.end_capture()?;
 
     let mut exec = on_x.instantiate()?;
@@ -330,8 +320,8 @@ fn capture_misuse_is_a_capture_error() -> Result<(), DeviceError> {
     origin.begin_capture()?;
     assert_capture_error(origin.begin_capture(), "a second begin_capture");
     side.wait_event(&origin.record_event()?)?;
-    add_one_to(&origin, &x)?;
-    add_one_to(&side, &y)?;
+    launch_add_one(&origin, &x)?;
+    launch_add_one(&side, &y)?;
     let in_capture = side.record_event()?;
     assert_capture_error(
         in_capture.synchronize(),
@@ -358,8 +348,7 @@ fn capture_misuse_is_a_capture_error() -> Result<(), DeviceError> {
 
 #[test]
 fn a_kernel_first_launched_during_a_capture_is_built_and_replayed() -> Result<(), DeviceError> {
-    let device = device();
-    let s = device.new_stream()?;
+    let s = stream();
     // A kernel of its own, so that no other test has built it yet.
     // SAFETY: the kernel's source reads and writes only the elements of the buffers it is
     // given, below the counts it is given, and has no data race of its own.
@@ -374,7 +363,7 @@ fn a_kernel_first_launched_during_a_capture_is_built_and_replayed() -> Result<()
     }
     .with_host(|args| {
         let n = args.scalar::<u32>(1)? as usize;
-        for v in common::prefix_mut("rt_triple_in_capture", args.output::<f32>(0)?, n)? {
+        for v in prefix_mut("rt_triple_in_capture", args.output::<f32>(0)?, n)? {
             *v *= 3.0;
         }
         Ok(())

@@ -1,10 +1,12 @@
 //! Copies: host to device and back, sub-views, device to device, fills and pinned buffers, on
 //! the device that `Device::auto()` gives.
 
-mod common;
-
-use common::{device, random_f32, random_vec, rng, ODD_SIZES, POISON, POISON_U32};
 use cuflow_runtime::{DeviceBuffer, DeviceCopy, DeviceError, PinnedBuffer, Stream};
+use cuflow_testing::{
+    device::{device, stream},
+    rng::{random_f32, random_vec, rng},
+    ODD_SIZES, POISON, POISON_U32,
+};
 use rand::distributions::{Distribution, Standard};
 use rand::rngs::StdRng;
 use rand::Rng;
@@ -38,7 +40,7 @@ where
 
 #[test]
 fn random_data_of_odd_sizes_round_trips() -> Result<(), DeviceError> {
-    let stream = device().new_stream()?;
+    let stream = stream();
     let mut rng = rng();
     for n in ODD_SIZES {
         round_trip::<f32>(&stream, &mut rng, n)?;
@@ -51,7 +53,7 @@ fn random_data_of_odd_sizes_round_trips() -> Result<(), DeviceError> {
 
 #[test]
 fn empty_buffers_and_views_copy_nothing() -> Result<(), DeviceError> {
-    let stream = device().new_stream()?;
+    let stream = stream();
     let empty = DeviceBuffer::<f32>::from_host(&stream, &[])?;
     assert!(empty.is_empty());
     assert_eq!(empty.to_host_vec(&stream)?, Vec::<f32>::new());
@@ -78,7 +80,7 @@ fn assert_patched(got: &[u32], range: std::ops::Range<usize>, inside: &[u32]) {
 
 #[test]
 fn sub_view_copies_land_at_their_offset_and_leave_the_rest_untouched() -> Result<(), DeviceError> {
-    let stream = device().new_stream()?;
+    let stream = stream();
     let mut rng = rng();
     let n = 4097;
     let buf = DeviceBuffer::<u32>::alloc(&stream, n)?;
@@ -119,7 +121,7 @@ fn sub_view_copies_land_at_their_offset_and_leave_the_rest_untouched() -> Result
 
 #[test]
 fn device_to_device_copies_copy_exactly_their_range() -> Result<(), DeviceError> {
-    let stream = device().new_stream()?;
+    let stream = stream();
     let mut rng = rng();
     for n in ODD_SIZES {
         let data: Vec<i64> = random_vec(&mut rng, n);
@@ -154,7 +156,7 @@ fn device_to_device_copies_copy_exactly_their_range() -> Result<(), DeviceError>
 
 #[test]
 fn fill_bytes_sets_every_byte_of_its_view() -> Result<(), DeviceError> {
-    let stream = device().new_stream()?;
+    let stream = stream();
     let mut rng = rng();
     let n = 4097;
     let data: Vec<u32> = random_vec(&mut rng, n);
@@ -171,7 +173,7 @@ fn fill_bytes_sets_every_byte_of_its_view() -> Result<(), DeviceError> {
 
 #[test]
 fn zeroed_buffers_are_zero_even_over_reused_memory() -> Result<(), DeviceError> {
-    let stream = device().new_stream()?;
+    let stream = stream();
     for n in ODD_SIZES {
         // Leave poison behind for the allocator to hand out again.
         let dirty = DeviceBuffer::<u8>::alloc(&stream, n)?;

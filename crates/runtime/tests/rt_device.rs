@@ -1,15 +1,13 @@
 //! Devices and streams: identity, selection, limits, memory figures, priorities and per-device
 //! extension state. Nothing here changes `CUFLOW_DEVICE` (see `rt_auto_selector.rs`).
 
-mod common;
-
 use std::sync::Arc;
 
-use common::device;
 use cuflow_runtime::{
     BackendKind, Device, DeviceBuffer, DeviceError, Event, Graph, GraphExec, Kernel, PinnedBuffer,
     Stream,
 };
+use cuflow_testing::device::device;
 
 #[test]
 fn the_host_device_is_one_per_process() {

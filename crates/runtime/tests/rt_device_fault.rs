@@ -8,11 +8,14 @@
 //! One test in its own binary: a fault ends the state of the whole device, so nothing else
 //! may run on it meanwhile.
 
-mod common;
-
-use common::{assert_close, device, random_vec, rng, saxpy, spin_write, SHORT_SPIN};
 use cuflow_runtime::{
     BackendKind, Device, DeviceBuffer, DeviceError, Kernel, KernelArgs, LaunchConfig, PinnedBuffer,
+};
+use cuflow_testing::{
+    device::device,
+    kernels::{launch_spin_write, saxpy, SHORT_SPIN},
+    measure::assert_close_in_norm,
+    rng::{random_vec, rng},
 };
 
 fn trap() -> Kernel {
@@ -61,7 +64,7 @@ fn saxpy_is_correct(device: &Device) -> Result<(), DeviceError> {
         .zip(&y)
         .map(|(&x, &y)| 2.0 * x as f64 + y as f64)
         .collect();
-    assert_close("saxpy", &dy.to_host_vec(&stream)?, &want, 1e-6);
+    assert_close_in_norm("saxpy", &dy.to_host_vec(&stream)?, &want, 1e-6);
     Ok(())
 }
 
@@ -77,14 +80,7 @@ fn a_fault_fails_every_later_call_at_once_and_recover_resets_or_says_to_restart(
     let trap = trap();
 
     // Work in flight on another stream when the fault happens.
-    spin_write().launch(
-        &side,
-        LaunchConfig::linear(1, 1),
-        KernelArgs::new()
-            .output(&buf)
-            .scalar(1.0f32)
-            .scalar(SHORT_SPIN),
-    )?;
+    launch_spin_write(&side, &buf, 1.0, SHORT_SPIN)?;
     let pending = side.record_event()?;
     trap.launch(&stream, LaunchConfig::linear(1, 1), &KernelArgs::new())?;
     let r = stream.synchronize();
@@ -161,14 +157,7 @@ fn a_fault_fails_every_later_call_at_once_and_recover_resets_or_says_to_restart(
     saxpy_is_correct(&recovered)?;
     let stream = recovered.new_stream()?;
     let out = DeviceBuffer::<f32>::zeroed(&stream, 1)?;
-    spin_write().launch(
-        &stream,
-        LaunchConfig::linear(1, 1),
-        KernelArgs::new()
-            .output(&out)
-            .scalar(7.0f32)
-            .scalar(1000u64),
-    )?;
+    launch_spin_write(&stream, &out, 7.0, 1000u64)?;
     assert_eq!(out.to_host_vec(&stream)?, vec![7.0]);
     let _pinned = PinnedBuffer::<f32>::new(&recovered, 64)?;
     Ok(())

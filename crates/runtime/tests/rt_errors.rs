@@ -1,120 +1,20 @@
-//! Errors are values: compile errors, impossible allocations, bad launches, bad arguments,
-//! objects of another device and failing host implementations all come back as `DeviceError`,
-//! and the device keeps working afterwards.
+//! Errors are values: impossible allocations, lengths and ranges that do not fit, objects of
+//! another device and failing host implementations all come back as `DeviceError`, and the
+//! device keeps working afterwards. Errors of kernels and their launches are in
+//! `rt_kernel_errors.rs`.
 //!
 //! Tests of host implementations (what they read, how they fail) run on `Device::host()`
 //! whatever the device under test is: only the host backend runs them. Device faults are not
 //! provoked on CUDA, where one would poison the context of the whole test process.
 
-mod common;
-
-use common::{add_one, device, random_f32, rng, saxpy, spin_write, POISON, SHORT_SPIN};
 use cuflow_runtime::{
     BackendKind, Device, DeviceBuffer, DeviceError, Kernel, KernelArgs, LaunchConfig, PinnedBuffer,
-    Stream,
 };
-
-/// Checks that `s` still runs kernels and copies correctly.
-fn assert_usable(s: &Stream) -> Result<(), DeviceError> {
-    let x0 = random_f32(&mut rng(), 37);
-    let x = DeviceBuffer::from_host(s, &x0)?;
-    add_one().launch(
-        s,
-        LaunchConfig::for_num_elems(37),
-        KernelArgs::new().output(&x).scalar(37u32),
-    )?;
-    let want: Vec<f32> = x0.iter().map(|v| v + 1.0).collect();
-    assert_eq!(x.to_host_vec(s)?, want);
-    s.synchronize()
-}
-
-#[test]
-fn a_bad_kernel_source_is_a_compile_error_on_cuda_and_needs_a_host_impl_on_host(
-) -> Result<(), DeviceError> {
-    let device = device();
-    let s = device.new_stream()?;
-    let x = DeviceBuffer::<f32>::zeroed(&s, 4)?;
-    // SAFETY: the kernel's source reads and writes only the elements of the buffers it is
-    // given, below the counts it is given, and has no data race of its own.
-    let broken = unsafe {
-        Kernel::new(
-            "rt_broken",
-            r#"extern "C" __global__ void rt_broken(float* x) { x[0] = rt_undefined_symbol; }"#,
-        )
-    };
-    match device.kind() {
-        BackendKind::Cuda => {
-            match broken.compile(&device) {
-                Err(DeviceError::Compile { kernel, log }) => {
-                    assert_eq!(kernel, "rt_broken");
-                    assert!(!log.trim().is_empty(), "the compile log is empty");
-                    assert!(
-                        log.contains("rt_undefined_symbol"),
-                        "the log does not name the error: {log}"
-                    );
-                }
-                other => panic!("expected a compile error, got {other:?}"),
-            }
-            // Launching compiles, and fails the same way, without enqueuing anything.
-            let launched =
-                broken.launch(&s, LaunchConfig::linear(1, 1), KernelArgs::new().output(&x));
-            match launched {
-                Err(e @ DeviceError::Compile { .. }) => {
-                    assert!(e.to_string().contains("rt_undefined_symbol"), "{e}")
-                }
-                other => panic!("expected a compile error, got {other:?}"),
-            }
-            // An entry point that the source does not define.
-            // SAFETY: the kernel's source reads and writes only the elements of the buffers it is
-            // given, below the counts it is given, and has no data race of its own.
-            let misnamed = unsafe {
-                Kernel::new(
-                    "rt_not_defined_here",
-                    r#"extern "C" __global__ void rt_defined(float* x) { x[0] = 1.0f; }"#,
-                )
-            };
-            match misnamed.compile(&device) {
-                Err(DeviceError::Compile { kernel, log }) => {
-                    assert_eq!(kernel, "rt_not_defined_here");
-                    assert!(log.contains("rt_not_defined_here"), "{log}");
-                }
-                other => panic!("expected a compile error, got {other:?}"),
-            }
-        }
-        _ => {
-            // There is no compiler on the host: building is a no-op, and a kernel without a
-            // host implementation cannot run.
-            broken.compile(&device)?;
-            match broken.launch(&s, LaunchConfig::linear(1, 1), KernelArgs::new().output(&x)) {
-                Err(DeviceError::HostKernel { kernel, reason }) => {
-                    assert_eq!(kernel, "rt_broken");
-                    assert!(reason.contains("host implementation"), "{reason}");
-                }
-                other => panic!("expected a missing host implementation, got {other:?}"),
-            }
-        }
-    }
-    assert_eq!(x.to_host_vec(&s)?, vec![0.0; 4], "the failed launch ran");
-    assert_usable(&s)
-}
-
-#[test]
-fn a_kernel_without_a_host_impl_cannot_run_on_the_host() -> Result<(), DeviceError> {
-    let s = Device::host().new_stream()?;
-    // SAFETY: the kernel's source reads and writes only the elements of the buffers it is
-    // given, below the counts it is given, and has no data race of its own.
-    let cuda_only = unsafe {
-        Kernel::new(
-            "rt_cuda_only",
-            r#"extern "C" __global__ void rt_cuda_only() {}"#,
-        )
-    };
-    assert!(matches!(
-        cuda_only.launch(&s, LaunchConfig::linear(1, 1), &KernelArgs::new()),
-        Err(DeviceError::HostKernel { .. })
-    ));
-    assert_usable(&s)
-}
+use cuflow_testing::{
+    device::{device, stream},
+    kernels::{add_one, assert_stream_usable, launch_spin_write, SHORT_SPIN},
+    POISON,
+};
 
 #[test]
 fn an_impossible_allocation_is_out_of_memory_and_the_device_keeps_working(
@@ -146,137 +46,7 @@ fn an_impossible_allocation_is_out_of_memory_and_the_device_keeps_working(
         device.bytes_in_use() <= before + (1 << 30),
         "failed allocations were counted as in use"
     );
-    assert_usable(&s)
-}
-
-#[test]
-fn bad_launch_configurations_are_refused_before_they_run() -> Result<(), DeviceError> {
-    let device = device();
-    let s = device.new_stream()?;
-    let x0 = random_f32(&mut rng(), 64);
-    let x = DeviceBuffer::from_host(&s, &x0)?;
-    let limits = *device.limits();
-    let bad = [
-        LaunchConfig::linear(1, 2048),
-        LaunchConfig::linear(0, 32),
-        LaunchConfig::linear(1, 0),
-        LaunchConfig::new((1, 1, 1), (1, 1, 65)),
-        LaunchConfig::new((1, 1, 1), (32, 32, 2)),
-        LaunchConfig::new((1, limits.max_grid_dim[1] + 1, 1), (32, 1, 1)),
-        LaunchConfig::linear(1, 32).with_shared_mem(limits.max_shared_mem_per_block_optin + 1),
-    ];
-    for cfg in bad {
-        match add_one().launch(&s, cfg, KernelArgs::new().output(&x).scalar(64u32)) {
-            Err(DeviceError::InvalidLaunch { kernel, reason }) => {
-                assert_eq!(kernel, "rt_add_one");
-                assert!(!reason.is_empty());
-            }
-            other => panic!("{cfg:?}: expected InvalidLaunch, got {other:?}"),
-        }
-        assert!(cfg.validate("rt_add_one", &limits).is_err());
-    }
-    // The limits themselves are valid.
-    let widest = LaunchConfig::new((2, 1, 1), (limits.max_threads_per_block, 1, 1));
-    widest.validate("rt_add_one", &limits)?;
-    add_one().launch(&s, widest, KernelArgs::new().output(&x).scalar(64u32))?;
-    let want: Vec<f32> = x0.iter().map(|v| v + 1.0).collect();
-    assert_eq!(x.to_host_vec(&s)?, want, "only the valid launch ran");
-    assert_usable(&s)
-}
-
-#[test]
-fn a_scalar_larger_than_sixteen_bytes_is_an_invalid_argument() -> Result<(), DeviceError> {
-    let s = device().new_stream()?;
-    let x = DeviceBuffer::<f32>::zeroed(&s, 4)?;
-    let r = add_one().launch(
-        &s,
-        LaunchConfig::linear(1, 4),
-        KernelArgs::new().output(&x).scalar([0u64; 3]),
-    );
-    match r {
-        Err(DeviceError::InvalidArgument { kernel, index, .. }) => {
-            assert_eq!(kernel, "rt_add_one");
-            assert_eq!(index, 1);
-        }
-        other => panic!("expected InvalidArgument, got {other:?}"),
-    }
-    assert_eq!(x.to_host_vec(&s)?, vec![0.0; 4]);
-    assert_usable(&s)
-}
-
-#[test]
-fn a_host_impl_reading_the_wrong_argument_type_is_an_invalid_argument() -> Result<(), DeviceError> {
-    let s = Device::host().new_stream()?;
-    let ints = DeviceBuffer::<i32>::zeroed(&s, 4)?;
-    let floats = DeviceBuffer::<f32>::zeroed(&s, 4)?;
-    let other = DeviceBuffer::<f32>::zeroed(&s, 4)?;
-    type Launch<'a> = Box<dyn Fn() -> Result<(), DeviceError> + 'a>;
-    let cases: Vec<(usize, Launch<'_>)> = vec![
-        // rt_add_one writes argument 0 as f32: an i32 buffer.
-        (
-            0,
-            Box::new(|| {
-                add_one().launch(
-                    &s,
-                    LaunchConfig::linear(1, 4),
-                    KernelArgs::new().output(&ints).scalar(4u32),
-                )
-            }),
-        ),
-        // rt_add_one reads its count as u32: an f64.
-        (
-            1,
-            Box::new(|| {
-                add_one().launch(
-                    &s,
-                    LaunchConfig::linear(1, 4),
-                    KernelArgs::new().output(&floats).scalar(4.0f64),
-                )
-            }),
-        ),
-        // rt_saxpy writes argument 0: an input buffer there.
-        (
-            0,
-            Box::new(|| {
-                saxpy().launch(
-                    &s,
-                    LaunchConfig::linear(1, 4),
-                    KernelArgs::new()
-                        .input(&floats)
-                        .input(&other)
-                        .scalar(1.0f32)
-                        .scalar(4u32),
-                )
-            }),
-        ),
-        // Too few arguments.
-        (
-            1,
-            Box::new(|| {
-                add_one().launch(
-                    &s,
-                    LaunchConfig::linear(1, 4),
-                    KernelArgs::new().output(&floats),
-                )
-            }),
-        ),
-    ];
-    for (want_index, launch) in &cases {
-        // Refused at once when the source's signature says so (a wrong element type, a wrong
-        // count); otherwise the host implementation finds the mismatch when it runs (an input
-        // buffer passed where the kernel writes).
-        let outcome = match launch() {
-            Ok(()) => s.synchronize(),
-            refused => refused,
-        };
-        match outcome {
-            Err(DeviceError::InvalidArgument { index, .. }) => assert_eq!(index, *want_index),
-            other => panic!("expected InvalidArgument, got {other:?}"),
-        }
-    }
-    assert_eq!(floats.to_host_vec(&s)?, vec![0.0; 4]);
-    assert_eq!(ints.to_host_vec(&s)?, vec![0; 4]);
-    assert_usable(&s)
+    assert_stream_usable(&s)
 }
 
 #[test]
@@ -323,7 +93,7 @@ fn lengths_and_ranges_are_checked() -> Result<(), DeviceError> {
         Err(DeviceError::LengthMismatch { .. })
     ));
     assert_eq!(a.to_host_vec(&s)?, vec![0; 10]);
-    assert_usable(&s)
+    assert_stream_usable(&s)
 }
 
 /// Uses objects of `a` on a stream of `b` and checks that each use is a device mismatch.
@@ -374,8 +144,8 @@ fn assert_device_mismatches(a: &Device, b: &Device) -> Result<(), DeviceError> {
     // Nothing ran, and both devices still work.
     assert_eq!(on_a.to_host_vec(&sa)?, vec![1.0, 2.0, 3.0, 4.0]);
     assert_eq!(on_b.to_host_vec(&sb)?, vec![5.0, 6.0, 7.0, 8.0]);
-    assert_usable(&sa)?;
-    assert_usable(&sb)
+    assert_stream_usable(&sa)?;
+    assert_stream_usable(&sb)
 }
 
 #[test]
@@ -441,7 +211,7 @@ fn a_failing_host_impl_reports_from_synchronize_and_the_stream_stays_usable(
     ));
     // The error was reported once; the stream runs new work.
     s.synchronize()?;
-    assert_usable(&s)?;
+    assert_stream_usable(&s)?;
 
     // A stream that waits on the failed work fails too, rather than hanging or going on.
     let waiter = Device::host().new_stream()?;
@@ -455,8 +225,8 @@ fn a_failing_host_impl_reports_from_synchronize_and_the_stream_stays_usable(
         s.synchronize(),
         Err(DeviceError::HostKernel { .. })
     ));
-    assert_usable(&waiter)?;
-    assert_usable(&s)
+    assert_stream_usable(&waiter)?;
+    assert_stream_usable(&s)
 }
 
 #[test]
@@ -474,14 +244,7 @@ fn a_panicking_host_impl_reports_from_synchronize_and_the_stream_stays_usable(
     .with_host(|_| panic!("deliberate panic in a host kernel"));
     // Work before and after the panic still runs in order.
     let flag = DeviceBuffer::<f32>::zeroed(&s, 1)?;
-    spin_write().launch(
-        &s,
-        LaunchConfig::linear(1, 1),
-        KernelArgs::new()
-            .output(&flag)
-            .scalar(5.0f32)
-            .scalar(SHORT_SPIN),
-    )?;
+    launch_spin_write(&s, &flag, 5.0, SHORT_SPIN)?;
     panicking.launch(&s, LaunchConfig::linear(1, 1), &KernelArgs::new())?;
     match s.synchronize() {
         Err(DeviceError::Panicked { message, .. }) => {
@@ -490,17 +253,17 @@ fn a_panicking_host_impl_reports_from_synchronize_and_the_stream_stays_usable(
         other => panic!("expected Panicked, got {other:?}"),
     }
     assert_eq!(flag.to_host_vec(&s)?, vec![5.0]);
-    assert_usable(&s)?;
+    assert_stream_usable(&s)?;
 
     // A host function that panics is reported the same way.
     s.enqueue_host_fn(|| panic!("deliberate panic in a host function"))?;
     assert!(matches!(s.synchronize(), Err(DeviceError::Panicked { .. })));
-    assert_usable(&s)
+    assert_stream_usable(&s)
 }
 
 #[test]
 fn a_panicking_host_function_is_reported_by_the_next_synchronization() -> Result<(), DeviceError> {
-    let stream = device().new_stream()?;
+    let stream = stream();
     stream.enqueue_host_fn(|| panic!("a host function panics"))?;
     match stream.synchronize() {
         Err(DeviceError::Panicked { .. }) => {}
@@ -512,177 +275,5 @@ fn a_panicking_host_function_is_reported_by_the_next_synchronization() -> Result
     stream.enqueue_host_fn(move || flag.store(true, std::sync::atomic::Ordering::SeqCst))?;
     stream.synchronize()?;
     assert!(ran.load(std::sync::atomic::Ordering::SeqCst));
-    Ok(())
-}
-
-#[test]
-fn launch_arguments_are_checked_against_the_declared_parameters() -> Result<(), DeviceError> {
-    let device = device();
-    let s = device.new_stream()?;
-    let x = DeviceBuffer::from_host(&s, &[1.0f32, 2.0, 3.0, 4.0])?;
-    let y = DeviceBuffer::from_host(&s, &[0.0f32; 4])?;
-    let ints = DeviceBuffer::<u32>::zeroed(&s, 4)?;
-    let doubles = DeviceBuffer::<f64>::zeroed(&s, 4)?;
-    let one = LaunchConfig::linear(1, 4);
-    // rt_saxpy(float* y, const float* x, float a, unsigned n)
-    let cases: Vec<(&str, usize, KernelArgs<'_>)> = vec![
-        (
-            "too few",
-            3,
-            KernelArgs::new()
-                .output(&y)
-                .input(&x)
-                .scalar(2.0f32)
-                .clone(),
-        ),
-        (
-            "too many",
-            4,
-            KernelArgs::new()
-                .output(&y)
-                .input(&x)
-                .scalar(2.0f32)
-                .scalar(4u32)
-                .scalar(1u32)
-                .clone(),
-        ),
-        (
-            "an f64 for a float",
-            2,
-            KernelArgs::new()
-                .output(&y)
-                .input(&x)
-                .scalar(2.0f64)
-                .scalar(4u32)
-                .clone(),
-        ),
-        (
-            "a float for an unsigned",
-            3,
-            KernelArgs::new()
-                .output(&y)
-                .input(&x)
-                .scalar(2.0f32)
-                .scalar(4.0f32)
-                .clone(),
-        ),
-        (
-            "a u32 buffer for a float*",
-            1,
-            KernelArgs::new()
-                .output(&y)
-                .input(&ints)
-                .scalar(2.0f32)
-                .scalar(4u32)
-                .clone(),
-        ),
-        (
-            "an f64 buffer for a float*",
-            0,
-            KernelArgs::new()
-                .output(&doubles)
-                .input(&x)
-                .scalar(2.0f32)
-                .scalar(4u32)
-                .clone(),
-        ),
-        (
-            "a value for a pointer",
-            1,
-            KernelArgs::new()
-                .output(&y)
-                .scalar(1u64)
-                .scalar(2.0f32)
-                .scalar(4u32)
-                .clone(),
-        ),
-    ];
-    for (what, want_index, args) in &cases {
-        match saxpy().launch(&s, one, args) {
-            Err(DeviceError::InvalidArgument { index, reason, .. }) => {
-                assert_eq!(index, *want_index, "{what}: {reason}");
-                // The message quotes the declaration.
-                assert!(
-                    reason.contains("float") || reason.contains("unsigned"),
-                    "{what}: {reason}"
-                );
-            }
-            other => panic!("{what}: expected InvalidArgument at once, got {other:?}"),
-        }
-    }
-    // Nothing ran; the right arguments still work.
-    saxpy().launch(
-        &s,
-        one,
-        KernelArgs::new()
-            .output(&y)
-            .input(&x)
-            .scalar(2.0f32)
-            .scalar(4u32),
-    )?;
-    assert_eq!(y.to_host_vec(&s)?, vec![2.0, 4.0, 6.0, 8.0]);
-    Ok(())
-}
-
-#[test]
-fn a_kernel_whose_signature_is_not_read_from_source_is_checked_against_its_compiled_form(
-) -> Result<(), DeviceError> {
-    let device = device();
-    let s = device.new_stream()?;
-    // The declaration comes from a macro, so the source check cannot see the parameters; on
-    // CUDA the compiled function's parameters (their count and sizes) are checked instead.
-    // SAFETY: the kernel writes only `out[0..n)`, below the count it is given.
-    let kernel = unsafe {
-        Kernel::new(
-            "rt_macro_declared",
-            r#"#define DECLARE(name) extern "C" __global__ void name(double* out, double v, unsigned n)
-            DECLARE(rt_macro_declared) {
-                unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
-                if (i < n) out[i] = v;
-            }"#,
-        )
-    }
-    .with_host(|args| {
-        let v = args.scalar::<f64>(1)?;
-        let n = args.scalar::<u32>(2)? as usize;
-        for o in args.output::<f64>(0)?.iter_mut().take(n) {
-            *o = v;
-        }
-        Ok(())
-    });
-    let out = DeviceBuffer::<f64>::zeroed(&s, 4)?;
-    let one = LaunchConfig::linear(1, 4);
-    let cases: Vec<(&str, KernelArgs<'_>)> = vec![
-        (
-            "too few",
-            KernelArgs::new().output(&out).scalar(2.0f64).clone(),
-        ),
-        (
-            "an f32 for a double",
-            KernelArgs::new()
-                .output(&out)
-                .scalar(2.0f32)
-                .scalar(4u32)
-                .clone(),
-        ),
-    ];
-    for (what, args) in &cases {
-        let r = kernel.launch(&s, one, args).and_then(|()| s.synchronize());
-        if device.kind() == BackendKind::Cuda {
-            assert!(
-                matches!(r, Err(DeviceError::InvalidArgument { .. })),
-                "{what}: expected InvalidArgument at once, got {r:?}"
-            );
-        } else {
-            // The host implementation reads its arguments by type and count itself.
-            assert!(r.is_err(), "{what}: {r:?}");
-        }
-    }
-    kernel.launch(
-        &s,
-        one,
-        KernelArgs::new().output(&out).scalar(2.5f64).scalar(4u32),
-    )?;
-    assert_eq!(out.to_host_vec(&s)?, vec![2.5; 4]);
     Ok(())
 }

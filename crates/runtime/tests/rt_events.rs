@@ -4,15 +4,16 @@
 //! No test here leaves an error on a stream: `Device::synchronize` reports the errors of every
 //! stream of the device, including those of the other tests of this binary.
 
-mod common;
-
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{
-    add_one, device, random_f32, rng, spin_write, LONG_SPIN, POISON, POISON_U32, SHORT_SPIN,
+use cuflow_runtime::{DeviceBuffer, DeviceError, Event, Stream};
+use cuflow_testing::{
+    device::{device, stream},
+    kernels::{launch_add_one, launch_spin_write, LONG_SPIN, SHORT_SPIN},
+    rng::{random_f32, rng},
+    test_cases, POISON, POISON_U32,
 };
-use cuflow_runtime::{DeviceBuffer, DeviceError, Event, KernelArgs, LaunchConfig, Stream};
 use rand::Rng;
 
 /// Stream `a` runs a long kernel that writes `flag` at its end, then copies `src` into `data`;
@@ -38,14 +39,7 @@ fn reader_sees_the_writers_data(
     a.synchronize()?;
     b.synchronize()?;
 
-    spin_write().launch(
-        &a,
-        LaunchConfig::linear(1, 1),
-        KernelArgs::new()
-            .output(&flag)
-            .scalar(value)
-            .scalar(LONG_SPIN),
-    )?;
+    launch_spin_write(&a, &flag, value, LONG_SPIN)?;
     data.copy_from(&a, &src)?;
     order_after(&b, &a)?;
     out.slice(..n)?.copy_from(&b, data.view())?;
@@ -65,26 +59,21 @@ fn reader_sees_the_writers_data(
     Ok(())
 }
 
-#[test]
-fn a_reader_waiting_on_an_event_sees_the_writers_data() -> Result<(), DeviceError> {
-    reader_sees_the_writers_data(|reader, writer| reader.wait_event(&writer.record_event()?))
-}
-
-#[test]
-fn a_reader_joined_to_the_writer_sees_its_data() -> Result<(), DeviceError> {
-    reader_sees_the_writers_data(|reader, writer| reader.join(writer))
+test_cases! {
+    a_reader_waiting_on_an_event_sees_the_writers_data => {
+        reader_sees_the_writers_data(|reader, writer| reader.wait_event(&writer.record_event()?))
+    },
+    a_reader_joined_to_the_writer_sees_its_data => {
+        reader_sees_the_writers_data(|reader, writer| reader.join(writer))
+    },
 }
 
 #[test]
 fn joining_a_stream_with_itself_does_nothing() -> Result<(), DeviceError> {
-    let s = device().new_stream()?;
+    let s = stream();
     let x = DeviceBuffer::from_host(&s, &[1.0f32, 2.0])?;
     s.join(&s.clone())?;
-    add_one().launch(
-        &s,
-        LaunchConfig::linear(1, 2),
-        KernelArgs::new().output(&x).scalar(2u32),
-    )?;
+    launch_add_one(&s, &x)?;
     assert_eq!(x.to_host_vec(&s)?, vec![2.0, 3.0]);
     Ok(())
 }
@@ -106,14 +95,7 @@ fn events_complete_after_the_work_before_them() -> Result<(), DeviceError> {
     let s = device.new_stream()?;
     let flag = DeviceBuffer::<f32>::alloc(&s, 1)?;
     flag.view().fill_bytes(&s, POISON)?;
-    spin_write().launch(
-        &s,
-        LaunchConfig::linear(1, 1),
-        KernelArgs::new()
-            .output(&flag)
-            .scalar(7.0f32)
-            .scalar(SHORT_SPIN),
-    )?;
+    launch_spin_write(&s, &flag, 7.0, SHORT_SPIN)?;
     let event = s.record_event()?;
     assert_eq!(event.stream_id(), s.id());
     assert_eq!(event.device(), &device);
@@ -123,14 +105,7 @@ fn events_complete_after_the_work_before_them() -> Result<(), DeviceError> {
     assert_eq!(flag.to_host_vec(&s)?, vec![7.0]);
 
     // Waiting on an event blocks until its work is done.
-    spin_write().launch(
-        &s,
-        LaunchConfig::linear(1, 1),
-        KernelArgs::new()
-            .output(&flag)
-            .scalar(8.0f32)
-            .scalar(SHORT_SPIN),
-    )?;
+    launch_spin_write(&s, &flag, 8.0, SHORT_SPIN)?;
     let event = s.record_event()?;
     event.synchronize()?;
     assert!(event.is_complete()?);
@@ -139,14 +114,10 @@ fn events_complete_after_the_work_before_them() -> Result<(), DeviceError> {
 
 #[test]
 fn timed_events_measure_and_untimed_ones_refuse_to() -> Result<(), DeviceError> {
-    let s = device().new_stream()?;
+    let s = stream();
     let x = DeviceBuffer::<f32>::zeroed(&s, 1 << 16)?;
     let start = s.record_timed_event()?;
-    add_one().launch(
-        &s,
-        LaunchConfig::for_num_elems(1 << 16),
-        KernelArgs::new().output(&x).scalar(1u32 << 16),
-    )?;
+    launch_add_one(&s, &x)?;
     let end = s.record_timed_event()?;
     end.synchronize()?;
     start.synchronize()?;
@@ -177,14 +148,7 @@ fn device_synchronize_waits_for_every_stream() -> Result<(), DeviceError> {
     for (i, s) in streams.iter().enumerate() {
         let flag = DeviceBuffer::<f32>::alloc(s, 1)?;
         flag.view().fill_bytes(s, POISON)?;
-        spin_write().launch(
-            s,
-            LaunchConfig::linear(1, 1),
-            KernelArgs::new()
-                .output(&flag)
-                .scalar(i as f32)
-                .scalar(SHORT_SPIN),
-        )?;
+        launch_spin_write(s, &flag, i as f32, SHORT_SPIN)?;
         events.push(s.record_event()?);
         flags.push(flag);
     }
@@ -203,16 +167,12 @@ fn device_synchronize_waits_for_every_stream() -> Result<(), DeviceError> {
 
 #[test]
 fn host_functions_run_in_stream_order() -> Result<(), DeviceError> {
-    let s = device().new_stream()?;
+    let s = stream();
     let n = 257;
     let x = DeviceBuffer::<f32>::zeroed(&s, n)?;
     let log = Arc::new(Mutex::new(Vec::new()));
     for i in 0..16 {
-        add_one().launch(
-            &s,
-            LaunchConfig::for_num_elems(n),
-            KernelArgs::new().output(&x).scalar(n as u32),
-        )?;
+        launch_add_one(&s, &x)?;
         let log = log.clone();
         s.enqueue_host_fn(move || log.lock().expect("log lock").push(i))?;
     }

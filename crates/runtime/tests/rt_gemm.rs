@@ -3,11 +3,14 @@
 //! at dense, broadcast and padded strides; empty dimensions; refused shapes; capture and
 //! replay; many threads with a stream each.
 
-mod common;
-
-use common::{device, rng};
 use cuflow_runtime::{
     gemm, BackendKind, Device, DeviceBuffer, DeviceError, GemmConfig, GemmElem, Stream,
+};
+use cuflow_testing::{
+    device::{device, stream},
+    measure::assert_close_in_norm,
+    rng::rng,
+    test_cases,
 };
 use half::{bf16, f16};
 use rand::rngs::StdRng;
@@ -187,7 +190,7 @@ fn check<T: Elem>(s: &Stream, rng: &mut StdRng, cfg: GemmConfig) -> Result<(), D
 
 /// Awkward sizes, every transpose, and scalings that overwrite and that accumulate.
 fn check_all_shapes<T: Elem>() -> Result<(), DeviceError> {
-    let s = device().new_stream()?;
+    let s = stream();
     let mut rng = rng();
     let shapes = [
         (1, 1, 1),
@@ -211,31 +214,18 @@ fn check_all_shapes<T: Elem>() -> Result<(), DeviceError> {
     Ok(())
 }
 
-#[test]
-fn f32_products_match_the_reference() -> Result<(), DeviceError> {
-    check_all_shapes::<f32>()
-}
-
-#[test]
-fn f64_products_match_the_reference() -> Result<(), DeviceError> {
-    check_all_shapes::<f64>()
-}
-
-#[test]
-fn f16_products_accumulate_in_f32() -> Result<(), DeviceError> {
-    check_all_shapes::<f16>()
-}
-
-#[test]
-fn bf16_products_accumulate_in_f32() -> Result<(), DeviceError> {
-    check_all_shapes::<bf16>()
+test_cases! {
+    f32_products_match_the_reference => check_all_shapes::<f32>(),
+    f64_products_match_the_reference => check_all_shapes::<f64>(),
+    f16_products_accumulate_in_f32 => check_all_shapes::<f16>(),
+    bf16_products_accumulate_in_f32 => check_all_shapes::<bf16>(),
 }
 
 /// A sum that f16 accumulation would get wrong: 4096 products of 1 (f16 counts exactly only
 /// up to 2048).
 #[test]
 fn half_precision_sums_are_not_accumulated_in_half_precision() -> Result<(), DeviceError> {
-    let s = device().new_stream()?;
+    let s = stream();
     let k = 4096;
     for (a, b) in [
         (vec![f16::ONE; k], vec![f16::ONE; k]),
@@ -262,7 +252,7 @@ fn half_precision_sums_are_not_accumulated_in_half_precision() -> Result<(), Dev
 
 #[test]
 fn batches_at_dense_broadcast_and_padded_strides() -> Result<(), DeviceError> {
-    let s = device().new_stream()?;
+    let s = stream();
     let mut rng = rng();
     let (m, n, k) = (9, 13, 11);
     let base = GemmConfig::new(m, n, k);
@@ -286,7 +276,7 @@ fn batches_at_dense_broadcast_and_padded_strides() -> Result<(), DeviceError> {
 
 #[test]
 fn accumulating_into_c_adds_to_what_it_holds() -> Result<(), DeviceError> {
-    let s = device().new_stream()?;
+    let s = stream();
     // A = [[1, 2], [3, 4]], B = I: A·B = A.
     let a = DeviceBuffer::from_host(&s, &[1.0f32, 2.0, 3.0, 4.0])?;
     let id = DeviceBuffer::from_host(&s, &[1.0f32, 0.0, 0.0, 1.0])?;
@@ -308,7 +298,7 @@ fn accumulating_into_c_adds_to_what_it_holds() -> Result<(), DeviceError> {
 
 #[test]
 fn empty_dimensions_do_what_blas_does() -> Result<(), DeviceError> {
-    let s = device().new_stream()?;
+    let s = stream();
     let c0 = [1.0f32, -2.0, 3.0, -4.0, 5.0, -6.0];
     let empty = DeviceBuffer::<f32>::alloc(&s, 0)?;
     // k = 0: the product is empty, so C = beta · C.
@@ -371,7 +361,7 @@ fn assert_shape_error(r: Result<(), DeviceError>, needles: &[&str]) {
 
 #[test]
 fn shapes_that_do_not_fit_are_refused_before_anything_runs() -> Result<(), DeviceError> {
-    let s = device().new_stream()?;
+    let s = stream();
     let (m, n, k) = (3, 4, 5);
     let a = DeviceBuffer::from_host(&s, &[1.0f32; 15])?;
     let b = DeviceBuffer::from_host(&s, &[1.0f32; 20])?;
@@ -464,7 +454,7 @@ fn buffers_of_another_device_are_a_device_mismatch() -> Result<(), DeviceError> 
 /// Inputs may be dropped as soon as the GEMM is enqueued: their frees wait for it.
 #[test]
 fn inputs_dropped_after_enqueueing_are_still_read() -> Result<(), DeviceError> {
-    let s = device().new_stream()?;
+    let s = stream();
     let mut rng = rng();
     let (m, n, k) = (64, 48, 80);
     let a: Vec<f32> = random(&mut rng, m * k);
@@ -481,7 +471,7 @@ fn inputs_dropped_after_enqueueing_are_still_read() -> Result<(), DeviceError> {
         &widen(&b),
         &vec![0.0; m * n],
     );
-    common::assert_close("gemm", &c.to_host_vec(&s)?, &want, 1e-5);
+    assert_close_in_norm("gemm", &c.to_host_vec(&s)?, &want, 1e-5);
     Ok(())
 }
 
@@ -489,8 +479,7 @@ fn inputs_dropped_after_enqueueing_are_still_read() -> Result<(), DeviceError> {
 /// add the product twice.
 #[test]
 fn a_captured_gemm_accumulates_once_per_replay() -> Result<(), DeviceError> {
-    let device = device();
-    let s = device.new_stream()?;
+    let s = stream();
     let mut rng = rng();
     let (m, n, k) = (33, 65, 17);
     let a: Vec<f32> = random(&mut rng, m * k);
@@ -527,10 +516,10 @@ fn a_captured_gemm_accumulates_once_per_replay() -> Result<(), DeviceError> {
             .zip(&c0)
             .map(|(p, c)| *c as f64 + 2.0 * p)
             .collect();
-        common::assert_close("captured gemm", &cb.to_host_vec(&s)?, &want, 1e-5);
+        assert_close_in_norm("captured gemm", &cb.to_host_vec(&s)?, &want, 1e-5);
         // Eager work on the stream goes on as before.
         gemm(&s, cfg.scale(1.0, 0.0), ab.view(), bb.view(), cb.view())?;
-        common::assert_close(
+        assert_close_in_norm(
             "gemm after the capture",
             &cb.to_host_vec(&s)?,
             &product,
@@ -562,7 +551,7 @@ fn threads_with_a_stream_each_get_their_own_results() -> Result<(), DeviceError>
                     let (want, _) = reference(&cfg, &widen(a), &widen(b), &vec![0.0; m * n]);
                     for _ in 0..5 {
                         gemm(&s, cfg, ab.view(), bb.view(), cb.view())?;
-                        common::assert_close("gemm", &cb.to_host_vec(&s)?, &want, 1e-5);
+                        assert_close_in_norm("gemm", &cb.to_host_vec(&s)?, &want, 1e-5);
                     }
                     Ok(())
                 })

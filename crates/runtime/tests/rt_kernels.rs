@@ -1,16 +1,17 @@
 //! Kernels: one source, two implementations. A kernel gives the same values on the device
 //! under test and on the host backend, and both match a float64 reference.
 
-mod common;
-
 use std::sync::OnceLock;
 
-use common::{
-    add_one, assert_close, device, prefix, random_f32, rel_err, rng, saxpy, ODD_SIZES, POISON,
-    POISON_U32,
-};
 use cuflow_runtime::{
     BackendKind, Device, DeviceBuffer, DeviceError, Kernel, KernelArgs, LaunchConfig,
+};
+use cuflow_testing::{
+    device::{device, stream},
+    kernels::{launch_add_one, prefix, prefix_mut, saxpy},
+    measure::{assert_close_in_norm, rel_err_in_norm},
+    rng::{random_f32, rng},
+    ODD_SIZES, POISON, POISON_U32,
 };
 use rand::Rng;
 
@@ -60,10 +61,10 @@ fn saxpy_matches_the_host_backend_and_a_float64_reference() -> Result<(), Device
         let config = LaunchConfig::linear(7, 128);
         let on_device = run_saxpy(&device, a, &x, &y, config)?;
         let on_host = run_saxpy(&host, a, &x, &y, config)?;
-        assert_close(&format!("saxpy n={n} on {device}"), &on_device, &want, TOL);
-        assert_close(&format!("saxpy n={n} on the host"), &on_host, &want, TOL);
+        assert_close_in_norm(&format!("saxpy n={n} on {device}"), &on_device, &want, TOL);
+        assert_close_in_norm(&format!("saxpy n={n} on the host"), &on_host, &want, TOL);
         let host_ref: Vec<f64> = on_host.iter().map(|v| *v as f64).collect();
-        assert_close(
+        assert_close_in_norm(
             &format!("saxpy n={n}, {device} vs host"),
             &on_device,
             &host_ref,
@@ -71,7 +72,7 @@ fn saxpy_matches_the_host_backend_and_a_float64_reference() -> Result<(), Device
         );
         // One thread per element gives the same values.
         let wide = run_saxpy(&device, a, &x, &y, LaunchConfig::for_num_elems(n))?;
-        assert_close(&format!("saxpy n={n}, one thread each"), &wide, &want, TOL);
+        assert_close_in_norm(&format!("saxpy n={n}, one thread each"), &wide, &want, TOL);
     }
     Ok(())
 }
@@ -109,7 +110,7 @@ fn scale_rows_add_cols() -> &'static Kernel {
             let row_scale = prefix(NAME, args.input::<f32>(2)?, rows)?;
             let col_bias = prefix(NAME, args.input::<f32>(3)?, cols)?;
             let cfg = args.config();
-            let out = common::prefix_mut(NAME, args.output::<f32>(0)?, rows * cols)?;
+            let out = prefix_mut(NAME, args.output::<f32>(0)?, rows * cols)?;
             let (grid, block) = (cfg.grid, cfg.block);
             for by in 0..grid.1 as usize {
                 for bx in 0..grid.0 as usize {
@@ -186,10 +187,10 @@ fn a_two_dimensional_launch_matches_the_host_backend_and_a_float64_reference(
         let on_device = run_2d(&device, &x, &row_scale, &col_bias, config)?;
         let on_host = run_2d(&host, &x, &row_scale, &col_bias, config)?;
         let what = format!("{rows}x{cols}");
-        assert_close(&format!("{what} on {device}"), &on_device, &want, TOL);
-        assert_close(&format!("{what} on the host"), &on_host, &want, TOL);
+        assert_close_in_norm(&format!("{what} on {device}"), &on_device, &want, TOL);
+        assert_close_in_norm(&format!("{what} on the host"), &on_host, &want, TOL);
         let host_ref: Vec<f64> = on_host.iter().map(|v| *v as f64).collect();
-        assert_close(
+        assert_close_in_norm(
             &format!("{what}, {device} vs host"),
             &on_device,
             &host_ref,
@@ -205,7 +206,7 @@ fn a_two_dimensional_launch_matches_the_host_backend_and_a_float64_reference(
                 run_2d(&device, &x, &row_scale, &col_bias, short)?,
                 run_2d(&host, &x, &row_scale, &col_bias, short)?,
             ] {
-                assert_close(&what, &got[..covered], &want[..covered], TOL);
+                assert_close_in_norm(&what, &got[..covered], &want[..covered], TOL);
                 assert!(
                     got[covered..].iter().all(|v| v.to_bits() == POISON_U32),
                     "{what}: rows outside the grid were written"
@@ -218,8 +219,7 @@ fn a_two_dimensional_launch_matches_the_host_backend_and_a_float64_reference(
 
 #[test]
 fn kernels_on_sub_views_touch_only_their_range() -> Result<(), DeviceError> {
-    let device = device();
-    let s = device.new_stream()?;
+    let s = stream();
     let mut rng = rng();
     let n = 4097;
     let x = random_f32(&mut rng, n);
@@ -248,25 +248,20 @@ fn kernels_on_sub_views_touch_only_their_range() -> Result<(), DeviceError> {
     let want: Vec<f64> = (0..len)
         .map(|i| a as f64 * x[xs + i] as f64 + y[ys + i] as f64)
         .collect();
-    assert_close("saxpy on views", &got[ys..ys + len], &want, TOL);
+    assert_close_in_norm("saxpy on views", &got[ys..ys + len], &want, TOL);
     assert_eq!(xb.to_host_vec(&s)?, x, "the input changed");
     Ok(())
 }
 
 #[test]
 fn repeated_launches_accumulate_in_stream_order() -> Result<(), DeviceError> {
-    let device = device();
-    let s = device.new_stream()?;
+    let s = stream();
     let mut rng = rng();
     let n = 1000;
     let x = random_f32(&mut rng, n);
     let xb = DeviceBuffer::from_host(&s, &x)?;
     for _ in 0..10 {
-        add_one().launch(
-            &s,
-            LaunchConfig::for_num_elems(n),
-            KernelArgs::new().output(&xb).scalar(n as u32),
-        )?;
+        launch_add_one(&s, &xb)?;
     }
     // Ten additions of 1.0 in f32, in the same order as the kernel: exact on both backends.
     let want: Vec<f32> = x
@@ -281,7 +276,7 @@ fn repeated_launches_accumulate_in_stream_order() -> Result<(), DeviceError> {
 fn kernels_describe_themselves_and_compile_ahead_of_launch() -> Result<(), DeviceError> {
     let device = device();
     let k = saxpy().clone();
-    assert_eq!(k.name(), "rt_saxpy");
+    assert_eq!(k.name(), "test_saxpy");
     assert!(k.has_host_impl());
     assert!(k.supports(BackendKind::Host) && k.supports(BackendKind::Cuda));
     // SAFETY: the kernel's source reads and writes only the elements of the buffers it is
@@ -314,6 +309,6 @@ fn kernels_describe_themselves_and_compile_ahead_of_launch() -> Result<(), Devic
             .scalar(5u32),
     )?;
     let want: Vec<f64> = x.iter().map(|v| 2.0 * *v as f64).collect();
-    assert!(rel_err(&yb.to_host_vec(&s)?, &want) <= TOL);
+    assert!(rel_err_in_norm(&yb.to_host_vec(&s)?, &want) <= TOL);
     Ok(())
 }

@@ -1,10 +1,12 @@
 //! Memory accounting, in its own process so that no other test allocates on the device
 //! meanwhile.
 
-mod common;
-
-use common::{add_one, device, random_f32, rng};
-use cuflow_runtime::{DeviceBuffer, DeviceError, KernelArgs, LaunchConfig};
+use cuflow_runtime::{DeviceBuffer, DeviceError};
+use cuflow_testing::{
+    device::device,
+    kernels::launch_add_one,
+    rng::{random_f32, rng},
+};
 
 #[test]
 fn bytes_in_use_returns_to_its_baseline_after_buffers_drop() -> Result<(), DeviceError> {
@@ -16,11 +18,7 @@ fn bytes_in_use_returns_to_its_baseline_after_buffers_drop() -> Result<(), Devic
     let mut live = Vec::new();
     for n in [1usize, 1000, 4097, (1 << 20) + 3] {
         let b = DeviceBuffer::from_host(&s, &random_f32(&mut rng(), n))?;
-        add_one().launch(
-            &s,
-            LaunchConfig::for_num_elems(n),
-            KernelArgs::new().output(&b).scalar(n as u32),
-        )?;
+        launch_add_one(&s, &b)?;
         live.push(b);
     }
     let bytes: usize = live.iter().map(|b| b.len() * 4).sum();
@@ -43,11 +41,7 @@ fn bytes_in_use_returns_to_its_baseline_after_buffers_drop() -> Result<(), Devic
     let x = DeviceBuffer::<f32>::zeroed(&s, 1024)?;
     s.synchronize()?;
     s.begin_capture()?;
-    add_one().launch(
-        &s,
-        LaunchConfig::for_num_elems(1024),
-        KernelArgs::new().output(&x).scalar(1024u32),
-    )?;
+    launch_add_one(&s, &x)?;
     let graph = s.end_capture()?;
     let exec = graph.instantiate()?;
     drop(x);

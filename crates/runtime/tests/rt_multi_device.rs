@@ -6,28 +6,30 @@
 //! Tests that need two devices skip with a message when fewer are visible, or fail when
 //! `CUFLOW_MIN_DEVICES` asks for more than are visible.
 
-mod common;
-
-use common::devices::{devices, two_devices};
-
-use common::{
-    device, host_spin_duration, random_f32, rng, spin_write, LONG_SPIN, ODD_SIZES, POISON,
-    POISON_U32,
+use cuflow_runtime::{BackendKind, BufferView, Device, DeviceBuffer, DeviceError, Stream};
+use cuflow_testing::device::device_pair;
+use cuflow_testing::device::pairs;
+use cuflow_testing::{
+    device::{device, devices, two_devices},
+    kernels::{host_spin_duration, launch_spin_write, LONG_SPIN},
+    rng::{random_f32, rng},
+    ODD_SIZES, POISON, POISON_U32,
 };
-use cuflow_runtime::{BackendKind, Device, DeviceBuffer, DeviceError, KernelArgs, LaunchConfig};
 use rand::Rng;
 
-/// Every ordered pair of distinct devices.
-fn pairs(devices: &[Device]) -> Vec<(Device, Device)> {
-    let mut out = Vec::new();
-    for a in devices {
-        for b in devices {
-            if a != b {
-                out.push((a.clone(), b.clone()));
-            }
-        }
+/// Copies `src` into `dst` (of `stream`'s device) from another device: staged through host
+/// memory, or directly (peer to peer where the devices allow it).
+fn copy_across(
+    dst: BufferView<'_, f32>,
+    stream: &Stream,
+    src: BufferView<'_, f32>,
+    staged: bool,
+) -> Result<(), DeviceError> {
+    if staged {
+        dst.copy_from_device_staged(stream, src)
+    } else {
+        dst.copy_from_device(stream, src)
     }
-    out
 }
 
 /// Polls until `later` completes, checking that `earlier` had completed by then: `later` was
@@ -106,10 +108,9 @@ fn copies_between_devices_of_odd_sizes_are_exact() -> Result<(), DeviceError> {
 
 #[test]
 fn copies_between_views_of_two_devices_touch_only_the_view() -> Result<(), DeviceError> {
-    let Some(devices) = two_devices() else {
+    let Some((a, b)) = device_pair() else {
         return Ok(());
     };
-    let (a, b) = (&devices[0], &devices[1]);
     let (sa, sb) = (a.new_stream()?, b.new_stream()?);
     let mut rng = rng();
     // Larger than one staging buffer, with offsets that are not multiples of anything.
@@ -120,11 +121,7 @@ fn copies_between_views_of_two_devices_touch_only_the_view() -> Result<(), Devic
         let dst = DeviceBuffer::<f32>::alloc(&sb, n + 10)?;
         dst.view().fill_bytes(&sb, POISON)?;
         let (from, to) = (src.slice(3..n - 4)?, dst.slice(7..n)?);
-        if staged {
-            to.copy_from_device_staged(&sb, from)?;
-        } else {
-            to.copy_from_device(&sb, from)?;
-        }
+        copy_across(to, &sb, from, staged)?;
         let got = dst.to_host_vec(&sb)?;
         assert!(got[..7].iter().all(|v| v.to_bits() == POISON_U32));
         assert!(got[n..].iter().all(|v| v.to_bits() == POISON_U32));
@@ -135,12 +132,11 @@ fn copies_between_views_of_two_devices_touch_only_the_view() -> Result<(), Devic
 
 #[test]
 fn a_copy_waits_for_pending_work_on_its_source() -> Result<(), DeviceError> {
-    let Some(devices) = two_devices() else {
+    let Some((a, b)) = device_pair() else {
         return Ok(());
     };
     let mut rng = rng();
     for staged in [false, true] {
-        let (a, b) = (&devices[0], &devices[1]);
         let (sa, sb) = (a.new_stream()?, b.new_stream()?);
         let value: f32 = rng.gen_range(1.0..2.0);
         let values = random_f32(&mut rng, 4097);
@@ -153,23 +149,11 @@ fn a_copy_waits_for_pending_work_on_its_source() -> Result<(), DeviceError> {
         sb.synchronize()?;
 
         // A long kernel, then the data: a copy that did not wait would read the poison.
-        spin_write().launch(
-            &sa,
-            LaunchConfig::linear(1, 1),
-            KernelArgs::new()
-                .output(&flag)
-                .scalar(value)
-                .scalar(LONG_SPIN),
-        )?;
+        launch_spin_write(&sa, &flag, value, LONG_SPIN)?;
         src.copy_from_host(&sa, &values)?;
         let (data, tail) = (dst.slice(..4097)?, dst.slice(4097..)?);
-        if staged {
-            data.copy_from_device_staged(&sb, src.view())?;
-            tail.copy_from_device_staged(&sb, flag.view())?;
-        } else {
-            data.copy_from_device(&sb, src.view())?;
-            tail.copy_from_device(&sb, flag.view())?;
-        }
+        copy_across(data, &sb, src.view(), staged)?;
+        copy_across(tail, &sb, flag.view(), staged)?;
         let got = dst.to_host_vec(&sb)?;
         assert!(
             got[..4097] == values[..],
@@ -185,10 +169,9 @@ fn a_copy_waits_for_pending_work_on_its_source() -> Result<(), DeviceError> {
 
 #[test]
 fn a_copy_waits_for_earlier_reads_of_its_destination() -> Result<(), DeviceError> {
-    let Some(devices) = two_devices() else {
+    let Some((a, b)) = device_pair() else {
         return Ok(());
     };
-    let (a, b) = (&devices[0], &devices[1]);
     let (sa, sb, sb2) = (a.new_stream()?, b.new_stream()?, b.new_stream()?);
     let mut rng = rng();
     let (old, new) = (random_f32(&mut rng, 1000), random_f32(&mut rng, 1000));
@@ -212,10 +195,9 @@ fn a_copy_waits_for_earlier_reads_of_its_destination() -> Result<(), DeviceError
 
 #[test]
 fn dropping_both_buffers_after_a_copy_is_safe() -> Result<(), DeviceError> {
-    let Some(devices) = two_devices() else {
+    let Some((a, b)) = device_pair() else {
         return Ok(());
     };
-    let (a, b) = (&devices[0], &devices[1]);
     let (sa, sb) = (a.new_stream()?, b.new_stream()?);
     a.synchronize()?;
     b.synchronize()?;
@@ -225,11 +207,7 @@ fn dropping_both_buffers_after_a_copy_is_safe() -> Result<(), DeviceError> {
     for staged in [false, true] {
         let src = DeviceBuffer::from_host(&sa, &values)?;
         let mid = DeviceBuffer::<f32>::alloc(&sb, values.len())?;
-        if staged {
-            mid.copy_from_device_staged(&sb, &src)?;
-        } else {
-            mid.copy_from_device(&sb, &src)?;
-        }
+        copy_across(mid.view(), &sb, src.view(), staged)?;
         drop(src);
         keep.copy_from(&sb, &mid)?;
         drop(mid);
@@ -253,14 +231,7 @@ fn streams_wait_for_events_of_other_devices() -> Result<(), DeviceError> {
         let out = DeviceBuffer::<f32>::zeroed(&sb, 1)?;
         sa.synchronize()?;
         sb.synchronize()?;
-        spin_write().launch(
-            &sa,
-            LaunchConfig::linear(1, 1),
-            KernelArgs::new()
-                .output(&flag)
-                .scalar(value)
-                .scalar(LONG_SPIN),
-        )?;
+        launch_spin_write(&sa, &flag, value, LONG_SPIN)?;
         let written = sa.record_event()?;
         sb.wait_event(&written)?;
         assert_ordered(
@@ -276,10 +247,9 @@ fn streams_wait_for_events_of_other_devices() -> Result<(), DeviceError> {
 
 #[test]
 fn mixing_devices_is_a_clear_error() -> Result<(), DeviceError> {
-    let Some(devices) = two_devices() else {
+    let Some((a, b)) = device_pair() else {
         return Ok(());
     };
-    let (a, b) = (&devices[0], &devices[1]);
     let (sa, sb) = (a.new_stream()?, b.new_stream()?);
     let on_a = DeviceBuffer::from_host(&sa, &[1.0f32, 2.0])?;
     let on_b = DeviceBuffer::<f32>::alloc(&sb, 2)?;
@@ -325,10 +295,9 @@ fn mixing_devices_is_a_clear_error() -> Result<(), DeviceError> {
 
 #[test]
 fn a_capture_refuses_copies_between_devices() -> Result<(), DeviceError> {
-    let Some(devices) = two_devices() else {
+    let Some((a, b)) = device_pair() else {
         return Ok(());
     };
-    let (a, b) = (&devices[0], &devices[1]);
     let (sa, sb) = (a.new_stream()?, b.new_stream()?);
     let src = DeviceBuffer::from_host(&sa, &[1.0f32; 8])?;
     let dst = DeviceBuffer::<f32>::zeroed(&sb, 8)?;
@@ -381,14 +350,7 @@ fn copies_between_host_and_cuda_devices() -> Result<(), DeviceError> {
         }
         // Event waits across the two backends.
         let flag = DeviceBuffer::<f32>::zeroed(&sg, 1)?;
-        spin_write().launch(
-            &sg,
-            LaunchConfig::linear(1, 1),
-            KernelArgs::new()
-                .output(&flag)
-                .scalar(3.0f32)
-                .scalar(LONG_SPIN),
-        )?;
+        launch_spin_write(&sg, &flag, 3.0, LONG_SPIN)?;
         let done = sg.record_event()?;
         sh.wait_event(&done)?;
         assert_ordered(&done, &sh.record_event()?, "the host waiting on a GPU")?;

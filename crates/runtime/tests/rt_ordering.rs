@@ -3,29 +3,16 @@
 //! puts a long spin before the first access, so that without ordering the second access would
 //! run first, on every backend.
 
-mod common;
-
 use std::sync::mpsc;
 use std::time::Duration;
 
-use common::{add_one, device, random_f32, rng, spin_write, LONG_SPIN, POISON};
-use cuflow_runtime::{DeviceBuffer, DeviceError, KernelArgs, LaunchConfig};
-
-/// Launches the spin kernel: after a long spin, `out[0] = value`.
-fn slow_write(
-    stream: &cuflow_runtime::Stream,
-    out: &DeviceBuffer<f32>,
-    value: f32,
-) -> Result<(), DeviceError> {
-    spin_write().launch(
-        stream,
-        LaunchConfig::linear(1, 1),
-        KernelArgs::new()
-            .output(out)
-            .scalar(value)
-            .scalar(LONG_SPIN),
-    )
-}
+use cuflow_runtime::{DeviceBuffer, DeviceError};
+use cuflow_testing::{
+    device::{device, stream},
+    kernels::{launch_add_one, launch_spin_write, LONG_SPIN},
+    rng::{random_f32, rng},
+    POISON,
+};
 
 #[test]
 fn a_read_on_another_stream_waits_for_the_last_write() -> Result<(), DeviceError> {
@@ -37,7 +24,7 @@ fn a_read_on_another_stream_waits_for_the_last_write() -> Result<(), DeviceError
     a.synchronize()?;
     b.synchronize()?;
 
-    slow_write(&a, &x, 7.0)?;
+    launch_spin_write(&a, &x, 7.0, LONG_SPIN)?;
     y.copy_from(&b, &x)?; // reads x on b
     assert_eq!(y.to_host_vec(&b)?, vec![7.0]);
     Ok(())
@@ -50,12 +37,8 @@ fn two_writers_on_two_streams_do_not_lose_updates() -> Result<(), DeviceError> {
     let x = DeviceBuffer::from_host(&a, &[0.0f32])?;
     a.synchronize()?;
 
-    slow_write(&a, &x, 5.0)?;
-    add_one().launch(
-        &b,
-        LaunchConfig::linear(1, 1),
-        KernelArgs::new().output(&x).scalar(1u32),
-    )?;
+    launch_spin_write(&a, &x, 5.0, LONG_SPIN)?;
+    launch_add_one(&b, &x)?;
     // Ordered: 5 then + 1. Unordered: + 1 first, then overwritten by 5.
     assert_eq!(x.to_host_vec(&b)?, vec![6.0]);
     Ok(())
@@ -74,7 +57,7 @@ fn a_write_waits_for_reads_on_other_streams() -> Result<(), DeviceError> {
     a.synchronize()?;
 
     // On a: a long spin (on another buffer), then a read of x.
-    slow_write(&a, &gate, 1.0)?;
+    launch_spin_write(&a, &gate, 1.0, LONG_SPIN)?;
     y.copy_from(&a, &x)?;
     // On b: a write of x, which must wait for that read.
     x.view().fill_bytes(&b, 0)?;
@@ -93,13 +76,9 @@ fn a_memset_and_a_copy_from_the_host_are_ordered_like_kernels() -> Result<(), De
     );
     let x = DeviceBuffer::from_host(&a, &[1.0f32, 1.0])?;
     a.synchronize()?;
-    slow_write(&a, &x, 3.0)?; // x[0] = 3 at the end of the spin
+    launch_spin_write(&a, &x, 3.0, LONG_SPIN)?; // x[0] = 3 at the end of the spin
     x.copy_from_host(&b, &[4.0, 4.0])?; // must come after: x = [4, 4]
-    add_one().launch(
-        &c,
-        LaunchConfig::linear(1, 2),
-        KernelArgs::new().output(&x).scalar(2u32),
-    )?; // then + 1
+    launch_add_one(&c, &x)?; // then + 1
     assert_eq!(x.to_host_vec(&a)?, vec![5.0, 5.0]);
     Ok(())
 }
@@ -119,7 +98,7 @@ fn reads_on_several_streams_all_see_the_write() -> Result<(), DeviceError> {
         o.view().fill_bytes(s, POISON)?;
         s.synchronize()?;
     }
-    slow_write(&streams[0], &x, 9.0)?;
+    launch_spin_write(&streams[0], &x, 9.0, LONG_SPIN)?;
     for (o, s) in outs.iter().zip(&streams[1..]) {
         o.copy_from(s, &x)?;
     }
@@ -137,7 +116,7 @@ fn a_graph_replay_is_ordered_with_eager_work() -> Result<(), DeviceError> {
     let y = DeviceBuffer::<f32>::alloc(&b, 1)?;
     g.synchronize()?;
     g.begin_capture()?;
-    slow_write(&g, &x, 2.0)?;
+    launch_spin_write(&g, &x, 2.0, LONG_SPIN)?;
     let graph = g.end_capture()?;
     let exec = graph.instantiate()?;
     exec.launch(&g)?;
@@ -147,7 +126,7 @@ fn a_graph_replay_is_ordered_with_eager_work() -> Result<(), DeviceError> {
     // And a replay that writes waits for an eager read of another stream.
     let gate = DeviceBuffer::<f32>::alloc(&b, 1)?;
     x.copy_from_host(&b, &[11.0])?;
-    slow_write(&b, &gate, 0.0)?;
+    launch_spin_write(&b, &gate, 0.0, LONG_SPIN)?;
     y.copy_from(&b, &x)?; // read of x on b, after a long spin
     exec.launch(&g)?; // writes x = 2: must wait for that read
     assert_eq!(y.to_host_vec(&b)?, vec![11.0]);
@@ -157,26 +136,17 @@ fn a_graph_replay_is_ordered_with_eager_work() -> Result<(), DeviceError> {
 
 #[test]
 fn another_threads_work_never_enters_a_capture() -> Result<(), DeviceError> {
-    let device = device();
-    let s = device.new_stream()?;
+    let s = stream();
     let x = DeviceBuffer::from_host(&s, &[0.0f32])?;
     let other = DeviceBuffer::from_host(&s, &[0.0f32])?;
     s.synchronize()?;
     s.begin_capture()?;
-    add_one().launch(
-        &s,
-        LaunchConfig::linear(1, 1),
-        KernelArgs::new().output(&x).scalar(1u32),
-    )?;
+    launch_add_one(&s, &x)?;
     let (tx, rx) = mpsc::channel();
     std::thread::scope(|scope| {
         scope.spawn(|| {
             // Every way of putting work on the capturing stream is refused at once.
-            let launch = add_one().launch(
-                &s,
-                LaunchConfig::linear(1, 1),
-                KernelArgs::new().output(&other).scalar(1u32),
-            );
+            let launch = launch_add_one(&s, &other);
             let copy = other.copy_from_host(&s, &[5.0]);
             let record = s.record_event().map(|_| ());
             let host_fn = s.enqueue_host_fn(|| {});
@@ -219,13 +189,9 @@ fn eager_work_on_a_buffer_a_capture_wrote_is_not_pulled_into_the_capture() -> Re
     let (s, t) = (device.new_stream()?, device.new_stream()?);
     let x = DeviceBuffer::from_host(&s, &[1.0f32])?;
     let y = DeviceBuffer::<f32>::alloc(&t, 1)?;
-    slow_write(&s, &x, 4.0)?; // eager, before the capture
+    launch_spin_write(&s, &x, 4.0, LONG_SPIN)?; // eager, before the capture
     s.begin_capture()?;
-    add_one().launch(
-        &s,
-        LaunchConfig::linear(1, 1),
-        KernelArgs::new().output(&x).scalar(1u32),
-    )?;
+    launch_add_one(&s, &x)?;
     // Another thread reads x eagerly while s captures: it waits for s's eager work (the
     // spin), not for the captured kernel, and stays out of the capture.
     let read = std::thread::scope(|scope| {
@@ -247,8 +213,7 @@ fn eager_work_on_a_buffer_a_capture_wrote_is_not_pulled_into_the_capture() -> Re
 
 #[test]
 fn no_launch_accepted_from_another_thread_is_lost_into_a_capture() -> Result<(), DeviceError> {
-    let device = device();
-    let s = device.new_stream()?;
+    let s = stream();
     let mine = DeviceBuffer::from_host(&s, &[0.0f32])?;
     let theirs = DeviceBuffer::from_host(&s, &[0.0f32])?;
     s.synchronize()?;
@@ -257,11 +222,7 @@ fn no_launch_accepted_from_another_thread_is_lost_into_a_capture() -> Result<(),
         let other = scope.spawn(|| -> Result<u32, DeviceError> {
             let mut accepted = 0;
             while !stop.load(std::sync::atomic::Ordering::Acquire) {
-                match add_one().launch(
-                    &s,
-                    LaunchConfig::linear(1, 1),
-                    KernelArgs::new().output(&theirs).scalar(1u32),
-                ) {
+                match launch_add_one(&s, &theirs) {
                     Ok(()) => accepted += 1,
                     Err(DeviceError::Capture { .. }) => {}
                     Err(e) => return Err(e),
@@ -271,11 +232,7 @@ fn no_launch_accepted_from_another_thread_is_lost_into_a_capture() -> Result<(),
         });
         for _ in 0..200 {
             s.begin_capture()?;
-            add_one().launch(
-                &s,
-                LaunchConfig::linear(1, 1),
-                KernelArgs::new().output(&mine).scalar(1u32),
-            )?;
+            launch_add_one(&s, &mine)?;
             let graph = s.end_capture()?;
             assert_eq!(
                 graph.node_count()?,

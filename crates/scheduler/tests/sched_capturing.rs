@@ -1,12 +1,9 @@
 //! Policies never hand out a stream that is being captured into a graph: work placed there
 //! would be recorded into someone else's graph instead of running.
 
-use cuflow_runtime::{Device, DeviceError};
+use cuflow_runtime::DeviceError;
 use cuflow_scheduler::{LeastLoaded, Placement, Priority, SchedulingPolicy, StreamPoolRoundRobin};
-
-fn device() -> Device {
-    Device::auto().expect("the device selected by CUFLOW_DEVICE must be usable")
-}
+use cuflow_testing::device::device;
 
 fn never_places_the_capturing_stream(
     policy: &dyn SchedulingPolicy,

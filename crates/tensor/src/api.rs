@@ -9,8 +9,8 @@ use cuflow_runtime::{DeviceBuffer, DeviceError, Kernel, KernelArgs, LaunchConfig
 
 use crate::dtype::{cuda_defs, cuda_prelude, DType, FloatDType};
 use crate::kernels::{alloc, check_device, fill};
-use crate::op::{cached_kernel, cached_kernel2, TensorOp};
-use crate::tensor::{numel, Shape, Tensor, TensorInput, TensorRef};
+use crate::op::{cached_kernel, cached_kernel2, kernel_op, TensorOp};
+use crate::tensor::{check_numel, Shape, Tensor, TensorInput};
 
 /// The result of a constructor op.
 pub type TensorResult<T> = Result<Tensor<T>, DeviceError>;
@@ -395,16 +395,12 @@ pub fn from_slice<'a, T: DType>(
 }
 
 fn upload<T: DType>(ctx: &mut ExecutionContext, data: &[T], shape: &[usize]) -> TensorResult<T> {
-    let n = numel("from_vec", shape)?;
-    if n != data.len() {
-        return Err(DeviceError::InvalidShape {
-            op: "from_vec",
-            reason: format!(
-                "shape {shape:?} has {n} elements but {} were given",
-                data.len()
-            ),
-        });
-    }
+    check_numel("from_vec", shape, data.len(), |n| {
+        format!(
+            "shape {shape:?} has {n} elements but {} were given",
+            data.len()
+        )
+    })?;
     let stream = ctx.stream()?;
     Tensor::from_buffer(Arc::new(DeviceBuffer::from_host(stream, data)?), shape)
 }
@@ -413,12 +409,7 @@ fn upload<T: DType>(ctx: &mut ExecutionContext, data: &[T], shape: &[usize]) -> 
 pub fn dup<T: DType, X: TensorInput<T>>(
     x: X,
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
-    let x = x.into_op();
-    from_fn(move |ctx: &mut ExecutionContext| {
-        let x = x.execute(ctx)?;
-        let x = x.tensor();
-        let stream = ctx.stream()?;
-        check_device("dup", stream, x)?;
+    kernel_op("dup", x, move |stream, x| {
         let out = alloc::<T>(stream, x.shape())?;
         out.buffer().copy_from(stream, x.buffer())?;
         Ok(out)
@@ -435,13 +426,8 @@ pub fn memcpy<'a, T: DType, S: TensorInput<T> + 'a>(
     dst: &'a mut Tensor<T>,
     src: S,
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> Result<(), DeviceError> + Send + 'a> {
-    let src = src.into_op();
-    from_fn(move |ctx: &mut ExecutionContext| {
-        let src = src.execute(ctx)?;
-        let src = src.tensor();
-        let stream = ctx.stream()?;
+    kernel_op("memcpy", src, move |stream, src| {
         check_device("memcpy", stream, dst)?;
-        check_device("memcpy", stream, src)?;
         if dst.shape() != src.shape() {
             return Err(DeviceError::shape_mismatch(
                 "memcpy",
@@ -510,12 +496,7 @@ extern "C" __global__ void {name}(T_{o}* out, const T_{i}* x, unsigned long long
 pub fn cast<I: DType, O: DType, X: TensorInput<I>>(
     x: X,
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<O> + Send> {
-    let x = x.into_op();
-    from_fn(move |ctx: &mut ExecutionContext| {
-        let x = x.execute(ctx)?;
-        let x = x.tensor();
-        let stream = ctx.stream()?;
-        check_device("cast", stream, x)?;
+    kernel_op("cast", x, move |stream, x| {
         let out = alloc::<O>(stream, x.shape())?;
         if !out.is_empty() {
             cast_kernel::<I, O>().launch(

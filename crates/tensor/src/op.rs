@@ -1,15 +1,84 @@
-//! The op type returned by constructors and kernels, and the per-dtype kernel cache.
+//! The op type returned by constructors and kernels, the preamble every kernel op shares, and
+//! the per-dtype kernel cache.
+//!
+//! A kernel op runs its lazy inputs, takes the executing stream and checks that every input
+//! tensor lives on that stream's device before it launches ([`kernel_op`], [`kernel_op2`],
+//! [`kernel_op3`]). Inputs of a kernel that reads several run with their forks kept on the
+//! context's device, since the kernel reads them together there.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
-use cuflow_runtime::Kernel;
+use cuflow_device_op::op::zip::{Zip2, Zip3};
+use cuflow_device_op::{from_fn, DeviceOp, ExecutionContext};
+use cuflow_runtime::{DeviceError, Kernel, Stream};
+
+use crate::dtype::DType;
+use crate::kernels::check_device;
+use crate::tensor::{Tensor, TensorInput, TensorRef};
 
 /// A lazy tensor operation: a constructor or a kernel launch that runs when executed, on the
 /// stream its context gives. Returned by every function of [`api`](crate::api) and
 /// [`kernels`](crate::kernels); combine it like any other [`DeviceOp`](cuflow_device_op::DeviceOp).
 /// It is the device-op crate's one op primitive, [`from_fn`](cuflow_device_op::from_fn).
 pub type TensorOp<F> = cuflow_device_op::FromFn<F>;
+
+/// The op of kernel `name` over one input: runs `x`, then `launch` with the executing stream
+/// and the tensor, once it is known to be on the stream's device (a
+/// [`DeviceError::DeviceMismatch`] naming `name` otherwise).
+pub(crate) fn kernel_op<T: DType, X: TensorInput<T>, R: Send>(
+    name: &'static str,
+    x: X,
+    launch: impl FnOnce(&Stream, &Tensor<T>) -> Result<R, DeviceError> + Send,
+) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> Result<R, DeviceError> + Send> {
+    let x = x.into_op();
+    from_fn(move |ctx: &mut ExecutionContext| {
+        let x = x.execute(ctx)?;
+        let stream = ctx.stream()?;
+        check_device(name, stream, x.tensor())?;
+        launch(stream, x.tensor())
+    })
+}
+
+/// [`kernel_op`] over two inputs, run together on the context's device.
+pub(crate) fn kernel_op2<T: DType, U: DType, X: TensorInput<T>, Y: TensorInput<U>, R: Send>(
+    name: &'static str,
+    (x, y): (X, Y),
+    launch: impl FnOnce(&Stream, &Tensor<T>, &Tensor<U>) -> Result<R, DeviceError> + Send,
+) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> Result<R, DeviceError> + Send> {
+    let both = Zip2::new(x.into_op(), y.into_op());
+    from_fn(move |ctx: &mut ExecutionContext| {
+        let (x, y) = ctx.with_same_device(|ctx| both.execute(ctx))?;
+        let stream = ctx.stream()?;
+        check_device(name, stream, x.tensor())?;
+        check_device(name, stream, y.tensor())?;
+        launch(stream, x.tensor(), y.tensor())
+    })
+}
+
+/// [`kernel_op`] over three inputs of one dtype, run together on the context's device.
+pub(crate) fn kernel_op3<
+    T: DType,
+    X: TensorInput<T>,
+    Y: TensorInput<T>,
+    Z: TensorInput<T>,
+    R: Send,
+>(
+    name: &'static str,
+    (x, y, z): (X, Y, Z),
+    launch: impl FnOnce(&Stream, [&Tensor<T>; 3]) -> Result<R, DeviceError> + Send,
+) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> Result<R, DeviceError> + Send> {
+    let all = Zip3::new(x.into_op(), y.into_op(), z.into_op());
+    from_fn(move |ctx: &mut ExecutionContext| {
+        let (x, y, z) = ctx.with_same_device(|ctx| all.execute(ctx))?;
+        let tensors = [x.tensor(), y.tensor(), z.tensor()];
+        let stream = ctx.stream()?;
+        for t in tensors {
+            check_device(name, stream, t)?;
+        }
+        launch(stream, tensors)
+    })
+}
 
 /// One of the tensor crate's own kernels, from CUDA C `source` written in this crate.
 #[allow(unsafe_code)]

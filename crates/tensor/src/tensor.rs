@@ -78,6 +78,24 @@ pub(crate) fn numel(op: &'static str, shape: &[usize]) -> Result<usize, DeviceEr
         })
 }
 
+/// Checks that `shape` holds `len` elements; otherwise [`DeviceError::InvalidShape`] for `op`,
+/// its reason made by `mismatch` from the shape's element count.
+pub(crate) fn check_numel(
+    op: &'static str,
+    shape: &[usize],
+    len: usize,
+    mismatch: impl FnOnce(usize) -> String,
+) -> Result<(), DeviceError> {
+    let n = numel(op, shape)?;
+    if n != len {
+        return Err(DeviceError::InvalidShape {
+            op,
+            reason: mismatch(n),
+        });
+    }
+    Ok(())
+}
+
 impl<T: DType> Tensor<T> {
     /// A tensor over `buf` with `shape`, whose element count must equal the buffer's length.
     ///
@@ -85,16 +103,12 @@ impl<T: DType> Tensor<T> {
     ///
     /// [`DeviceError::InvalidShape`] when the counts differ.
     pub fn from_buffer(buf: Arc<DeviceBuffer<T>>, shape: &[usize]) -> Result<Self, DeviceError> {
-        let n = numel("Tensor::from_buffer", shape)?;
-        if n != buf.len() {
-            return Err(DeviceError::InvalidShape {
-                op: "Tensor::from_buffer",
-                reason: format!(
-                    "shape {shape:?} has {n} elements but the buffer holds {}",
-                    buf.len()
-                ),
-            });
-        }
+        check_numel("Tensor::from_buffer", shape, buf.len(), |n| {
+            format!(
+                "shape {shape:?} has {n} elements but the buffer holds {}",
+                buf.len()
+            )
+        })?;
         Ok(Tensor {
             buf,
             shape: SmallVec::from_slice(shape),
@@ -172,17 +186,13 @@ impl<T: DType> Tensor<T> {
     ///
     /// [`DeviceError::InvalidShape`] when the element counts differ.
     pub fn reshape(self, shape: &[usize]) -> Result<Tensor<T>, DeviceError> {
-        let n = numel("reshape", shape)?;
-        if n != self.len() {
-            return Err(DeviceError::InvalidShape {
-                op: "reshape",
-                reason: format!(
-                    "cannot view {:?} ({} elements) as {shape:?} ({n} elements)",
-                    self.shape,
-                    self.len()
-                ),
-            });
-        }
+        check_numel("reshape", shape, self.len(), |n| {
+            format!(
+                "cannot view {:?} ({} elements) as {shape:?} ({n} elements)",
+                self.shape,
+                self.len()
+            )
+        })?;
         Ok(Tensor {
             buf: self.buf,
             shape: SmallVec::from_slice(shape),

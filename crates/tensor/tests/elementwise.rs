@@ -7,12 +7,10 @@
 //! kernels' scalar path; 4 × 1000 is a multiple of every vector width and takes the vector
 //! path, with the broadcast row vectorized where the row length allows.
 
-mod common;
-
-use common::*;
 use cuflow_device_op::DeviceOpExt;
 use cuflow_runtime::{DeviceError, Stream};
 use cuflow_tensor::{api, bf16, f16, kernels, DType, Partition, PartitionExt, Tensor};
+use cuflow_testing::{device::stream, rng::seeded_rng, tensor::*, test_cases};
 
 /// The shapes every kernel runs on.
 const SHAPES: &[&[usize]] = &[&[1], &[3, 1], &[5, 7], &[4, 1000], &[3, 4097], &[2, 3, 7]];
@@ -73,7 +71,7 @@ fn reference_erf_is_accurate() {
 
 fn float_binary<T: Float>() -> Result<(), DeviceError> {
     let stream = stream();
-    let mut rng = rng(seed::<T>(1));
+    let mut rng = seeded_rng(seed::<T>(1));
     for &shape in SHAPES {
         let (n, cols) = (numel(shape), shape[shape.len() - 1]);
         let what = |op: &str| format!("{op} {shape:?}");
@@ -98,37 +96,37 @@ fn float_binary<T: Float>() -> Result<(), DeviceError> {
         let tol = T::ARITH_TOL;
 
         let got = run(&stream, shape, kernels::add(&tx, &ty))?;
-        assert_close(&got, &zip_ref(&x, &y, |a, b| a + b), tol, &what("add"));
+        assert_dtype_close(&got, &zip_ref(&x, &y, |a, b| a + b), tol, &what("add"));
         let got = run(&stream, shape, kernels::sub(&tx, &ty))?;
-        assert_close(&got, &zip_ref(&x, &y, |a, b| a - b), tol, &what("sub"));
+        assert_dtype_close(&got, &zip_ref(&x, &y, |a, b| a - b), tol, &what("sub"));
         let got = run(&stream, shape, kernels::mul(&tp, &tq))?;
-        assert_close(&got, &zip_ref(&p, &q, |a, b| a * b), tol, &what("mul"));
+        assert_dtype_close(&got, &zip_ref(&p, &q, |a, b| a * b), tol, &what("mul"));
         let got = run(&stream, shape, kernels::div(&tp, &tq))?;
-        assert_close(&got, &zip_ref(&p, &q, |a, b| a / b), tol, &what("div"));
+        assert_dtype_close(&got, &zip_ref(&p, &q, |a, b| a / b), tol, &what("div"));
 
         let got = run(&stream, shape, kernels::add(&tx, &trow))?;
-        assert_close(
+        assert_dtype_close(
             &got,
             &row_ref(&x, &row, |a, b| a + b),
             tol,
             &what("add row"),
         );
         let got = run(&stream, shape, kernels::sub(&tx, &trow))?;
-        assert_close(
+        assert_dtype_close(
             &got,
             &row_ref(&x, &row, |a, b| a - b),
             tol,
             &what("sub row"),
         );
         let got = run(&stream, shape, kernels::mul(&tp, &tqrow))?;
-        assert_close(
+        assert_dtype_close(
             &got,
             &row_ref(&p, &qrow, |a, b| a * b),
             tol,
             &what("mul row"),
         );
         let got = run(&stream, shape, kernels::div(&tp, &tqrow))?;
-        assert_close(
+        assert_dtype_close(
             &got,
             &row_ref(&p, &qrow, |a, b| a / b),
             tol,
@@ -140,7 +138,7 @@ fn float_binary<T: Float>() -> Result<(), DeviceError> {
 
 fn float_scalar<T: Float>() -> Result<(), DeviceError> {
     let stream = stream();
-    let mut rng = rng(seed::<T>(2));
+    let mut rng = seeded_rng(seed::<T>(2));
     for &shape in SHAPES {
         let what = |op: &str| format!("{op} {shape:?}");
         let x: Vec<T> = uniform(&mut rng, numel(shape), -4.0, 4.0);
@@ -149,22 +147,22 @@ fn float_scalar<T: Float>() -> Result<(), DeviceError> {
         let (sv, tol) = (s.to_f64(), T::ARITH_TOL);
 
         let got = run(&stream, shape, kernels::add_scalar(&tx, s))?;
-        assert_close(&got, &map_ref(&x, |a| a + sv), tol, &what("add_scalar"));
+        assert_dtype_close(&got, &map_ref(&x, |a| a + sv), tol, &what("add_scalar"));
         let got = run(&stream, shape, kernels::sub_scalar(&tx, s))?;
-        assert_close(&got, &map_ref(&x, |a| a - sv), tol, &what("sub_scalar"));
+        assert_dtype_close(&got, &map_ref(&x, |a| a - sv), tol, &what("sub_scalar"));
         let got = run(&stream, shape, kernels::mul_scalar(&tx, s))?;
-        assert_close(&got, &map_ref(&x, |a| a * sv), tol, &what("mul_scalar"));
+        assert_dtype_close(&got, &map_ref(&x, |a| a * sv), tol, &what("mul_scalar"));
         let got = run(&stream, shape, kernels::div_scalar(&tx, s))?;
-        assert_close(&got, &map_ref(&x, |a| a / sv), tol, &what("div_scalar"));
+        assert_dtype_close(&got, &map_ref(&x, |a| a / sv), tol, &what("div_scalar"));
         let got = run(&stream, shape, kernels::scale(&tx, s))?;
-        assert_close(&got, &map_ref(&x, |a| a * sv), tol, &what("scale"));
+        assert_dtype_close(&got, &map_ref(&x, |a| a * sv), tol, &what("scale"));
     }
     Ok(())
 }
 
 fn float_unary<T: Float>() -> Result<(), DeviceError> {
     let stream = stream();
-    let mut rng = rng(seed::<T>(3));
+    let mut rng = seeded_rng(seed::<T>(3));
     for &shape in SHAPES {
         let n = numel(shape);
         let what = |op: &str| format!("{op} {shape:?}");
@@ -176,33 +174,33 @@ fn float_unary<T: Float>() -> Result<(), DeviceError> {
 
         let (x, tx) = input(-4.0, 4.0);
         let got = run(&stream, shape, kernels::relu(&tx))?;
-        assert_close(&got, &map_ref(&x, |a| a.max(0.0)), 0.0, &what("relu"));
+        assert_dtype_close(&got, &map_ref(&x, |a| a.max(0.0)), 0.0, &what("relu"));
 
         // Below -2, 1 + erf(x / √2) cancels: single-precision erf leaves too few digits.
         let (x, tx) = input(-2.0, 2.0);
         let got = run(&stream, shape, kernels::gelu(&tx))?;
         let want = map_ref(&x, |a| 0.5 * a * (1.0 + erf(a / std::f64::consts::SQRT_2)));
-        assert_close(&got, &want, T::GELU_TOL, &what("gelu"));
+        assert_dtype_close(&got, &want, T::GELU_TOL, &what("gelu"));
 
         let (x, tx) = input(-6.0, 6.0);
         let got = run(&stream, shape, kernels::silu(&tx))?;
         let want = map_ref(&x, |a| a / (1.0 + (-a).exp()));
-        assert_close(&got, &want, T::TRANS_TOL, &what("silu"));
+        assert_dtype_close(&got, &want, T::TRANS_TOL, &what("silu"));
 
         let (x, tx) = input(-8.0, 8.0);
         let got = run(&stream, shape, kernels::exp(&tx))?;
-        assert_close(&got, &map_ref(&x, f64::exp), T::TRANS_TOL, &what("exp"));
+        assert_dtype_close(&got, &map_ref(&x, f64::exp), T::TRANS_TOL, &what("exp"));
 
         let (x, tx) = input(-4.0, 4.0);
         let got = run(&stream, shape, kernels::tanh(&tx))?;
-        assert_close(&got, &map_ref(&x, f64::tanh), T::TRANS_TOL, &what("tanh"));
+        assert_dtype_close(&got, &map_ref(&x, f64::tanh), T::TRANS_TOL, &what("tanh"));
     }
     Ok(())
 }
 
 fn float_saxpy<T: Float>() -> Result<(), DeviceError> {
     let stream = stream();
-    let mut rng = rng(seed::<T>(4));
+    let mut rng = seeded_rng(seed::<T>(4));
     let a = T::from_f64(1.5);
     for &shape in SHAPES {
         let n = numel(shape);
@@ -218,7 +216,7 @@ fn float_saxpy<T: Float>() -> Result<(), DeviceError> {
         assert!(std::ptr::eq(x_back, &tx), "saxpy gives its input back");
         drop(tiles);
         let what = format!("saxpy {shape:?} by rows");
-        assert_close(&read(&z), &want, T::ARITH_TOL, &what);
+        assert_dtype_close(&read(&z), &want, T::ARITH_TOL, &what);
 
         // One tile for the whole tensor.
         let mut z = upload(&stream, &old, shape);
@@ -230,7 +228,7 @@ fn float_saxpy<T: Float>() -> Result<(), DeviceError> {
         };
         drop(whole?);
         let what = format!("saxpy {shape:?} in one tile");
-        assert_close(&read(&z), &want, T::ARITH_TOL, &what);
+        assert_dtype_close(&read(&z), &want, T::ARITH_TOL, &what);
     }
     Ok(())
 }
@@ -241,24 +239,11 @@ macro_rules! float_tests {
         mod $group {
             use super::*;
 
-            #[test]
-            fn f32() -> Result<(), DeviceError> {
-                $body::<f32>()
-            }
-
-            #[test]
-            fn f64() -> Result<(), DeviceError> {
-                $body::<f64>()
-            }
-
-            #[test]
-            fn f16() -> Result<(), DeviceError> {
-                $body::<f16>()
-            }
-
-            #[test]
-            fn bf16() -> Result<(), DeviceError> {
-                $body::<bf16>()
+            test_cases! {
+                f32 => $body::<f32>(),
+                f64 => $body::<f64>(),
+                f16 => $body::<f16>(),
+                bf16 => $body::<bf16>(),
             }
         }
     )*};
@@ -291,7 +276,7 @@ fn int_row<T: Int>(x: &[T], row: &[T], f: fn(T, T) -> T) -> Vec<T> {
 
 fn int_kernels<T: Int>() -> Result<(), DeviceError> {
     let stream = stream();
-    let mut rng = rng(seed::<T>(5));
+    let mut rng = seeded_rng(seed::<T>(5));
     for &shape in SHAPES {
         let (n, cols) = (numel(shape), shape[shape.len() - 1]);
         let what = |op: &str| format!("{op} {shape:?}");
@@ -368,24 +353,11 @@ fn int_kernels<T: Int>() -> Result<(), DeviceError> {
 mod integer {
     use super::*;
 
-    #[test]
-    fn i32() -> Result<(), DeviceError> {
-        int_kernels::<i32>()
-    }
-
-    #[test]
-    fn i64() -> Result<(), DeviceError> {
-        int_kernels::<i64>()
-    }
-
-    #[test]
-    fn u32() -> Result<(), DeviceError> {
-        int_kernels::<u32>()
-    }
-
-    #[test]
-    fn u8() -> Result<(), DeviceError> {
-        int_kernels::<u8>()
+    test_cases! {
+        i32 => int_kernels::<i32>(),
+        i64 => int_kernels::<i64>(),
+        u32 => int_kernels::<u32>(),
+        u8 => int_kernels::<u8>(),
     }
 }
 

@@ -4,12 +4,10 @@
 //!
 //! A device mismatch needs two devices of which one is not the host; it is not tested here.
 
-mod common;
-
-use common::*;
 use cuflow_device_op::DeviceOpExt;
 use cuflow_runtime::DeviceError;
 use cuflow_tensor::{api, kernels, PartitionExt, ReshapeOpExt, Tensor};
+use cuflow_testing::{device::stream, tensor::*};
 
 /// Asserts that `err` is a shape mismatch of `op` between `lhs` and `rhs`, and that its message
 /// names them.

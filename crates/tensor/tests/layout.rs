@@ -1,16 +1,18 @@
 //! `transpose` and `embedding` against host-computed references.
 
-mod common;
-
-use common::{read, rng, stream, upload};
 use cuflow_device_op::DeviceOpExt;
 use cuflow_runtime::DeviceError;
 use cuflow_tensor::{api, bf16, kernels, DType};
+use cuflow_testing::{
+    device::stream,
+    rng::seeded_rng,
+    tensor::{read, upload},
+};
 use rand::Rng;
 
 fn check_transpose<T: DType>(rows: usize, cols: usize, seed: u64) -> Result<(), DeviceError> {
     let s = stream();
-    let mut rng = rng(seed);
+    let mut rng = seeded_rng(seed);
     let xh: Vec<T> = (0..rows * cols)
         .map(|_| T::from_f64(rng.gen_range(-100.0..100.0)))
         .collect();
@@ -46,7 +48,7 @@ fn transpose_awkward_shapes() -> Result<(), DeviceError> {
 #[test]
 fn embedding_gathers_rows_and_zeroes_unknown_ids() -> Result<(), DeviceError> {
     let s = stream();
-    let mut rng = rng(5);
+    let mut rng = seeded_rng(5);
     let (vocab, dim) = (50, 97);
     let table_h: Vec<f32> = (0..vocab * dim).map(|_| rng.gen_range(-1.0..1.0)).collect();
     let mut ids_h: Vec<u32> = (0..24).map(|_| rng.gen_range(0..vocab as u32)).collect();

@@ -1,20 +1,11 @@
 //! `matmul` and `linear` against a float64 reference, on whatever `Device::auto()` gives.
 
 use cuflow_device_op::DeviceOpExt;
-use cuflow_runtime::{Device, DeviceError, GemmElem};
+use cuflow_runtime::{DeviceError, GemmElem};
 use cuflow_tensor::{api, bf16, f16, kernels, DType, Tensor};
+use cuflow_testing::{device::stream, tensor::random};
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
-
-fn device() -> Device {
-    Device::auto().expect("the device selected by CUFLOW_DEVICE must be usable")
-}
-
-fn random<T: DType>(rng: &mut StdRng, n: usize) -> Vec<T> {
-    (0..n)
-        .map(|_| T::from_f64(rng.gen_range(-1.0..1.0)))
-        .collect()
-}
+use rand::SeedableRng;
 
 /// Max over outputs of |got - want| / (Σ|a·b| + tiny): error relative to the magnitude of the
 /// terms summed, which is what the accumulation precision bounds.
@@ -65,7 +56,7 @@ fn run_matmul<T: DType + GemmElem>(
     tol: f64,
 ) -> Result<(), DeviceError> {
     let (batch, m, n, k) = dims;
-    let stream = device().new_stream()?;
+    let stream = stream();
     let (ah, bh): (Vec<T>, Vec<T>) = (random(rng, batch * m * k), random(rng, k * n));
     let a_shape: Vec<usize> = if batch > 1 {
         vec![batch, m, k]
@@ -124,7 +115,7 @@ fn matmul_half_types_accumulate_in_f32() -> Result<(), DeviceError> {
 #[test]
 fn batched_matmul_and_linear() -> Result<(), DeviceError> {
     let mut rng = StdRng::seed_from_u64(3);
-    let stream = device().new_stream()?;
+    let stream = stream();
     let (batch, m, n, k) = (4, 6, 5, 33);
     let (ah, bh) = (
         random::<f32>(&mut rng, batch * m * k),
@@ -170,7 +161,7 @@ fn batched_matmul_and_linear() -> Result<(), DeviceError> {
 
 #[test]
 fn matmul_inputs_may_be_ops() -> Result<(), DeviceError> {
-    let stream = device().new_stream()?;
+    let stream = stream();
     let c = kernels::matmul(api::ones::<f32>(&[3, 4]), api::full::<f32>(&[4, 2], 0.5))
         .sync_on(&stream)?;
     assert_eq!(c.to_host_vec()?, vec![2.0; 6]);
@@ -179,7 +170,7 @@ fn matmul_inputs_may_be_ops() -> Result<(), DeviceError> {
 
 #[test]
 fn matmul_shape_errors_name_the_op_and_shapes() -> Result<(), DeviceError> {
-    let stream = device().new_stream()?;
+    let stream = stream();
     let a = api::ones::<f32>(&[3, 4]).sync_on(&stream)?;
     let b = api::ones::<f32>(&[5, 2]).sync_on(&stream)?;
     let err = kernels::matmul(&a, &b).sync_on(&stream).unwrap_err();

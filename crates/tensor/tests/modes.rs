@@ -4,16 +4,14 @@
 //! in place), in tiles that split the first and the last axis. Ops that yield tensors read
 //! back with `.to_host_vec()` and reshape with `.reshape(..)`; kernel ops can be awaited.
 
-mod common;
-
 use std::future::IntoFuture;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use common::*;
 use cuflow_device_op::{value, DeviceOpExt};
 use cuflow_runtime::DeviceError;
 use cuflow_tensor::{api, kernels, Partition, PartitionExt, ReshapeOpExt, Tensor, TensorOpExt};
+use cuflow_testing::{device::stream, rng::seeded_rng, tensor::*, test_cases};
 
 /// What an output holds before a kernel writes it: an element left unwritten shows.
 const SENTINEL: f32 = -777.0;
@@ -25,7 +23,7 @@ const A: f32 = 2.5;
 /// through an owned partition.
 fn saxpy_in_tiles<const N: usize>(shape: &[usize], tile: [usize; N]) -> Result<(), DeviceError> {
     let stream = stream();
-    let mut rng = rng(numel(shape) as u64 * 31 + N as u64);
+    let mut rng = seeded_rng(numel(shape) as u64 * 31 + N as u64);
     // Never zero, so that a + x·A differs from the sentinel everywhere.
     let x: Vec<f32> = signed(&mut rng, numel(shape), 0.25, 1.0);
     let tx = upload(&stream, &x, shape);
@@ -40,7 +38,7 @@ fn saxpy_in_tiles<const N: usize>(shape: &[usize], tile: [usize; N]) -> Result<(
     assert_eq!(tiles.get().shape(), shape);
     assert!(std::ptr::eq(x_back, &tx), "the borrowed input comes back");
     drop(tiles);
-    assert_close(
+    assert_dtype_close(
         &read(&z),
         &want,
         f32::ARITH_TOL,
@@ -55,55 +53,26 @@ fn saxpy_in_tiles<const N: usize>(shape: &[usize], tile: [usize; N]) -> Result<(
     let z: Tensor<f32> = tiles.unpartition();
     assert_eq!(z.shape(), shape);
     assert!(Arc::ptr_eq(x_back.buffer(), tx.buffer()));
-    assert_close(&read(&z), &want, f32::ARITH_TOL, &format!("{what}, owned"));
+    assert_dtype_close(&read(&z), &want, f32::ARITH_TOL, &format!("{what}, owned"));
     Ok(())
 }
 
-#[test]
-fn square_tiles_split_rows_and_columns() -> Result<(), DeviceError> {
-    saxpy_in_tiles(&[16, 16], [4, 4])
-}
-
-#[test]
-fn row_tiles_of_an_odd_length() -> Result<(), DeviceError> {
-    saxpy_in_tiles(&[3, 4097], [1, 4097])
-}
-
-#[test]
-fn tiles_of_two_whole_rows() -> Result<(), DeviceError> {
-    saxpy_in_tiles(&[6, 7], [2, 7])
-}
-
-#[test]
-fn tiles_of_one_column() -> Result<(), DeviceError> {
-    saxpy_in_tiles(&[6, 7], [3, 1])
-}
-
-#[test]
-fn tiles_of_one_element() -> Result<(), DeviceError> {
-    saxpy_in_tiles(&[64, 33], [1, 1])
-}
-
-#[test]
-fn tiles_larger_than_a_block() -> Result<(), DeviceError> {
-    saxpy_in_tiles(&[32, 128], [16, 64])
-}
-
-#[test]
-fn one_dimensional_tiles() -> Result<(), DeviceError> {
-    saxpy_in_tiles(&[64], [8])?;
-    saxpy_in_tiles(&[4097], [4097])
-}
-
-#[test]
-fn rank_3_tiles_keep_the_middle_axis_whole() -> Result<(), DeviceError> {
-    saxpy_in_tiles(&[4, 3, 8], [2, 3, 4])?;
-    saxpy_in_tiles(&[2, 5, 7], [1, 5, 7])
-}
-
-#[test]
-fn rank_4_tiles_keep_the_middle_axes_whole() -> Result<(), DeviceError> {
-    saxpy_in_tiles(&[2, 2, 3, 10], [1, 2, 3, 5])
+test_cases! {
+    square_tiles_split_rows_and_columns => saxpy_in_tiles(&[16, 16], [4, 4]),
+    row_tiles_of_an_odd_length => saxpy_in_tiles(&[3, 4097], [1, 4097]),
+    tiles_of_two_whole_rows => saxpy_in_tiles(&[6, 7], [2, 7]),
+    tiles_of_one_column => saxpy_in_tiles(&[6, 7], [3, 1]),
+    tiles_of_one_element => saxpy_in_tiles(&[64, 33], [1, 1]),
+    tiles_larger_than_a_block => saxpy_in_tiles(&[32, 128], [16, 64]),
+    one_dimensional_tiles => {
+        saxpy_in_tiles(&[64], [8])?;
+        saxpy_in_tiles(&[4097], [4097])
+    },
+    rank_3_tiles_keep_the_middle_axis_whole => {
+        saxpy_in_tiles(&[4, 3, 8], [2, 3, 4])?;
+        saxpy_in_tiles(&[2, 5, 7], [1, 5, 7])
+    },
+    rank_4_tiles_keep_the_middle_axes_whole => saxpy_in_tiles(&[2, 2, 3, 10], [1, 2, 3, 5]),
 }
 
 #[test]
@@ -122,7 +91,7 @@ fn a_clone_shares_memory_with_the_partitioned_tensor() -> Result<(), DeviceError
 fn every_input_mode_gives_the_same_result() -> Result<(), DeviceError> {
     let stream = stream();
     let shape = [5, 9];
-    let mut rng = rng(11);
+    let mut rng = seeded_rng(11);
     let xv: Vec<f32> = uniform(&mut rng, 45, -3.0, 3.0);
     let yv: Vec<f32> = uniform(&mut rng, 45, -3.0, 3.0);
     let want = zip_ref(&xv, &yv, |a, b| a + b);
@@ -155,7 +124,7 @@ fn every_input_mode_gives_the_same_result() -> Result<(), DeviceError> {
     ];
     for (mode, out) in results {
         assert_eq!(out.shape(), &shape, "{mode}");
-        assert_close(&read(&out), &want, f32::ARITH_TOL, mode);
+        assert_dtype_close(&read(&out), &want, f32::ARITH_TOL, mode);
     }
     Ok(())
 }
@@ -191,7 +160,7 @@ fn ops_as_inputs() -> Result<(), DeviceError> {
     let y = api::full(&shape, 2.0f32).sync_on(&stream)?;
     let out = kernels::mul(kernels::add(&x, &y), kernels::sub(&x, &y)).sync_on(&stream)?;
     let want = map_ref(&data, |v| v * v - 4.0);
-    assert_close(&read(&out), &want, f32::ARITH_TOL, "(x + y)(x - y)");
+    assert_dtype_close(&read(&out), &want, f32::ARITH_TOL, "(x + y)(x - y)");
 
     // A boxed op.
     let out = kernels::relu(api::arange::<f32>(-3.0, 3.0, 1.0).boxed()).sync_on(&stream)?;
@@ -237,7 +206,7 @@ fn saxpy_gives_its_input_back_in_the_mode_it_came_in() -> Result<(), DeviceError
     let want = map_ref(&xv, |v| {
         f64::from(SENTINEL) + f64::from(A) * (4.0 * v + 2.0)
     });
-    assert_close(&read(&z), &want, f32::ARITH_TOL, "accumulated saxpy");
+    assert_dtype_close(&read(&z), &want, f32::ARITH_TOL, "accumulated saxpy");
     Ok(())
 }
 

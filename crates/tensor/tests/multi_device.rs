@@ -13,27 +13,9 @@ use cuflow_runtime::{Device, DeviceError};
 use cuflow_scheduler::MultiDevice;
 use cuflow_tensor::{api, bf16, kernels, DType, Tensor, ToDeviceExt};
 
-#[path = "../../runtime/tests/common/devices.rs"]
-mod devices;
-
-use devices::two_devices;
+use cuflow_testing::device::device_pair;
+use cuflow_testing::{device::two_devices, measure::rel_err_in_norm, rng::rng, tensor::random};
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
-
-fn rng() -> StdRng {
-    let seed = std::env::var("CUFLOW_TEST_SEED")
-        .ok()
-        .and_then(|s| s.parse::<u64>().ok())
-        .unwrap_or_else(|| rand::thread_rng().gen());
-    eprintln!("random seed: {seed} (replay with CUFLOW_TEST_SEED={seed})");
-    StdRng::seed_from_u64(seed)
-}
-
-fn random<T: DType>(rng: &mut StdRng, n: usize) -> Vec<T> {
-    (0..n)
-        .map(|_| T::from_f64(rng.gen_range(-1.0..1.0)))
-        .collect()
-}
 
 fn upload<T: DType>(
     device: &Device,
@@ -55,18 +37,6 @@ fn relu_matmul_ref(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f6
         }
     }
     out.iter().map(|v| v.max(0.0)).collect()
-}
-
-/// Relative error of `got` against `want` in the 2-norm.
-fn rel_err(got: &[f32], want: &[f64]) -> f64 {
-    assert_eq!(got.len(), want.len(), "lengths differ");
-    let num: f64 = got
-        .iter()
-        .zip(want)
-        .map(|(g, w)| (*g as f64 - w).powi(2))
-        .sum();
-    let den: f64 = want.iter().map(|w| w * w).sum();
-    (num / den.max(f64::MIN_POSITIVE)).sqrt()
 }
 
 #[test]
@@ -123,12 +93,11 @@ fn to_device_moves_random_tensors_of_odd_shapes() -> Result<(), DeviceError> {
 
 #[test]
 fn a_kernel_input_of_another_device_is_a_device_mismatch() -> Result<(), DeviceError> {
-    let Some(devices) = two_devices() else {
+    let Some((a, b)) = device_pair() else {
         return Ok(());
     };
-    let (a, b) = (&devices[0], &devices[1]);
-    let x = upload(a, &[1.0f32, 2.0, 3.0, 4.0], &[2, 2])?;
-    let y = upload(b, &[1.0f32, 2.0, 3.0, 4.0], &[2, 2])?;
+    let x = upload(&a, &[1.0f32, 2.0, 3.0, 4.0], &[2, 2])?;
+    let y = upload(&b, &[1.0f32, 2.0, 3.0, 4.0], &[2, 2])?;
     let cases: Vec<Result<Tensor<f32>, DeviceError>> = vec![
         kernels::add(&x, &y).sync_on(&a.new_stream()?),
         kernels::matmul(&y, &x).sync_on(&a.new_stream()?),
@@ -164,7 +133,7 @@ fn a_kernel_input_of_another_device_is_a_device_mismatch() -> Result<(), DeviceE
         );
     }
     // Moving it first is the fix.
-    let moved = kernels::add(&x, y.to_device(a)).sync_on(&a.new_stream()?)?;
+    let moved = kernels::add(&x, y.to_device(&a)).sync_on(&a.new_stream()?)?;
     assert_eq!(moved.to_host_vec()?, vec![2.0, 4.0, 6.0, 8.0]);
     Ok(())
 }
@@ -200,7 +169,7 @@ fn spread_matmuls(
     let mut placed = Vec::new();
     for ((gathered, on), (a, b)) in out.iter().zip(&inputs) {
         assert_eq!(gathered.device(), &home);
-        let err = rel_err(&gathered.to_host_vec()?, &relu_matmul_ref(a, b, m, k, n));
+        let err = rel_err_in_norm(&gathered.to_host_vec()?, &relu_matmul_ref(a, b, m, k, n));
         assert!(
             err <= 1e-5,
             "relative error {err:e} of a branch run on {on}"
@@ -297,7 +266,7 @@ fn softmax_on_every_device_matches_the_host() -> Result<(), DeviceError> {
         .collect();
     let (out, _) = join_all(ops).sync_with_policy(&policy)?;
     for (y, d) in out.iter().zip(&devices) {
-        let err = rel_err(&y.to_host_vec()?, &want);
+        let err = rel_err_in_norm(&y.to_host_vec()?, &want);
         assert!(err <= 2e-5, "softmax on {d}: relative error {err:e}");
     }
     Ok(())

@@ -1,13 +1,16 @@
 //! Kernels over the last axis against float64 references: sum, max, argmax, softmax, rms_norm,
 //! layer_norm; on whatever `Device::auto()` gives.
 
-mod common;
-
-use common::{read, rng, stream, upload, Float};
 use cuflow_device_op::DeviceOpExt;
 use cuflow_runtime::DeviceError;
-use cuflow_tensor::{api, bf16, f16, kernels, DType};
-use rand::rngs::StdRng;
+use cuflow_tensor::{api, bf16, f16, kernels};
+use cuflow_testing::{
+    device::stream,
+    measure::assert_close_elementwise,
+    rng::seeded_rng,
+    tensor::{read, uniform, upload, Float},
+    test_cases,
+};
 use rand::Rng;
 
 /// Shapes with 1, 7, 1000 and 4097 columns (register-cached rows), 20000 (rows read twice)
@@ -25,37 +28,15 @@ const SHAPES: &[&[usize]] = &[
     &[2, 3, 33],
 ];
 
-fn random<T: DType>(rng: &mut StdRng, n: usize, scale: f64) -> Vec<T> {
-    (0..n)
-        .map(|_| T::from_f64(rng.gen_range(-scale..scale)))
-        .collect()
-}
-
-/// Largest |got - want| / max(|want|, floor).
-fn rel_err<T: DType>(got: &[T], want: &[f64], floor: f64) -> f64 {
-    assert_eq!(got.len(), want.len());
-    got.iter()
-        .zip(want)
-        .map(|(g, w)| {
-            let e = (g.to_f64() - w).abs() / w.abs().max(floor);
-            if e.is_nan() {
-                f64::INFINITY
-            } else {
-                e
-            }
-        })
-        .fold(0.0, f64::max)
-}
-
 fn norms_for<T: Float>(seed: u64, tol: f64) -> Result<(), DeviceError> {
     let s = stream();
-    let mut rng = rng(seed);
+    let mut rng = seeded_rng(seed);
     for shape in SHAPES {
         let cols = *shape.last().unwrap_or(&1);
         let n: usize = shape.iter().product();
-        let xh: Vec<T> = random(&mut rng, n, 3.0);
-        let wh: Vec<T> = random(&mut rng, cols, 2.0);
-        let bh: Vec<T> = random(&mut rng, cols, 1.0);
+        let xh: Vec<T> = uniform(&mut rng, n, -3.0, 3.0);
+        let wh: Vec<T> = uniform(&mut rng, cols, -2.0, 2.0);
+        let bh: Vec<T> = uniform(&mut rng, cols, -1.0, 1.0);
         let (x, w, b) = (
             upload(&s, &xh, shape),
             upload(&s, &wh, &[cols]),
@@ -82,40 +63,33 @@ fn norms_for<T: Float>(seed: u64, tol: f64) -> Result<(), DeviceError> {
                 want_ln.push((v - mean) / (var + 1e-5).sqrt() * wj + bj);
             }
         }
-        let e = rel_err(&read(&sm), &want_sm, T::MIN_NORMAL);
-        assert!(e <= tol, "softmax {} {shape:?}: {e:e}", T::NAME);
-        let e = rel_err(&read(&rms), &want_rms, 1.0);
-        assert!(e <= tol, "rms_norm {} {shape:?}: {e:e}", T::NAME);
-        let e = rel_err(&read(&ln), &want_ln, 1.0);
-        assert!(e <= tol, "layer_norm {} {shape:?}: {e:e}", T::NAME);
+        let what = format!("softmax {} {shape:?}", T::NAME);
+        assert_close_elementwise(&what, &read(&sm), &want_sm, T::MIN_NORMAL, tol);
+        let what = format!("rms_norm {} {shape:?}", T::NAME);
+        assert_close_elementwise(&what, &read(&rms), &want_rms, 1.0, tol);
+        let what = format!("layer_norm {} {shape:?}", T::NAME);
+        assert_close_elementwise(&what, &read(&ln), &want_ln, 1.0, tol);
     }
     Ok(())
 }
 
-#[test]
-fn softmax_rms_norm_layer_norm_f32() -> Result<(), DeviceError> {
-    norms_for::<f32>(11, 2e-5)
-}
-
-#[test]
-fn softmax_rms_norm_layer_norm_half_types() -> Result<(), DeviceError> {
-    norms_for::<bf16>(12, 1.6e-2)?;
-    norms_for::<f16>(13, 2e-3)
-}
-
-#[test]
-fn softmax_rms_norm_layer_norm_f64() -> Result<(), DeviceError> {
-    norms_for::<f64>(14, 1e-12)
+test_cases! {
+    softmax_rms_norm_layer_norm_f32 => norms_for::<f32>(11, 2e-5),
+    softmax_rms_norm_layer_norm_half_types => {
+        norms_for::<bf16>(12, 1.6e-2)?;
+        norms_for::<f16>(13, 2e-3)
+    },
+    softmax_rms_norm_layer_norm_f64 => norms_for::<f64>(14, 1e-12),
 }
 
 #[test]
 fn sum_max_argmax_f32() -> Result<(), DeviceError> {
     let s = stream();
-    let mut rng = rng(21);
+    let mut rng = seeded_rng(21);
     for shape in SHAPES {
         let cols = *shape.last().unwrap_or(&1);
         let n: usize = shape.iter().product();
-        let xh: Vec<f32> = random(&mut rng, n, 10.0);
+        let xh: Vec<f32> = uniform(&mut rng, n, -10.0, 10.0);
         let x = upload(&s, &xh, shape);
         let (sum, max, arg) = (
             read(&kernels::sum(&x).sync_on(&s)?),
@@ -147,7 +121,7 @@ fn sum_max_argmax_f32() -> Result<(), DeviceError> {
 #[test]
 fn integer_sum_wraps_and_argmax_takes_the_first_maximum() -> Result<(), DeviceError> {
     let s = stream();
-    let mut rng = rng(22);
+    let mut rng = seeded_rng(22);
     let cols = 1000;
     let xh: Vec<i32> = (0..3 * cols)
         .map(|_| rng.gen_range(-1_000_000_000..1_000_000_000))

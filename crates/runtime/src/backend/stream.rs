@@ -146,7 +146,9 @@ impl StreamBackend {
         }
     }
 
-    /// Enqueues a copy of `src` into `dst` (same length), both of this stream's device.
+    /// Enqueues a copy of `src` into `dst` (same length, of this stream's device); `src` is of
+    /// this device, or of another device of this backend that this stream reads directly
+    /// (see [`StreamBackend::copies_directly_from`]).
     pub(crate) fn copy_device(&self, src: Region<'_>, dst: Region<'_>) -> Result<()> {
         match self {
             StreamBackend::Host(s) => s.copy_device(
@@ -184,21 +186,6 @@ impl StreamBackend {
         match self {
             StreamBackend::Host(_) => Ok(true),
             StreamBackend::Cuda(s) => Ok(!force_staged && s.peer_access(src.backend.cuda()?)?),
-        }
-    }
-
-    /// Enqueues a copy of `src` (of another device of this backend, read directly: see
-    /// [`StreamBackend::copies_directly_from`]) into `dst` (of this stream's device).
-    pub(crate) fn copy_peer(&self, src: Region<'_>, dst: Region<'_>) -> Result<()> {
-        match self {
-            StreamBackend::Host(_) => self.copy_device(src, dst),
-            StreamBackend::Cuda(s) => s.copy_peer(
-                src.mem.backend.cuda()?,
-                src.offset,
-                dst.mem.backend.cuda()?,
-                dst.offset,
-                dst.len,
-            ),
         }
     }
 

@@ -13,10 +13,13 @@ use crate::access::{Access, Accesses};
 use crate::error::{DeviceError, Result};
 use crate::memory::{BufferView, DeviceCopy, Memory};
 
+/// One argument of a launch. `M` holds the buffer's memory: borrowed while the caller builds
+/// the launch (`&Arc<Memory>`, in [`KernelArgs`]), owned by a host task that may run after the
+/// caller dropped its buffers (`Arc<Memory>`).
 #[derive(Clone)]
-pub(crate) enum KernelArg<'a> {
+pub(crate) enum KernelArg<M> {
     Buffer {
-        mem: &'a Arc<Memory>,
+        mem: M,
         byte_offset: usize,
         byte_len: usize,
         ty: TypeId,
@@ -31,6 +34,42 @@ pub(crate) enum KernelArg<'a> {
         ty: TypeId,
         ty_name: &'static str,
     },
+}
+
+impl<M> KernelArg<M> {
+    /// The same argument, its buffer's memory handle made by `f` from this one's.
+    pub(crate) fn map_mem<N>(&self, f: impl FnOnce(&M) -> N) -> KernelArg<N> {
+        match self {
+            KernelArg::Buffer {
+                mem,
+                byte_offset,
+                byte_len,
+                ty,
+                ty_name,
+                elem_size,
+                writable,
+            } => KernelArg::Buffer {
+                mem: f(mem),
+                byte_offset: *byte_offset,
+                byte_len: *byte_len,
+                ty: *ty,
+                ty_name,
+                elem_size: *elem_size,
+                writable: *writable,
+            },
+            KernelArg::Scalar {
+                bytes,
+                len,
+                ty,
+                ty_name,
+            } => KernelArg::Scalar {
+                bytes: *bytes,
+                len: *len,
+                ty: *ty,
+                ty_name,
+            },
+        }
+    }
 }
 
 impl<'a> KernelArgs<'a> {
@@ -59,7 +98,7 @@ impl<'a> KernelArgs<'a> {
 /// `T*` for outputs) and scalars by value.
 #[derive(Clone, Default)]
 pub struct KernelArgs<'a> {
-    pub(crate) args: SmallVec<[KernelArg<'a>; 8]>,
+    pub(crate) args: SmallVec<[KernelArg<&'a Arc<Memory>>; 8]>,
     pub(crate) error: Option<DeviceError>,
 }
 

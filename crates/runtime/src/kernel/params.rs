@@ -242,7 +242,7 @@ fn parse_param(text: &str) -> Option<Param> {
 }
 
 /// Checks the arguments of a launch of `kernel` against its declared `params`.
-pub(crate) fn check(kernel: &str, params: &[Param], args: &[KernelArg<'_>]) -> Result<()> {
+pub(crate) fn check<M>(kernel: &str, params: &[Param], args: &[KernelArg<M>]) -> Result<()> {
     let bad = |index: usize, reason: String| DeviceError::InvalidArgument {
         kernel: kernel.to_string(),
         index,

@@ -5,9 +5,11 @@
 
 use smallvec::smallvec;
 
-use super::{BufferView, DeviceCopy};
+use super::{check_len, BufferView, DeviceCopy};
 use crate::access::{ordered, Access, Accesses};
-use crate::error::{DeviceError, Result};
+#[cfg(doc)]
+use crate::error::DeviceError;
+use crate::error::Result;
 use crate::stream::Stream;
 
 impl<T: DeviceCopy> BufferView<'_, T> {
@@ -68,13 +70,7 @@ impl<T: DeviceCopy> BufferView<'_, T> {
         op: &'static str,
     ) -> Result<()> {
         self.mem.check_device(stream, op, "the destination")?;
-        if src.len != self.len {
-            return Err(DeviceError::LengthMismatch {
-                op,
-                expected: self.len,
-                found: src.len,
-            });
-        }
+        check_len(op, self.len, src.len)?;
         if src.mem.device == self.mem.device {
             return self.copy_from(stream, src);
         }
@@ -90,7 +86,7 @@ impl<T: DeviceCopy> BufferView<'_, T> {
                 let accesses: Accesses<'_> =
                     smallvec![(self.mem, Access::Write), (src.mem, Access::Read)];
                 return ordered(stream, op, accesses, || {
-                    stream.backend().copy_peer(from, to)
+                    stream.backend().copy_device(from, to)
                 });
             }
             let staging = src.mem.device.staging_stream()?;

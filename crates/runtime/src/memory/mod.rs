@@ -160,6 +160,19 @@ impl Drop for Memory {
     }
 }
 
+/// [`DeviceError::LengthMismatch`] for `op` when `found` elements are given where `expected`
+/// are needed.
+pub(crate) fn check_len(op: &'static str, expected: usize, found: usize) -> Result<()> {
+    if expected != found {
+        return Err(DeviceError::LengthMismatch {
+            op,
+            expected,
+            found,
+        });
+    }
+    Ok(())
+}
+
 pub(crate) fn byte_size<T>(len: usize, op: &'static str) -> Result<usize> {
     len.checked_mul(std::mem::size_of::<T>())
         .ok_or_else(|| DeviceError::InvalidShape {

@@ -5,7 +5,7 @@ use std::marker::PhantomData;
 
 use smallvec::smallvec;
 
-use super::{byte_size, BufferView, DeviceCopy};
+use super::{byte_size, check_len, BufferView, DeviceCopy};
 use crate::access::{ordered, Access};
 use crate::backend::{PinnedBackend, PinnedBytes, PinnedBytesMut};
 use crate::device::Device;
@@ -82,18 +82,11 @@ impl<T: DeviceCopy> PinnedBuffer<T> {
         stream: &Stream,
         src: BufferView<'_, T>,
     ) -> Result<PinnedTransfer<T>> {
-        src.mem
-            .check_device(stream, "PinnedBuffer::copy_from_device", "the source")?;
-        stream.forbid_in_capture("PinnedBuffer::copy_from_device")?;
-        if src.len != self.len {
-            return Err(DeviceError::LengthMismatch {
-                op: "PinnedBuffer::copy_from_device",
-                expected: self.len,
-                found: src.len,
-            });
-        }
-        let mut this = self;
         let op = "PinnedBuffer::copy_from_device";
+        src.mem.check_device(stream, op, "the source")?;
+        stream.forbid_in_capture(op)?;
+        check_len(op, self.len, src.len)?;
+        let mut this = self;
         this.check_backend(op, stream)?;
         ordered(stream, op, smallvec![(src.mem, Access::Read)], || {
             stream
@@ -120,17 +113,10 @@ impl<T: DeviceCopy> PinnedBuffer<T> {
         stream: &Stream,
         dst: BufferView<'_, T>,
     ) -> Result<PinnedTransfer<T>> {
-        dst.mem
-            .check_device(stream, "PinnedBuffer::copy_to_device", "the destination")?;
-        stream.forbid_in_capture("PinnedBuffer::copy_to_device")?;
-        if dst.len != self.len {
-            return Err(DeviceError::LengthMismatch {
-                op: "PinnedBuffer::copy_to_device",
-                expected: dst.len,
-                found: self.len,
-            });
-        }
         let op = "PinnedBuffer::copy_to_device";
+        dst.mem.check_device(stream, op, "the destination")?;
+        stream.forbid_in_capture(op)?;
+        check_len(op, dst.len, self.len)?;
         self.check_backend(op, stream)?;
         ordered(stream, op, smallvec![(dst.mem, Access::Write)], || {
             stream

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use smallvec::smallvec;
 
-use super::{DeviceBuffer, DeviceCopy, Memory, Region};
+use super::{check_len, DeviceBuffer, DeviceCopy, Memory, Region};
 use crate::access::{ordered, Access, Accesses};
 use crate::device::Device;
 use crate::error::{DeviceError, Result};
@@ -118,13 +118,7 @@ impl<'a, T: DeviceCopy> BufferView<'a, T> {
         self.mem
             .check_device(stream, "copy_from_host", "the destination")?;
         stream.forbid_in_capture("copy_from_host")?;
-        if data.len() != self.len {
-            return Err(DeviceError::LengthMismatch {
-                op: "copy_from_host",
-                expected: self.len,
-                found: data.len(),
-            });
-        }
+        check_len("copy_from_host", self.len, data.len())?;
         let bytes: &[u8] = bytemuck::cast_slice(data);
         let accesses: Accesses<'_> = smallvec![(self.mem, Access::Write)];
         ordered(stream, "copy_from_host", accesses, || {
@@ -142,13 +136,7 @@ impl<'a, T: DeviceCopy> BufferView<'a, T> {
         self.mem
             .check_device(stream, "copy_to_host", "the source")?;
         stream.forbid_in_capture("copy_to_host")?;
-        if out.len() != self.len {
-            return Err(DeviceError::LengthMismatch {
-                op: "copy_to_host",
-                expected: self.len,
-                found: out.len(),
-            });
-        }
+        check_len("copy_to_host", self.len, out.len())?;
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(out);
         // A read: ordered after the last write on any stream, and seen by later writers, which
         // wait for it. The buffer's state stays locked until the copy has finished, so no write
@@ -183,13 +171,7 @@ impl<'a, T: DeviceCopy> BufferView<'a, T> {
         self.mem
             .check_device(stream, "copy_from", "the destination")?;
         src.mem.check_device(stream, "copy_from", "the source")?;
-        if src.len != self.len {
-            return Err(DeviceError::LengthMismatch {
-                op: "copy_from",
-                expected: self.len,
-                found: src.len,
-            });
-        }
+        check_len("copy_from", self.len, src.len)?;
         let accesses: Accesses<'_> = smallvec![(self.mem, Access::Write), (src.mem, Access::Read)];
         ordered(stream, "copy_from", accesses, || {
             stream.backend().copy_device(src.region(), self.region())

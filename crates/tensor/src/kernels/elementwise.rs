@@ -8,12 +8,11 @@
 
 use std::sync::Arc;
 
-use cuflow_device_op::op::zip::Zip2;
 use cuflow_device_op::{from_fn, DeviceOp, ExecutionContext};
 use cuflow_runtime::{DeviceBuffer, DeviceError, Kernel, KernelArgs, LaunchConfig, Stream};
 
 use crate::dtype::{cuda_prelude, DType};
-use crate::op::{cached_kernel, TensorOp};
+use crate::op::{cached_kernel, kernel_op, kernel_op2, TensorOp};
 use crate::tensor::{tiling, Partition, Tensor, TensorInput, TensorMut, TensorRef, Tiling};
 
 /// The host function of an elementwise kernel: `(out, x, y, s) -> out`.
@@ -252,12 +251,7 @@ pub(crate) fn unary<T: DType, X: TensorInput<T>>(
     x: X,
     s: T,
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> Result<Tensor<T>, DeviceError> + Send> {
-    let x = x.into_op();
-    from_fn(move |ctx: &mut ExecutionContext| {
-        let x = x.execute(ctx)?;
-        let x = x.tensor();
-        let stream = ctx.stream()?;
-        check_device(ew.name, stream, x)?;
+    kernel_op(ew.name, x, move |stream, x| {
         let out = alloc::<T>(stream, x.shape())?;
         ew.launch(
             stream,
@@ -278,13 +272,7 @@ pub(crate) fn binary<T: DType, X: TensorInput<T>, Y: TensorInput<T>>(
     x: X,
     y: Y,
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> Result<Tensor<T>, DeviceError> + Send> {
-    let both = Zip2::new(x.into_op(), y.into_op());
-    from_fn(move |ctx: &mut ExecutionContext| {
-        let (x, y) = ctx.with_same_device(|ctx| both.execute(ctx))?;
-        let (x, y) = (x.tensor(), y.tensor());
-        let stream = ctx.stream()?;
-        check_device(ew.name, stream, x)?;
-        check_device(ew.name, stream, y)?;
+    kernel_op2(ew.name, (x, y), move |stream, x, y| {
         let broadcast = if x.shape() == y.shape() {
             false
         } else if y.rank() == 1 && x.rank() >= 1 && y.len() == x.rows_cols().1 {

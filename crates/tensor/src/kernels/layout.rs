@@ -1,13 +1,12 @@
 //! Data movement: 2-D transpose and embedding gather.
 
-use cuflow_device_op::op::zip::Zip2;
-use cuflow_device_op::{from_fn, DeviceOp, ExecutionContext};
+use cuflow_device_op::ExecutionContext;
 use cuflow_runtime::{DeviceError, Kernel, KernelArgs, LaunchConfig};
 
-use super::{alloc, check_device, TensorResult};
+use super::{alloc, TensorResult};
 use crate::dtype::{cuda_prelude, DType};
-use crate::op::{cached_kernel, TensorOp};
-use crate::tensor::{Tensor, TensorInput, TensorRef};
+use crate::op::{cached_kernel, kernel_op, kernel_op2, TensorOp};
+use crate::tensor::TensorInput;
 
 fn transpose_kernel<T: DType>() -> Kernel {
     cached_kernel("transpose", T::NAME, || {
@@ -55,12 +54,7 @@ extern "C" __global__ void {fname}(T* out, const T* x, u64 rows, u64 cols) {{
 pub fn transpose<T: DType, X: TensorInput<T>>(
     x: X,
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
-    let x = x.into_op();
-    from_fn(move |ctx: &mut ExecutionContext| {
-        let x = x.execute(ctx)?;
-        let x = x.tensor();
-        let stream = ctx.stream()?;
-        check_device("transpose", stream, x)?;
+    kernel_op("transpose", x, move |stream, x| {
         let &[rows, cols] = x.shape() else {
             return Err(DeviceError::InvalidShape {
                 op: "transpose",
@@ -138,13 +132,7 @@ pub fn embedding<T: DType, W: TensorInput<T>, I: TensorInput<u32>>(
     table: W,
     ids: I,
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
-    let both = Zip2::new(table.into_op(), ids.into_op());
-    from_fn(move |ctx: &mut ExecutionContext| {
-        let (table, ids) = ctx.with_same_device(|ctx| both.execute(ctx))?;
-        let (table, ids): (&Tensor<T>, &Tensor<u32>) = (table.tensor(), ids.tensor());
-        let stream = ctx.stream()?;
-        check_device("embedding", stream, table)?;
-        check_device("embedding", stream, ids)?;
+    kernel_op2("embedding", (table, ids), move |stream, table, ids| {
         let &[vocab, dim] = table.shape() else {
             return Err(DeviceError::InvalidShape {
                 op: "embedding",

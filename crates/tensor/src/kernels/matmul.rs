@@ -1,13 +1,12 @@
 //! Matrix products through the runtime's GEMM (cuBLAS on CUDA, a blocked GEMM on host).
 
-use cuflow_device_op::op::zip::Zip2;
-use cuflow_device_op::{from_fn, DeviceOp, ExecutionContext};
+use cuflow_device_op::ExecutionContext;
 use cuflow_runtime::{gemm, DeviceError, GemmConfig, GemmElem};
 
-use super::{alloc, check_device, TensorResult};
+use super::{alloc, TensorResult};
 use crate::dtype::DType;
-use crate::op::TensorOp;
-use crate::tensor::{Tensor, TensorInput, TensorRef};
+use crate::op::{kernel_op2, TensorOp};
+use crate::tensor::{Tensor, TensorInput};
 
 /// `(batch, rows, cols)` of a 2-D matrix or a 3-D batch of matrices.
 fn matrix_dims(
@@ -33,13 +32,7 @@ fn product<T: DType + GemmElem, A: TensorInput<T>, B: TensorInput<T>>(
     b: B,
     trans_b: bool,
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
-    let both = Zip2::new(a.into_op(), b.into_op());
-    from_fn(move |ctx: &mut ExecutionContext| {
-        let (a, b) = ctx.with_same_device(|ctx| both.execute(ctx))?;
-        let (a, b) = (a.tensor(), b.tensor());
-        let stream = ctx.stream()?;
-        check_device(op, stream, a)?;
-        check_device(op, stream, b)?;
+    kernel_op2(op, (a, b), move |stream, a, b| {
         let mismatch = |what: String| DeviceError::shape_mismatch(op, what, a.shape(), b.shape());
         let (batch, m, k) = matrix_dims(op, a)?;
         let (b_batch, b_rows, b_cols) = matrix_dims(op, b)?;

@@ -5,14 +5,13 @@
 //! reduces with warp shuffles and one shared-memory step. Longer rows are read again for each
 //! pass. Floating-point types compute in `float` (`double` for `f64`); integer sums wrap.
 
-use cuflow_device_op::op::zip::{Zip2, Zip3};
-use cuflow_device_op::{from_fn, DeviceOp, ExecutionContext};
+use cuflow_device_op::ExecutionContext;
 use cuflow_runtime::{DeviceError, Kernel, KernelArgs, LaunchConfig};
 
-use super::{alloc, check_device, TensorResult};
+use super::{alloc, TensorResult};
 use crate::dtype::{cuda_prelude, DType, FloatDType};
-use crate::op::{cached_kernel, TensorOp};
-use crate::tensor::{Tensor, TensorInput, TensorRef};
+use crate::op::{cached_kernel, kernel_op, kernel_op2, kernel_op3, TensorOp};
+use crate::tensor::{Tensor, TensorInput};
 
 /// Device code shared by the row kernels: block reductions and the row loop macros.
 const ROW_COMMON: &str = r#"
@@ -133,12 +132,7 @@ fn reduce<T: DType, X: TensorInput<T>>(
     op: &'static str,
     x: X,
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
-    let x = x.into_op();
-    from_fn(move |ctx: &mut ExecutionContext| {
-        let x = x.execute(ctx)?;
-        let x = x.tensor();
-        let stream = ctx.stream()?;
-        check_device(name, stream, x)?;
+    kernel_op(name, x, move |stream, x| {
         let (rows, cols) = rows_of(name, x)?;
         if cols == 0 {
             return Err(DeviceError::InvalidShape {
@@ -256,12 +250,7 @@ extern "C" __global__ void {fname}(unsigned* out, const T* x, u64 cols) {{
 pub fn argmax<T: DType, X: TensorInput<T>>(
     x: X,
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<u32> + Send> {
-    let x = x.into_op();
-    from_fn(move |ctx: &mut ExecutionContext| {
-        let x = x.execute(ctx)?;
-        let x = x.tensor();
-        let stream = ctx.stream()?;
-        check_device("argmax", stream, x)?;
+    kernel_op("argmax", x, move |stream, x| {
         let (rows, cols) = rows_of("argmax", x)?;
         if cols == 0 || cols > u32::MAX as usize {
             return Err(DeviceError::InvalidShape {
@@ -500,12 +489,7 @@ fn check_row_param<T: DType>(
 pub fn softmax<T: FloatDType, X: TensorInput<T>>(
     x: X,
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
-    let x = x.into_op();
-    from_fn(move |ctx: &mut ExecutionContext| {
-        let x = x.execute(ctx)?;
-        let x = x.tensor();
-        let stream = ctx.stream()?;
-        check_device("softmax", stream, x)?;
+    kernel_op("softmax", x, move |stream, x| {
         let (rows, cols) = rows_of("softmax", x)?;
         let out = alloc::<T>(stream, x.shape())?;
         if rows > 0 && cols > 0 {
@@ -534,13 +518,7 @@ pub fn rms_norm<T: FloatDType, X: TensorInput<T>, W: TensorInput<T>>(
     weight: W,
     eps: f32,
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
-    let both = Zip2::new(x.into_op(), weight.into_op());
-    from_fn(move |ctx: &mut ExecutionContext| {
-        let (x, w) = ctx.with_same_device(|ctx| both.execute(ctx))?;
-        let (x, w) = (x.tensor(), w.tensor());
-        let stream = ctx.stream()?;
-        check_device("rms_norm", stream, x)?;
-        check_device("rms_norm", stream, w)?;
+    kernel_op2("rms_norm", (x, weight), move |stream, x, w| {
         let (rows, cols) = rows_of("rms_norm", x)?;
         check_row_param("rms_norm", "weight", x, w, cols)?;
         let out = alloc::<T>(stream, x.shape())?;
@@ -574,14 +552,7 @@ pub fn layer_norm<T: FloatDType, X: TensorInput<T>, W: TensorInput<T>, B: Tensor
     bias: B,
     eps: f32,
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
-    let all = Zip3::new(x.into_op(), weight.into_op(), bias.into_op());
-    from_fn(move |ctx: &mut ExecutionContext| {
-        let (x, w, b) = ctx.with_same_device(|ctx| all.execute(ctx))?;
-        let (x, w, b) = (x.tensor(), w.tensor(), b.tensor());
-        let stream = ctx.stream()?;
-        for t in [x, w, b] {
-            check_device("layer_norm", stream, t)?;
-        }
+    kernel_op3("layer_norm", (x, weight, bias), move |stream, [x, w, b]| {
         let (rows, cols) = rows_of("layer_norm", x)?;
         check_row_param("layer_norm", "weight", x, w, cols)?;
         check_row_param("layer_norm", "bias", x, b, cols)?;

@@ -66,7 +66,7 @@ impl CompiledKernel {
     /// # Errors
     ///
     /// [`DeviceError::InvalidArgument`] naming the first parameter that does not match.
-    pub(crate) fn check_args(&self, args: &[KernelArg<'_>]) -> Result<()> {
+    pub(crate) fn check_args<M>(&self, args: &[KernelArg<M>]) -> Result<()> {
         let Some(sizes) = &self.param_sizes else {
             return Ok(());
         };

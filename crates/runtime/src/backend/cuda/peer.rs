@@ -1,5 +1,6 @@
-//! Copies between two CUDA devices: direct peer copies where the driver allows them, else
-//! staged through page-locked host memory.
+//! Copies between two CUDA devices: direct peer copies where the driver allows them (enabled
+//! here, enqueued by `CudaStreamHandle::copy_device`), else staged through page-locked host
+//! memory.
 //!
 //! Peer access is enabled lazily, once per (reading context, peer) pair, and the answer is
 //! cached in the reading device's shared state. Device memory comes from the devices' default
@@ -98,37 +99,6 @@ impl CudaStreamHandle {
     pub(crate) fn peer_access(&self, src: &CudaMemory) -> Result<bool> {
         enable_peer_access(&self.shared, src.shared())
     }
-
-    /// Copies `len` bytes from `src` (of a CUDA device that [`CudaStreamHandle::peer_access`]
-    /// said this stream's device reads directly) into `dst` (of this stream's device) with
-    /// `cuMemcpyPeerAsync`, after the work enqueued on this stream.
-    pub(crate) fn copy_peer(
-        &self,
-        src: &CudaMemory,
-        src_offset: usize,
-        dst: &CudaMemory,
-        dst_offset: usize,
-        len: usize,
-    ) -> Result<()> {
-        if len == 0 {
-            return Ok(());
-        }
-        let _bound = self.shared.bind()?;
-        // SAFETY: both ranges were bounds-checked against their allocations, which are alive
-        // and whose frees are ordered after this stream's work (the runtime records this
-        // stream as a use of both); each context is the one its allocation was made in.
-        unsafe {
-            result::memcpy_peer_async(
-                dst.shared().ctx.cu_ctx(),
-                dst.ptr() + dst_offset as u64,
-                src.shared().ctx.cu_ctx(),
-                src.ptr() + src_offset as u64,
-                len,
-                self.raw(),
-            )
-        }
-        .map_err(|e| driver_err("cuMemcpyPeerAsync", e))
-    }
 }
 
 /// One buffer of a staging ring, with the event after which it may be written again.
@@ -196,35 +166,27 @@ pub(crate) fn copy_staged(
         if let Some(event) = &slot.reusable_after {
             src_stream.wait_event(event)?;
         }
-        let _bound = src_stream.shared.bind()?;
-        let host = &mut slot.buffer.raw_bytes_mut()[..n];
-        // SAFETY: `host` is portable page-locked memory owned by the ring, which lives as long
-        // as the destination device and is rewritten only after the event of the copy that
-        // last read it (waited on above); the source range was bounds-checked and its free is
-        // ordered after `src_stream`'s work.
-        unsafe {
-            result::memcpy_dtoh_async(
-                host,
-                src.ptr() + (src_offset + done) as u64,
-                src_stream.raw(),
-            )
-        }
-        .map_err(|e| driver_err("cuMemcpyDtoHAsync", e))?;
+        src_stream.enqueue_bytes("cuMemcpyDtoHAsync", n, |stream| {
+            let host = &mut slot.buffer.raw_bytes_mut()[..n];
+            // SAFETY: `host` is portable page-locked memory owned by the ring, which lives as
+            // long as the destination device and is rewritten only after the event of the copy
+            // that last read it (waited on above); the source range was bounds-checked and its
+            // free is ordered after `src_stream`'s work.
+            unsafe {
+                result::memcpy_dtoh_async(host, src.ptr() + (src_offset + done) as u64, stream)
+            }
+        })?;
         let staged = src_stream.record_event(false)?;
         dst_stream.wait_event(&staged)?;
-        let _bound = dst_stream.shared.bind()?;
-        let host = &slot.buffer.raw_bytes()[..n];
-        // SAFETY: the destination range was bounds-checked and its free is ordered after
-        // `dst_stream`'s work; `host` stays allocated and unwritten until the event recorded
-        // below completes, and this copy starts after the device-to-host copy filling it.
-        unsafe {
-            result::memcpy_htod_async(
-                dst.ptr() + (dst_offset + done) as u64,
-                host,
-                dst_stream.raw(),
-            )
-        }
-        .map_err(|e| driver_err("cuMemcpyHtoDAsync", e))?;
+        dst_stream.enqueue_bytes("cuMemcpyHtoDAsync", n, |stream| {
+            let host = &slot.buffer.raw_bytes()[..n];
+            // SAFETY: the destination range was bounds-checked and its free is ordered after
+            // `dst_stream`'s work; `host` stays allocated and unwritten until the event recorded
+            // below completes, and this copy starts after the device-to-host copy filling it.
+            unsafe {
+                result::memcpy_htod_async(dst.ptr() + (dst_offset + done) as u64, host, stream)
+            }
+        })?;
         slot.reusable_after = Some(dst_stream.record_event(false)?);
         done += n;
         chunk += 1;

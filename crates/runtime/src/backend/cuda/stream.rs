@@ -5,7 +5,7 @@ use std::ffi::c_void;
 use std::mem::ManuallyDrop;
 use std::sync::Arc;
 
-use cudarc::driver::{result, sys, CudaStream};
+use cudarc::driver::{result, sys, CudaStream, DriverError};
 use parking_lot::Mutex;
 use smallvec::SmallVec;
 
@@ -184,6 +184,22 @@ impl CudaStreamHandle {
         Ok(())
     }
 
+    /// Enqueues a copy or memset of `len` bytes on this stream: nothing when `len` is 0, else
+    /// `call` (given the raw stream) with this device's context bound, its error reported as
+    /// the driver call `name`.
+    pub(super) fn enqueue_bytes(
+        &self,
+        name: &'static str,
+        len: usize,
+        call: impl FnOnce(sys::CUstream) -> std::result::Result<(), DriverError>,
+    ) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        let _bound = self.shared.bind()?;
+        call(self.raw()).map_err(|e| driver_err(name, e))
+    }
+
     pub(crate) fn alloc(&self, bytes: usize) -> Result<CudaMemory> {
         CudaMemory::alloc(self, bytes)
     }
@@ -198,15 +214,12 @@ impl CudaStreamHandle {
         offset: usize,
         data: &[u8],
     ) -> Result<()> {
-        if data.is_empty() {
-            return Ok(());
-        }
-        let _bound = self.shared.bind()?;
-        // SAFETY: `dst` holds at least `offset + data.len()` bytes (the view was bounds-checked)
-        // and is alive; for pageable `data` the driver stages it before returning, so `data`
-        // may be dropped afterwards.
-        unsafe { result::memcpy_htod_async(dst.ptr() + offset as u64, data, self.raw()) }
-            .map_err(|e| driver_err("cuMemcpyHtoDAsync", e))
+        self.enqueue_bytes("cuMemcpyHtoDAsync", data.len(), |stream| {
+            // SAFETY: `dst` holds at least `offset + data.len()` bytes (the view was
+            // bounds-checked) and is alive; for pageable `data` the driver stages it before
+            // returning, so `data` may be dropped afterwards.
+            unsafe { result::memcpy_htod_async(dst.ptr() + offset as u64, data, stream) }
+        })
     }
 
     pub(crate) fn copy_to_host(
@@ -226,6 +239,10 @@ impl CudaStreamHandle {
         self.synchronize()
     }
 
+    /// Copies `len` bytes from `src` into `dst` (of this stream's device) after the work
+    /// enqueued on this stream: `cuMemcpyDtoDAsync` within the device, `cuMemcpyPeerAsync`
+    /// from another device, which [`CudaStreamHandle::peer_access`] said this stream's device
+    /// reads directly.
     pub(crate) fn copy_device(
         &self,
         src: &CudaMemory,
@@ -234,21 +251,21 @@ impl CudaStreamHandle {
         dst_offset: usize,
         len: usize,
     ) -> Result<()> {
-        if len == 0 {
-            return Ok(());
+        let (src_ptr, dst_ptr) = (src.ptr() + src_offset as u64, dst.ptr() + dst_offset as u64);
+        if src.shared().ordinal == dst.shared().ordinal {
+            return self.enqueue_bytes("cuMemcpyDtoDAsync", len, |stream| {
+                // SAFETY: both ranges were bounds-checked against their allocations, which are
+                // alive and stay alive until after this stream's work (stream-ordered free).
+                unsafe { result::memcpy_dtod_async(dst_ptr, src_ptr, len, stream) }
+            });
         }
-        let _bound = self.shared.bind()?;
-        // SAFETY: both ranges were bounds-checked against their allocations, which are alive
-        // and stay alive until after this stream's work (stream-ordered free).
-        unsafe {
-            result::memcpy_dtod_async(
-                dst.ptr() + dst_offset as u64,
-                src.ptr() + src_offset as u64,
-                len,
-                self.raw(),
-            )
-        }
-        .map_err(|e| driver_err("cuMemcpyDtoDAsync", e))
+        let (src_ctx, dst_ctx) = (src.shared().ctx.cu_ctx(), dst.shared().ctx.cu_ctx());
+        self.enqueue_bytes("cuMemcpyPeerAsync", len, |stream| {
+            // SAFETY: both ranges were bounds-checked against their allocations, which are
+            // alive and whose frees are ordered after this stream's work (the runtime records
+            // this stream as a use of both); each context is the one its allocation was made in.
+            unsafe { result::memcpy_peer_async(dst_ctx, dst_ptr, src_ctx, src_ptr, len, stream) }
+        })
     }
 
     pub(crate) fn fill_bytes(
@@ -258,13 +275,10 @@ impl CudaStreamHandle {
         len: usize,
         value: u8,
     ) -> Result<()> {
-        if len == 0 {
-            return Ok(());
-        }
-        let _bound = self.shared.bind()?;
-        // SAFETY: the range was bounds-checked and the allocation is alive.
-        unsafe { result::memset_d8_async(dst.ptr() + offset as u64, value, len, self.raw()) }
-            .map_err(|e| driver_err("cuMemsetD8Async", e))
+        self.enqueue_bytes("cuMemsetD8Async", len, |stream| {
+            // SAFETY: the range was bounds-checked and the allocation is alive.
+            unsafe { result::memset_d8_async(dst.ptr() + offset as u64, value, len, stream) }
+        })
     }
 
     pub(crate) fn copy_to_pinned(
@@ -274,16 +288,13 @@ impl CudaStreamHandle {
         pinned: &mut CudaPinned,
         len: usize,
     ) -> Result<()> {
-        if len == 0 {
-            return Ok(());
-        }
-        let _bound = self.shared.bind()?;
-        let dst = pinned.raw_bytes_mut();
-        // SAFETY: `dst` is page-locked memory of `len` bytes owned by the pinned buffer, which
-        // the caller moves into a transfer that waits for this copy before giving it back or
-        // freeing it; `src` was bounds-checked and is alive.
-        unsafe { result::memcpy_dtoh_async(&mut dst[..len], src.ptr() + offset as u64, self.raw()) }
-            .map_err(|e| driver_err("cuMemcpyDtoHAsync", e))
+        self.enqueue_bytes("cuMemcpyDtoHAsync", len, |stream| {
+            let dst = &mut pinned.raw_bytes_mut()[..len];
+            // SAFETY: `dst` is page-locked memory of `len` bytes owned by the pinned buffer,
+            // which the caller moves into a transfer that waits for this copy before giving it
+            // back or freeing it; `src` was bounds-checked and is alive.
+            unsafe { result::memcpy_dtoh_async(dst, src.ptr() + offset as u64, stream) }
+        })
     }
 
     pub(crate) fn copy_from_pinned(
@@ -293,15 +304,12 @@ impl CudaStreamHandle {
         offset: usize,
         len: usize,
     ) -> Result<()> {
-        if len == 0 {
-            return Ok(());
-        }
-        let _bound = self.shared.bind()?;
-        let src = pinned.raw_bytes();
-        // SAFETY: as in `copy_to_pinned`: the pinned buffer is held by a transfer until the
-        // copy has finished; `dst` was bounds-checked and is alive.
-        unsafe { result::memcpy_htod_async(dst.ptr() + offset as u64, &src[..len], self.raw()) }
-            .map_err(|e| driver_err("cuMemcpyHtoDAsync", e))
+        self.enqueue_bytes("cuMemcpyHtoDAsync", len, |stream| {
+            let src = &pinned.raw_bytes()[..len];
+            // SAFETY: as in `copy_to_pinned`: the pinned buffer is held by a transfer until the
+            // copy has finished; `dst` was bounds-checked and is alive.
+            unsafe { result::memcpy_htod_async(dst.ptr() + offset as u64, src, stream) }
+        })
     }
 
     pub(crate) fn launch(

@@ -196,25 +196,22 @@ trait HostElem: bytemuck::Pod + Send + Sync {
     fn narrow(acc: Self::Acc) -> Self;
 }
 
-impl HostElem for f32 {
-    type Acc = f32;
-    fn widen(self) -> f32 {
-        self
-    }
-    fn narrow(acc: f32) -> f32 {
-        acc
-    }
+/// Types that accumulate in themselves.
+macro_rules! accumulates_in_itself {
+    ($($t:ty),*) => {$(
+        impl HostElem for $t {
+            type Acc = $t;
+            fn widen(self) -> $t {
+                self
+            }
+            fn narrow(acc: $t) -> $t {
+                acc
+            }
+        }
+    )*};
 }
 
-impl HostElem for f64 {
-    type Acc = f64;
-    fn widen(self) -> f64 {
-        self
-    }
-    fn narrow(acc: f64) -> f64 {
-        acc
-    }
-}
+accumulates_in_itself!(f32, f64);
 
 impl HostElem for half::f16 {
     type Acc = f32;

@@ -5,7 +5,6 @@
 //! and carves the argument ranges out of it: ranges of one allocation that is written must not
 //! overlap, which is reported as an argument error rather than aliased.
 
-use std::any::TypeId;
 use std::sync::Arc;
 
 use parking_lot::{RwLockReadGuard, RwLockWriteGuard};
@@ -15,23 +14,6 @@ use super::stream::HostStream;
 use crate::error::{DeviceError, Result};
 use crate::kernel::{HostKernelArgs, HostKernelFn, HostSlot, KernelArg, KernelArgs, LaunchConfig};
 use crate::memory::Memory;
-
-enum OwnedArg {
-    Buffer {
-        mem: Arc<Memory>,
-        byte_offset: usize,
-        byte_len: usize,
-        ty: TypeId,
-        ty_name: &'static str,
-        writable: bool,
-    },
-    Scalar {
-        bytes: [u8; 16],
-        len: u8,
-        ty: TypeId,
-        ty_name: &'static str,
-    },
-}
 
 enum Guard<'g> {
     Read(RwLockReadGuard<'g, Vec<u64>>),
@@ -45,47 +27,24 @@ pub(crate) fn launch_host_kernel(
     config: LaunchConfig,
     args: &KernelArgs<'_>,
 ) -> Result<()> {
-    let owned: Vec<OwnedArg> = args
+    let owned: Vec<KernelArg<Arc<Memory>>> = args
         .args
         .iter()
-        .map(|a| match a {
-            KernelArg::Buffer {
-                mem,
-                byte_offset,
-                byte_len,
-                ty,
-                ty_name,
-                writable,
-                ..
-            } => OwnedArg::Buffer {
-                mem: Arc::clone(mem),
-                byte_offset: *byte_offset,
-                byte_len: *byte_len,
-                ty: *ty,
-                ty_name,
-                writable: *writable,
-            },
-            KernelArg::Scalar {
-                bytes,
-                len,
-                ty,
-                ty_name,
-            } => OwnedArg::Scalar {
-                bytes: *bytes,
-                len: *len,
-                ty: *ty,
-                ty_name,
-            },
-        })
+        .map(|a| a.map_mem(|mem| Arc::clone(mem)))
         .collect();
     stream.enqueue(Arc::new(move || run(&name, &*f, config, &owned)))
 }
 
-fn run(name: &str, f: &HostKernelFn, config: LaunchConfig, args: &[OwnedArg]) -> Result<()> {
+fn run(
+    name: &str,
+    f: &HostKernelFn,
+    config: LaunchConfig,
+    args: &[KernelArg<Arc<Memory>>],
+) -> Result<()> {
     // Distinct allocations, in address order, with whether any argument writes them.
     let mut groups: Vec<(&Arc<Memory>, bool)> = Vec::new();
     for a in args {
-        if let OwnedArg::Buffer { mem, writable, .. } = a {
+        if let KernelArg::Buffer { mem, writable, .. } = a {
             match groups.iter_mut().find(|(m, _)| Arc::ptr_eq(m, mem)) {
                 Some(g) => g.1 |= *writable,
                 None => groups.push((mem, *writable)),
@@ -105,7 +64,7 @@ fn run(name: &str, f: &HostKernelFn, config: LaunchConfig, args: &[OwnedArg]) ->
 
     let mut slots: Vec<Option<HostSlot<'_>>> = (0..args.len()).map(|_| None).collect();
     for (a, slot) in args.iter().zip(slots.iter_mut()) {
-        if let OwnedArg::Scalar {
+        if let KernelArg::Scalar {
             bytes,
             len,
             ty,
@@ -126,7 +85,7 @@ fn run(name: &str, f: &HostKernelFn, config: LaunchConfig, args: &[OwnedArg]) ->
             .iter()
             .enumerate()
             .filter_map(|(i, a)| match a {
-                OwnedArg::Buffer {
+                KernelArg::Buffer {
                     mem: m,
                     byte_offset,
                     byte_len,
@@ -140,7 +99,7 @@ fn run(name: &str, f: &HostKernelFn, config: LaunchConfig, args: &[OwnedArg]) ->
             Guard::Read(g) => {
                 let whole: &[u8] = bytemuck::cast_slice(&g[..]);
                 for (i, off, len) in members {
-                    let OwnedArg::Buffer { ty, ty_name, .. } = &args[i] else {
+                    let KernelArg::Buffer { ty, ty_name, .. } = &args[i] else {
                         continue;
                     };
                     slots[i] = Some(HostSlot::In {
@@ -168,7 +127,7 @@ fn run(name: &str, f: &HostKernelFn, config: LaunchConfig, args: &[OwnedArg]) ->
                     let (piece, tail) = tail.split_at_mut(len);
                     rest = tail;
                     cursor = off + len;
-                    let OwnedArg::Buffer {
+                    let KernelArg::Buffer {
                         ty,
                         ty_name,
                         writable,

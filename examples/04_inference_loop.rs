@@ -10,16 +10,16 @@
 //! replayed for every position, fed by copies between replays. The program prints the
 //! throughput of both loops and fails unless they generate the same tokens.
 //!
+//! The model lives in `cuflow_testing::model` (`crates/testing/src/model/`), where its test and
+//! the benchmark program use it too.
+//!
 //! Runs on CUDA device 0 when one is usable, else on the host backend
 //! (`CUFLOW_DEVICE=host|cuda|cuda:N` chooses explicitly).
-
-mod model;
 
 use std::time::Instant;
 
 use cuflow::prelude::*;
-
-use crate::model::{Config, Model};
+use cuflow_testing::model::{Config, Model};
 
 /// The seed of the model's weights.
 const SEED: u64 = 1;

@@ -1,27 +1,26 @@
-//! Shared pieces of the DeviceOp and scheduler conformance suite.
+//! Test ops made with `from_fn` over the [`crate::kernels`], on buffers shared between
+//! the ops and the test as `Arc<DeviceBuffer<f32>>`, so that the ops are `'static` (they can be
+//! awaited, spawned and shared); making and reading such buffers; and [`Gate`], a stream held
+//! back until the test lets it go.
 //!
-//! - [`device`]: the device under test, from `Device::auto()` (the host backend in CI; CUDA under
-//!   `CUFLOW_DEVICE=cuda`, where a device that cannot be had fails the test instead of skipping
-//!   it).
-//! - Small ops built from runtime kernels, each kernel with CUDA C source and a host
-//!   implementation, holding their buffers as `Arc<DeviceBuffer<f32>>` so that the ops are
-//!   `'static` (they can be awaited, spawned and shared).
-//! - Making and reading buffers. Reading a buffer back orders itself after every stream that
-//!   used it, so a test that checks the executor's events must combine results *on the device*
-//!   (with [`add`], [`copy`] or [`sum_into`] in a later `then`) before reading them: a
-//!   missing wait then shows as a wrong value.
-//!
-//! Each test binary uses a part of this module.
-#![allow(dead_code, unreachable_pub)]
+//! Reading a buffer back orders itself after every stream that used it, so a test that checks
+//! the executor's events must combine results *on the device* (with [`add`], [`copy`] or
+//! [`sum_into`] in a later `then`) before reading them: a missing wait then shows as a wrong
+//! value.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
-use cuflow_device_op::{from_fn, DeviceOp, ExecutionContext, FromFn};
+use cuflow_device_op::{
+    from_fn, join_all, DeviceOp, DeviceOpExt, ExecutionContext, ExecutionStats, FromFn,
+};
 use cuflow_runtime::{
     Device, DeviceBuffer, DeviceError, Event, Kernel, KernelArgs, LaunchConfig, Stream, StreamId,
 };
+
+use crate::device::device;
+use crate::kernels;
 
 /// A buffer shared between ops and the test.
 pub type Buf = Arc<DeviceBuffer<f32>>;
@@ -29,214 +28,8 @@ pub type Buf = Arc<DeviceBuffer<f32>>;
 /// Elements per test buffer.
 pub const LEN: usize = 1024;
 
-/// Cycles of a long spin: about 20 ms at 2 GHz on CUDA, a 20 ms sleep on the host.
+/// Cycles of a spin: about 20 ms at 2 GHz on CUDA, a 20 ms sleep on the host.
 pub const SPIN: u64 = 40_000_000;
-
-/// The device under test.
-pub fn device() -> Device {
-    Device::auto().expect("the device selected by CUFLOW_DEVICE must be usable")
-}
-
-// ---------------------------------------------------------------------------------------------
-// Kernels: one per operation, compiled once per process.
-// ---------------------------------------------------------------------------------------------
-
-fn kernel(slot: &'static OnceLock<Kernel>, make: fn() -> Kernel) -> &'static Kernel {
-    slot.get_or_init(make)
-}
-
-/// `x[i] = value` for `i < n`.
-pub fn fill_kernel() -> &'static Kernel {
-    static K: OnceLock<Kernel> = OnceLock::new();
-    kernel(&K, || {
-        // SAFETY: the kernel's source reads and writes only the elements of the buffers it is
-        // given, below the counts it is given, and has no data race of its own.
-        let kernel = unsafe {
-            Kernel::new(
-                "test_fill",
-                r#"extern "C" __global__ void test_fill(float* x, float value, unsigned n) {
-                for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
-                     i += blockDim.x * gridDim.x) {
-                    x[i] = value;
-                }
-            }"#,
-            )
-        };
-        kernel.with_host(|args| {
-            let value = args.scalar::<f32>(1)?;
-            let n = args.scalar::<u32>(2)? as usize;
-            for x in &mut args.output::<f32>(0)?[..n] {
-                *x = value;
-            }
-            Ok(())
-        })
-    })
-}
-
-/// `x[i] += value` for `i < n`.
-pub fn add_scalar_kernel() -> &'static Kernel {
-    static K: OnceLock<Kernel> = OnceLock::new();
-    kernel(&K, || {
-        // SAFETY: the kernel's source reads and writes only the elements of the buffers it is
-        // given, below the counts it is given, and has no data race of its own.
-        let kernel = unsafe {
-            Kernel::new(
-                "test_add_scalar",
-                r#"extern "C" __global__ void test_add_scalar(float* x, float value, unsigned n) {
-                for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
-                     i += blockDim.x * gridDim.x) {
-                    x[i] += value;
-                }
-            }"#,
-            )
-        };
-        kernel.with_host(|args| {
-            let value = args.scalar::<f32>(1)?;
-            let n = args.scalar::<u32>(2)? as usize;
-            for x in &mut args.output::<f32>(0)?[..n] {
-                *x += value;
-            }
-            Ok(())
-        })
-    })
-}
-
-/// `x[i] *= value` for `i < n`.
-pub fn mul_scalar_kernel() -> &'static Kernel {
-    static K: OnceLock<Kernel> = OnceLock::new();
-    kernel(&K, || {
-        // SAFETY: the kernel's source reads and writes only the elements of the buffers it is
-        // given, below the counts it is given, and has no data race of its own.
-        let kernel = unsafe {
-            Kernel::new(
-                "test_mul_scalar",
-                r#"extern "C" __global__ void test_mul_scalar(float* x, float value, unsigned n) {
-                for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
-                     i += blockDim.x * gridDim.x) {
-                    x[i] *= value;
-                }
-            }"#,
-            )
-        };
-        kernel.with_host(|args| {
-            let value = args.scalar::<f32>(1)?;
-            let n = args.scalar::<u32>(2)? as usize;
-            for x in &mut args.output::<f32>(0)?[..n] {
-                *x *= value;
-            }
-            Ok(())
-        })
-    })
-}
-
-/// `dst[i] = src[i]` for `i < n`.
-pub fn copy_kernel() -> &'static Kernel {
-    static K: OnceLock<Kernel> = OnceLock::new();
-    kernel(&K, || {
-        // SAFETY: the kernel's source reads and writes only the elements of the buffers it is
-        // given, below the counts it is given, and has no data race of its own.
-        let kernel = unsafe {
-            Kernel::new(
-                "test_copy",
-                r#"extern "C" __global__ void test_copy(float* dst, const float* src, unsigned n) {
-                for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
-                     i += blockDim.x * gridDim.x) {
-                    dst[i] = src[i];
-                }
-            }"#,
-            )
-        };
-        kernel.with_host(|args| {
-            let src = args.input::<f32>(1)?;
-            let n = args.scalar::<u32>(2)? as usize;
-            args.output::<f32>(0)?[..n].copy_from_slice(&src[..n]);
-            Ok(())
-        })
-    })
-}
-
-/// `dst[i] = a[i] + b[i]` for `i < n`.
-pub fn add_kernel() -> &'static Kernel {
-    static K: OnceLock<Kernel> = OnceLock::new();
-    kernel(&K, || {
-        // SAFETY: the kernel's source reads and writes only the elements of the buffers it is
-        // given, below the counts it is given, and has no data race of its own.
-        let kernel = unsafe {
-            Kernel::new(
-                "test_add",
-                r#"extern "C" __global__ void test_add(float* dst, const float* a, const float* b,
-                                                   unsigned n) {
-                for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
-                     i += blockDim.x * gridDim.x) {
-                    dst[i] = a[i] + b[i];
-                }
-            }"#,
-            )
-        };
-        kernel.with_host(|args| {
-            let a = args.input::<f32>(1)?;
-            let b = args.input::<f32>(2)?;
-            let n = args.scalar::<u32>(3)? as usize;
-            for ((d, a), b) in args.output::<f32>(0)?[..n].iter_mut().zip(a).zip(b) {
-                *d = a + b;
-            }
-            Ok(())
-        })
-    })
-}
-
-/// `dst[i] += src[i]` for `i < n`.
-pub fn accumulate_kernel() -> &'static Kernel {
-    static K: OnceLock<Kernel> = OnceLock::new();
-    kernel(&K, || {
-        // SAFETY: the kernel's source reads and writes only the elements of the buffers it is
-        // given, below the counts it is given, and has no data race of its own.
-        let kernel = unsafe {
-            Kernel::new(
-                "test_accumulate",
-                r#"extern "C" __global__ void test_accumulate(float* dst, const float* src,
-                                                          unsigned n) {
-                for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
-                     i += blockDim.x * gridDim.x) {
-                    dst[i] += src[i];
-                }
-            }"#,
-            )
-        };
-        kernel.with_host(|args| {
-            let src = args.input::<f32>(1)?;
-            let n = args.scalar::<u32>(2)? as usize;
-            for (d, s) in args.output::<f32>(0)?[..n].iter_mut().zip(src) {
-                *d += s;
-            }
-            Ok(())
-        })
-    })
-}
-
-/// One thread busy-waits `cycles` clock cycles (a dependent loop of `clock64()` reads); the
-/// host implementation sleeps for the same time at 2 GHz.
-pub fn spin_kernel() -> &'static Kernel {
-    static K: OnceLock<Kernel> = OnceLock::new();
-    kernel(&K, || {
-        // SAFETY: the kernel's source reads and writes only the elements of the buffers it is
-        // given, below the counts it is given, and has no data race of its own.
-        let kernel = unsafe {
-            Kernel::new(
-                "test_spin",
-                r#"extern "C" __global__ void test_spin(unsigned long long cycles) {
-                long long start = clock64();
-                while ((unsigned long long)(clock64() - start) < cycles) { }
-            }"#,
-            )
-        };
-        kernel.with_host(|args| {
-            let cycles = args.scalar::<u64>(0)?;
-            std::thread::sleep(std::time::Duration::from_micros(cycles / 2000));
-            Ok(())
-        })
-    })
-}
 
 fn elems(buf: &DeviceBuffer<f32>) -> (LaunchConfig, u32) {
     (LaunchConfig::for_num_elems(buf.len()), buf.len() as u32)
@@ -295,24 +88,42 @@ fn launch_binary(
 /// Writes `value` into every element of `buf`; yields `buf`.
 pub fn fill(buf: &Buf, value: f32) -> FromFn<impl OpFn<Buf>> {
     let buf = buf.clone();
-    from_fn(move |ctx| launch_scalar(ctx, fill_kernel(), &buf, value).map(|()| buf))
+    from_fn(move |ctx| launch_scalar(ctx, kernels::fill(), &buf, value).map(|()| buf))
 }
 
 /// Adds `value` to every element of `buf`; yields `buf`.
 pub fn add_scalar(buf: &Buf, value: f32) -> FromFn<impl OpFn<Buf>> {
     let buf = buf.clone();
-    from_fn(move |ctx| launch_scalar(ctx, add_scalar_kernel(), &buf, value).map(|()| buf))
+    from_fn(move |ctx| launch_scalar(ctx, kernels::add_scalar(), &buf, value).map(|()| buf))
 }
 
 /// Multiplies every element of `buf` by `value`; yields `buf`.
 pub fn mul_scalar(buf: &Buf, value: f32) -> FromFn<impl OpFn<Buf>> {
     let buf = buf.clone();
-    from_fn(move |ctx| launch_scalar(ctx, mul_scalar_kernel(), &buf, value).map(|()| buf))
+    from_fn(move |ctx| launch_scalar(ctx, kernels::mul_scalar(), &buf, value).map(|()| buf))
+}
+
+/// `x = x * a + b` over every element of `buf`; yields `buf`.
+pub fn affine(buf: &Buf, a: f32, b: f32) -> FromFn<impl OpFn<Buf>> {
+    let buf = buf.clone();
+    from_fn(move |ctx| {
+        let (config, n) = elems(&buf);
+        kernels::affine().launch(
+            ctx.stream()?,
+            config,
+            KernelArgs::new()
+                .output(&*buf)
+                .scalar(a)
+                .scalar(b)
+                .scalar(n),
+        )?;
+        Ok(buf)
+    })
 }
 
 /// Spins for `cycles` on the op's stream (a kernel that touches no buffer).
 fn spin(ctx: &mut ExecutionContext, cycles: u64) -> Result<(), DeviceError> {
-    spin_kernel().launch(
+    kernels::spin().launch(
         ctx.stream()?,
         LaunchConfig::linear(1, 1),
         KernelArgs::new().scalar(cycles),
@@ -330,26 +141,26 @@ pub fn spin_then_write(buf: &Buf, value: f32, cycles: u64) -> FromFn<impl OpFn<B
     let buf = buf.clone();
     from_fn(move |ctx| {
         spin(ctx, cycles)?;
-        launch_scalar(ctx, fill_kernel(), &buf, value).map(|()| buf)
+        launch_scalar(ctx, kernels::fill(), &buf, value).map(|()| buf)
     })
 }
 
 /// Copies `src` into `dst` (same length); yields `dst`.
 pub fn copy(dst: &Buf, src: &Buf) -> FromFn<impl OpFn<Buf>> {
     let (dst, src) = (dst.clone(), src.clone());
-    from_fn(move |ctx| launch_binary(ctx, copy_kernel(), &dst, &[&src]).map(|()| dst))
+    from_fn(move |ctx| launch_binary(ctx, kernels::copy(), &dst, &[&src]).map(|()| dst))
 }
 
 /// `dst = a + b` elementwise (same lengths); yields `dst`.
 pub fn add(dst: &Buf, a: &Buf, b: &Buf) -> FromFn<impl OpFn<Buf>> {
     let (dst, a, b) = (dst.clone(), a.clone(), b.clone());
-    from_fn(move |ctx| launch_binary(ctx, add_kernel(), &dst, &[&a, &b]).map(|()| dst))
+    from_fn(move |ctx| launch_binary(ctx, kernels::add(), &dst, &[&a, &b]).map(|()| dst))
 }
 
 /// `dst += src` elementwise (same lengths); yields `dst`.
 pub fn accumulate(dst: &Buf, src: &Buf) -> FromFn<impl OpFn<Buf>> {
     let (dst, src) = (dst.clone(), src.clone());
-    from_fn(move |ctx| launch_binary(ctx, accumulate_kernel(), &dst, &[&src]).map(|()| dst))
+    from_fn(move |ctx| launch_binary(ctx, kernels::accumulate(), &dst, &[&src]).map(|()| dst))
 }
 
 /// Sums `srcs` into `dst` (overwritten) on the device, one accumulation after another on one
@@ -357,12 +168,30 @@ pub fn accumulate(dst: &Buf, src: &Buf) -> FromFn<impl OpFn<Buf>> {
 pub fn sum_into(dst: &Buf, srcs: Vec<Buf>) -> FromFn<impl OpFn<Buf>> {
     let dst = dst.clone();
     from_fn(move |ctx| {
-        launch_scalar(ctx, fill_kernel(), &dst, 0.0)?;
+        launch_scalar(ctx, kernels::fill(), &dst, 0.0)?;
         for src in &srcs {
-            launch_binary(ctx, accumulate_kernel(), &dst, &[src])?;
+            launch_binary(ctx, kernels::accumulate(), &dst, &[src])?;
         }
         Ok(dst)
     })
+}
+
+/// A `join_all` of one branch per buffer, each writing `values[i]` into `bufs[i]` after a spin
+/// of `cycles`, then the sum of the branches' outputs into `sum`, on the device: the sum is
+/// right only if every branch was joined before it. Yields `sum`.
+pub fn spin_writes_then_sum(
+    sum: &Buf,
+    bufs: &[Buf],
+    values: &[f32],
+    cycles: u64,
+) -> impl DeviceOp<Output = Buf> + 'static {
+    let writes = bufs
+        .iter()
+        .zip(values)
+        .map(|(b, v)| spin_then_write(b, *v, cycles))
+        .collect();
+    let sum = sum.clone();
+    join_all(writes).then(move |written| sum_into(&sum, written))
 }
 
 /// Allocates `len` elements on the op's stream, spins for `cycles`, then fills them with
@@ -375,7 +204,7 @@ pub fn alloc_spin_fill(
     from_fn(move |ctx| {
         let buf = DeviceBuffer::<f32>::alloc(ctx.stream()?, len)?;
         spin(ctx, cycles)?;
-        launch_scalar(ctx, fill_kernel(), &buf, value).map(|()| buf)
+        launch_scalar(ctx, kernels::fill(), &buf, value).map(|()| buf)
     })
 }
 
@@ -384,7 +213,7 @@ pub fn alloc_spin_fill(
 pub fn bad_launch(buf: &Buf) -> FromFn<impl OpFn<Buf>> {
     let buf = buf.clone();
     from_fn(move |ctx| {
-        fill_kernel().launch(
+        kernels::fill().launch(
             ctx.stream()?,
             LaunchConfig::linear(0, 1),
             KernelArgs::new()
@@ -431,6 +260,28 @@ pub fn with_stream<O: DeviceOp + 'static>(op: O) -> FromFn<impl OpFn<(O::Output,
     })
 }
 
+/// Waits for `event` on the op's stream, then writes `value` into every element of `buf`;
+/// yields `buf`. With the event of a closed [`Gate`], the op stays in flight until the gate
+/// opens.
+pub fn fill_after(event: &Event, buf: &Buf, value: f32) -> FromFn<impl OpFn<Buf>> {
+    let (event, buf) = (event.clone(), buf.clone());
+    from_fn(move |ctx| {
+        ctx.wait_for(&event)?;
+        launch_scalar(ctx, kernels::fill(), &buf, value).map(|()| buf)
+    })
+}
+
+/// Asserts the executor's event counts of an execution: `recorded` events recorded, `waits`
+/// cross-stream waits enqueued.
+#[track_caller]
+pub fn assert_events(stats: &ExecutionStats, recorded: usize, waits: usize) {
+    assert_eq!(
+        (stats.events_recorded, stats.event_waits),
+        (recorded, waits),
+        "events recorded and waited on: {stats:?}"
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // Gates: streams held back until the test lets them go.
 // ---------------------------------------------------------------------------------------------
@@ -441,6 +292,7 @@ pub fn with_stream<O: DeviceOp + 'static>(op: O) -> FromFn<impl OpFn<(O::Output,
 ///
 /// While a gate is closed, nothing in its test binary may wait for all of the device's streams
 /// (`Device::synchronize`).
+#[derive(Debug)]
 pub struct Gate {
     release: Option<mpsc::Sender<()>>,
     event: Event,
@@ -454,13 +306,13 @@ impl Gate {
     /// flight, the gate's blocked host function included.
     pub fn closed(device: &Device) -> Result<Gate, DeviceError> {
         for k in [
-            fill_kernel(),
-            add_scalar_kernel(),
-            mul_scalar_kernel(),
-            copy_kernel(),
-            add_kernel(),
-            accumulate_kernel(),
-            spin_kernel(),
+            kernels::fill(),
+            kernels::add_scalar(),
+            kernels::mul_scalar(),
+            kernels::copy(),
+            kernels::add(),
+            kernels::accumulate(),
+            kernels::spin(),
         ] {
             k.compile(device)?;
         }

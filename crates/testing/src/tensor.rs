@@ -1,42 +1,18 @@
-//! Shared pieces of the tensor conformance suite.
+//! Test support over tensors: uploading and reading back, random inputs rounded to the element
+//! type under test, float64 references, per-type tolerances ([`Float`]) and integer reference
+//! arithmetic ([`Int`], written with the standard library's operations, independently of the
+//! crate under test).
 //!
-//! - [`device`] and [`stream`]: the device under test, from `Device::auto()` (the host backend in
-//!   CI; CUDA under `CUFLOW_DEVICE=cuda`, where a device that cannot be had fails the test
-//!   instead of skipping it).
-//! - Random inputs drawn from a seeded `StdRng` and rounded to the element type under test.
-//!   References are computed in `f64` from the rounded values, so they hold the exact result of
-//!   the operation on what the kernel actually read.
-//! - [`assert_close`]: the largest relative error against an `f64` reference. Its denominator
-//!   is floored at the type's smallest normal value, so a result in the subnormal range is
-//!   judged by its absolute error (half a subnormal step at most for a correct rounding).
-//! - [`Float`] (per-type tolerances) and [`Int`] (wrapping reference arithmetic, written here
-//!   with the standard library's operations, independently of the crate under test).
-//!
-//! Each test binary uses a part of this module.
-#![allow(dead_code, unreachable_pub)]
+//! Random inputs are rounded to the element type before the reference is computed from them, so
+//! the reference holds the exact result of the operation on what the kernel actually read.
 
 use cuflow_device_op::{DeviceOp, DeviceOpExt};
-use cuflow_runtime::{Device, DeviceError, Stream};
+use cuflow_runtime::{DeviceError, Stream};
 use cuflow_tensor::{api, bf16, f16, DType, FloatDType, Tensor};
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 
-/// The device under test.
-pub fn device() -> Device {
-    Device::auto().expect("the device selected by CUFLOW_DEVICE must be usable")
-}
-
-/// A new stream of the device under test.
-pub fn stream() -> Stream {
-    device()
-        .new_stream()
-        .expect("a stream of the device under test")
-}
-
-/// A random generator seeded with `seed`.
-pub fn rng(seed: u64) -> StdRng {
-    StdRng::seed_from_u64(seed)
-}
+use crate::measure::assert_close_elementwise;
 
 /// The number of elements of `shape`.
 pub fn numel(shape: &[usize]) -> usize {
@@ -62,6 +38,24 @@ pub fn eval<T: DType>(
 ) -> Result<Vec<T>, DeviceError> {
     let out = op.sync_on(stream)?;
     out.to_host_vec()
+}
+
+/// Runs `op` on `stream`, checks its output's shape, and reads it back.
+pub fn make<T: DType>(
+    stream: &Stream,
+    shape: &[usize],
+    op: impl DeviceOp<Output = Tensor<T>>,
+) -> Result<Vec<T>, DeviceError> {
+    let t = op.sync_on(stream)?;
+    assert_eq!(t.shape(), shape, "shape");
+    assert_eq!(t.len(), numel(shape), "element count");
+    assert_eq!(t.device(), stream.device(), "device");
+    t.to_host_vec()
+}
+
+/// `n` values uniform in `[-1, 1)`, rounded to `T`.
+pub fn random<T: DType>(rng: &mut StdRng, n: usize) -> Vec<T> {
+    uniform(rng, n, -1.0, 1.0)
 }
 
 /// `n` values uniform in `[lo, hi)`, rounded to `T`.
@@ -108,7 +102,7 @@ pub fn row_ref<T: DType>(x: &[T], row: &[T], f: impl Fn(f64, f64) -> f64) -> Vec
 }
 
 /// A floating-point element type with the tolerances its kernels are held to.
-pub trait Float: FloatDType {
+pub trait Float: FloatDType + Into<f64> + std::fmt::Debug {
     /// Relative tolerance of `+ - * /` and saxpy.
     const ARITH_TOL: f64;
     /// Relative tolerance of `exp`, `tanh` and `silu`.
@@ -149,38 +143,18 @@ impl Float for bf16 {
     const MIN_NORMAL: f64 = f32::MIN_POSITIVE as f64;
 }
 
-/// The largest relative error of `got` against `want`, and where it is. A NaN in `got` counts
-/// as an infinite error.
-pub fn max_rel_err<T: Float>(got: &[T], want: &[f64]) -> (f64, usize) {
-    assert_eq!(got.len(), want.len(), "result length");
-    let mut worst = (0.0f64, 0usize);
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        let g = g.to_f64();
-        let err = if g == *w {
-            0.0
-        } else {
-            (g - w).abs() / w.abs().max(T::MIN_NORMAL)
-        };
-        let err = if err.is_nan() { f64::INFINITY } else { err };
-        if err > worst.0 {
-            worst = (err, i);
-        }
-    }
-    worst
-}
-
-/// Asserts that `got` matches the `f64` reference `want` within relative error `tol`.
+/// Asserts that `got` matches the `f64` reference `want` elementwise within relative error
+/// `tol` ([`assert_close_elementwise`]), with the floor at `T`'s smallest normal value: a
+/// result in the subnormal range is judged by its absolute error (half a subnormal step at
+/// most for a correct rounding).
 #[track_caller]
-pub fn assert_close<T: Float>(got: &[T], want: &[f64], tol: f64, what: &str) {
-    let (err, i) = max_rel_err(got, want);
-    assert!(
-        err <= tol,
-        "{what} ({}): relative error {err:.3e} at element {i} of {} (got {:?}, expected {}) \
-         exceeds {tol:e}",
-        T::NAME,
-        got.len(),
-        got[i],
-        want[i],
+pub fn assert_dtype_close<T: Float>(got: &[T], want: &[f64], tol: f64, what: &str) {
+    assert_close_elementwise(
+        &format!("{what} ({})", T::NAME),
+        got,
+        want,
+        T::MIN_NORMAL,
+        tol,
     );
 }
 

@@ -1,0 +1,193 @@
+//! Random constructors: values within their range and with plausible moments, seeded calls
+//! reproducible, the same values on the host backend as on the device under test.
+
+use cuflow_device_op::DeviceOpExt;
+use cuflow_runtime::{Device, DeviceError, Stream};
+use cuflow_tensor::{api, bf16, f16};
+use cuflow_testing::{device::stream, tensor::*};
+
+/// Mean and variance of `v`.
+fn moments(v: &[f64]) -> (f64, f64) {
+    let n = v.len() as f64;
+    let mean = v.iter().sum::<f64>() / n;
+    let var = v.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / n;
+    (mean, var)
+}
+
+const SAMPLES: usize = 100_000;
+
+/// `rand_seeded(low, high)`: in `[low, high)`, spread over the whole range, with the moments
+/// of a uniform distribution (bounds at about ten standard errors).
+fn uniform_in_range<T: Float>(low: f64, high: f64, seed: u64) -> Result<(), DeviceError> {
+    let v = f64s(&make(
+        &stream(),
+        &[SAMPLES],
+        api::rand_seeded::<T>(low, high, &[SAMPLES], seed),
+    )?);
+    let what = format!("rand {} [{low}, {high})", T::NAME);
+    if let Some(x) = v.iter().find(|x| !(low..high).contains(*x)) {
+        panic!("{what}: {x} is out of range");
+    }
+    let (min, max) = v
+        .iter()
+        .fold((f64::MAX, f64::MIN), |(a, b), x| (a.min(*x), b.max(*x)));
+    let width = high - low;
+    assert!(
+        min < low + 0.001 * width && max > high - 0.01 * width,
+        "{what}: spans [{min}, {max}]"
+    );
+    let (mean, var) = moments(&v);
+    let (want_mean, want_var) = ((low + high) / 2.0, width * width / 12.0);
+    assert!(
+        (mean - want_mean).abs() < 0.01 * width,
+        "{what}: mean {mean}"
+    );
+    assert!(
+        (var / want_var - 1.0).abs() < 0.03,
+        "{what}: variance {var}"
+    );
+    // Each tenth of the range holds about a tenth of the values.
+    let mut bins = [0usize; 10];
+    for x in &v {
+        bins[(((x - low) / width * 10.0) as usize).min(9)] += 1;
+    }
+    for (i, b) in bins.iter().enumerate() {
+        assert!(
+            (*b as f64 / SAMPLES as f64 - 0.1).abs() < 0.01,
+            "{what}: bin {i} holds {b}"
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn rand_is_uniform_in_its_half_open_range() -> Result<(), DeviceError> {
+    uniform_in_range::<f32>(-2.0, 3.0, 1)?;
+    uniform_in_range::<f32>(1.0, 2.0, 2)?;
+    uniform_in_range::<f64>(0.0, 1.0, 3)?;
+    uniform_in_range::<f64>(-1e3, 1e3, 4)?;
+    uniform_in_range::<f16>(0.0, 1.0, 5)?;
+    uniform_in_range::<f16>(-2.0, 3.0, 6)?;
+    uniform_in_range::<bf16>(0.0, 1.0, 7)?;
+    uniform_in_range::<bf16>(-2.0, 3.0, 8)
+}
+
+/// `randn_seeded(mean, std)`: moments and the share within one standard deviation of a normal
+/// distribution.
+fn normal<T: Float>(mean: f64, std: f64, seed: u64) -> Result<(), DeviceError> {
+    let v = f64s(&make(
+        &stream(),
+        &[SAMPLES],
+        api::randn_seeded::<T>(mean, std, &[SAMPLES], seed),
+    )?);
+    let what = format!("randn {} ({mean}, {std})", T::NAME);
+    assert!(
+        v.iter().all(|x| x.is_finite()),
+        "{what}: a value is not finite"
+    );
+    let (m, var) = moments(&v);
+    assert!((m - mean).abs() < 0.05 * std, "{what}: mean {m}");
+    assert!(
+        (var / (std * std) - 1.0).abs() < 0.05,
+        "{what}: variance {var}"
+    );
+    let within = v.iter().filter(|x| (*x - mean).abs() < std).count() as f64 / SAMPLES as f64;
+    assert!(
+        (within - 0.6827).abs() < 0.01,
+        "{what}: {within} within one std"
+    );
+    let beyond = v.iter().filter(|x| (*x - mean).abs() > 3.0 * std).count();
+    assert!(
+        beyond > 100 && beyond < 450,
+        "{what}: {beyond} beyond three std"
+    );
+    Ok(())
+}
+
+#[test]
+fn randn_is_normal() -> Result<(), DeviceError> {
+    normal::<f32>(1.5, 2.0, 1)?;
+    normal::<f64>(-3.0, 0.5, 2)?;
+    normal::<f16>(0.0, 1.0, 3)?;
+    normal::<bf16>(10.0, 3.0, 4)
+}
+
+#[test]
+fn seeded_random_tensors_are_reproducible() -> Result<(), DeviceError> {
+    let s = stream();
+    let shape = [7, 1001];
+    let u = |seed| api::rand_seeded::<f32>(0.0, 1.0, &shape, seed).sync_on(&s);
+    let n = |seed| api::randn_seeded::<f64>(0.0, 1.0, &shape, seed).sync_on(&s);
+    let (a, b, c) = (read(&u(42)?), read(&u(42)?), read(&u(43)?));
+    assert_eq!(a, b, "rand_seeded with one seed");
+    let same = a.iter().zip(&c).filter(|(x, y)| x == y).count();
+    assert!(
+        same < 10,
+        "rand_seeded: seeds 42 and 43 agree on {same} values"
+    );
+    let (a, b, c) = (read(&n(42)?), read(&n(42)?), read(&n(7)?));
+    assert_eq!(a, b, "randn_seeded with one seed");
+    assert!(
+        a.iter().zip(&c).all(|(x, y)| x != y),
+        "randn_seeded: seeds 42 and 7 agree"
+    );
+    // Elements are not repeated along the tensor.
+    let mut sorted = a.clone();
+    sorted.sort_by(f64::total_cmp);
+    sorted.dedup();
+    assert_eq!(sorted.len(), a.len(), "randn values repeat");
+    Ok(())
+}
+
+#[test]
+fn manual_seed_restarts_the_sequence() -> Result<(), DeviceError> {
+    // The only test of this binary that draws from the global sequence.
+    let s = stream();
+    type Draws = (Vec<f32>, Vec<f32>, Vec<f32>);
+    let draw = || -> Result<Draws, DeviceError> {
+        Ok((
+            read(&api::rand::<f32>(-1.0, 1.0, &[500]).sync_on(&s)?),
+            read(&api::randn::<f32>(0.0, 1.0, &[500]).sync_on(&s)?),
+            read(&api::rand::<f32>(-1.0, 1.0, &[500]).sync_on(&s)?),
+        ))
+    };
+    api::manual_seed(1234);
+    let first = draw()?;
+    api::manual_seed(1234);
+    let again = draw()?;
+    assert_eq!(first, again, "the same seed gives the same tensors");
+    assert_ne!(first.0, first.2, "each call takes the next seed");
+    assert!(first.0.iter().all(|x| (-1.0..1.0).contains(x)));
+    api::manual_seed(99);
+    assert_ne!(draw()?.0, first.0, "another seed gives other tensors");
+    Ok(())
+}
+
+#[test]
+fn random_tensors_match_the_host_backend() -> Result<(), DeviceError> {
+    // The same counter-based generator on every backend, up to the last rounding (and the
+    // last bits of log and cos for normal values, judged relative to the standard deviation).
+    let host = Device::host().new_stream()?;
+    let dev = stream();
+    let shape = [3, 4097];
+    let u = |s: &Stream| api::rand_seeded::<f32>(-1.0, 4.0, &shape, 5).sync_on(s);
+    let (a, b) = (read(&u(&dev)?), read(&u(&host)?));
+    assert_dtype_close(
+        &a,
+        &f64s(&b),
+        f32::ARITH_TOL,
+        "rand f32 against the host backend",
+    );
+    let n = |s: &Stream| api::randn_seeded::<f64>(0.0, 1.0, &shape, 6).sync_on(s);
+    let (a, b) = (read(&n(&dev)?), read(&n(&host)?));
+    let worst = a
+        .iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f64::max);
+    assert!(
+        worst < 1e-12,
+        "randn f64 differs from the host backend by {worst}"
+    );
+    Ok(())
+}

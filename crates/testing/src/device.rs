@@ -1,0 +1,87 @@
+//! The device under test, and the devices of a multi-device test.
+//!
+//! Every test takes its device from `Device::auto()`: the host backend where no GPU is present,
+//! the device `CUFLOW_DEVICE=host|cuda|cuda:N` names otherwise. A device that was asked for and
+//! cannot be had fails the test (a GPU run never passes silently on the host). The devices of a
+//! multi-device test are those of the same backend: every visible CUDA device under CUDA,
+//! `Device::host()` and `Device::host_numbered(1)` on the host backend. A test that needs two
+//! and sees fewer skips with a message, unless `CUFLOW_MIN_DEVICES` requires them: then it
+//! fails.
+
+use std::io::Write;
+
+use cuflow_runtime::{BackendKind, Device, Stream};
+
+/// The device under test. Panics when the device `CUFLOW_DEVICE` selects is not usable.
+pub fn device() -> Device {
+    Device::auto().expect("the device selected by CUFLOW_DEVICE must be usable")
+}
+
+/// A new stream of the device under test.
+pub fn stream() -> Stream {
+    device()
+        .new_stream()
+        .expect("a stream of the device under test")
+}
+
+/// The devices of the backend under test (see the module docs). Panics when
+/// `CUFLOW_MIN_DEVICES` asks for more than are visible.
+pub fn devices() -> Vec<Device> {
+    let first = device();
+    let devices: Vec<Device> = match first.kind() {
+        BackendKind::Cuda => (0..Device::cuda_count())
+            .map(|i| Device::cuda(i).expect("a visible CUDA device must open"))
+            .collect(),
+        _ => vec![Device::host(), Device::host_numbered(1)],
+    };
+    if let Ok(min) = std::env::var("CUFLOW_MIN_DEVICES") {
+        let min: usize = min
+            .trim()
+            .parse()
+            .expect("CUFLOW_MIN_DEVICES must be a number of devices");
+        assert!(
+            devices.len() >= min,
+            "CUFLOW_MIN_DEVICES={min} but only {} {} device(s) are visible",
+            devices.len(),
+            first.kind()
+        );
+    }
+    devices
+}
+
+/// Two or more devices, or `None` (with a message) when fewer are visible and
+/// `CUFLOW_MIN_DEVICES` does not require them.
+pub fn two_devices() -> Option<Vec<Device>> {
+    let devices = devices();
+    if devices.len() >= 2 {
+        return Some(devices);
+    }
+    skip(&format!(
+        "needs 2 devices, {} visible (set CUFLOW_MIN_DEVICES=2 to require them)",
+        devices.len()
+    ));
+    None
+}
+
+/// The first two devices of [`two_devices`], or `None` (with a message) under the same rule.
+pub fn device_pair() -> Option<(Device, Device)> {
+    let mut devices = two_devices()?.into_iter();
+    Some((devices.next()?, devices.next()?))
+}
+
+/// Every ordered pair of distinct devices of `devices`.
+pub fn pairs(devices: &[Device]) -> Vec<(Device, Device)> {
+    let mut out = Vec::new();
+    for a in devices {
+        for b in devices.iter().filter(|b| *b != a) {
+            out.push((a.clone(), b.clone()));
+        }
+    }
+    out
+}
+
+/// Says that a test skips, and why: straight to stderr, past the test harness's capture, so
+/// that the run shows it.
+pub fn skip(why: &str) {
+    let _ = writeln!(std::io::stderr(), "skipped: {why}");
+}
