@@ -7,7 +7,8 @@ use std::time::Instant;
 
 use cuflow_device_op::{from_fn, DeviceOp, DeviceOpExt, ExecutionContext};
 use cuflow_runtime::{Device, DeviceError, Stream};
-use cuflow_tensor::kernels::decode::{self, AttentionShape, SampleParams};
+use cuflow_tensor::kernels::decode::GemvEpilogue::{Accumulate, Store, SwiGlu};
+use cuflow_tensor::kernels::decode::{self, AttentionShape, GemvInput, SampleParams};
 use cuflow_tensor::{api, bf16, kernels, Tensor};
 
 use super::config::LlamaConfig;
@@ -60,7 +61,9 @@ impl Core {
 
     /// One decode step over `state`: embeds `token` at position `pos`, runs every layer
     /// (appending to the caches), computes the logits and samples the next token, which the
-    /// sampling kernel feeds back (`token`, `generated[pos + 1]`, `pos + 1`).
+    /// sampling kernel feeds back (`token`, `generated[pos + 1]`, `pos + 1`). The norms are
+    /// fused into the GEMVs that read them, the residual adds and SwiGLU into the GEMVs that
+    /// produce them: seven kernels per layer.
     pub(crate) fn step<'a>(
         &'a self,
         s: &'a mut State,
@@ -68,30 +71,27 @@ impl Core {
     ) -> impl DeviceOp<Output = ()> + 'a {
         from_fn(move |ctx: &mut ExecutionContext| {
             let (w, eps, shape) = (&self.weights, self.eps(), self.shape(s.max_seq));
+            let norm = |weight| GemvInput::RmsNorm { weight, eps };
             decode::embed_rows(&mut s.x, &w.embed, &s.token).execute(ctx)?;
             for (l, lw) in w.layers.iter().enumerate() {
-                if l == 0 {
-                    decode::rms_norm_rows(&mut s.h, &s.x, &lw.attn_norm, eps).execute(ctx)?;
-                } else {
-                    decode::residual_rms_norm(&mut s.x, &mut s.h, &s.down, &lw.attn_norm, eps)
-                        .execute(ctx)?;
-                }
-                decode::gemv(&mut s.qkv, &lw.wqkv, &s.h, 0).execute(ctx)?;
+                // Each GEMV that reads the residual stream `x` is a kernel of its own, after
+                // the one that last added to it.
+                decode::gemv_fused(&mut s.qkv, &lw.wqkv, &s.x, norm(&lw.attn_norm), Store)
+                    .execute(ctx)?;
                 let cache = &mut s.caches[l];
                 decode::rope_kv_append(&mut s.q, cache, &s.qkv, &self.inv_freq, &s.pos, shape)
                     .execute(ctx)?;
                 decode::attention(&mut s.attn, &mut s.scratch, &s.q, cache, &s.pos, shape)
                     .execute(ctx)?;
-                decode::gemv(&mut s.o, &lw.wo, &s.attn, 0).execute(ctx)?;
-                decode::residual_rms_norm(&mut s.x, &mut s.h, &s.o, &lw.mlp_norm, eps)
+                decode::gemv_fused(&mut s.x, &lw.wo, &s.attn, GemvInput::Plain, Accumulate)
                     .execute(ctx)?;
-                decode::gemv(&mut s.gu, &lw.w_gate_up, &s.h, 0).execute(ctx)?;
-                decode::silu_mul(&mut s.act, &s.gu).execute(ctx)?;
-                decode::gemv(&mut s.down, &lw.w_down, &s.act, 0).execute(ctx)?;
+                decode::gemv_fused(&mut s.act, &lw.w_gate_up, &s.x, norm(&lw.mlp_norm), SwiGlu)
+                    .execute(ctx)?;
+                decode::gemv_fused(&mut s.x, &lw.w_down, &s.act, GemvInput::Plain, Accumulate)
+                    .execute(ctx)?;
             }
-            decode::residual_rms_norm(&mut s.x, &mut s.h, &s.down, &w.final_norm, eps)
+            decode::gemv_fused(&mut s.logits, &w.lm_head, &s.x, norm(&w.final_norm), Store)
                 .execute(ctx)?;
-            decode::gemv(&mut s.logits, &w.lm_head, &s.h, 0).execute(ctx)?;
             decode::sample(
                 &mut s.token,
                 &mut s.generated,

@@ -31,15 +31,11 @@ pub(crate) struct State {
     /// `generated[p + 1]` is the token chosen after position `p`, `[max_seq + 1]`.
     pub(crate) generated: Tensor<u32>,
     pub(crate) x: Tensor<f32>,
-    pub(crate) h: Tensor<f32>,
     pub(crate) qkv: Tensor<f32>,
     pub(crate) q: Tensor<f32>,
     pub(crate) attn: Tensor<f32>,
     pub(crate) scratch: Tensor<f32>,
-    pub(crate) o: Tensor<f32>,
-    pub(crate) gu: Tensor<f32>,
     pub(crate) act: Tensor<f32>,
-    pub(crate) down: Tensor<f32>,
     pub(crate) logits: Tensor<f32>,
 }
 
@@ -61,15 +57,11 @@ impl State {
             rng: api::zeros::<u32>(&[3]).sync_on(stream)?,
             generated: api::full::<u32>(&[max_seq + 1], u32::MAX).sync_on(stream)?,
             x: f(&[1, d])?,
-            h: f(&[1, d])?,
             qkv: f(&[1, cfg.qkv_rows()])?,
             q: f(&[1, qd])?,
             attn: f(&[1, qd])?,
             scratch: f(&[1, cfg.num_attention_heads, parts, cfg.head_dim() + 2])?,
-            o: f(&[1, d])?,
-            gu: f(&[1, 2 * cfg.intermediate_size])?,
             act: f(&[1, cfg.intermediate_size])?,
-            down: f(&[1, d])?,
             logits: f(&[cfg.vocab_size])?,
         })
     }

@@ -1,15 +1,26 @@
 //! `out = W · x` for a `bf16` weight `[rows, cols]` and an `f32` vector: the memory-bound
-//! matrix-vector product of batch-1 decoding.
+//! matrix-vector product of batch-1 decoding, with the vector operations around it fused in.
 //!
-//! On CUDA one warp computes one row and a block of 256 threads eight rows: each lane reads
-//! the row in 16-byte vectors (eight `bf16`), four in flight, multiplies them with the
-//! matching `f32` elements of `x` (read as `float4`, cached in L1 across the block's rows),
-//! accumulates in `f32` and the warp reduces with shuffles. Reading the weights once is the
-//! whole cost, so the kernel runs at the device's memory bandwidth when there are enough rows
-//! to fill it.
+//! Fusions, chosen per launch ([`GemvInput`], [`GemvEpilogue`]):
+//! - the RMS norm of `x` ([`GemvInput::RmsNorm`]): every block sums the squares of `x` (read
+//!   from L2, a few kilobytes) and scales each element by `rsqrt(mean + eps) · weight` as it
+//!   loads it, so the normalized vector is never written;
+//! - the residual add ([`GemvEpilogue::Accumulate`]): `out += W · x`, each element read and
+//!   written by the one thread that owns its row;
+//! - SwiGLU ([`GemvEpilogue::SwiGlu`]): a fused gate/up weight `[2 · inter, cols]` gives
+//!   `out[i] = silu(y[i]) · y[inter + i]`, the warp that computes row `i` computing row
+//!   `inter + i` too.
+//!
+//! On CUDA a warp computes two rows at once (two accumulators, one read of `x` for both), a
+//! lane keeping up to eight 16-byte weight loads in flight; when there are few rows for the
+//! device, `ksplit` warps of a block share a row pair, each summing an interleaved part of
+//! the columns, and the block adds their partial sums through shared memory (a barrier
+//! before the sums are read and another before the slots are written again). Blocks loop
+//! over row pairs, so the norm's sum of squares is computed once per block. Reading the
+//! weights once is the whole cost.
 
 use cuflow_device_op::{from_fn, ExecutionContext};
-use cuflow_runtime::{DeviceError, Kernel, KernelArgs, LaunchConfig};
+use cuflow_runtime::{DeviceError, Kernel, KernelArgs, LaunchConfig, Stream};
 use half::bf16;
 
 use super::{bf16_defs, check_len, u32_of};
@@ -17,59 +28,378 @@ use crate::kernels::check_device;
 use crate::op::{cached_kernel, TensorOp};
 use crate::tensor::Tensor;
 
-/// Rows per block (one per warp).
-const ROWS_PER_BLOCK: u32 = 8;
+/// Threads per block (eight warps).
+const THREADS: u32 = 256;
+/// Resident blocks per multiprocessor the grid is sized for.
+const BLOCKS_PER_SM: usize = 8;
 
-pub(super) fn kernel() -> Kernel {
-    cached_kernel("decode_gemv", "bf16", || {
-        let source = format!(
-            r#"{defs}
+/// How a fused GEMV reads its input vector `x`.
+#[derive(Clone, Copy, Debug)]
+pub enum GemvInput<'a> {
+    /// `x` as it is.
+    Plain,
+    /// The RMS norm of `x`, `x / sqrt(mean(x²) + eps) · weight` (`weight` `bf16`, one value
+    /// per column), computed as `x` is loaded.
+    RmsNorm {
+        /// The norm's weight.
+        weight: &'a Tensor<bf16>,
+        /// Added to the mean square.
+        eps: f32,
+    },
+}
+
+/// What a fused GEMV does with the products `y = W · x`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GemvEpilogue {
+    /// `out = y` (`out` has one element per row of `W`).
+    Store,
+    /// `out += y`: the residual add (`out` has one element per row of `W`).
+    Accumulate,
+    /// SwiGLU of a fused gate/up weight `[2 · inter, k]`: `out[i] = silu(y[i]) · y[inter + i]`
+    /// (`out` has `inter` elements).
+    SwiGlu,
+}
+
+impl GemvEpilogue {
+    fn code(self) -> u32 {
+        match self {
+            GemvEpilogue::Store => 0,
+            GemvEpilogue::Accumulate => 1,
+            GemvEpilogue::SwiGlu => 2,
+        }
+    }
+}
+
+fn kernel_name(norm: bool, epilogue: GemvEpilogue) -> &'static str {
+    match (norm, epilogue) {
+        (false, GemvEpilogue::Store) => "decode_gemv",
+        (false, GemvEpilogue::Accumulate) => "decode_gemv_add",
+        (false, GemvEpilogue::SwiGlu) => "decode_gemv_swiglu",
+        (true, GemvEpilogue::Store) => "decode_rms_norm_gemv",
+        (true, GemvEpilogue::Accumulate) => "decode_rms_norm_gemv_add",
+        (true, GemvEpilogue::SwiGlu) => "decode_rms_norm_gemv_swiglu",
+    }
+}
+
+/// Every variant, for [`compile_all`](super::compile_all).
+pub(super) fn kernels() -> Vec<Kernel> {
+    let epilogues = [
+        GemvEpilogue::Store,
+        GemvEpilogue::Accumulate,
+        GemvEpilogue::SwiGlu,
+    ];
+    [false, true]
+        .into_iter()
+        .flat_map(|norm| epilogues.map(|e| kernel(norm, e)))
+        .collect()
+}
+
+fn source(name: &str, norm: bool, epilogue: GemvEpilogue) -> String {
+    format!(
+        r#"{defs}
+#define IN_NORM {norm}
+#define EPILOGUE {epilogue}
 __device__ __forceinline__ float bf_lo(unsigned v) {{ return __uint_as_float(v << 16); }}
 __device__ __forceinline__ float bf_hi(unsigned v) {{ return __uint_as_float(v & 0xffff0000u); }}
-extern "C" __global__ void decode_gemv(float* out, const T_bf16* w, const float* x,
-                                       unsigned rows, unsigned cols) {{
-  const unsigned lane = threadIdx.x & 31;
-  const unsigned row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  if (row >= rows) return;
-  const uint4* wr = (const uint4*)(w + (unsigned long long)row * cols);
-  const float4* x4 = (const float4*)x;
+__device__ __forceinline__ float dot8(uint4 p, const float* v, float acc) {{
+  acc = fmaf(bf_lo(p.x), v[0], acc);
+  acc = fmaf(bf_hi(p.x), v[1], acc);
+  acc = fmaf(bf_lo(p.y), v[2], acc);
+  acc = fmaf(bf_hi(p.y), v[3], acc);
+  acc = fmaf(bf_lo(p.z), v[4], acc);
+  acc = fmaf(bf_hi(p.z), v[5], acc);
+  acc = fmaf(bf_lo(p.w), v[6], acc);
+  acc = fmaf(bf_hi(p.w), v[7], acc);
+  return acc;
+}}
+/* Elements 8i .. 8i + 7 of the (normalized) input. */
+__device__ __forceinline__ void load_x(float* v, const float4* x4, const uint4* nw4, unsigned i,
+                                       float scale) {{
+  const float4 a = __ldg(x4 + 2 * i);
+  const float4 b = __ldg(x4 + 2 * i + 1);
+  v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+  v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+#if IN_NORM
+  const uint4 g = __ldg(nw4 + i);
+  v[0] *= scale * bf_lo(g.x); v[1] *= scale * bf_hi(g.x);
+  v[2] *= scale * bf_lo(g.y); v[3] *= scale * bf_hi(g.y);
+  v[4] *= scale * bf_lo(g.z); v[5] *= scale * bf_hi(g.z);
+  v[6] *= scale * bf_lo(g.w); v[7] *= scale * bf_hi(g.w);
+#endif
+}}
+/* Row pair u: rows (2u, 2u + 1), or (u, u + units) for SwiGLU; the second row of an odd
+   count repeats the first and is not written. */
+extern "C" __global__ void {name}(float* out, const T_bf16* w, const float* x, const T_bf16* nw,
+                                  float eps, unsigned rows, unsigned cols, unsigned ksplit) {{
+  __shared__ float partial[64];
+  __shared__ float squares[32];
+  const unsigned lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   const unsigned nv = cols >> 3;
-  float acc = 0.0f;
-#pragma unroll 4
-  for (unsigned i = lane; i < nv; i += 32) {{
-    const uint4 p = __ldg(wr + i);
-    const float4 a = __ldg(x4 + 2 * i);
-    const float4 b = __ldg(x4 + 2 * i + 1);
-    acc = fmaf(bf_lo(p.x), a.x, acc);
-    acc = fmaf(bf_hi(p.x), a.y, acc);
-    acc = fmaf(bf_lo(p.y), a.z, acc);
-    acc = fmaf(bf_hi(p.y), a.w, acc);
-    acc = fmaf(bf_lo(p.z), b.x, acc);
-    acc = fmaf(bf_hi(p.z), b.y, acc);
-    acc = fmaf(bf_lo(p.w), b.z, acc);
-    acc = fmaf(bf_hi(p.w), b.w, acc);
+  const float4* x4 = (const float4*)x;
+  const uint4* nw4 = (const uint4*)nw;
+  float scale = 1.0f;
+#if IN_NORM
+  {{
+    float ss = 0.0f;
+    for (unsigned i = threadIdx.x; i < 2 * nv; i += blockDim.x) {{
+      const float4 a = __ldg(x4 + i);
+      ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+    }}
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if (lane == 0) squares[warp] = ss;
+    __syncthreads();
+    float s = 0.0f;
+    for (unsigned i = 0; i < warps; ++i) s += squares[i];
+    scale = 1.0f / sqrtf(s / (float)cols + eps);
   }}
-  for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-  if (lane == 0) out[row] = acc;
+#endif
+#if EPILOGUE == 2
+  const unsigned units = rows >> 1;
+#else
+  const unsigned units = (rows + 1) >> 1;
+#endif
+  const unsigned per_block = warps / ksplit;
+  const unsigned slot = warp / ksplit, part = warp % ksplit, stride = 32 * ksplit;
+  for (unsigned first = blockIdx.x * per_block; first < units; first += gridDim.x * per_block) {{
+    const unsigned u = first + slot;
+#if EPILOGUE == 2
+    const unsigned r0 = u, r1 = u + units;
+#else
+    const unsigned r0 = 2 * u, r1 = r0 + 1 < rows ? r0 + 1 : r0;
+#endif
+    float acc0 = 0.0f, acc1 = 0.0f;
+    if (u < units) {{
+      const uint4* w0 = (const uint4*)(w + (unsigned long long)r0 * cols);
+      const uint4* w1 = (const uint4*)(w + (unsigned long long)r1 * cols);
+      for (unsigned i0 = part * 32 + lane; i0 < nv; i0 += 4 * stride) {{
+        uint4 p0[4], p1[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {{
+          const unsigned i = i0 + k * stride;
+          p0[k] = make_uint4(0u, 0u, 0u, 0u);
+          p1[k] = make_uint4(0u, 0u, 0u, 0u);
+          if (i < nv) {{
+            p0[k] = __ldg(w0 + i);
+            p1[k] = __ldg(w1 + i);
+          }}
+        }}
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {{
+          const unsigned i = i0 + k * stride;
+          if (i < nv) {{
+            float v[8];
+            load_x(v, x4, nw4, i, scale);
+            acc0 = dot8(p0[k], v, acc0);
+            acc1 = dot8(p1[k], v, acc1);
+          }}
+        }}
+      }}
+      for (int o = 16; o > 0; o >>= 1) {{
+        acc0 += __shfl_xor_sync(0xffffffffu, acc0, o);
+        acc1 += __shfl_xor_sync(0xffffffffu, acc1, o);
+      }}
+    }}
+    if (ksplit > 1) {{
+      if (lane == 0) {{
+        partial[2 * warp] = acc0;
+        partial[2 * warp + 1] = acc1;
+      }}
+      __syncthreads();
+      if (part == 0) {{
+        acc0 = 0.0f;
+        acc1 = 0.0f;
+        for (unsigned j = 0; j < ksplit; ++j) {{
+          acc0 += partial[2 * (warp + j)];
+          acc1 += partial[2 * (warp + j) + 1];
+        }}
+      }}
+      __syncthreads();
+    }}
+    if (lane == 0 && part == 0 && u < units) {{
+#if EPILOGUE == 0
+      out[r0] = acc0;
+      if (r1 != r0) out[r1] = acc1;
+#elif EPILOGUE == 1
+      out[r0] += acc0;
+      if (r1 != r0) out[r1] += acc1;
+#else
+      out[u] = acc0 / (1.0f + expf(-acc0)) * acc1;
+#endif
+    }}
+  }}
 }}
 "#,
-            defs = bf16_defs()
-        );
-        crate::op::builtin_kernel("decode_gemv", source).with_host(|args| {
+        defs = bf16_defs(),
+        norm = u32::from(norm),
+        epilogue = epilogue.code(),
+    )
+}
+
+fn kernel(norm: bool, epilogue: GemvEpilogue) -> Kernel {
+    let name = kernel_name(norm, epilogue);
+    cached_kernel(name, "bf16", || {
+        crate::op::builtin_kernel(name, source(name, norm, epilogue)).with_host(move |args| {
             let w = args.input::<bf16>(1)?;
             let x = args.input::<f32>(2)?;
-            let cols = args.scalar::<u32>(4)? as usize;
+            let nw = args.input::<bf16>(3)?;
+            let eps = f64::from(args.scalar::<f32>(4)?);
+            let cols = (args.scalar::<u32>(6)? as usize).max(1);
             let out = args.output::<f32>(0)?;
-            for (o, row) in out.iter_mut().zip(w.chunks(cols.max(1))) {
-                *o = row
-                    .iter()
-                    .zip(x)
-                    .map(|(w, x)| f64::from(w.to_f32()) * f64::from(*x))
-                    .sum::<f64>() as f32;
-            }
+            host_gemv(out, w, x, norm.then_some((nw, eps)), epilogue, cols);
             Ok(())
         })
     })
+}
+
+/// The host implementation: the input (normalized in `f64` when `norm` is given), products
+/// accumulated in `f64`, the epilogue in `f64`, one rounding to `f32` per output.
+fn host_gemv(
+    out: &mut [f32],
+    w: &[bf16],
+    x: &[f32],
+    norm: Option<(&[bf16], f64)>,
+    epilogue: GemvEpilogue,
+    cols: usize,
+) {
+    let x = &x[..cols.min(x.len())];
+    let input: Vec<f64> = match norm {
+        Some((nw, eps)) => {
+            let ss: f64 = x.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+            let r = 1.0 / (ss / cols as f64 + eps).sqrt();
+            x.iter()
+                .zip(nw)
+                .map(|(&v, g)| f64::from(v) * r * f64::from(g.to_f32()))
+                .collect()
+        }
+        None => x.iter().map(|&v| f64::from(v)).collect(),
+    };
+    let dot = |row: &[bf16]| -> f64 {
+        row.iter()
+            .zip(&input)
+            .map(|(w, v)| f64::from(w.to_f32()) * v)
+            .sum()
+    };
+    let products = w.chunks(cols).map(dot);
+    match epilogue {
+        GemvEpilogue::Store => {
+            for (o, y) in out.iter_mut().zip(products) {
+                *o = y as f32;
+            }
+        }
+        GemvEpilogue::Accumulate => {
+            for (o, y) in out.iter_mut().zip(products) {
+                *o = (f64::from(*o) + y) as f32;
+            }
+        }
+        GemvEpilogue::SwiGlu => {
+            let y: Vec<f64> = products.collect();
+            let (gate, up) = y.split_at(y.len() / 2);
+            for ((o, g), u) in out.iter_mut().zip(gate).zip(up) {
+                *o = (g / (1.0 + (-g).exp()) * u) as f32;
+            }
+        }
+    }
+}
+
+/// Warps that share one row pair: enough blocks to fill the device three times over, as
+/// long as each warp keeps at least two 16-byte loads per lane and row.
+fn ksplit(units: usize, vectors: usize, sms: usize) -> usize {
+    let warps = (THREADS / 32) as usize;
+    let mut k = 1;
+    while k < warps && units.div_ceil(warps / k) < 3 * sms && vectors / (2 * k) >= 64 {
+        k *= 2;
+    }
+    k
+}
+
+/// Checks the shapes and launches the variant `(input, epilogue)` on row `x_row` of `x`.
+fn launch(
+    op: &'static str,
+    stream: &Stream,
+    out: &mut Tensor<f32>,
+    w: &Tensor<bf16>,
+    (x, x_row): (&Tensor<f32>, usize),
+    input: GemvInput<'_>,
+    epilogue: GemvEpilogue,
+) -> Result<(), DeviceError> {
+    for t in [&*out, x] {
+        check_device(op, stream, t)?;
+    }
+    check_device(op, stream, w)?;
+    let [n, k] = *w.shape() else {
+        return Err(DeviceError::InvalidShape {
+            op,
+            reason: format!("`w` must be [n, k], got {:?}", w.shape()),
+        });
+    };
+    if k % 8 != 0 {
+        return Err(DeviceError::InvalidShape {
+            op,
+            reason: format!(
+                "`w` is {:?}: its columns must be a multiple of 8 (16-byte loads)",
+                w.shape()
+            ),
+        });
+    }
+    if epilogue == GemvEpilogue::SwiGlu {
+        if n % 2 != 0 {
+            return Err(DeviceError::InvalidShape {
+                op,
+                reason: format!(
+                    "`w` is {:?}: a fused gate/up weight needs an even number of rows",
+                    w.shape()
+                ),
+            });
+        }
+        check_len(op, "out", out, n / 2)?;
+    } else {
+        check_len(op, "out", out, n)?;
+    }
+    if (x_row + 1) * k > x.len() {
+        return Err(DeviceError::InvalidShape {
+            op,
+            reason: format!(
+                "`x` {:?} has no row {x_row} of {k} elements, the columns of `w`",
+                x.shape()
+            ),
+        });
+    }
+    let (norm_weight, eps) = match input {
+        GemvInput::Plain => (w, 0.0),
+        GemvInput::RmsNorm { weight, eps } => {
+            check_device(op, stream, weight)?;
+            check_len(op, "weight", weight, k)?;
+            (weight, eps)
+        }
+    };
+    if n == 0 || k == 0 {
+        return Ok(());
+    }
+    let units = if epilogue == GemvEpilogue::SwiGlu {
+        n / 2
+    } else {
+        n.div_ceil(2)
+    };
+    let sms = stream.device().limits().multiprocessor_count.max(1) as usize;
+    let split = ksplit(units, k / 8, sms);
+    let blocks = units.div_ceil((THREADS / 32) as usize / split);
+    // Blocks loop over row pairs: as few rounds as the resident blocks allow, evenly spread.
+    let rounds = blocks.div_ceil(sms * BLOCKS_PER_SM);
+    let grid = blocks.div_ceil(rounds);
+    let norm = matches!(input, GemvInput::RmsNorm { .. });
+    kernel(norm, epilogue).launch(
+        stream,
+        LaunchConfig::linear(u32_of(op, "blocks", grid)?, THREADS),
+        KernelArgs::new()
+            .output(&**out.buffer())
+            .input(&**w.buffer())
+            .input(x.buffer().slice(x_row * k..(x_row + 1) * k)?)
+            .input(&**norm_weight.buffer())
+            .scalar(eps)
+            .scalar(u32_of(op, "rows", n)?)
+            .scalar(u32_of(op, "cols", k)?)
+            .scalar(u32_of(op, "ksplit", split)?),
+    )
 }
 
 /// `out = w · x[row]`: the product of a `bf16` weight `[n, k]` (`k` a multiple of 8) with
@@ -104,48 +434,66 @@ pub fn gemv<'a>(
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> Result<(), DeviceError> + Send + 'a> {
     from_fn(move |ctx: &mut ExecutionContext| {
         let stream = ctx.stream()?;
-        for t in [&*out, x] {
-            check_device("gemv", stream, t)?;
-        }
-        check_device("gemv", stream, w)?;
-        let [n, k] = *w.shape() else {
-            return Err(DeviceError::InvalidShape {
-                op: "gemv",
-                reason: format!("`w` must be [n, k], got {:?}", w.shape()),
-            });
-        };
-        if k % 8 != 0 {
-            return Err(DeviceError::InvalidShape {
-                op: "gemv",
-                reason: format!(
-                    "`w` is {:?}: its columns must be a multiple of 8 (16-byte loads)",
-                    w.shape()
-                ),
-            });
-        }
-        check_len("gemv", "out", out, n)?;
-        if (x_row + 1) * k > x.len() {
-            return Err(DeviceError::InvalidShape {
-                op: "gemv",
-                reason: format!(
-                    "`x` {:?} has no row {x_row} of {k} elements, the columns of `w`",
-                    x.shape()
-                ),
-            });
-        }
-        if n == 0 || k == 0 {
-            return Ok(());
-        }
-        let grid = u32_of("gemv", "blocks", n.div_ceil(ROWS_PER_BLOCK as usize))?;
-        kernel().launch(
+        launch(
+            "gemv",
             stream,
-            LaunchConfig::linear(grid, ROWS_PER_BLOCK * 32),
-            KernelArgs::new()
-                .output(&**out.buffer())
-                .input(&**w.buffer())
-                .input(x.buffer().slice(x_row * k..(x_row + 1) * k)?)
-                .scalar(u32_of("gemv", "rows", n)?)
-                .scalar(u32_of("gemv", "cols", k)?),
+            out,
+            w,
+            (x, x_row),
+            GemvInput::Plain,
+            GemvEpilogue::Store,
         )
+    })
+}
+
+/// `W · x` with the vector work around it fused in: `x` (`f32`, `k` elements) read as it is
+/// or through an RMS norm ([`GemvInput`]), the products `y = W · x` of the `bf16` weight `w`
+/// `[n, k]` (`k` a multiple of 8) stored into `out`, added to it, or combined by SwiGLU
+/// ([`GemvEpilogue`]). Accumulates in `f32` (in `f64` on the host backend).
+///
+/// # Errors
+///
+/// [`DeviceError::InvalidShape`] naming `gemv_fused` when `w` is not 2-D with `k` a multiple
+/// of 8, `x` does not hold `k` elements, the norm weight does not hold `k` elements, `out`
+/// does not hold `n` elements (`n / 2` for SwiGLU), or SwiGLU is asked of an odd `n`.
+///
+/// # Examples
+///
+/// The residual stream after a projection, `x += W · a`, and the next norm fused into the
+/// projection that reads it:
+///
+/// ```
+/// use cuflow_device_op::DeviceOpExt;
+/// use cuflow_runtime::Device;
+/// use cuflow_tensor::{api, bf16, kernels::decode};
+/// use decode::{GemvEpilogue, GemvInput};
+/// # fn main() -> Result<(), cuflow_runtime::DeviceError> {
+/// let stream = Device::host().new_stream()?;
+/// let w = api::from_vec(vec![bf16::from_f32(0.5); 8 * 8], &[8, 8]).sync_on(&stream)?;
+/// let a = api::full::<f32>(&[8], 1.0).sync_on(&stream)?;
+/// let mut x = api::full::<f32>(&[8], 1.0).sync_on(&stream)?;
+/// decode::gemv_fused(&mut x, &w, &a, GemvInput::Plain, GemvEpilogue::Accumulate)
+///     .sync_on(&stream)?;
+/// assert_eq!(x.to_host_vec()?, vec![5.0; 8]);
+/// let norm = api::full(&[8], bf16::from_f32(2.0)).sync_on(&stream)?;
+/// let mut y = api::zeros::<f32>(&[8]).sync_on(&stream)?;
+/// let input = GemvInput::RmsNorm { weight: &norm, eps: 0.0 };
+/// decode::gemv_fused(&mut y, &w, &x, input, GemvEpilogue::Store).sync_on(&stream)?;
+/// assert_eq!(y.to_host_vec()?, vec![8.0; 8]); // rows of 0.5 · (1 · 2) over 8 columns
+/// # Ok(()) }
+/// ```
+pub fn gemv_fused<'a>(
+    out: &'a mut Tensor<f32>,
+    w: &'a Tensor<bf16>,
+    x: &'a Tensor<f32>,
+    input: GemvInput<'a>,
+    epilogue: GemvEpilogue,
+) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> Result<(), DeviceError> + Send + 'a> {
+    from_fn(move |ctx: &mut ExecutionContext| {
+        let stream = ctx.stream()?;
+        if let [_, k] = *w.shape() {
+            check_len("gemv_fused", "x", x, k)?;
+        }
+        launch("gemv_fused", stream, out, w, (x, 0), input, epilogue)
     })
 }

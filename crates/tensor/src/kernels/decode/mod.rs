@@ -1,5 +1,6 @@
 //! Kernels for batch-1 decoding of transformer language models, with `bf16` weights and
-//! caches and `f32` activations: a memory-bound GEMV, fused RMS norms with a residual add,
+//! caches and `f32` activations: a memory-bound GEMV with the RMS norm of its input, the
+//! residual add or SwiGLU fused in, RMS norms fused with a residual add (for prefill),
 //! RoPE fused with the key/value cache append, split-K attention over the cache
 //! (flash-decoding), SiLU·mul, and on-device sampling.
 //!
@@ -29,7 +30,7 @@ mod rope;
 mod sample;
 
 pub use attention::{attention, attention_partitions, AttentionShape};
-pub use gemv::gemv;
+pub use gemv::{gemv, gemv_fused, GemvEpilogue, GemvInput};
 pub use norm::{embed_rows, residual_rms_norm, rms_norm_rows, silu_mul};
 pub use rope::rope_kv_append;
 pub use sample::{sample, SampleParams};
@@ -46,8 +47,7 @@ use crate::tensor::Tensor;
 ///
 /// [`DeviceError::Compile`] with the compiler's log, or [`DeviceError::NoCompiler`].
 pub fn compile_all(device: &Device) -> Result<(), DeviceError> {
-    for k in [
-        gemv::kernel(),
+    for k in gemv::kernels().into_iter().chain([
         norm::residual_kernel(),
         norm::plain_kernel(),
         norm::embed_kernel(),
@@ -56,7 +56,7 @@ pub fn compile_all(device: &Device) -> Result<(), DeviceError> {
         attention::partial_kernel(),
         attention::combine_kernel(),
         sample::kernel(),
-    ] {
+    ]) {
         k.compile(device)?;
     }
     Ok(())
