@@ -2,13 +2,13 @@
 //! epilogue (store, residual add, SwiGLU), on ragged shapes; on whatever `Device::auto()`
 //! gives.
 
-mod common;
-
-use common::{read, rng, stream, upload};
 use cuflow_device_op::DeviceOpExt;
 use cuflow_runtime::{DeviceError, Stream};
 use cuflow_tensor::kernels::decode::{self, GemvEpilogue, GemvInput};
 use cuflow_tensor::{api, bf16, Tensor};
+use cuflow_testing::device::stream;
+use cuflow_testing::rng::seeded_rng as rng;
+use cuflow_testing::tensor::{read, upload};
 use rand::rngs::StdRng;
 use rand::Rng;
 
