@@ -79,7 +79,7 @@ pub(crate) fn run(device: &Device, iters: usize) -> Result<Results, BenchError> 
                 "raw cudarc launches, tracking off",
                 &theirs,
             )
-            .with_goal(Goal::AtMost(1.10)),
+            .with_goal(Goal::AtMost(1.05)),
             Row::from_trials(
                 ".await of one tiny op",
                 "us",
