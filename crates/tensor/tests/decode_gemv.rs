@@ -15,7 +15,8 @@ use rand::Rng;
 /// `(rows, cols)`: a single row, odd row counts (the last row pair is half used), rows too
 /// few to fill a device (split over several warps) and many, short rows (fewer 16-byte
 /// vectors than a warp has lanes) and long ones (8192 columns), columns not a multiple of a
-/// warp's 256-element stride.
+/// warp's 256-element stride, and an input too long to stage in shared memory (read through
+/// the norm as it is loaded).
 const SHAPES: &[(usize, usize)] = &[
     (1, 8),
     (2, 8),
@@ -26,6 +27,7 @@ const SHAPES: &[(usize, usize)] = &[
     (5, 8192),
     (258, 520),
     (2050, 64),
+    (6, 8200),
 ];
 
 /// Largest error allowed, relative to the sum of the magnitudes of the terms (`f32`

@@ -97,6 +97,7 @@ impl Core {
                 &mut s.generated,
                 &mut s.pos,
                 &mut s.rng,
+                &mut s.sample_scratch,
                 &s.logits,
                 params,
             )

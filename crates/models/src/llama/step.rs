@@ -30,6 +30,8 @@ pub(crate) struct State {
     pub(crate) rng: Tensor<u32>,
     /// `generated[p + 1]` is the token chosen after position `p`, `[max_seq + 1]`.
     pub(crate) generated: Tensor<u32>,
+    /// The sampling kernels' partial results.
+    pub(crate) sample_scratch: Tensor<u32>,
     pub(crate) x: Tensor<f32>,
     pub(crate) qkv: Tensor<f32>,
     pub(crate) q: Tensor<f32>,
@@ -56,6 +58,7 @@ impl State {
             pos: api::zeros::<u32>(&[1]).sync_on(stream)?,
             rng: api::zeros::<u32>(&[3]).sync_on(stream)?,
             generated: api::full::<u32>(&[max_seq + 1], u32::MAX).sync_on(stream)?,
+            sample_scratch: api::zeros::<u32>(&[decode::SAMPLE_SCRATCH_LEN]).sync_on(stream)?,
             x: f(&[1, d])?,
             qkv: f(&[1, cfg.qkv_rows()])?,
             q: f(&[1, qd])?,
@@ -210,6 +213,7 @@ impl LlamaStep {
                 &mut s.generated,
                 &mut s.pos,
                 &mut s.rng,
+                &mut s.sample_scratch,
                 &s.logits,
                 self.options.sample,
             ),

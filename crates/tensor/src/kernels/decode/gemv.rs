@@ -3,21 +3,23 @@
 //!
 //! Fusions, chosen per launch ([`GemvInput`], [`GemvEpilogue`]):
 //! - the RMS norm of `x` ([`GemvInput::RmsNorm`]): every block sums the squares of `x` (read
-//!   from L2, a few kilobytes) and scales each element by `rsqrt(mean + eps) · weight` as it
-//!   loads it, so the normalized vector is never written;
+//!   from L2, a few kilobytes) and stages `x · weight` once in shared memory; the scale
+//!   `rsqrt(mean + eps)` multiplies the finished sums, so the normalized vector is never
+//!   written to global memory;
 //! - the residual add ([`GemvEpilogue::Accumulate`]): `out += W · x`, each element read and
 //!   written by the one thread that owns its row;
 //! - SwiGLU ([`GemvEpilogue::SwiGlu`]): a fused gate/up weight `[2 · inter, cols]` gives
-//!   `out[i] = silu(y[i]) · y[inter + i]`, the warp that computes row `i` computing row
-//!   `inter + i` too.
+//!   `out[i] = silu(y[i]) · y[inter + i]`, the warp that computes gate rows `i, i + 1`
+//!   computing up rows `inter + i, inter + i + 1` too.
 //!
-//! On CUDA a warp computes two rows at once (two accumulators, one read of `x` for both), a
-//! lane keeping up to eight 16-byte weight loads in flight; when there are few rows for the
-//! device, `ksplit` warps of a block share a row pair, each summing an interleaved part of
-//! the columns, and the block adds their partial sums through shared memory (a barrier
-//! before the sums are read and another before the slots are written again). Blocks loop
-//! over row pairs, so the norm's sum of squares is computed once per block. Reading the
-//! weights once is the whole cost.
+//! On CUDA a warp computes four rows at once (four accumulators, one read of `x` for all), a
+//! lane keeping eight 16-byte weight loads in flight; the first of them are issued before the
+//! norm's reduction, so the weights stream while the block waits on its barrier. When there
+//! are few rows for the device, `ksplit` warps of a block share a unit of four rows, each
+//! summing an interleaved part of the columns, and the block adds their partial sums through
+//! shared memory (a barrier before the sums are read and another before the slots are written
+//! again). Blocks loop over units, so the norm's sum of squares is computed once per block.
+//! Reading the weights once is the whole cost.
 
 use cuflow_device_op::{from_fn, ExecutionContext};
 use cuflow_runtime::{DeviceError, Kernel, KernelArgs, LaunchConfig, Stream};
@@ -30,8 +32,15 @@ use crate::tensor::Tensor;
 
 /// Threads per block (eight warps).
 const THREADS: u32 = 256;
-/// Resident blocks per multiprocessor the grid is sized for.
-const BLOCKS_PER_SM: usize = 8;
+/// Resident blocks per multiprocessor the grid is sized for (and the kernel's launch bound).
+const BLOCKS_PER_SM: usize = 4;
+/// Rows a warp computes at once.
+const ROWS_PER_WARP: usize = 4;
+/// 16-byte weight vectors per row a lane loads before it uses them.
+const UNROLL: usize = 2;
+/// Longest input whose normalized copy is staged in shared memory (32 KiB, within the
+/// 48 KiB a block gets without opting in, beside the kernel's static arrays).
+const STAGE_MAX_COLS: usize = 8 * 1024;
 
 /// How a fused GEMV reads its input vector `x`.
 #[derive(Clone, Copy, Debug)]
@@ -99,6 +108,9 @@ fn source(name: &str, norm: bool, epilogue: GemvEpilogue) -> String {
         r#"{defs}
 #define IN_NORM {norm}
 #define EPILOGUE {epilogue}
+#define ROWS {rows}
+#define UNROLL {unroll}
+#define STAGE_MAX {stage_max}
 __device__ __forceinline__ float bf_lo(unsigned v) {{ return __uint_as_float(v << 16); }}
 __device__ __forceinline__ float bf_hi(unsigned v) {{ return __uint_as_float(v & 0xffff0000u); }}
 __device__ __forceinline__ float dot8(uint4 p, const float* v, float acc) {{
@@ -112,38 +124,80 @@ __device__ __forceinline__ float dot8(uint4 p, const float* v, float acc) {{
   acc = fmaf(bf_hi(p.w), v[7], acc);
   return acc;
 }}
-/* Elements 8i .. 8i + 7 of the (normalized) input. */
-__device__ __forceinline__ void load_x(float* v, const float4* x4, const uint4* nw4, unsigned i,
-                                       float scale) {{
-  const float4 a = __ldg(x4 + 2 * i);
-  const float4 b = __ldg(x4 + 2 * i + 1);
-  v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
-  v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
-#if IN_NORM
-  const uint4 g = __ldg(nw4 + i);
-  v[0] *= scale * bf_lo(g.x); v[1] *= scale * bf_hi(g.x);
-  v[2] *= scale * bf_lo(g.y); v[3] *= scale * bf_hi(g.y);
-  v[4] *= scale * bf_lo(g.z); v[5] *= scale * bf_hi(g.z);
-  v[6] *= scale * bf_lo(g.w); v[7] *= scale * bf_hi(g.w);
+/* Row j of the ROWS rows of unit u, clamped to a row that exists (its product is not
+   written): rows 4u .. 4u + 3, or for SwiGLU the gate rows 2u, 2u + 1 and the up rows
+   inter + 2u, inter + 2u + 1. */
+__device__ __forceinline__ unsigned row_of(unsigned u, unsigned j, unsigned rows) {{
+#if EPILOGUE == 2
+  const unsigned inter = rows >> 1;
+  unsigned g = 2 * u + (j & 1);
+  if (g >= inter) g = 2 * u;
+  return j < 2 ? g : inter + g;
+#else
+  const unsigned r = ROWS * u + j;
+  return r < rows ? r : rows - 1;
 #endif
 }}
-/* Row pair u: rows (2u, 2u + 1), or (u, u + units) for SwiGLU; the second row of an odd
-   count repeats the first and is not written. */
-extern "C" __global__ void {name}(float* out, const T_bf16* w, const float* x, const T_bf16* nw,
-                                  float eps, unsigned rows, unsigned cols, unsigned ksplit) {{
-  __shared__ float partial[64];
-  __shared__ float squares[32];
+/* The weight vectors i0 + k · stride (k < UNROLL) of every row of the unit. */
+__device__ __forceinline__ void load_chunk(uint4 (&p)[ROWS][UNROLL], const uint4* const (&wr)[ROWS],
+                                           unsigned i0, unsigned stride, unsigned nv) {{
+#pragma unroll
+  for (int k = 0; k < UNROLL; ++k) {{
+    const unsigned i = i0 + k * stride;
+#pragma unroll
+    for (int j = 0; j < ROWS; ++j) p[j][k] = i < nv ? __ldg(wr[j] + i) : make_uint4(0u, 0u, 0u, 0u);
+  }}
+}}
+/* Unit u's rows; false when the warp has no unit. */
+__device__ __forceinline__ bool set_rows(const uint4* (&wr)[ROWS], const T_bf16* w, unsigned u,
+                                         unsigned units, unsigned rows, unsigned cols) {{
+#pragma unroll
+  for (int j = 0; j < ROWS; ++j)
+    wr[j] = (const uint4*)(w + (unsigned long long)row_of(u < units ? u : 0, j, rows) * cols);
+  return u < units;
+}}
+/* A warp computes the ROWS rows of a unit, each lane keeping ROWS · UNROLL 16-byte weight
+   loads in flight; `ksplit` warps of a block share a unit, each summing an interleaved part
+   of the columns. The first loads are issued before the norm's reduction. With the norm,
+   x · weight is staged once per block in shared memory (xs[i] = elements 8i .. 8i + 3,
+   xs[nv + i] = elements 8i + 4 .. 8i + 7, so a warp's reads are contiguous) when it fits,
+   and the scale rsqrt(mean(x²) + eps) multiplies the finished sums. */
+extern "C" __global__ void __launch_bounds__(256, {min_blocks})
+{name}(float* out, const T_bf16* w, const float* x, const T_bf16* nw, float eps,
+       unsigned rows, unsigned cols, unsigned ksplit) {{
+  extern __shared__ float4 xs[];
+  __shared__ float partial[ROWS * 8];
+  __shared__ float squares[8];
   const unsigned lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   const unsigned nv = cols >> 3;
   const float4* x4 = (const float4*)x;
   const uint4* nw4 = (const uint4*)nw;
+#if EPILOGUE == 2
+  const unsigned units = ((rows >> 1) + 1) >> 1;
+#else
+  const unsigned units = (rows + ROWS - 1) / ROWS;
+#endif
+  const unsigned per_block = warps / ksplit;
+  const unsigned slot = warp / ksplit, part = warp % ksplit, stride = 32 * ksplit;
+  const unsigned start = part * 32 + lane;
+  const unsigned first = blockIdx.x * per_block, step = gridDim.x * per_block;
+  const uint4* wr[ROWS];
+  uint4 p[ROWS][UNROLL];
+  if (set_rows(wr, w, first + slot, units, rows, cols)) load_chunk(p, wr, start, stride, nv);
   float scale = 1.0f;
 #if IN_NORM
+  const bool staged = cols <= STAGE_MAX;
   {{
     float ss = 0.0f;
-    for (unsigned i = threadIdx.x; i < 2 * nv; i += blockDim.x) {{
-      const float4 a = __ldg(x4 + i);
+    for (unsigned i = threadIdx.x; i < nv; i += blockDim.x) {{
+      const float4 a = __ldg(x4 + 2 * i), b = __ldg(x4 + 2 * i + 1);
       ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+      ss += b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
+      if (staged) {{
+        const uint4 g = __ldg(nw4 + i);
+        xs[i] = make_float4(a.x * bf_lo(g.x), a.y * bf_hi(g.x), a.z * bf_lo(g.y), a.w * bf_hi(g.y));
+        xs[nv + i] = make_float4(b.x * bf_lo(g.z), b.y * bf_hi(g.z), b.z * bf_lo(g.w), b.w * bf_hi(g.w));
+      }}
     }}
     for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
     if (lane == 0) squares[warp] = ss;
@@ -153,77 +207,83 @@ extern "C" __global__ void {name}(float* out, const T_bf16* w, const float* x, c
     scale = 1.0f / sqrtf(s / (float)cols + eps);
   }}
 #endif
-#if EPILOGUE == 2
-  const unsigned units = rows >> 1;
-#else
-  const unsigned units = (rows + 1) >> 1;
-#endif
-  const unsigned per_block = warps / ksplit;
-  const unsigned slot = warp / ksplit, part = warp % ksplit, stride = 32 * ksplit;
-  for (unsigned first = blockIdx.x * per_block; first < units; first += gridDim.x * per_block) {{
-    const unsigned u = first + slot;
-#if EPILOGUE == 2
-    const unsigned r0 = u, r1 = u + units;
-#else
-    const unsigned r0 = 2 * u, r1 = r0 + 1 < rows ? r0 + 1 : r0;
-#endif
-    float acc0 = 0.0f, acc1 = 0.0f;
+  for (unsigned base = first; base < units; base += step) {{
+    const unsigned u = base + slot;
+    float acc[ROWS];
+#pragma unroll
+    for (int j = 0; j < ROWS; ++j) acc[j] = 0.0f;
     if (u < units) {{
-      const uint4* w0 = (const uint4*)(w + (unsigned long long)r0 * cols);
-      const uint4* w1 = (const uint4*)(w + (unsigned long long)r1 * cols);
-      for (unsigned i0 = part * 32 + lane; i0 < nv; i0 += 4 * stride) {{
-        uint4 p0[4], p1[4];
+      if (base != first) {{
+        set_rows(wr, w, u, units, rows, cols);
+        load_chunk(p, wr, start, stride, nv);
+      }}
+      for (unsigned i0 = start; i0 < nv; i0 += UNROLL * stride) {{
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {{
-          const unsigned i = i0 + k * stride;
-          p0[k] = make_uint4(0u, 0u, 0u, 0u);
-          p1[k] = make_uint4(0u, 0u, 0u, 0u);
-          if (i < nv) {{
-            p0[k] = __ldg(w0 + i);
-            p1[k] = __ldg(w1 + i);
-          }}
-        }}
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {{
+        for (int k = 0; k < UNROLL; ++k) {{
           const unsigned i = i0 + k * stride;
           if (i < nv) {{
-            float v[8];
-            load_x(v, x4, nw4, i, scale);
-            acc0 = dot8(p0[k], v, acc0);
-            acc1 = dot8(p1[k], v, acc1);
+            float4 a, b;
+#if IN_NORM
+            if (staged) {{
+              a = xs[i];
+              b = xs[nv + i];
+            }} else {{
+              const uint4 g = __ldg(nw4 + i);
+              a = __ldg(x4 + 2 * i);
+              b = __ldg(x4 + 2 * i + 1);
+              a.x *= bf_lo(g.x); a.y *= bf_hi(g.x); a.z *= bf_lo(g.y); a.w *= bf_hi(g.y);
+              b.x *= bf_lo(g.z); b.y *= bf_hi(g.z); b.z *= bf_lo(g.w); b.w *= bf_hi(g.w);
+            }}
+#else
+            a = __ldg(x4 + 2 * i);
+            b = __ldg(x4 + 2 * i + 1);
+#endif
+            const float v[8] = {{a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w}};
+#pragma unroll
+            for (int j = 0; j < ROWS; ++j) acc[j] = dot8(p[j][k], v, acc[j]);
           }}
         }}
+        if (i0 + UNROLL * stride < nv) load_chunk(p, wr, i0 + UNROLL * stride, stride, nv);
       }}
-      for (int o = 16; o > 0; o >>= 1) {{
-        acc0 += __shfl_xor_sync(0xffffffffu, acc0, o);
-        acc1 += __shfl_xor_sync(0xffffffffu, acc1, o);
-      }}
+#pragma unroll
+      for (int j = 0; j < ROWS; ++j)
+        for (int o = 16; o > 0; o >>= 1) acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], o);
     }}
     if (ksplit > 1) {{
       if (lane == 0) {{
-        partial[2 * warp] = acc0;
-        partial[2 * warp + 1] = acc1;
+#pragma unroll
+        for (int j = 0; j < ROWS; ++j) partial[ROWS * warp + j] = acc[j];
       }}
       __syncthreads();
       if (part == 0) {{
-        acc0 = 0.0f;
-        acc1 = 0.0f;
-        for (unsigned j = 0; j < ksplit; ++j) {{
-          acc0 += partial[2 * (warp + j)];
-          acc1 += partial[2 * (warp + j) + 1];
+#pragma unroll
+        for (int j = 0; j < ROWS; ++j) {{
+          acc[j] = 0.0f;
+          for (unsigned q = 0; q < ksplit; ++q) acc[j] += partial[ROWS * (warp + q) + j];
         }}
       }}
       __syncthreads();
     }}
     if (lane == 0 && part == 0 && u < units) {{
-#if EPILOGUE == 0
-      out[r0] = acc0;
-      if (r1 != r0) out[r1] = acc1;
-#elif EPILOGUE == 1
-      out[r0] += acc0;
-      if (r1 != r0) out[r1] += acc1;
+#pragma unroll
+      for (int j = 0; j < ROWS; ++j) acc[j] *= scale;
+#if EPILOGUE == 2
+      const unsigned inter = rows >> 1;
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {{
+        const unsigned g = 2 * u + j;
+        if (g < inter) out[g] = acc[j] / (1.0f + expf(-acc[j])) * acc[j + 2];
+      }}
 #else
-      out[u] = acc0 / (1.0f + expf(-acc0)) * acc1;
+#pragma unroll
+      for (int j = 0; j < ROWS; ++j) {{
+        const unsigned r = ROWS * u + j;
+#if EPILOGUE == 0
+        if (r < rows) out[r] = acc[j];
+#else
+        if (r < rows) out[r] += acc[j];
+#endif
+      }}
 #endif
     }}
   }}
@@ -232,6 +292,10 @@ extern "C" __global__ void {name}(float* out, const T_bf16* w, const float* x, c
         defs = bf16_defs(),
         norm = u32::from(norm),
         epilogue = epilogue.code(),
+        rows = ROWS_PER_WARP,
+        unroll = UNROLL,
+        stage_max = STAGE_MAX_COLS,
+        min_blocks = BLOCKS_PER_SM,
     )
 }
 
@@ -301,12 +365,12 @@ fn host_gemv(
     }
 }
 
-/// Warps that share one row pair: enough blocks to fill the device three times over, as
-/// long as each warp keeps at least two 16-byte loads per lane and row.
+/// Warps that share one unit of rows: doubled while the grid has fewer than sixteen warps
+/// per multiprocessor and each lane keeps at least two 16-byte loads per row.
 fn ksplit(units: usize, vectors: usize, sms: usize) -> usize {
     let warps = (THREADS / 32) as usize;
     let mut k = 1;
-    while k < warps && units.div_ceil(warps / k) < 3 * sms && vectors / (2 * k) >= 64 {
+    while k < warps && units * k < 16 * sms && vectors / (32 * 2 * k) >= 2 {
         k *= 2;
     }
     k
@@ -376,20 +440,30 @@ fn launch(
         return Ok(());
     }
     let units = if epilogue == GemvEpilogue::SwiGlu {
-        n / 2
+        (n / 2).div_ceil(ROWS_PER_WARP / 2)
     } else {
-        n.div_ceil(2)
+        n.div_ceil(ROWS_PER_WARP)
     };
     let sms = stream.device().limits().multiprocessor_count.max(1) as usize;
     let split = ksplit(units, k / 8, sms);
     let blocks = units.div_ceil((THREADS / 32) as usize / split);
-    // Blocks loop over row pairs: as few rounds as the resident blocks allow, evenly spread.
+    // Blocks loop over units: as few rounds as the resident blocks allow, evenly spread.
     let rounds = blocks.div_ceil(sms * BLOCKS_PER_SM);
     let grid = blocks.div_ceil(rounds);
     let norm = matches!(input, GemvInput::RmsNorm { .. });
+    // The normalized input, staged in shared memory when it fits.
+    let staged = if norm && k <= STAGE_MAX_COLS {
+        4 * k
+    } else {
+        0
+    };
     kernel(norm, epilogue).launch(
         stream,
-        LaunchConfig::linear(u32_of(op, "blocks", grid)?, THREADS),
+        LaunchConfig::linear(u32_of(op, "blocks", grid)?, THREADS).with_shared_mem(u32_of(
+            op,
+            "shared memory",
+            staged,
+        )?),
         KernelArgs::new()
             .output(&**out.buffer())
             .input(&**w.buffer())

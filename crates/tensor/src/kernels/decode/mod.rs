@@ -33,7 +33,7 @@ pub use attention::{attention, attention_partitions, AttentionShape};
 pub use gemv::{gemv, gemv_fused, GemvEpilogue, GemvInput};
 pub use norm::{embed_rows, residual_rms_norm, rms_norm_rows, silu_mul};
 pub use rope::rope_kv_append;
-pub use sample::{sample, SampleParams};
+pub use sample::{sample, SampleParams, SAMPLE_SCRATCH_LEN};
 
 use cuflow_runtime::{Device, DeviceError};
 
@@ -56,6 +56,7 @@ pub fn compile_all(device: &Device) -> Result<(), DeviceError> {
         attention::partial_kernel(),
         attention::combine_kernel(),
         sample::kernel(),
+        sample::argmax_kernel(),
     ]) {
         k.compile(device)?;
     }

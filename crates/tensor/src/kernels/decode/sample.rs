@@ -6,12 +6,13 @@
 //! advances the position and the generator's counter, so a captured step replays with no
 //! copy from the host.
 //!
-//! One block of 1024 threads does it all. Thresholds are found by bisection over the logit
+//! Greedy decoding, `top_k == 1` and a temperature of zero take the argmax in two stages: up
+//! to 128 blocks keep the best key (the logit's order, then the lowest index) of a
+//! contiguous slice each, then the sampling block takes the best of their keys. Otherwise
+//! one block of 1024 threads does it all. Thresholds are found by bisection over the logit
 //! value (count and mass of the logits above a threshold are monotone in it: 20 passes for
 //! top-k, 20 for top-p, each a block reduction over the vocabulary), then one uniform draw
-//! picks a token by the cumulative mass of the kept tokens in index order. Greedy decoding,
-//! `top_k == 1` and a temperature of zero skip all of that and take the argmax (ties go to
-//! the lowest index).
+//! picks a token by the cumulative mass of the kept tokens in index order.
 //!
 //! The generator: `splitmix64(seed ^ counter · 0x9E3779B97F4A7C15)`, its top 24 bits as a
 //! uniform in `[0, 1)`; `rng` is `u32` `[3]`: the seed's low and high words and the counter.
@@ -69,6 +70,7 @@ __device__ __forceinline__ unsigned long long splitmix64(unsigned long long z) {
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
   return z ^ (z >> 31);
 }}
+{keys}
 __device__ float block_sum_f(float v, float* red) {{
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   __syncthreads();
@@ -102,13 +104,33 @@ __device__ void kept(const float* logits, unsigned vocab, float tau, float m, fl
 extern "C" __global__ void decode_sample(unsigned* token, unsigned* generated, unsigned* pos,
                                          unsigned* rng, const float* logits, unsigned vocab,
                                          unsigned gen_len, float temperature, unsigned top_k,
-                                         float top_p) {{
+                                         float top_p, const unsigned* partials,
+                                         unsigned nparts) {{
   __shared__ float red[32];
   __shared__ unsigned redu[32];
   __shared__ float sums[NT];
   __shared__ unsigned owner_s, pick_s;
   __shared__ float rem_s;
   const unsigned tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = blockDim.x >> 5;
+  if (nparts > 0) {{
+    /* Greedy after decode_argmax_blocks: the largest of its keys. */
+    __shared__ unsigned long long keys[32];
+    unsigned long long k = 0ull;
+    const unsigned long long* p64 = (const unsigned long long*)partials;
+    for (unsigned i = tid; i < nparts; i += blockDim.x) k = p64[i] > k ? p64[i] : k;
+    k = warp_max_key(k);
+    if (lane == 0) keys[warp] = k;
+    __syncthreads();
+    if (tid == 0) {{
+      for (unsigned w = 1; w < warps; ++w) k = keys[w] > k ? keys[w] : k;
+      const unsigned pick = k == 0ull ? 0u : 0xffffffffu - (unsigned)k, p = pos[0];
+      token[0] = pick;
+      if (p + 1 < gen_len) generated[p + 1] = pick;
+      pos[0] = p + 1;
+      rng[2] = rng[2] + 1;
+    }}
+    return;
+  }}
   float best = 0.0f;
   unsigned bi = 0xffffffffu;
   for (unsigned i = tid; i < vocab; i += blockDim.x) {{
@@ -215,6 +237,7 @@ extern "C" __global__ void decode_sample(unsigned* token, unsigned* generated, u
             threads = SAMPLE_THREADS,
             steps = BISECT_STEPS,
             span = SPAN,
+            keys = ARGMAX_KEYS,
         );
         crate::op::builtin_kernel("decode_sample", source).with_host(|args| {
             let logits = args.input::<f32>(4)?;
@@ -229,7 +252,17 @@ extern "C" __global__ void decode_sample(unsigned* token, unsigned* generated, u
             let draw = splitmix64(seed ^ u64::from(rng[2]).wrapping_mul(0x9E37_79B9_7F4A_7C15));
             let u = (draw >> 40) as f32 * (1.0 / 16_777_216.0);
             rng[2] = rng[2].wrapping_add(1);
-            let pick = host_pick(logits, params, u);
+            let nparts = args.scalar::<u32>(11)? as usize;
+            let pick = if nparts > 0 {
+                let partials = args.input::<u32>(10)?;
+                let best = (0..nparts)
+                    .map(|b| host_partial(partials, b))
+                    .max()
+                    .unwrap_or(0);
+                key_index(best)
+            } else {
+                host_pick(logits, params, u)
+            };
             let pos = args.output::<u32>(2)?;
             let p = first_index(pos);
             pos[0] = pos[0].wrapping_add(1);
@@ -239,6 +272,114 @@ extern "C" __global__ void decode_sample(unsigned* token, unsigned* generated, u
                 }
             }
             args.output::<u32>(0)?[0] = pick;
+            Ok(())
+        })
+    })
+}
+
+/// The order of greedy choices as one `u64` key, larger is better: the logit's bits mapped to
+/// an unsigned order (`-0` as `+0`) above the complement of its index (ties go to the lowest
+/// index); `0` for a NaN, and so for a block without a number.
+const ARGMAX_KEYS: &str = r#"
+__device__ __forceinline__ unsigned long long argmax_key(float v, unsigned i) {
+  if (v != v) return 0ull;
+  const unsigned u = v == 0.0f ? 0u : __float_as_uint(v);
+  const unsigned o = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+  return ((unsigned long long)o << 32) | (0xffffffffu - i);
+}
+__device__ __forceinline__ unsigned long long warp_max_key(unsigned long long k) {
+  for (int o = 16; o > 0; o >>= 1) {
+    const unsigned long long ok = __shfl_xor_sync(0xffffffffu, k, o);
+    k = ok > k ? ok : k;
+  }
+  return k;
+}
+"#;
+
+fn argmax_key(v: f32, i: usize) -> u64 {
+    if v.is_nan() {
+        return 0;
+    }
+    let u = if v == 0.0 { 0 } else { v.to_bits() };
+    let o = if u & 0x8000_0000 != 0 {
+        !u
+    } else {
+        u | 0x8000_0000
+    };
+    (u64::from(o) << 32) | u64::from(u32::MAX - i as u32)
+}
+
+/// The index a key names (`0` for the key of no number).
+fn key_index(k: u64) -> u32 {
+    if k == 0 {
+        0
+    } else {
+        u32::MAX - k as u32
+    }
+}
+
+/// Key `b` of the partials, stored as the `u32` words (low, high) of a `u64`.
+fn host_partial(partials: &[u32], b: usize) -> u64 {
+    let word = |i: usize| u64::from(partials.get(i).copied().unwrap_or(0));
+    word(2 * b) | (word(2 * b + 1) << 32)
+}
+
+/// Blocks of the first stage of the greedy choice.
+const ARGMAX_BLOCKS: usize = 128;
+/// Threads per block of that stage.
+const ARGMAX_THREADS: u32 = 256;
+
+/// `u32` elements of the scratch tensor [`sample`] takes: a `u64` key per block of the
+/// greedy choice's first stage.
+pub const SAMPLE_SCRATCH_LEN: usize = 2 * ARGMAX_BLOCKS;
+
+pub(super) fn argmax_kernel() -> Kernel {
+    cached_kernel("decode_argmax_blocks", "f32", || {
+        let source = format!(
+            r#"{keys}
+/* Block b keeps the largest key of the contiguous slice b of the logits, as the u32 words
+   (low, high) of partials[2b], partials[2b + 1]. */
+extern "C" __global__ void decode_argmax_blocks(unsigned* partials, const float* logits,
+                                                unsigned vocab, unsigned blocks) {{
+  __shared__ unsigned long long keys[32];
+  const unsigned chunk = (vocab + blocks - 1) / blocks;
+  const unsigned b0 = min(blockIdx.x * chunk, vocab), b1 = min(b0 + chunk, vocab);
+  const unsigned lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  unsigned long long k = 0ull;
+  for (unsigned i = b0 + threadIdx.x; i < b1; i += blockDim.x) {{
+    const unsigned long long c = argmax_key(logits[i], i);
+    k = c > k ? c : k;
+  }}
+  k = warp_max_key(k);
+  if (lane == 0) keys[warp] = k;
+  __syncthreads();
+  if (threadIdx.x == 0) {{
+    for (unsigned w = 1; w < warps; ++w) k = keys[w] > k ? keys[w] : k;
+    ((unsigned long long*)partials)[blockIdx.x] = k;
+  }}
+}}
+"#,
+            keys = ARGMAX_KEYS
+        );
+        crate::op::builtin_kernel("decode_argmax_blocks", source).with_host(|args| {
+            let logits = args.input::<f32>(1)?;
+            let vocab = (args.scalar::<u32>(2)? as usize).min(logits.len());
+            let blocks = args.scalar::<u32>(3)? as usize;
+            let partials = args.output::<u32>(0)?;
+            let chunk = vocab.div_ceil(blocks.max(1)).max(1);
+            for (b, slice) in logits[..vocab].chunks(chunk).enumerate().take(blocks) {
+                if 2 * b + 1 >= partials.len() {
+                    break;
+                }
+                let best = slice
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &v)| argmax_key(v, b * chunk + i))
+                    .max()
+                    .unwrap_or(0);
+                partials[2 * b] = best as u32;
+                partials[2 * b + 1] = (best >> 32) as u32;
+            }
             Ok(())
         })
     })
@@ -315,6 +456,8 @@ fn host_pick(logits: &[f32], p: SampleParams, u: f32) -> u32 {
 /// next step on the device: `token[0]` (`u32`, `[1]`) becomes the choice,
 /// `generated[pos[0] + 1]` records it (when inside `generated`), `pos[0]` advances by one,
 /// and so does the generator's counter `rng[2]` (`rng`: `u32` `[3]`, see the module docs).
+/// `scratch` (`u32`, at least [`SAMPLE_SCRATCH_LEN`] elements, any contents) holds the
+/// partial results of the greedy choice between its two kernels.
 ///
 /// # Errors
 ///
@@ -334,7 +477,8 @@ fn host_pick(logits: &[f32], p: SampleParams, u: f32) -> u32 {
 /// let mut generated = api::zeros::<u32>(&[8]).sync_on(&stream)?;
 /// let mut pos = api::from_vec(vec![3u32], &[1]).sync_on(&stream)?;
 /// let mut rng = api::from_vec(vec![7u32, 0, 0], &[3]).sync_on(&stream)?;
-/// decode::sample(&mut token, &mut generated, &mut pos, &mut rng, &logits,
+/// let mut scratch = api::zeros::<u32>(&[decode::SAMPLE_SCRATCH_LEN]).sync_on(&stream)?;
+/// decode::sample(&mut token, &mut generated, &mut pos, &mut rng, &mut scratch, &logits,
 ///     decode::SampleParams::GREEDY).sync_on(&stream)?;
 /// assert_eq!(token.to_host_vec()?, vec![1]);
 /// assert_eq!(generated.to_host_vec()?[4], 1);
@@ -346,14 +490,24 @@ pub fn sample<'a>(
     generated: &'a mut Tensor<u32>,
     pos: &'a mut Tensor<u32>,
     rng: &'a mut Tensor<u32>,
+    scratch: &'a mut Tensor<u32>,
     logits: &'a Tensor<f32>,
     params: SampleParams,
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> Result<(), DeviceError> + Send + 'a> {
     from_fn(move |ctx: &mut ExecutionContext| {
         const OP: &str = "sample";
         let stream = ctx.stream()?;
-        for t in [&*token, &*generated, &*pos, &*rng] {
+        for t in [&*token, &*generated, &*pos, &*rng, &*scratch] {
             check_device(OP, stream, t)?;
+        }
+        if scratch.len() < SAMPLE_SCRATCH_LEN {
+            return Err(DeviceError::InvalidShape {
+                op: OP,
+                reason: format!(
+                    "`scratch` holds {} elements, fewer than SAMPLE_SCRATCH_LEN = {SAMPLE_SCRATCH_LEN}",
+                    scratch.len()
+                ),
+            });
         }
         check_device(OP, stream, logits)?;
         check_len(OP, "token", token, 1)?;
@@ -371,6 +525,29 @@ pub fn sample<'a>(
                 reason: format!("top_p = {} must be in (0, 1]", params.top_p),
             });
         }
+        let vocab = u32_of(OP, "vocab", logits.len())?;
+        // Greedy: many blocks take the argmax of a slice each, the sampling block the best
+        // of theirs.
+        let blocks = if params.is_greedy() {
+            logits
+                .len()
+                .div_ceil(ARGMAX_THREADS as usize)
+                .min(ARGMAX_BLOCKS)
+        } else {
+            0
+        };
+        let blocks = u32_of(OP, "blocks", blocks)?;
+        if blocks > 0 {
+            argmax_kernel().launch(
+                stream,
+                LaunchConfig::linear(blocks, ARGMAX_THREADS),
+                KernelArgs::new()
+                    .output(&**scratch.buffer())
+                    .input(&**logits.buffer())
+                    .scalar(vocab)
+                    .scalar(blocks),
+            )?;
+        }
         kernel().launch(
             stream,
             LaunchConfig::linear(1, SAMPLE_THREADS),
@@ -380,11 +557,13 @@ pub fn sample<'a>(
                 .output(&**pos.buffer())
                 .output(&**rng.buffer())
                 .input(&**logits.buffer())
-                .scalar(u32_of(OP, "vocab", logits.len())?)
+                .scalar(vocab)
                 .scalar(u32_of(OP, "generated", generated.len())?)
                 .scalar(params.temperature)
                 .scalar(params.top_k)
-                .scalar(params.top_p),
+                .scalar(params.top_p)
+                .input(&**scratch.buffer())
+                .scalar(blocks),
         )
     })
 }
