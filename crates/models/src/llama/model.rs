@@ -92,16 +92,7 @@ impl Core {
             }
             decode::gemv_fused(&mut s.logits, &w.lm_head, &s.x, norm(&w.final_norm), Store)
                 .execute(ctx)?;
-            decode::sample(
-                &mut s.token,
-                &mut s.generated,
-                &mut s.pos,
-                &mut s.rng,
-                &mut s.sample_scratch,
-                &s.logits,
-                params,
-            )
-            .execute(ctx)
+            s.sample(params).execute(ctx)
         })
     }
 
