@@ -295,12 +295,7 @@ impl Llama {
         stream: &Stream,
         options: GenerateOptions,
     ) -> Result<LlamaStep, DeviceError> {
-        LlamaStep::new(
-            self.core.clone(),
-            stream,
-            self.with_default_seq(options),
-            true,
-        )
+        self.new_step(stream, options, true)
     }
 
     /// A decoder with the state of a capture but no graph: its steps run eagerly.
@@ -313,11 +308,21 @@ impl Llama {
         stream: &Stream,
         options: GenerateOptions,
     ) -> Result<LlamaStep, DeviceError> {
+        self.new_step(stream, options, false)
+    }
+
+    /// A decoder over `options` with the default `max_seq`, its step captured when `capture`.
+    fn new_step(
+        &self,
+        stream: &Stream,
+        options: GenerateOptions,
+        capture: bool,
+    ) -> Result<LlamaStep, DeviceError> {
         LlamaStep::new(
             self.core.clone(),
             stream,
             self.with_default_seq(options),
-            false,
+            capture,
         )
     }
 
