@@ -97,6 +97,20 @@ pub struct LlamaConfig {
     pub max_position_embeddings: usize,
 }
 
+impl RopeScaling {
+    /// The Llama 3 scaling of the presets, as Llama 3.2 sets it (factor 32, low and high
+    /// frequency factors 1 and 4), over a training context of `original_max_position_embeddings`.
+    fn llama3(original_max_position_embeddings: usize) -> RopeScaling {
+        RopeScaling {
+            rope_type: "llama3".into(),
+            factor: 32.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings,
+        }
+    }
+}
+
 impl LlamaConfig {
     /// A tiny model for tests and the host backend: 2 layers, hidden 64, 4 query heads and
     /// 2 key/value heads of 16, MLP 128, vocabulary 256, Llama 3 rope scaling, untied.
@@ -111,13 +125,7 @@ impl LlamaConfig {
             vocab_size: 256,
             rms_norm_eps: 1e-5,
             rope_theta: 500_000.0,
-            rope_scaling: Some(RopeScaling {
-                rope_type: "llama3".into(),
-                factor: 32.0,
-                low_freq_factor: 1.0,
-                high_freq_factor: 4.0,
-                original_max_position_embeddings: 64,
-            }),
+            rope_scaling: Some(RopeScaling::llama3(64)),
             tie_word_embeddings: false,
             max_position_embeddings: 512,
         }
@@ -137,13 +145,7 @@ impl LlamaConfig {
             vocab_size: 128_256,
             rms_norm_eps: 1e-5,
             rope_theta: 500_000.0,
-            rope_scaling: Some(RopeScaling {
-                rope_type: "llama3".into(),
-                factor: 32.0,
-                low_freq_factor: 1.0,
-                high_freq_factor: 4.0,
-                original_max_position_embeddings: 8192,
-            }),
+            rope_scaling: Some(RopeScaling::llama3(8192)),
             tie_word_embeddings: true,
             max_position_embeddings: 131_072,
         }
