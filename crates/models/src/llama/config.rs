@@ -1,6 +1,7 @@
 //! The model's hyperparameters, read from a Hugging Face `config.json` or taken from a
 //! preset, and the rotary frequencies they imply.
 
+use std::fmt;
 use std::path::Path;
 
 use cuflow_runtime::DeviceError;
@@ -108,6 +109,24 @@ impl RopeScaling {
             high_freq_factor: 4.0,
             original_max_position_embeddings,
         }
+    }
+}
+
+/// The shape in one line: `16 layers, hidden 2048, 32 heads / 8 kv heads of 64, mlp 8192,
+/// vocab 128256`.
+impl fmt::Display for LlamaConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} layers, hidden {}, {} heads / {} kv heads of {}, mlp {}, vocab {}",
+            self.num_hidden_layers,
+            self.hidden_size,
+            self.num_attention_heads,
+            self.kv_heads(),
+            self.head_dim(),
+            self.intermediate_size,
+            self.vocab_size,
+        )
     }
 }
 
