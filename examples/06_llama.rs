@@ -124,14 +124,7 @@ fn run() -> Result<(), DeviceError> {
     };
     let cfg = model.config();
     println!(
-        "model: {} layers, hidden {}, {} heads / {} kv heads of {}, mlp {}, vocab {}, {:.2} GB of bf16 weights",
-        cfg.num_hidden_layers,
-        cfg.hidden_size,
-        cfg.num_attention_heads,
-        cfg.kv_heads(),
-        cfg.head_dim(),
-        cfg.intermediate_size,
-        cfg.vocab_size,
+        "model: {cfg}, {:.2} GB of bf16 weights",
         model.weight_bytes() as f64 / 1e9
     );
     let (prompt, n) = (&args.prompt, args.tokens);

@@ -169,17 +169,9 @@ pub(crate) fn run(device: &Device, _iters: usize) -> Result<Results, BenchError>
 
     let mut notes = vec![
         format!(
-            "model: Llama-3.2-1B shape ({} layers, hidden {}, {}/{} heads of {}, mlp {}, vocab \
-             {}, tied), synthetic bf16 weights ({:.3} GB) written as a safetensors checkpoint \
-             and loaded by both sides; batch 1, greedy; {TOKENS} decode steps per trial after a \
-             prefill of the context, median of {TRIALS} trials",
-            cfg.num_hidden_layers,
-            cfg.hidden_size,
-            cfg.num_attention_heads,
-            cfg.kv_heads(),
-            cfg.head_dim(),
-            cfg.intermediate_size,
-            cfg.vocab_size,
+            "model: Llama-3.2-1B shape ({cfg}, tied), synthetic bf16 weights ({:.3} GB) written \
+             as a safetensors checkpoint and loaded by both sides; batch 1, greedy; {TOKENS} \
+             decode steps per trial after a prefill of the context, median of {TRIALS} trials",
             weight_bytes / 1e9
         ),
         format!(

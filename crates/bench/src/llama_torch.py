@@ -139,6 +139,24 @@ def sync_time(fn, n):
     return time.perf_counter() - t
 
 
+def graph_rate(fn, reset, warmup, n):
+    """Calls per second of `fn` replayed from a CUDA graph: `warmup` calls on a side stream,
+    one captured call, then `n` timed replays, each phase after `reset()`."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        reset()
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    reset()
+    with torch.cuda.graph(graph):
+        fn()
+    reset()
+    return n / sync_time(graph.replay, n)
+
+
 out = {"version": f"PyTorch {torch.__version__}", "decode": []}
 gen = torch.Generator(device="cpu").manual_seed(0)
 with torch.inference_mode():
@@ -171,37 +189,11 @@ with torch.inference_mode():
         reset()
         row["eager"] = n / sync_time(step, n)
 
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            reset()
-            for _ in range(3):
-                step()
-        torch.cuda.current_stream().wait_stream(s)
-        graph = torch.cuda.CUDAGraph()
-        reset()
-        with torch.cuda.graph(graph):
-            step()
-        reset()
-        row["graph"] = n / sync_time(graph.replay, n)
-        del graph
+        row["graph"] = graph_rate(step, reset, 3, n)
 
         try:
             compiled = torch.compile(step, mode="max-autotune-no-cudagraphs", fullgraph=False)
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(s):
-                reset()
-                for _ in range(5):
-                    compiled()
-            torch.cuda.current_stream().wait_stream(s)
-            cgraph = torch.cuda.CUDAGraph()
-            reset()
-            with torch.cuda.graph(cgraph):
-                compiled()
-            reset()
-            row["compile_graph"] = n / sync_time(cgraph.replay, n)
-            del cgraph
+            row["compile_graph"] = graph_rate(compiled, reset, 5, n)
         except Exception as e:  # noqa: BLE001
             row["compile_graph"] = None
             row["compile_error"] = str(e).splitlines()[0][:300] if str(e) else type(e).__name__

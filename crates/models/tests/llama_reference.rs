@@ -12,6 +12,7 @@ use std::collections::HashMap;
 use cuflow_models::llama::testing::{synthetic_tensors, WeightDtype};
 use cuflow_models::llama::{Llama, LlamaConfig};
 use cuflow_runtime::{Device, DeviceError};
+use cuflow_testing::measure::rel_err_in_norm;
 use half::bf16;
 use rand::{Rng, SeedableRng};
 
@@ -175,17 +176,6 @@ impl RefModel {
     }
 }
 
-fn rel_err(got: &[f32], want: &[f64]) -> f64 {
-    assert_eq!(got.len(), want.len());
-    let num: f64 = got
-        .iter()
-        .zip(want)
-        .map(|(g, w)| (f64::from(*g) - w).powi(2))
-        .sum();
-    let den: f64 = want.iter().map(|w| w * w).sum();
-    (num / den).sqrt()
-}
-
 fn random_prompt(len: usize, vocab: usize, seed: u64) -> Vec<u32> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     (0..len).map(|_| rng.gen_range(0..vocab as u32)).collect()
@@ -216,7 +206,10 @@ fn tiny_logits_match_a_float64_reference() -> Result<(), DeviceError> {
 
         let decoded = model.decode_logits(&stream, &prompt)?;
         let prefilled = model.prefill_logits(&stream, &prompt)?;
-        let (e_decode, e_prefill) = (rel_err(&decoded, &want), rel_err(&prefilled, &want));
+        let (e_decode, e_prefill) = (
+            rel_err_in_norm(&decoded, &want),
+            rel_err_in_norm(&prefilled, &want),
+        );
         eprintln!(
             "tie={}: relative error of the logits: decode step {e_decode:.2e}, prefill {e_prefill:.2e}",
             cfg.tie_word_embeddings

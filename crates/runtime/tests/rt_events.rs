@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use cuflow_runtime::{DeviceBuffer, DeviceError, Event, Stream};
 use cuflow_testing::{
-    device::{device, stream},
+    device::{device, new_streams, stream},
     kernels::{launch_add_one, launch_spin_write, LONG_SPIN, SHORT_SPIN},
     rng::{random_f32, rng},
     test_cases, POISON, POISON_U32,
@@ -140,9 +140,7 @@ fn timed_events_measure_and_untimed_ones_refuse_to() -> Result<(), DeviceError> 
 #[test]
 fn device_synchronize_waits_for_every_stream() -> Result<(), DeviceError> {
     let device = device();
-    let streams: Vec<Stream> = (0..3)
-        .map(|_| device.new_stream())
-        .collect::<Result<_, _>>()?;
+    let streams = new_streams(&device, 3)?;
     let mut flags = Vec::new();
     let mut events = Vec::new();
     for (i, s) in streams.iter().enumerate() {

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use cuflow_runtime::{DeviceBuffer, DeviceError};
 use cuflow_testing::{
-    device::{device, stream},
+    device::{device, new_streams, stream},
     kernels::{launch_add_one, launch_spin_write, LONG_SPIN},
     rng::{random_f32, rng},
     POISON,
@@ -86,9 +86,7 @@ fn a_memset_and_a_copy_from_the_host_are_ordered_like_kernels() -> Result<(), De
 #[test]
 fn reads_on_several_streams_all_see_the_write() -> Result<(), DeviceError> {
     let device = device();
-    let streams: Vec<_> = (0..4)
-        .map(|_| device.new_stream())
-        .collect::<Result<_, _>>()?;
+    let streams = new_streams(&device, 4)?;
     let x = DeviceBuffer::from_host(&streams[0], &[0.0f32])?;
     let outs: Vec<DeviceBuffer<f32>> = streams
         .iter()

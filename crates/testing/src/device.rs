@@ -10,7 +10,7 @@
 
 use std::io::Write;
 
-use cuflow_runtime::{BackendKind, Device, Stream};
+use cuflow_runtime::{BackendKind, Device, DeviceError, Stream};
 
 /// The device under test. Panics when the device `CUFLOW_DEVICE` selects is not usable.
 pub fn device() -> Device {
@@ -22,6 +22,11 @@ pub fn stream() -> Stream {
     device()
         .new_stream()
         .expect("a stream of the device under test")
+}
+
+/// `n` new streams of `device`.
+pub fn new_streams(device: &Device, n: usize) -> Result<Vec<Stream>, DeviceError> {
+    (0..n).map(|_| device.new_stream()).collect()
 }
 
 /// The devices of the backend under test (see the module docs). Panics when

@@ -1,6 +1,7 @@
 //! The model's hyperparameters, read from a Hugging Face `config.json` or taken from a
 //! preset, and the rotary frequencies they imply.
 
+use std::fmt;
 use std::path::Path;
 
 use cuflow_runtime::DeviceError;
@@ -97,6 +98,38 @@ pub struct LlamaConfig {
     pub max_position_embeddings: usize,
 }
 
+impl RopeScaling {
+    /// The Llama 3 scaling of the presets, as Llama 3.2 sets it (factor 32, low and high
+    /// frequency factors 1 and 4), over a training context of `original_max_position_embeddings`.
+    fn llama3(original_max_position_embeddings: usize) -> RopeScaling {
+        RopeScaling {
+            rope_type: "llama3".into(),
+            factor: 32.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings,
+        }
+    }
+}
+
+/// The shape in one line: `16 layers, hidden 2048, 32 heads / 8 kv heads of 64, mlp 8192,
+/// vocab 128256`.
+impl fmt::Display for LlamaConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} layers, hidden {}, {} heads / {} kv heads of {}, mlp {}, vocab {}",
+            self.num_hidden_layers,
+            self.hidden_size,
+            self.num_attention_heads,
+            self.kv_heads(),
+            self.head_dim(),
+            self.intermediate_size,
+            self.vocab_size,
+        )
+    }
+}
+
 impl LlamaConfig {
     /// A tiny model for tests and the host backend: 2 layers, hidden 64, 4 query heads and
     /// 2 key/value heads of 16, MLP 128, vocabulary 256, Llama 3 rope scaling, untied.
@@ -111,13 +144,7 @@ impl LlamaConfig {
             vocab_size: 256,
             rms_norm_eps: 1e-5,
             rope_theta: 500_000.0,
-            rope_scaling: Some(RopeScaling {
-                rope_type: "llama3".into(),
-                factor: 32.0,
-                low_freq_factor: 1.0,
-                high_freq_factor: 4.0,
-                original_max_position_embeddings: 64,
-            }),
+            rope_scaling: Some(RopeScaling::llama3(64)),
             tie_word_embeddings: false,
             max_position_embeddings: 512,
         }
@@ -137,13 +164,7 @@ impl LlamaConfig {
             vocab_size: 128_256,
             rms_norm_eps: 1e-5,
             rope_theta: 500_000.0,
-            rope_scaling: Some(RopeScaling {
-                rope_type: "llama3".into(),
-                factor: 32.0,
-                low_freq_factor: 1.0,
-                high_freq_factor: 4.0,
-                original_max_position_embeddings: 8192,
-            }),
+            rope_scaling: Some(RopeScaling::llama3(8192)),
             tie_word_embeddings: true,
             max_position_embeddings: 131_072,
         }

@@ -92,16 +92,7 @@ impl Core {
             }
             decode::gemv_fused(&mut s.logits, &w.lm_head, &s.x, norm(&w.final_norm), Store)
                 .execute(ctx)?;
-            decode::sample(
-                &mut s.token,
-                &mut s.generated,
-                &mut s.pos,
-                &mut s.rng,
-                &mut s.sample_scratch,
-                &s.logits,
-                params,
-            )
-            .execute(ctx)
+            s.sample(params).execute(ctx)
         })
     }
 
@@ -304,12 +295,7 @@ impl Llama {
         stream: &Stream,
         options: GenerateOptions,
     ) -> Result<LlamaStep, DeviceError> {
-        LlamaStep::new(
-            self.core.clone(),
-            stream,
-            self.with_default_seq(options),
-            true,
-        )
+        self.new_step(stream, options, true)
     }
 
     /// A decoder with the state of a capture but no graph: its steps run eagerly.
@@ -322,11 +308,21 @@ impl Llama {
         stream: &Stream,
         options: GenerateOptions,
     ) -> Result<LlamaStep, DeviceError> {
+        self.new_step(stream, options, false)
+    }
+
+    /// A decoder over `options` with the default `max_seq`, its step captured when `capture`.
+    fn new_step(
+        &self,
+        stream: &Stream,
+        options: GenerateOptions,
+        capture: bool,
+    ) -> Result<LlamaStep, DeviceError> {
         LlamaStep::new(
             self.core.clone(),
             stream,
             self.with_default_seq(options),
-            false,
+            capture,
         )
     }
 

@@ -3,11 +3,11 @@
 
 use std::sync::Arc;
 
-use cuflow_device_op::{enqueue_on, DeviceOpExt};
+use cuflow_device_op::{enqueue_on, DeviceOp, DeviceOpExt};
 use cuflow_graph_capture::{CudaGraph, GraphCaptureExt};
 use cuflow_runtime::{DeviceError, Stream};
 use cuflow_scheduler::{default_policy, SchedulingPolicy};
-use cuflow_tensor::kernels::decode;
+use cuflow_tensor::kernels::decode::{self, SampleParams};
 use cuflow_tensor::{api, bf16, Tensor};
 
 use super::model::Core;
@@ -67,6 +67,20 @@ impl State {
             act: f(&[1, cfg.intermediate_size])?,
             logits: f(&[cfg.vocab_size])?,
         })
+    }
+
+    /// Samples the next token from `logits` with `params` and feeds it back: `token`,
+    /// `generated[pos + 1]`, `pos + 1`.
+    pub(crate) fn sample(&mut self, params: SampleParams) -> impl DeviceOp<Output = ()> + '_ {
+        decode::sample(
+            &mut self.token,
+            &mut self.generated,
+            &mut self.pos,
+            &mut self.rng,
+            &mut self.sample_scratch,
+            &self.logits,
+            params,
+        )
     }
 }
 
@@ -205,19 +219,7 @@ impl LlamaStep {
             policy,
             api::memcpy(&mut s.pos, api::from_vec(vec![last], &[1])),
         )?;
-        Self::enqueue(
-            stream,
-            policy,
-            decode::sample(
-                &mut s.token,
-                &mut s.generated,
-                &mut s.pos,
-                &mut s.rng,
-                &mut s.sample_scratch,
-                &s.logits,
-                self.options.sample,
-            ),
-        )?;
+        Self::enqueue(stream, policy, s.sample(self.options.sample))?;
         self.prompt_len = prompt.len();
         self.produced = 1;
         Ok(())

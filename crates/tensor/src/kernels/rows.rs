@@ -6,7 +6,7 @@
 //! pass. Floating-point types compute in `float` (`double` for `f64`); integer sums wrap.
 
 use cuflow_device_op::ExecutionContext;
-use cuflow_runtime::{DeviceError, Kernel, KernelArgs, LaunchConfig};
+use cuflow_runtime::{DeviceError, Kernel, KernelArgs, LaunchConfig, Stream};
 
 use super::{alloc, TensorResult};
 use crate::dtype::{cuda_prelude, DType, FloatDType};
@@ -76,6 +76,33 @@ fn reduced_shape(shape: &[usize]) -> Vec<usize> {
     }
 }
 
+/// Allocates the output of `out_shape` and, unless `x` has no elements, launches `kernel()` with
+/// one block per row: its arguments are the output, `x`, the `params` tensors, `eps` when given,
+/// then `cols`.
+fn launch_rows<O: DType, T: DType>(
+    stream: &Stream,
+    kernel: impl FnOnce() -> Kernel,
+    out_shape: &[usize],
+    x: &Tensor<T>,
+    params: &[&Tensor<T>],
+    eps: Option<f32>,
+) -> TensorResult<O> {
+    let (rows, cols) = x.rows_cols();
+    let out = alloc::<O>(stream, out_shape)?;
+    if rows > 0 && cols > 0 {
+        let mut args = KernelArgs::new();
+        args.output(&**out.buffer()).input(&**x.buffer());
+        for p in params {
+            args.input(&**p.buffer());
+        }
+        if let Some(eps) = eps {
+            args.scalar(eps);
+        }
+        kernel().launch(stream, row_launch(rows, cols)?, args.scalar(cols as u64))?;
+    }
+    Ok(out)
+}
+
 // ---------------------------------------------------------------------------------------------
 // sum, max
 // ---------------------------------------------------------------------------------------------
@@ -133,25 +160,15 @@ fn reduce<T: DType, X: TensorInput<T>>(
     x: X,
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
     kernel_op(name, x, move |stream, x| {
-        let (rows, cols) = rows_of(name, x)?;
+        let (_, cols) = rows_of(name, x)?;
         if cols == 0 {
             return Err(DeviceError::InvalidShape {
                 op: name,
                 reason: format!("cannot reduce an empty last axis of {:?}", x.shape()),
             });
         }
-        let out = alloc::<T>(stream, &reduced_shape(x.shape()))?;
-        if rows > 0 {
-            reduce_kernel::<T>(name, op).launch(
-                stream,
-                row_launch(rows, cols)?,
-                KernelArgs::new()
-                    .output(&**out.buffer())
-                    .input(&**x.buffer())
-                    .scalar(cols as u64),
-            )?;
-        }
-        Ok(out)
+        let kernel = || reduce_kernel::<T>(name, op);
+        launch_rows(stream, kernel, &reduced_shape(x.shape()), x, &[], None)
     })
 }
 
@@ -251,7 +268,7 @@ pub fn argmax<T: DType, X: TensorInput<T>>(
     x: X,
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<u32> + Send> {
     kernel_op("argmax", x, move |stream, x| {
-        let (rows, cols) = rows_of("argmax", x)?;
+        let (_, cols) = rows_of("argmax", x)?;
         if cols == 0 || cols > u32::MAX as usize {
             return Err(DeviceError::InvalidShape {
                 op: "argmax",
@@ -261,18 +278,14 @@ pub fn argmax<T: DType, X: TensorInput<T>>(
                 ),
             });
         }
-        let out = alloc::<u32>(stream, &reduced_shape(x.shape()))?;
-        if rows > 0 {
-            argmax_kernel::<T>().launch(
-                stream,
-                row_launch(rows, cols)?,
-                KernelArgs::new()
-                    .output(&**out.buffer())
-                    .input(&**x.buffer())
-                    .scalar(cols as u64),
-            )?;
-        }
-        Ok(out)
+        launch_rows(
+            stream,
+            argmax_kernel::<T>,
+            &reduced_shape(x.shape()),
+            x,
+            &[],
+            None,
+        )
     })
 }
 
@@ -490,19 +503,9 @@ pub fn softmax<T: FloatDType, X: TensorInput<T>>(
     x: X,
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
     kernel_op("softmax", x, move |stream, x| {
-        let (rows, cols) = rows_of("softmax", x)?;
-        let out = alloc::<T>(stream, x.shape())?;
-        if rows > 0 && cols > 0 {
-            norm_kernel::<T>("softmax", "", SOFTMAX_BODY).launch(
-                stream,
-                row_launch(rows, cols)?,
-                KernelArgs::new()
-                    .output(&**out.buffer())
-                    .input(&**x.buffer())
-                    .scalar(cols as u64),
-            )?;
-        }
-        Ok(out)
+        rows_of("softmax", x)?;
+        let kernel = || norm_kernel::<T>("softmax", "", SOFTMAX_BODY);
+        launch_rows(stream, kernel, x.shape(), x, &[], None)
     })
 }
 
@@ -519,22 +522,10 @@ pub fn rms_norm<T: FloatDType, X: TensorInput<T>, W: TensorInput<T>>(
     eps: f32,
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
     kernel_op2("rms_norm", (x, weight), move |stream, x, w| {
-        let (rows, cols) = rows_of("rms_norm", x)?;
+        let (_, cols) = rows_of("rms_norm", x)?;
         check_row_param("rms_norm", "weight", x, w, cols)?;
-        let out = alloc::<T>(stream, x.shape())?;
-        if rows > 0 && cols > 0 {
-            norm_kernel::<T>("rms_norm", ", const T* w, float eps", RMS_BODY).launch(
-                stream,
-                row_launch(rows, cols)?,
-                KernelArgs::new()
-                    .output(&**out.buffer())
-                    .input(&**x.buffer())
-                    .input(&**w.buffer())
-                    .scalar(eps)
-                    .scalar(cols as u64),
-            )?;
-        }
-        Ok(out)
+        let kernel = || norm_kernel::<T>("rms_norm", ", const T* w, float eps", RMS_BODY);
+        launch_rows(stream, kernel, x.shape(), x, &[w], Some(eps))
     })
 }
 
@@ -553,28 +544,11 @@ pub fn layer_norm<T: FloatDType, X: TensorInput<T>, W: TensorInput<T>, B: Tensor
     eps: f32,
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
     kernel_op3("layer_norm", (x, weight, bias), move |stream, [x, w, b]| {
-        let (rows, cols) = rows_of("layer_norm", x)?;
+        let (_, cols) = rows_of("layer_norm", x)?;
         check_row_param("layer_norm", "weight", x, w, cols)?;
         check_row_param("layer_norm", "bias", x, b, cols)?;
-        let out = alloc::<T>(stream, x.shape())?;
-        if rows > 0 && cols > 0 {
-            norm_kernel::<T>(
-                "layer_norm",
-                ", const T* w, const T* b, float eps",
-                LAYER_BODY,
-            )
-            .launch(
-                stream,
-                row_launch(rows, cols)?,
-                KernelArgs::new()
-                    .output(&**out.buffer())
-                    .input(&**x.buffer())
-                    .input(&**w.buffer())
-                    .input(&**b.buffer())
-                    .scalar(eps)
-                    .scalar(cols as u64),
-            )?;
-        }
-        Ok(out)
+        let params = ", const T* w, const T* b, float eps";
+        let kernel = || norm_kernel::<T>("layer_norm", params, LAYER_BODY);
+        launch_rows(stream, kernel, x.shape(), x, &[w, b], Some(eps))
     })
 }
