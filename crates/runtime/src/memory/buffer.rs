@@ -36,7 +36,7 @@ impl<T: DeviceCopy> DeviceBuffer<T> {
     ///
     /// # Errors
     ///
-    /// [`DeviceError::OutOfMemory`] when the device cannot hold it.
+    /// [`DeviceError::OutOfMemory`](crate::DeviceError::OutOfMemory) when the device cannot hold it.
     ///
     /// While `stream` is capturing, the allocation is made at once (not recorded) and the graph
     /// being captured keeps it: replays of that graph find it at the same address.
@@ -100,7 +100,7 @@ impl<T: DeviceCopy> DeviceBuffer<T> {
     ///
     /// # Errors
     ///
-    /// [`DeviceError::InvalidShape`] when the range does not lie inside the buffer.
+    /// [`DeviceError::InvalidShape`](crate::DeviceError::InvalidShape) when the range does not lie inside the buffer.
     pub fn slice(&self, range: impl RangeBounds<usize>) -> Result<BufferView<'_, T>> {
         self.view().slice(range)
     }
@@ -133,7 +133,7 @@ impl<T: DeviceCopy> DeviceBuffer<T> {
     ///
     /// # Errors
     ///
-    /// [`DeviceError::LengthMismatch`] when lengths differ.
+    /// [`DeviceError::LengthMismatch`](crate::DeviceError::LengthMismatch) when lengths differ.
     pub fn copy_from_host(&self, stream: &Stream, data: &[T]) -> Result<()> {
         self.view().copy_from_host(stream, data)
     }
@@ -142,7 +142,7 @@ impl<T: DeviceCopy> DeviceBuffer<T> {
     ///
     /// # Errors
     ///
-    /// [`DeviceError::LengthMismatch`] when lengths differ.
+    /// [`DeviceError::LengthMismatch`](crate::DeviceError::LengthMismatch) when lengths differ.
     pub fn copy_from(&self, stream: &Stream, src: &DeviceBuffer<T>) -> Result<()> {
         self.view().copy_from(stream, src.view())
     }

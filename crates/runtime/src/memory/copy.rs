@@ -22,7 +22,7 @@ impl<T: DeviceCopy> BufferView<'_, T> {
     /// the two devices:
     ///
     /// - **the same device**: a device copy on `stream`, as [`BufferView::copy_from`];
-    /// - **two CUDA devices that can access each other** ([`Device::can_access_peer`]): a peer
+    /// - **two CUDA devices that can access each other** ([`Device::can_access_peer`](crate::Device::can_access_peer)): a peer
     ///   copy (`cuMemcpyPeerAsync`) on `stream`, over NVLink or PCIe; peer access is enabled
     ///   at the first such copy between the two devices (where the driver then refuses it, for
     ///   too many peers, the copy is staged);
