@@ -63,7 +63,7 @@ impl Core {
     /// (appending to the caches), computes the logits and samples the next token, which the
     /// sampling kernel feeds back (`token`, `generated[pos + 1]`, `pos + 1`). The norms are
     /// fused into the GEMVs that read them, the residual adds and SwiGLU into the GEMVs that
-    /// produce them: seven kernels per layer.
+    /// produce them: six kernels per layer.
     pub(crate) fn step<'a>(
         &'a self,
         s: &'a mut State,
@@ -81,8 +81,16 @@ impl Core {
                 let cache = &mut s.caches[l];
                 decode::rope_kv_append(&mut s.q, cache, &s.qkv, &self.inv_freq, &s.pos, shape)
                     .execute(ctx)?;
-                decode::attention(&mut s.attn, &mut s.scratch, &s.q, cache, &s.pos, shape)
-                    .execute(ctx)?;
+                decode::attention(
+                    &mut s.attn,
+                    &mut s.scratch,
+                    &mut s.attn_counts,
+                    &s.q,
+                    cache,
+                    &s.pos,
+                    shape,
+                )
+                .execute(ctx)?;
                 decode::gemv_fused(&mut s.x, &lw.wo, &s.attn, GemvInput::Plain, Accumulate)
                     .execute(ctx)?;
                 decode::gemv_fused(&mut s.act, &lw.w_gate_up, &s.x, norm(&lw.mlp_norm), SwiGlu)
@@ -121,6 +129,7 @@ impl Core {
                 &[rows, cfg.num_attention_heads, parts, cfg.head_dim() + 2],
                 ctx,
             )?;
+            let mut counts = api::zeros::<u32>(&[rows * cfg.kv_heads()]).execute(ctx)?;
             let mut act = zeros(&[rows, cfg.intermediate_size], ctx)?;
             decode::embed_rows(&mut x, &w.embed, prompt).execute(ctx)?;
             let mut down: Option<Tensor<f32>> = None;
@@ -134,8 +143,16 @@ impl Core {
                 let cache = &mut s.caches[l];
                 decode::rope_kv_append(&mut q, cache, &qkv, &self.inv_freq, &s.pos, shape)
                     .execute(ctx)?;
-                decode::attention(&mut attn, &mut scratch, &q, cache, &s.pos, shape)
-                    .execute(ctx)?;
+                decode::attention(
+                    &mut attn,
+                    &mut scratch,
+                    &mut counts,
+                    &q,
+                    cache,
+                    &s.pos,
+                    shape,
+                )
+                .execute(ctx)?;
                 let o = project(&attn, &lw.wo).execute(ctx)?;
                 decode::residual_rms_norm(&mut x, &mut h, &o, &lw.mlp_norm, eps).execute(ctx)?;
                 let gu = project(&h, &lw.w_gate_up).execute(ctx)?;

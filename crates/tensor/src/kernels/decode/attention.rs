@@ -2,16 +2,24 @@
 //! (flash-decoding): the positions `0..=p` a query attends are cut into partitions of
 //! `chunk` positions, each partition is reduced by its own block into a partial result (its
 //! score maximum `m`, the sum `l` of `exp(score − m)`, and the `exp`-weighted sum of values),
-//! and a second kernel combines the partitions of each head with the usual rescaling. Long
-//! contexts thus spread over many blocks instead of one block per head.
+//! and the partitions of each head are combined with the usual rescaling. Long contexts thus
+//! spread over many blocks instead of one block per head.
+//!
+//! One kernel does both: when a single partition covers the context its block writes the
+//! normalized result directly; otherwise each block publishes its partial result and
+//! increments a counter per (row, key/value head), and the block that brings it to the
+//! number of live partitions combines them and resets the counter to zero. As the choice
+//! is made on the device, one launch serves every position of a captured step.
 //!
 //! Grouped-query attention reads each key and value once per group: a block handles one
 //! key/value head and all the query heads that share it. Query row `r` sits at position
 //! `pos[0] + r` and attends positions `0..=pos[0] + r` (causal), clamped to the cache.
 //!
 //! The partial results live in a scratch tensor the caller allocates once,
-//! `[rows, heads, parts, head_dim + 2]` `f32`; partitions past a row's last position write
-//! `m = −∞` and are skipped by the combine without reading their (unwritten) values.
+//! `[rows, heads, parts, head_dim + 2]` `f32`; partitions past a row's last position are
+//! neither written nor read (their blocks exit at once), and when one partition covers the
+//! row nothing is written there. The counters, `[rows · kv_heads]` `u32`, must be zero
+//! before the first launch; every launch leaves them zero.
 
 use cuflow_device_op::{from_fn, ExecutionContext};
 use cuflow_runtime::{DeviceError, Kernel, KernelArgs, LaunchConfig};
@@ -81,18 +89,20 @@ pub fn attention_partitions(max_seq: usize, chunk: usize) -> usize {
     max_seq.div_ceil(chunk.clamp(1, MAX_CHUNK)).max(1)
 }
 
-pub(super) fn partial_kernel() -> Kernel {
-    cached_kernel("decode_attention_partial", "bf16", || {
+pub(super) fn kernel() -> Kernel {
+    cached_kernel("decode_attention_split", "bf16", || {
         let source = format!(
             r#"{defs}
 #define MAX_GROUP {max_group}
 __device__ __forceinline__ float bf_lo(unsigned v) {{ return __uint_as_float(v << 16); }}
 __device__ __forceinline__ float bf_hi(unsigned v) {{ return __uint_as_float(v & 0xffff0000u); }}
-extern "C" __global__ void decode_attention_partial(
-    float* part, const float* q, const T_bf16* cache, const unsigned* pos, unsigned heads,
-    unsigned kv_heads, unsigned head_dim, unsigned max_seq, unsigned parts, unsigned chunk,
-    float scale) {{
+extern "C" __global__ void decode_attention_split(
+    float* out, float* part, unsigned* counts, const float* q, const T_bf16* cache,
+    const unsigned* pos, unsigned heads, unsigned kv_heads, unsigned head_dim, unsigned max_seq,
+    unsigned parts, unsigned chunk, float scale) {{
   extern __shared__ float sm[];
+  __shared__ float s_m[MAX_GROUP], s_l[MAX_GROUP];
+  __shared__ unsigned s_last;
   const unsigned g = heads / kv_heads, hd = head_dim, W = hd + 2;
   unsigned b = blockIdx.x;
   const unsigned pi = b % parts; b /= parts;
@@ -101,21 +111,18 @@ extern "C" __global__ void decode_attention_partial(
   unsigned qp = pos[0] + row;
   if (qp >= max_seq) qp = max_seq - 1;
   const unsigned n = qp + 1, t0 = pi * chunk;
+  // Partitions past the row's last position do nothing: only the `live` ones count.
+  if (t0 >= n) return;
+  const unsigned live = (n + chunk - 1) / chunk;
   const unsigned t1 = t0 + chunk < n ? t0 + chunk : n;
-  float* outp = part + ((unsigned long long)row * heads + (unsigned long long)kvh * g) * parts * W;
-  if (t0 >= t1) {{
-    for (unsigned j = threadIdx.x; j < g; j += blockDim.x) {{
-      float* o = outp + ((unsigned long long)j * parts + pi) * W;
-      o[hd] = -__int_as_float(0x7f800000);
-      o[hd + 1] = 0.0f;
-    }}
-    return;
-  }}
+  const unsigned long long head0 = (unsigned long long)row * heads + (unsigned long long)kvh * g;
+  float* outp = part + head0 * parts * W;
+  float* outr = out + head0 * hd;
   const unsigned len = t1 - t0;
   float* qs = sm;                 // [g][hd], pre-scaled
   float* s = qs + g * hd;         // [g][chunk]
   float* red = s + g * chunk;     // [groups][g][hd]
-  const float* qrow = q + ((unsigned long long)row * heads + (unsigned long long)kvh * g) * hd;
+  const float* qrow = q + head0 * hd;
   for (unsigned i = threadIdx.x; i < g * hd; i += blockDim.x) qs[i] = qrow[i] * scale;
   __syncthreads();
   const T_bf16* K = cache + (unsigned long long)kvh * max_seq * hd;
@@ -155,9 +162,12 @@ extern "C" __global__ void decode_attention_partial(
     }}
     for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
     if (lane == 0) {{
-      float* o = outp + ((unsigned long long)j * parts + pi) * W;
-      o[hd] = m;
-      o[hd + 1] = l;
+      s_l[j] = l;
+      if (live > 1) {{
+        float* o = outp + ((unsigned long long)j * parts + pi) * W;
+        o[hd] = m;
+        o[hd + 1] = l;
+      }}
     }}
   }}
   __syncthreads();
@@ -186,132 +196,136 @@ extern "C" __global__ void decode_attention_partial(
     }}
   }}
   __syncthreads();
+  if (live == 1) {{
+    // One partition covers the context: it is the result, normalized here.
+    for (unsigned i = threadIdx.x; i < g * hd; i += blockDim.x) {{
+      const unsigned j = i / hd, c = i % hd;
+      float v = 0.0f;
+      for (unsigned r = 0; r < groups; ++r) v += red[(r * g + j) * hd + c];
+      outr[i] = v / s_l[j];
+    }}
+    return;
+  }}
   for (unsigned i = threadIdx.x; i < g * hd; i += blockDim.x) {{
     const unsigned j = i / hd, c = i % hd;
     float v = 0.0f;
     for (unsigned r = 0; r < groups; ++r) v += red[(r * g + j) * hd + c];
     outp[((unsigned long long)j * parts + pi) * W + c] = v;
   }}
+  // Publish this partition, then count it; the block that counts the last live partition
+  // of this (row, key/value head) combines them all and resets the counter for the next
+  // launch.
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {{
+    const unsigned k = row * kv_heads + kvh;
+    const unsigned done = atomicAdd(counts + k, 1u) + 1u;
+    s_last = done == live;
+    if (done == live) counts[k] = 0u;
+    __threadfence();
+  }}
+  __syncthreads();
+  if (!s_last) return;
+  for (unsigned j = warp; j < g; j += warps) {{
+    const float* p = outp + (unsigned long long)j * parts * W;
+    float m = -__int_as_float(0x7f800000);
+    for (unsigned i = lane; i < live; i += 32) m = fmaxf(m, __ldcg(p + i * W + hd));
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    float l = 0.0f;
+    for (unsigned i = lane; i < live; i += 32)
+      l += expf(__ldcg(p + i * W + hd) - m) * __ldcg(p + i * W + hd + 1);
+    for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
+    if (lane == 0) {{
+      s_m[j] = m;
+      s_l[j] = 1.0f / l;
+    }}
+  }}
+  __syncthreads();
+  for (unsigned i = threadIdx.x; i < g * hd; i += blockDim.x) {{
+    const unsigned j = i / hd, c = i % hd;
+    const float* p = outp + (unsigned long long)j * parts * W;
+    const float m = s_m[j];
+    float acc = 0.0f;
+    for (unsigned pj = 0; pj < live; ++pj)
+      acc += expf(__ldcg(p + pj * W + hd) - m) * __ldcg(p + pj * W + c);
+    outr[i] = acc * s_l[j];
+  }}
 }}
 "#,
             defs = bf16_defs(),
             max_group = MAX_GROUP,
         );
-        crate::op::builtin_kernel("decode_attention_partial", source).with_host(host_partial)
+        crate::op::builtin_kernel("decode_attention_split", source).with_host(host_attention)
     })
 }
 
-/// The partial kernel on the host: the same partitions and the same arithmetic in `f32`.
-fn host_partial(args: &mut cuflow_runtime::HostKernelArgs<'_>) -> Result<(), DeviceError> {
-    let q = args.input::<f32>(1)?;
-    let cache = args.input::<bf16>(2)?;
-    let start = first_index(args.input::<u32>(3)?);
-    let heads = args.scalar::<u32>(4)? as usize;
-    let kv_heads = (args.scalar::<u32>(5)? as usize).max(1);
-    let hd = args.scalar::<u32>(6)? as usize;
-    let max_seq = (args.scalar::<u32>(7)? as usize).max(1);
-    let parts = (args.scalar::<u32>(8)? as usize).max(1);
-    let chunk = args.scalar::<u32>(9)? as usize;
-    let scale = args.scalar::<f32>(10)?;
-    let part = args.output::<f32>(0)?;
+/// The kernel on the host: the same partitions, the same arithmetic in `f32`, then their
+/// combination (the counters stay zero).
+fn host_attention(args: &mut cuflow_runtime::HostKernelArgs<'_>) -> Result<(), DeviceError> {
+    let q = args.input::<f32>(3)?;
+    let cache = args.input::<bf16>(4)?;
+    let start = first_index(args.input::<u32>(5)?);
+    let heads = args.scalar::<u32>(6)? as usize;
+    let kv_heads = (args.scalar::<u32>(7)? as usize).max(1);
+    let hd = args.scalar::<u32>(8)? as usize;
+    let max_seq = (args.scalar::<u32>(9)? as usize).max(1);
+    let parts = (args.scalar::<u32>(10)? as usize).max(1);
+    let chunk = (args.scalar::<u32>(11)? as usize).max(1);
+    let scale = args.scalar::<f32>(12)?;
+    let out = args.output::<f32>(0)?;
+    let part = args.output::<f32>(1)?;
     let (g, w) = (heads / kv_heads, hd + 2);
     let rows = q.len() / (heads * hd).max(1);
     let mut scores = vec![0f32; chunk];
     for row in 0..rows {
         let n = start.saturating_add(row).min(max_seq - 1) + 1;
-        for kvh in 0..kv_heads {
-            for pi in 0..parts {
+        let live = n.div_ceil(chunk).min(parts);
+        for h in 0..heads {
+            let kvh = h / g.max(1);
+            let p = &mut part[(row * heads + h) * parts * w..][..parts * w];
+            for pi in 0..live {
                 let (t0, t1) = (pi * chunk, ((pi + 1) * chunk).min(n));
-                for j in 0..g {
-                    let h = kvh * g + j;
-                    let o = &mut part[((row * heads + h) * parts + pi) * w..][..w];
-                    if t0 >= t1 {
-                        o[hd] = f32::NEG_INFINITY;
-                        o[hd + 1] = 0.0;
-                        continue;
-                    }
-                    let qh = &q[(row * heads + h) * hd..][..hd];
-                    for (t, s) in (t0..t1).zip(scores.iter_mut()) {
-                        let k = &cache[(kvh * max_seq + t) * hd..][..hd];
-                        *s = qh.iter().zip(k).map(|(q, k)| q * scale * k.to_f32()).sum();
-                    }
-                    let len = t1 - t0;
-                    let m = scores[..len]
-                        .iter()
-                        .copied()
-                        .fold(f32::NEG_INFINITY, f32::max);
-                    let mut l = 0.0;
-                    for s in &mut scores[..len] {
-                        *s = (*s - m).exp();
-                        l += *s;
-                    }
-                    for (c, o) in o[..hd].iter_mut().enumerate() {
-                        *o = (t0..t1)
-                            .zip(&scores[..len])
-                            .map(|(t, e)| {
-                                e * cache[((kv_heads + kvh) * max_seq + t) * hd + c].to_f32()
-                            })
-                            .sum();
-                    }
-                    o[hd] = m;
-                    o[hd + 1] = l;
+                let o = &mut p[pi * w..][..w];
+                let qh = &q[(row * heads + h) * hd..][..hd];
+                for (t, s) in (t0..t1).zip(scores.iter_mut()) {
+                    let k = &cache[(kvh * max_seq + t) * hd..][..hd];
+                    *s = qh.iter().zip(k).map(|(q, k)| q * scale * k.to_f32()).sum();
                 }
+                let len = t1 - t0;
+                let m = scores[..len]
+                    .iter()
+                    .copied()
+                    .fold(f32::NEG_INFINITY, f32::max);
+                let mut l = 0.0;
+                for s in &mut scores[..len] {
+                    *s = (*s - m).exp();
+                    l += *s;
+                }
+                for (c, o) in o[..hd].iter_mut().enumerate() {
+                    *o = (t0..t1)
+                        .zip(&scores[..len])
+                        .map(|(t, e)| e * cache[((kv_heads + kvh) * max_seq + t) * hd + c].to_f32())
+                        .sum();
+                }
+                o[hd] = m;
+                o[hd + 1] = l;
+            }
+            let m = (0..live)
+                .map(|i| p[i * w + hd])
+                .fold(f32::NEG_INFINITY, f32::max);
+            let l: f32 = (0..live)
+                .map(|i| (p[i * w + hd] - m).exp() * p[i * w + hd + 1])
+                .sum();
+            let o = &mut out[(row * heads + h) * hd..][..hd];
+            for (c, o) in o.iter_mut().enumerate() {
+                let acc: f32 = (0..live)
+                    .map(|i| (p[i * w + hd] - m).exp() * p[i * w + c])
+                    .sum();
+                *o = acc / l;
             }
         }
     }
     Ok(())
-}
-
-pub(super) fn combine_kernel() -> Kernel {
-    cached_kernel("decode_attention_combine", "f32", || {
-        let source = r#"
-extern "C" __global__ void decode_attention_combine(float* out, const float* part,
-                                                    unsigned head_dim, unsigned parts) {
-  const unsigned W = head_dim + 2;
-  const float* p = part + (unsigned long long)blockIdx.x * parts * W;
-  const float neg_inf = -__int_as_float(0x7f800000);
-  float m = neg_inf;
-  for (unsigned i = 0; i < parts; ++i) m = fmaxf(m, p[i * W + head_dim]);
-  float l = 0.0f;
-  for (unsigned i = 0; i < parts; ++i) {
-    const float mi = p[i * W + head_dim];
-    if (mi > neg_inf) l += expf(mi - m) * p[i * W + head_dim + 1];
-  }
-  const float inv = 1.0f / l;
-  for (unsigned c = threadIdx.x; c < head_dim; c += blockDim.x) {
-    float acc = 0.0f;
-    for (unsigned i = 0; i < parts; ++i) {
-      const float mi = p[i * W + head_dim];
-      if (mi > neg_inf) acc += expf(mi - m) * p[i * W + c];
-    }
-    out[(unsigned long long)blockIdx.x * head_dim + c] = acc * inv;
-  }
-}
-"#;
-        crate::op::builtin_kernel("decode_attention_combine", source).with_host(|args| {
-            let part = args.input::<f32>(1)?;
-            let hd = args.scalar::<u32>(2)? as usize;
-            let parts = (args.scalar::<u32>(3)? as usize).max(1);
-            let out = args.output::<f32>(0)?;
-            let w = hd + 2;
-            for (o, p) in out.chunks_mut(hd.max(1)).zip(part.chunks(parts * w)) {
-                let m = (0..parts)
-                    .map(|i| p[i * w + hd])
-                    .fold(f32::NEG_INFINITY, f32::max);
-                let live = || (0..parts).filter(|i| p[i * w + hd] > f32::NEG_INFINITY);
-                let l: f32 = live()
-                    .map(|i| (p[i * w + hd] - m).exp() * p[i * w + hd + 1])
-                    .sum();
-                for (c, o) in o.iter_mut().enumerate() {
-                    let acc: f32 = live()
-                        .map(|i| (p[i * w + hd] - m).exp() * p[i * w + c])
-                        .sum();
-                    *o = acc / l;
-                }
-            }
-            Ok(())
-        })
-    })
 }
 
 /// Causal attention of the query rows `q` (`f32`, `[rows, heads · head_dim]`, already
@@ -319,6 +333,9 @@ extern "C" __global__ void decode_attention_combine(float* out, const float* par
 /// position `pos[0] + r`, scores scaled by `1/√head_dim`; the result goes to `out` (`f32`,
 /// `[rows, heads · head_dim]`). `scratch` (`f32`, `[rows, heads, parts, head_dim + 2]`, from
 /// [`attention_partitions`]) holds the partial results: `parts` partitions cover `max_seq`.
+/// `counts` (`u32`, `[rows · kv_heads]`) counts the finished partitions of each row and
+/// key/value head: allocate it zeroed once and keep it with `scratch`; each launch leaves it
+/// zero again (a launch that fails part-way may not).
 ///
 /// # Errors
 ///
@@ -327,6 +344,7 @@ extern "C" __global__ void decode_attention_combine(float* out, const float* par
 pub fn attention<'a>(
     out: &'a mut Tensor<f32>,
     scratch: &'a mut Tensor<f32>,
+    counts: &'a mut Tensor<u32>,
     q: &'a Tensor<f32>,
     cache: &'a Tensor<bf16>,
     pos: &'a Tensor<u32>,
@@ -340,6 +358,7 @@ pub fn attention<'a>(
         }
         check_device(OP, stream, cache)?;
         check_device(OP, stream, pos)?;
+        check_device(OP, stream, counts)?;
         shape.check(OP)?;
         let hd = shape.head_dim;
         let g = shape.heads / shape.kv_heads;
@@ -354,6 +373,7 @@ pub fn attention<'a>(
         check_len(OP, "out", out, q.len())?;
         check_len(OP, "cache", cache, shape.cache_len())?;
         check_len(OP, "pos", pos, 1)?;
+        check_len(OP, "counts", counts, rows * shape.kv_heads)?;
         let parts = match *scratch.shape() {
             [r, h, p, w] if r == rows && h == shape.heads && w == hd + 2 && p > 0 => p,
             _ => {
@@ -385,12 +405,14 @@ pub fn attention<'a>(
         let groups = PARTIAL_THREADS / (hd / 2);
         let shared = (g * hd + g * chunk + groups * g * hd) * std::mem::size_of::<f32>();
         let blocks = rows * shape.kv_heads * parts;
-        partial_kernel().launch(
+        kernel().launch(
             stream,
             LaunchConfig::linear(u32_of(OP, "blocks", blocks)?, PARTIAL_THREADS as u32)
                 .with_shared_mem(u32_of(OP, "shared memory", shared)?),
             KernelArgs::new()
+                .output(&**out.buffer())
                 .output(&**scratch.buffer())
+                .output(&**counts.buffer())
                 .input(&**q.buffer())
                 .input(&**cache.buffer())
                 .input(&**pos.buffer())
@@ -401,18 +423,6 @@ pub fn attention<'a>(
                 .scalar(u32_of(OP, "parts", parts)?)
                 .scalar(u32_of(OP, "chunk", chunk)?)
                 .scalar(1.0 / (hd as f32).sqrt()),
-        )?;
-        combine_kernel().launch(
-            stream,
-            LaunchConfig::linear(
-                u32_of(OP, "blocks", rows * shape.heads)?,
-                hd.min(128) as u32,
-            ),
-            KernelArgs::new()
-                .output(&**out.buffer())
-                .input(&**scratch.buffer())
-                .scalar(u32_of(OP, "head_dim", hd)?)
-                .scalar(u32_of(OP, "parts", parts)?),
         )
     })
 }

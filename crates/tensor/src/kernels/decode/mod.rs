@@ -53,8 +53,7 @@ pub fn compile_all(device: &Device) -> Result<(), DeviceError> {
         norm::embed_kernel(),
         norm::silu_mul_kernel(),
         rope::kernel(),
-        attention::partial_kernel(),
-        attention::combine_kernel(),
+        attention::kernel(),
         sample::kernel(),
         sample::argmax_kernel(),
     ]) {
