@@ -83,7 +83,9 @@ fn check(s: &Stream, rng: &mut StdRng, shape: AttentionShape, rows: usize) {
         &vec![f32::NAN; scratch_len],
         &[rows, heads, parts, hd + 2],
     );
-    let mut counts = upload(s, &vec![0u32; rows * kv_heads], &[rows * kv_heads]);
+    let mut counts = decode::AttentionCounters::zeroed(rows, kv_heads)
+        .sync_on(s)
+        .expect("counters");
     for &ctx in CONTEXTS {
         let start = ctx - 1;
         let q_h = random_f32(rng, width, 1.5);
@@ -103,7 +105,7 @@ fn check(s: &Stream, rng: &mut StdRng, shape: AttentionShape, rows: usize) {
                 );
             }
             assert_eq!(
-                read(&counts),
+                counts.to_host_vec().expect("counts read back"),
                 vec![0; rows * kv_heads],
                 "{shape:?}, context {ctx}, run {run}: the counters are left zero"
             );
@@ -145,7 +147,9 @@ fn split_attention_rejects_bad_counters() {
     let parts = decode::attention_partitions(shape.max_seq, CHUNK);
     let mut out = upload(&s, &[0f32; 64], &[1, 64]);
     let mut scratch = upload(&s, &vec![0f32; 4 * parts * 18], &[1, 4, parts, 18]);
-    let mut counts = upload(&s, &[0u32; 1], &[1]);
+    let mut counts = decode::AttentionCounters::zeroed(1, 1)
+        .sync_on(&s)
+        .expect("counters");
     let q = upload(&s, &[0f32; 64], &[1, 64]);
     let cache = upload(
         &s,

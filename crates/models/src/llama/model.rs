@@ -129,7 +129,8 @@ impl Core {
                 &[rows, cfg.num_attention_heads, parts, cfg.head_dim() + 2],
                 ctx,
             )?;
-            let mut counts = api::zeros::<u32>(&[rows * cfg.kv_heads()]).execute(ctx)?;
+            let mut counts =
+                decode::AttentionCounters::zeroed(rows, cfg.kv_heads()).execute(ctx)?;
             let mut act = zeros(&[rows, cfg.intermediate_size], ctx)?;
             decode::embed_rows(&mut x, &w.embed, prompt).execute(ctx)?;
             let mut down: Option<Tensor<f32>> = None;

@@ -38,7 +38,7 @@ pub(crate) struct State {
     pub(crate) attn: Tensor<f32>,
     pub(crate) scratch: Tensor<f32>,
     /// The attention kernel's finished-partition counters, zero between launches.
-    pub(crate) attn_counts: Tensor<u32>,
+    pub(crate) attn_counts: decode::AttentionCounters,
     pub(crate) act: Tensor<f32>,
     pub(crate) logits: Tensor<f32>,
 }
@@ -66,7 +66,7 @@ impl State {
             q: f(&[1, qd])?,
             attn: f(&[1, qd])?,
             scratch: f(&[1, cfg.num_attention_heads, parts, cfg.head_dim() + 2])?,
-            attn_counts: api::zeros::<u32>(&[cfg.kv_heads()]).sync_on(stream)?,
+            attn_counts: decode::AttentionCounters::zeroed(1, cfg.kv_heads()).sync_on(stream)?,
             act: f(&[1, cfg.intermediate_size])?,
             logits: f(&[cfg.vocab_size])?,
         })

@@ -21,7 +21,7 @@
 //! row nothing is written there. The counters, `[rows · kv_heads]` `u32`, must be zero
 //! before the first launch; every launch leaves them zero.
 
-use cuflow_device_op::{from_fn, ExecutionContext};
+use cuflow_device_op::{from_fn, DeviceOp, ExecutionContext};
 use cuflow_runtime::{DeviceError, Kernel, KernelArgs, LaunchConfig};
 use half::bf16;
 
@@ -328,14 +328,67 @@ fn host_attention(args: &mut cuflow_runtime::HostKernelArgs<'_>) -> Result<(), D
     Ok(())
 }
 
+/// The partition counters of [`attention`], one per query row and key/value head.
+///
+/// The partition of a (row, key/value head) that finishes last combines the others, and
+/// knows it is last by this count; it then sets the count back to zero. Counters are
+/// therefore made only here, zeroed, and every launch leaves them zero: a program cannot
+/// hand the kernel counts that would keep the combination from happening (and its output
+/// from being written).
+///
+/// # Examples
+///
+/// ```
+/// use cuflow_device_op::DeviceOpExt;
+/// use cuflow_tensor::kernels::decode::AttentionCounters;
+/// let counters = AttentionCounters::zeroed(3, 2).sync()?;
+/// assert_eq!(counters.to_host_vec()?, vec![0; 6]);
+/// # Ok::<(), cuflow_runtime::DeviceError>(())
+/// ```
+#[derive(Debug)]
+pub struct AttentionCounters(Tensor<u32>);
+
+impl AttentionCounters {
+    /// Zeroed counters for `rows` query rows of a model with `kv_heads` key/value heads.
+    ///
+    /// # Errors
+    ///
+    /// The allocation's error, when the op runs.
+    pub fn zeroed(
+        rows: usize,
+        kv_heads: usize,
+    ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> Result<AttentionCounters, DeviceError> + Send>
+    {
+        from_fn(move |ctx: &mut ExecutionContext| {
+            let counts = rows
+                .checked_mul(kv_heads)
+                .ok_or_else(|| DeviceError::InvalidShape {
+                    op: "AttentionCounters::zeroed",
+                    reason: format!("{rows} rows of {kv_heads} key/value heads overflow usize"),
+                })?;
+            crate::api::zeros::<u32>(&[counts])
+                .execute(ctx)
+                .map(AttentionCounters)
+        })
+    }
+
+    /// The counts, read back (every one is zero between launches).
+    ///
+    /// # Errors
+    ///
+    /// As [`Tensor::to_host_vec`].
+    pub fn to_host_vec(&self) -> Result<Vec<u32>, DeviceError> {
+        self.0.to_host_vec()
+    }
+}
+
 /// Causal attention of the query rows `q` (`f32`, `[rows, heads · head_dim]`, already
 /// rotated) over `cache` (`bf16`, `[2, kv_heads, max_seq, head_dim]`), query row `r` at
 /// position `pos[0] + r`, scores scaled by `1/√head_dim`; the result goes to `out` (`f32`,
 /// `[rows, heads · head_dim]`). `scratch` (`f32`, `[rows, heads, parts, head_dim + 2]`, from
 /// [`attention_partitions`]) holds the partial results: `parts` partitions cover `max_seq`.
-/// `counts` (`u32`, `[rows · kv_heads]`) counts the finished partitions of each row and
-/// key/value head: allocate it zeroed once and keep it with `scratch`; each launch leaves it
-/// zero again (a launch that fails part-way may not).
+/// `counts` counts the finished partitions of each row and key/value head (see
+/// [`AttentionCounters`]); keep it with `scratch`.
 ///
 /// # Errors
 ///
@@ -344,7 +397,7 @@ fn host_attention(args: &mut cuflow_runtime::HostKernelArgs<'_>) -> Result<(), D
 pub fn attention<'a>(
     out: &'a mut Tensor<f32>,
     scratch: &'a mut Tensor<f32>,
-    counts: &'a mut Tensor<u32>,
+    counts: &'a mut AttentionCounters,
     q: &'a Tensor<f32>,
     cache: &'a Tensor<bf16>,
     pos: &'a Tensor<u32>,
@@ -358,7 +411,7 @@ pub fn attention<'a>(
         }
         check_device(OP, stream, cache)?;
         check_device(OP, stream, pos)?;
-        check_device(OP, stream, counts)?;
+        check_device(OP, stream, &counts.0)?;
         shape.check(OP)?;
         let hd = shape.head_dim;
         let g = shape.heads / shape.kv_heads;
@@ -373,7 +426,7 @@ pub fn attention<'a>(
         check_len(OP, "out", out, q.len())?;
         check_len(OP, "cache", cache, shape.cache_len())?;
         check_len(OP, "pos", pos, 1)?;
-        check_len(OP, "counts", counts, rows * shape.kv_heads)?;
+        check_len(OP, "counts", &counts.0, rows * shape.kv_heads)?;
         let parts = match *scratch.shape() {
             [r, h, p, w] if r == rows && h == shape.heads && w == hd + 2 && p > 0 => p,
             _ => {
@@ -412,7 +465,7 @@ pub fn attention<'a>(
             KernelArgs::new()
                 .output(&**out.buffer())
                 .output(&**scratch.buffer())
-                .output(&**counts.buffer())
+                .output(&**counts.0.buffer())
                 .input(&**q.buffer())
                 .input(&**cache.buffer())
                 .input(&**pos.buffer())

@@ -29,7 +29,7 @@ mod norm;
 mod rope;
 mod sample;
 
-pub use attention::{attention, attention_partitions, AttentionShape};
+pub use attention::{attention, attention_partitions, AttentionCounters, AttentionShape};
 pub use gemv::{gemv, gemv_fused, GemvEpilogue, GemvInput};
 pub use norm::{embed_rows, residual_rms_norm, rms_norm_rows, silu_mul};
 pub use rope::rope_kv_append;
