@@ -25,6 +25,7 @@
 
 pub mod api;
 mod custom;
+mod display;
 mod dtype;
 pub mod kernels;
 mod op;
