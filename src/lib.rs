@@ -33,7 +33,7 @@ pub use cuflow_tensor::{api, kernels};
 
 pub use cuflow_device_op::{
     default_device, from_fn, join_all, value, with_context, zip, BoxedOp, DeviceFuture, DeviceOp,
-    DeviceOpExt, ExecutionContext, ExecutionStats, Shared, UnzipExt,
+    DeviceOpExt, ExecutionContext, ExecutionStats, Shared, UnzipExt, UnzipOutput,
 };
 pub use cuflow_graph_capture::{CudaGraph, GraphCaptureExt, RecaptureOutcome};
 pub use cuflow_runtime::{
@@ -45,8 +45,8 @@ pub use cuflow_scheduler::{
     SchedulingPolicy, SingleStream, StreamPoolRoundRobin,
 };
 pub use cuflow_tensor::{
-    bf16, f16, DType, FloatDType, Launch, Partition, PartitionExt, ReshapeOpExt, Tensor,
-    TensorInput, TensorMut, TensorOpExt, TensorRef, ToDeviceExt,
+    bf16, f16, DType, FloatDType, IntoShape, Launch, Partition, PartitionExt, PartitionOpExt,
+    ReshapeOpExt, Tensor, TensorInput, TensorMut, TensorOpExt, TensorRef, ToDeviceExt,
 };
 
 /// The names most programs need: `use cuflow::prelude::*;`.
@@ -65,7 +65,7 @@ pub mod prelude {
         SchedulingPolicy, SingleStream, StreamPoolRoundRobin,
     };
     pub use cuflow_tensor::{
-        api, bf16, f16, kernels, DType, FloatDType, Launch, Partition, PartitionExt, ReshapeOpExt,
-        Tensor, TensorOpExt, ToDeviceExt,
+        api, bf16, f16, kernels, DType, FloatDType, Launch, Partition, PartitionExt,
+        PartitionOpExt, ReshapeOpExt, Tensor, TensorOpExt, ToDeviceExt,
     };
 }

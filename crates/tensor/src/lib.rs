@@ -28,6 +28,7 @@ mod custom;
 mod display;
 mod dtype;
 pub mod kernels;
+mod lazy;
 mod op;
 mod tensor;
 mod to_device;
@@ -35,9 +36,9 @@ mod to_device;
 pub use custom::Launch;
 pub use dtype::{DType, FloatDType};
 pub use half::{bf16, f16};
+pub use lazy::{IntoShape, PartitionOpExt, Partitioned, Reshape, ReshapeOpExt};
 pub use op::TensorOp;
 pub use tensor::{
-    Partition, PartitionExt, ReshapeOpExt, Shape, Tensor, TensorInput, TensorMut, TensorOpExt,
-    TensorRef,
+    Partition, PartitionExt, Shape, Tensor, TensorInput, TensorMut, TensorOpExt, TensorRef,
 };
 pub use to_device::{ToDevice, ToDeviceExt};

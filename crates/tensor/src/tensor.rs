@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use cuflow_device_op::op::{BoxedOp, Shared, Then, Value};
-use cuflow_device_op::{from_fn, value, DeviceOp, DeviceOpExt};
+use cuflow_device_op::{value, DeviceOp, DeviceOpExt};
 use cuflow_runtime::{Device, DeviceBuffer, DeviceError, Stream};
 use smallvec::SmallVec;
 
@@ -481,7 +481,7 @@ pub(crate) fn tiling(
     })
 }
 
-/// `.to_host_vec()` and `.reshape(..)` on ops that yield tensors.
+/// `.to_host_vec()` on ops that yield tensors.
 pub trait TensorOpExt<T: DType>: DeviceOp + Sized
 where
     Self::Output: TensorRef<T>,
@@ -498,19 +498,3 @@ where
 }
 
 impl<T: DType, O: DeviceOp> TensorOpExt<T> for O where O::Output: TensorRef<T> {}
-
-/// `.reshape(..)` on ops that yield an owned tensor.
-pub trait ReshapeOpExt<T: DType>: DeviceOp<Output = Tensor<T>> + Sized {
-    /// The op's tensor under another shape with the same element count.
-    fn reshape(
-        self,
-        shape: &[usize],
-    ) -> TensorOp<
-        impl FnOnce(&mut cuflow_device_op::ExecutionContext) -> Result<Tensor<T>, DeviceError> + Send,
-    > {
-        let shape: Shape = SmallVec::from_slice(shape);
-        from_fn(move |ctx| self.execute(ctx)?.reshape(&shape))
-    }
-}
-
-impl<T: DType, O: DeviceOp<Output = Tensor<T>>> ReshapeOpExt<T> for O {}

@@ -223,10 +223,10 @@ fn reshape_keeps_the_element_count() -> Result<(), DeviceError> {
     let err = x.reshape(&[13]).unwrap_err();
     assert_invalid_shape(err, "reshape");
     // On an op: when it runs.
-    let op = api::zeros::<f32>(&[3, 4]).reshape(&[2, 5]);
+    let op = api::zeros::<f32>(&[3, 4]).reshape([2, 5]);
     assert_invalid_shape(op.sync_on(&s).unwrap_err(), "reshape");
     // An input's error is the kernel's error.
-    let op = kernels::relu(api::ones::<f32>(&[6]).reshape(&[4]));
+    let op = kernels::relu(api::ones::<f32>(&[6]).reshape([4]));
     assert_invalid_shape(op.sync_on(&s).unwrap_err(), "reshape");
     Ok(())
 }

@@ -242,7 +242,7 @@ fn ops_read_back_and_reshape() -> Result<(), DeviceError> {
 
     // `.reshape` on an op, feeding a kernel that broadcasts over the new last axis.
     let out = kernels::add(
-        api::arange::<f32>(0.0, 12.0, 1.0).reshape(&[4, 3]),
+        api::arange::<f32>(0.0, 12.0, 1.0).reshape([4, 3]),
         api::from_vec(vec![100.0f32, 200.0, 300.0], &[3]),
     )
     .sync_on(&stream)?;
@@ -252,7 +252,7 @@ fn ops_read_back_and_reshape() -> Result<(), DeviceError> {
         .collect();
     assert_eq!(read(&out), want);
     let flat = api::zeros::<u8>(&[2, 3, 4])
-        .reshape(&[24])
+        .reshape([24])
         .sync_on(&stream)?;
     assert_eq!(flat.shape(), &[24]);
     assert_eq!(read(&flat), vec![0u8; 24]);

@@ -29,7 +29,7 @@ pub use from_fn::{from_fn, FromFn};
 pub use map::{Inspect, InspectFn, Map, MapFn};
 pub use shared::Shared;
 pub use then::{Continuation, Then};
-pub use unzip::{Unzip2, Unzip3, UnzipExt};
+pub use unzip::{UnzipExt, UnzipOutput, UnzipPart};
 pub use value::{value, Value};
 pub use with_context::{with_context, WithContext};
 pub use with_priority::WithPriority;
@@ -237,11 +237,12 @@ impl<T: DeviceOp> DeviceOpExt for T {}
 
 /// Implements the boilerplate every op type shares: `Debug` (naming the op type) and
 /// `IntoFuture` (so that `.await` runs it on the default device). Use it for op types of
-/// crates built on cuflow, as `impl_op_boilerplate!([A: DeviceOp] MyOp<A>);`.
+/// crates built on cuflow, as `impl_op_boilerplate!([A: DeviceOp] MyOp<A>);`, with the
+/// type's `where` clause after it if it has one.
 #[macro_export]
 macro_rules! impl_op_boilerplate {
-    ([$($generics:tt)*] $ty:ty) => {
-        impl<$($generics)*> ::core::fmt::Debug for $ty {
+    ([$($generics:tt)*] $ty:ty $(where $($bounds:tt)*)?) => {
+        impl<$($generics)*> ::core::fmt::Debug for $ty $(where $($bounds)*)? {
             fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
                 f.write_str(::core::any::type_name::<Self>())
             }
@@ -250,6 +251,7 @@ macro_rules! impl_op_boilerplate {
         impl<$($generics)*> ::core::future::IntoFuture for $ty
         where
             $ty: $crate::DeviceOp + 'static,
+            $($($bounds)*)?
         {
             type Output = ::core::result::Result<
                 <$ty as $crate::DeviceOp>::Output,

@@ -37,7 +37,7 @@ use cuflow_runtime::sync::thread::{self, ThreadId};
 use cuflow_runtime::sync::{AtomicU8, Condvar, Mutex, Ordering};
 use cuflow_runtime::{DeviceError, Event, StreamId};
 
-use super::DeviceOp;
+use super::{DeviceOp, Value};
 use crate::context::ExecutionContext;
 
 const IDLE: u8 = 0;
@@ -69,6 +69,17 @@ impl<T> RunOnce<T> {
             state: AtomicU8::new(IDLE),
             runner: Mutex::new(None),
             outcome: Mutex::new(None),
+            finished: Condvar::new(),
+        }
+    }
+
+    /// A state machine whose value is already produced: every consumer takes a clone of
+    /// `value`, and none produces.
+    pub(crate) fn complete(value: T) -> Self {
+        RunOnce {
+            state: AtomicU8::new(COMPLETE),
+            runner: Mutex::new(None),
+            outcome: Mutex::new(Some(Ok(value))),
             finished: Condvar::new(),
         }
     }
@@ -254,9 +265,8 @@ fn wait_graph() -> &'static WaitGraph {
 /// What a shared op's producer hands its consumers.
 struct Produced<T> {
     output: Arc<T>,
-    /// The producer's completion event, if it did device work.
-    event: Option<Event>,
-    stream: StreamId,
+    /// The producer's completion event and stream, if it did device work.
+    event: Option<(Event, StreamId)>,
 }
 
 impl<T> Clone for Produced<T> {
@@ -264,7 +274,6 @@ impl<T> Clone for Produced<T> {
         Produced {
             output: self.output.clone(),
             event: self.event.clone(),
-            stream: self.stream,
         }
     }
 }
@@ -305,6 +314,38 @@ impl<O: DeviceOp> Shared<O> {
     }
 }
 
+impl<T: Send> Shared<Value<T>> {
+    /// A shared op that is already complete, yielding `output` itself (not a copy) to every
+    /// consumer: an existing `Arc` made into an op that kernels and combinators accepting a
+    /// `Shared` take. It does no device work and waits on nothing; the program is responsible
+    /// for `output` being ready (an `Arc` from a finished op always is).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use cuflow_device_op::{value, zip, DeviceOpExt, Shared};
+    /// let weights = Arc::new(vec![1.0f32, 2.0]);
+    /// let s = Shared::ready(weights.clone());
+    /// assert!(s.is_finished());
+    /// let (a, b) = zip!(s.clone(), s.map(|w| w.len())).sync()?;
+    /// assert!(Arc::ptr_eq(&a, &weights));
+    /// assert_eq!(b, 2);
+    /// # Ok::<(), cuflow_runtime::DeviceError>(())
+    /// ```
+    pub fn ready(output: Arc<T>) -> Self {
+        Shared {
+            inner: Arc::new(Inner {
+                once: RunOnce::complete(Produced {
+                    output,
+                    event: None,
+                }),
+                op: parking_lot::Mutex::new(None),
+            }),
+        }
+    }
+}
+
 impl<O> DeviceOp for Shared<O>
 where
     O: DeviceOp,
@@ -320,7 +361,7 @@ where
                 let result = match op {
                     Some(op) => op.execute(ctx).and_then(|output| {
                         let event = if ctx.has_device_work() {
-                            Some(ctx.record_event()?)
+                            Some((ctx.record_event()?, ctx.stream_id()))
                         } else {
                             None
                         };
@@ -334,7 +375,6 @@ where
                         producing.finish(Ok(Produced {
                             output: output.clone(),
                             event,
-                            stream: ctx.stream_id(),
                         }));
                         Ok(output)
                     }
@@ -346,12 +386,8 @@ where
             }
             Turn::Ready(produced) => produced,
         };
-        let Produced {
-            output,
-            event,
-            stream,
-        } = produced;
-        if let Some(event) = event {
+        let Produced { output, event } = produced;
+        if let Some((event, stream)) = event {
             if event.is_captured() && !ctx.stream()?.is_capturing() {
                 return Err(DeviceError::Capture {
                     op: "shared".into(),
