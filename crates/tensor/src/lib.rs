@@ -29,6 +29,7 @@ mod display;
 mod dtype;
 pub mod kernels;
 mod lazy;
+mod meta;
 mod op;
 mod tensor;
 mod to_device;
