@@ -8,9 +8,11 @@ use cuflow_device_op::{from_fn, DeviceOp, ExecutionContext};
 use cuflow_runtime::{DeviceBuffer, DeviceError, Kernel, KernelArgs, LaunchConfig, Stream};
 
 use crate::dtype::{cuda_defs, cuda_prelude, DType, FloatDType};
-use crate::kernels::{alloc, check_device, fill};
+use crate::kernels::{alloc, check_device};
 use crate::op::{cached_kernel, cached_kernel2, kernel_op, TensorOp};
 use crate::tensor::{check_numel, Shape, Tensor, TensorInput};
+
+pub use crate::constructors::{fill, full_like, ones_like, zeros_like};
 
 /// The result of a constructor op.
 pub type TensorResult<T> = Result<Tensor<T>, DeviceError>;
@@ -178,6 +180,26 @@ pub fn eye<T: DType>(
     n: usize,
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
     iota::<T>(Shape::from_slice(&[n, n]), 0.0, 0.0, n.max(1) as u64, None)
+}
+
+/// The `rows × cols` matrix with ones on its main diagonal (`i == j`) and zeros elsewhere.
+///
+/// ```
+/// use cuflow_tensor::{api, TensorOpExt};
+/// assert_eq!(api::eye_rect::<i32>(2, 3).to_host_vec()?, vec![1, 0, 0, 0, 1, 0]);
+/// # Ok::<(), cuflow_runtime::DeviceError>(())
+/// ```
+pub fn eye_rect<T: DType>(
+    rows: usize,
+    cols: usize,
+) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
+    iota::<T>(
+        Shape::from_slice(&[rows, cols]),
+        0.0,
+        0.0,
+        cols.max(1) as u64,
+        None,
+    )
 }
 
 static NEXT_SEED: AtomicU64 = AtomicU64::new(0x5eed_c0ff_ee00_0001);

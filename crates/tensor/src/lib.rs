@@ -24,6 +24,7 @@
 #![deny(unsafe_code)]
 
 pub mod api;
+mod constructors;
 mod custom;
 mod display;
 mod dtype;

@@ -86,6 +86,54 @@ impl<T: DeviceCopy> DeviceBuffer<T> {
         &self.mem.device
     }
 
+    /// The same memory as a buffer of `U`: its bytes, unchanged, read as `U` elements. Both
+    /// buffers share the allocation and its access ordering (work through either is ordered
+    /// against work through the other), and the memory is freed after both are dropped.
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceError::InvalidShape`](crate::DeviceError::InvalidShape) when the buffer's bytes
+    /// are not a whole number of `U` elements, or `U` needs an alignment above 8 bytes (more
+    /// than every backend guarantees for an allocation).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cuflow_runtime::{Device, DeviceBuffer};
+    /// # fn main() -> Result<(), cuflow_runtime::DeviceError> {
+    /// let stream = Device::host().new_stream()?;
+    /// let words = DeviceBuffer::from_host(&stream, &[1.0f32, -2.0])?;
+    /// let bits = words.reinterpret::<u32>()?;
+    /// assert_eq!(bits.to_host_vec(&stream)?, vec![1.0f32.to_bits(), (-2.0f32).to_bits()]);
+    /// assert_eq!(words.reinterpret::<u8>()?.len(), 8);
+    /// # Ok(()) }
+    /// ```
+    pub fn reinterpret<U: DeviceCopy>(&self) -> Result<DeviceBuffer<U>> {
+        let bytes = self.mem.bytes;
+        let (size, align) = (std::mem::size_of::<U>(), std::mem::align_of::<U>());
+        let invalid = |reason: String| crate::DeviceError::InvalidShape {
+            op: "DeviceBuffer::reinterpret",
+            reason,
+        };
+        if align > 8 {
+            return Err(invalid(format!(
+                "{} needs {align}-byte alignment; allocations are aligned to 8 bytes",
+                std::any::type_name::<U>()
+            )));
+        }
+        if size == 0 || !bytes.is_multiple_of(size) {
+            return Err(invalid(format!(
+                "the buffer holds {bytes} bytes, not a whole number of {size}-byte {}",
+                std::any::type_name::<U>()
+            )));
+        }
+        Ok(DeviceBuffer {
+            mem: self.mem.clone(),
+            len: bytes / size,
+            _marker: PhantomData,
+        })
+    }
+
     /// A view of the whole buffer.
     pub fn view(&self) -> BufferView<'_, T> {
         BufferView {
