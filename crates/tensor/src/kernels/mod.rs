@@ -17,6 +17,7 @@
 
 pub mod decode;
 mod elementwise;
+mod gather;
 mod layout;
 mod matmul;
 mod rows;
@@ -25,6 +26,7 @@ use cuflow_device_op::ExecutionContext;
 use cuflow_runtime::DeviceError;
 
 pub(crate) use elementwise::{alloc, check_device, fill, Ew};
+pub use gather::{concat, gather, index_select, stack, IndexDType};
 pub use layout::{embedding, transpose};
 pub use matmul::{linear, matmul};
 pub use rows::{argmax, layer_norm, max, rms_norm, softmax, sum};
