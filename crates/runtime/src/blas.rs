@@ -9,7 +9,8 @@
 //!
 //! - **cuda**: cuBLAS (`cublasGemmEx` / `cublasGemmStridedBatchedEx`), loaded at run time; a
 //!   missing library is [`DeviceError::NoBlas`]. f16 and bf16 accumulate in f32; f32 is computed
-//!   in full f32 precision (TF32 is never enabled); f64 in f64.
+//!   in full f32 precision (TF32 is never enabled); f64 in f64. f16 and bf16 inputs may write an
+//!   f32 output (mixed precision, [`GemmOutput`]): the f32 accumulation is stored unrounded.
 //! - **host**: a blocked GEMM over CPU threads with the same accumulation types, rounding each
 //!   result once.
 //!
@@ -69,6 +70,15 @@ impl GemmElem for half::f16 {
 impl GemmElem for half::bf16 {
     const DTYPE: GemmDtype = GemmDtype::BF16;
 }
+
+/// The output element types of a [`gemm`] over inputs of type `I`: `I` itself, and `f32` for
+/// `f16` and `bf16` inputs (mixed precision: half inputs, accumulated in `f32`, stored in
+/// `f32` without rounding to half). On CUDA, cuBLAS's `GemmEx` with `CUBLAS_COMPUTE_32F`.
+pub trait GemmOutput<I: GemmElem>: GemmElem {}
+
+impl<T: GemmElem> GemmOutput<T> for T {}
+impl GemmOutput<half::f16> for f32 {}
+impl GemmOutput<half::bf16> for f32 {}
 
 /// The shape and scaling of a [`gemm`]: `C[m×n] = alpha · op(A)[m×k] · op(B)[k×n] + beta · C`
 /// for each of `batch` matrix triples.
@@ -236,25 +246,26 @@ fn check_operand<T>(
     Ok(())
 }
 
-/// The element range `[start, end)` of `view` within its allocation.
-fn range<T>(view: &BufferView<'_, T>) -> (usize, usize) {
-    (view.offset, view.offset + view.len)
+/// The byte range `[start, end)` of `view` within its allocation.
+fn byte_range<T>(view: &BufferView<'_, T>) -> (usize, usize) {
+    let size = std::mem::size_of::<T>();
+    (view.offset * size, (view.offset + view.len) * size)
 }
 
-fn overlaps<T>(x: &BufferView<'_, T>, y: &BufferView<'_, T>) -> bool {
-    let ((xs, xe), (ys, ye)) = (range(x), range(y));
+fn overlaps<X, Y>(x: &BufferView<'_, X>, y: &BufferView<'_, Y>) -> bool {
+    let ((xs, xe), (ys, ye)) = (byte_range(x), byte_range(y));
     Arc::ptr_eq(x.mem, y.mem) && xs < xe && ys < ye && xs < ye && ys < xe
 }
 
-fn validate<T: GemmElem>(
+fn validate<I: GemmElem, O: GemmElem>(
     stream: &Stream,
     cfg: &GemmConfig,
-    a: &BufferView<'_, T>,
-    b: &BufferView<'_, T>,
-    c: &BufferView<'_, T>,
+    a: &BufferView<'_, I>,
+    b: &BufferView<'_, I>,
+    c: &BufferView<'_, O>,
 ) -> Result<()> {
-    for (name, v) in [("A", a), ("B", b), ("C", c)] {
-        v.mem.check_device(stream, "gemm", name)?;
+    for (name, mem) in [("A", a.mem), ("B", b.mem), ("C", c.mem)] {
+        mem.check_device(stream, "gemm", name)?;
     }
     check_operand("A", a, cfg, cfg.a_dims(), cfg.stride_a, cfg.trans_a)?;
     check_operand("B", b, cfg, cfg.b_dims(), cfg.stride_b, cfg.trans_b)?;
@@ -292,6 +303,9 @@ fn validate<T: GemmElem>(
 /// cols` for each operand (`m·k`, `k·n` and `m·n` for one product). `C` must not overlap `A` or
 /// `B`. The call is stream-ordered and may be captured into a graph; it does not wait.
 ///
+/// `C` has the inputs' element type, or `f32` for `f16` and `bf16` inputs (see
+/// [`GemmOutput`]): the `f32` accumulation is then stored as it is, without rounding to half.
+///
 /// # Examples
 ///
 /// ```
@@ -316,12 +330,12 @@ fn validate<T: GemmElem>(
 /// [`DeviceError::Unsupported`] for a dimension cuBLAS cannot address (over `i32::MAX`), and
 /// [`DeviceError::Blas`] when cuBLAS refuses the call. Errors of the computation itself on the
 /// host backend come back from the stream's next synchronization, as for kernels.
-pub fn gemm<T: GemmElem>(
+pub fn gemm<I: GemmElem, O: GemmOutput<I>>(
     stream: &Stream,
     cfg: GemmConfig,
-    a: BufferView<'_, T>,
-    b: BufferView<'_, T>,
-    c: BufferView<'_, T>,
+    a: BufferView<'_, I>,
+    b: BufferView<'_, I>,
+    c: BufferView<'_, O>,
 ) -> Result<()> {
     validate(stream, &cfg, &a, &b, &c)?;
     if cfg.m == 0 || cfg.n == 0 || cfg.batch == 0 {
@@ -338,7 +352,7 @@ pub fn gemm<T: GemmElem>(
     }
     ordered(stream, "gemm", accesses, || {
         stream.backend().gemm(
-            T::DTYPE,
+            (I::DTYPE, O::DTYPE),
             &cfg,
             [a.region(), b.region(), c.region()],
             captured_workspace.as_ref().map(Option::as_ref),
@@ -347,10 +361,10 @@ pub fn gemm<T: GemmElem>(
 }
 
 /// A GEMM reads `A` and `B` and writes `C`.
-fn gemm_accesses<'v, T>(
-    a: &BufferView<'v, T>,
-    b: &BufferView<'v, T>,
-    c: &BufferView<'v, T>,
+fn gemm_accesses<'v, I, O>(
+    a: &BufferView<'v, I>,
+    b: &BufferView<'v, I>,
+    c: &BufferView<'v, O>,
 ) -> Accesses<'v> {
     smallvec![
         (a.mem, Access::Read),

@@ -48,7 +48,7 @@ pub mod sync;
 #[cfg(all(test, loom))]
 mod loom_tests;
 
-pub use blas::{gemm, GemmConfig, GemmDtype, GemmElem};
+pub use blas::{gemm, GemmConfig, GemmDtype, GemmElem, GemmOutput};
 pub use capture::{Graph, GraphExec};
 pub use device::{Device, DeviceId, DeviceLimits, MemoryInfo};
 pub use error::{BackendKind, DeviceError, DriverError, Result};

@@ -260,7 +260,7 @@ impl StreamBackend {
     /// stream, if any (see `crate::blas::capture_workspace`).
     pub(crate) fn gemm(
         &self,
-        dtype: GemmDtype,
+        dtype: (GemmDtype, GemmDtype),
         cfg: &GemmConfig,
         [a, b, c]: [Region<'_>; 3],
         captured_workspace: Option<Option<&Arc<Memory>>>,

@@ -1,7 +1,7 @@
 //! Matrix products through the runtime's GEMM (cuBLAS on CUDA, a blocked GEMM on host).
 
 use cuflow_device_op::ExecutionContext;
-use cuflow_runtime::{gemm, DeviceError, GemmConfig, GemmElem};
+use cuflow_runtime::{gemm, DeviceError, GemmConfig, GemmElem, GemmOutput};
 
 use super::{alloc, TensorResult};
 use crate::dtype::DType;
@@ -26,12 +26,18 @@ fn matrix_dims(
     }
 }
 
-fn product<T: DType + GemmElem, A: TensorInput<T>, B: TensorInput<T>>(
+fn product<T, O, A, B>(
     op: &'static str,
     a: A,
     b: B,
     trans_b: bool,
-) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
+) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<O> + Send>
+where
+    T: DType + GemmElem,
+    O: DType + GemmOutput<T>,
+    A: TensorInput<T>,
+    B: TensorInput<T>,
+{
     kernel_op2(op, (a, b), move |stream, a, b| {
         let mismatch = |what: String| DeviceError::shape_mismatch(op, what, a.shape(), b.shape());
         let (batch, m, k) = matrix_dims(op, a)?;
@@ -64,7 +70,7 @@ fn product<T: DType + GemmElem, A: TensorInput<T>, B: TensorInput<T>>(
         } else {
             vec![m, n]
         };
-        let out = alloc::<T>(stream, &shape)?;
+        let out = alloc::<O>(stream, &shape)?;
         let size = |x: usize, y: usize| {
             x.checked_mul(y).ok_or_else(|| DeviceError::InvalidShape {
                 op,
@@ -119,4 +125,56 @@ pub fn linear<T: DType + GemmElem, X: TensorInput<T>, W: TensorInput<T>>(
     w: W,
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
     product("linear", x, w, true)
+}
+
+/// [`matmul`] with an `f32` output: for `f16` and `bf16` inputs, mixed precision (the products
+/// accumulate in `f32` and are stored without rounding to half; cuBLAS `GemmEx` with
+/// `CUBLAS_COMPUTE_32F` on CUDA); for `f32` inputs, the same as [`matmul`].
+///
+/// # Errors
+///
+/// As [`matmul`], naming `matmul_f32`.
+///
+/// # Examples
+///
+/// ```
+/// use cuflow_device_op::DeviceOpExt;
+/// use cuflow_tensor::{api, bf16, kernels};
+/// let a = api::full::<bf16>(&[2, 257], bf16::from_f32(1.0)).sync()?;
+/// let b = api::full::<bf16>(&[257, 2], bf16::from_f32(1.0)).sync()?;
+/// // 257 has no bf16: a bf16 output rounds it to 256, an f32 one keeps it.
+/// assert_eq!(kernels::matmul(&a, &b).sync()?.to_host_vec()?[0], bf16::from_f32(256.0));
+/// assert_eq!(kernels::matmul_f32(&a, &b).sync()?.to_host_vec()?, vec![257.0f32; 4]);
+/// # Ok::<(), cuflow_runtime::DeviceError>(())
+/// ```
+pub fn matmul_f32<T, A, B>(
+    a: A,
+    b: B,
+) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<f32> + Send>
+where
+    T: DType + GemmElem,
+    f32: GemmOutput<T>,
+    A: TensorInput<T>,
+    B: TensorInput<T>,
+{
+    product("matmul_f32", a, b, false)
+}
+
+/// [`linear`] with an `f32` output, in mixed precision for `f16` and `bf16` inputs as
+/// [`matmul_f32`].
+///
+/// # Errors
+///
+/// As [`matmul`], naming `linear_f32`.
+pub fn linear_f32<T, X, W>(
+    x: X,
+    w: W,
+) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<f32> + Send>
+where
+    T: DType + GemmElem,
+    f32: GemmOutput<T>,
+    X: TensorInput<T>,
+    W: TensorInput<T>,
+{
+    product("linear_f32", x, w, true)
 }

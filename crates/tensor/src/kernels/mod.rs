@@ -28,7 +28,7 @@ use cuflow_runtime::DeviceError;
 pub(crate) use elementwise::{alloc, check_device, fill, Ew};
 pub use gather::{concat, gather, index_select, stack, IndexDType};
 pub use layout::{embedding, transpose};
-pub use matmul::{linear, matmul};
+pub use matmul::{linear, linear_f32, matmul, matmul_f32};
 pub use rows::{argmax, layer_norm, max, rms_norm, softmax, sum};
 
 use crate::dtype::{DType, FloatDType};

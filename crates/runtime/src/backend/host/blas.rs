@@ -63,7 +63,7 @@ impl GemmOperand {
 /// Enqueues `C = alpha · op(A) · op(B) + beta · C` on `stream` (shapes already validated).
 pub(crate) fn gemm(
     stream: &HostStream,
-    dtype: GemmDtype,
+    dtype: (GemmDtype, GemmDtype),
     cfg: GemmConfig,
     a: GemmOperand,
     b: GemmOperand,
@@ -78,17 +78,21 @@ enum Guard<'g> {
 }
 
 fn run(
-    dtype: GemmDtype,
+    dtype: (GemmDtype, GemmDtype),
     cfg: &GemmConfig,
     a: &GemmOperand,
     b: &GemmOperand,
     c: &GemmOperand,
 ) -> Result<()> {
+    use half::{bf16, f16};
     match dtype {
-        GemmDtype::F32 => run_typed::<f32>(cfg, a, b, c),
-        GemmDtype::F64 => run_typed::<f64>(cfg, a, b, c),
-        GemmDtype::F16 => run_typed::<half::f16>(cfg, a, b, c),
-        GemmDtype::BF16 => run_typed::<half::bf16>(cfg, a, b, c),
+        (GemmDtype::F32, GemmDtype::F32) => run_typed::<f32, f32>(cfg, a, b, c),
+        (GemmDtype::F64, GemmDtype::F64) => run_typed::<f64, f64>(cfg, a, b, c),
+        (GemmDtype::F16, GemmDtype::F16) => run_typed::<f16, f16>(cfg, a, b, c),
+        (GemmDtype::BF16, GemmDtype::BF16) => run_typed::<bf16, bf16>(cfg, a, b, c),
+        (GemmDtype::F16, GemmDtype::F32) => run_typed::<f16, f32>(cfg, a, b, c),
+        (GemmDtype::BF16, GemmDtype::F32) => run_typed::<bf16, f32>(cfg, a, b, c),
+        (i, o) => Err(internal(&format!("no GEMM from {i:?} inputs to {o:?}"))),
     }
 }
 
@@ -100,7 +104,7 @@ fn elems<'g, E: bytemuck::Pod>(bytes: &'g [u8], op: &GemmOperand, what: &str) ->
     bytemuck::try_cast_slice(range).map_err(|e| internal(&format!("{what}: {e}")))
 }
 
-fn run_typed<E: HostElem>(
+fn run_typed<E: HostElem, O: HostElem<Acc = E::Acc>>(
     cfg: &GemmConfig,
     a: &GemmOperand,
     b: &GemmOperand,
@@ -155,7 +159,7 @@ fn run_typed<E: HostElem>(
         Some(v) => &v[..],
         None => in_place(b, "B")?,
     };
-    let c_elems: &mut [E] = {
+    let c_elems: &mut [O] = {
         let whole: &mut [u8] = bytemuck::cast_slice_mut(&mut c_guard[..]);
         let range = whole
             .get_mut(c.range())
@@ -270,7 +274,12 @@ fn prepare<'x, E: HostElem>(
     buf
 }
 
-fn compute<E: HostElem>(cfg: &GemmConfig, a: &[E], b: &[E], c: &mut [E]) {
+fn compute<E: HostElem, O: HostElem<Acc = E::Acc>>(
+    cfg: &GemmConfig,
+    a: &[E],
+    b: &[E],
+    c: &mut [O],
+) {
     let (m, n, k) = (cfg.m, cfg.n, cfg.k);
     let alpha = E::Acc::from_f32(cfg.alpha);
     let beta = E::Acc::from_f32(cfg.beta);
@@ -289,7 +298,7 @@ fn compute<E: HostElem>(cfg: &GemmConfig, a: &[E], b: &[E], c: &mut [E]) {
         let c_mat = &mut c[t * cfg.stride_c..][..m * n];
         let a_mat = prepare(&a[t * cfg.stride_a..], m, k, cfg.trans_a, &mut a_buf);
         let b_mat = prepare(&b[t * cfg.stride_b..], b_rows, b_cols, false, &mut b_buf);
-        let job = |row0: usize, c_rows: &mut [E]| {
+        let job = |row0: usize, c_rows: &mut [O]| {
             let rows = c_rows.len() / n;
             let mut acc = vec![E::Acc::default(); rows * n];
             let a_rows = &a_mat[row0 * k..(row0 + rows) * k];
@@ -429,14 +438,14 @@ fn dot<A: Accum>(x: &[A], y: &[A]) -> A {
 }
 
 /// `c = alpha · acc + beta · c`, rounded once; with `beta == 0`, `c` is not read.
-fn write_out<E: HostElem>(c: &mut [E], acc: &[E::Acc], alpha: E::Acc, beta: E::Acc, no_c: bool) {
+fn write_out<O: HostElem>(c: &mut [O], acc: &[O::Acc], alpha: O::Acc, beta: O::Acc, no_c: bool) {
     if no_c {
         for (c, &s) in c.iter_mut().zip(acc) {
-            *c = E::narrow(alpha * s);
+            *c = O::narrow(alpha * s);
         }
     } else {
         for (c, &s) in c.iter_mut().zip(acc) {
-            *c = E::narrow(alpha * s + beta * c.widen());
+            *c = O::narrow(alpha * s + beta * c.widen());
         }
     }
 }

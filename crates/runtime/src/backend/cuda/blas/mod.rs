@@ -156,7 +156,10 @@ struct GemmCall {
     stride_second: c_longlong,
     stride_c: c_longlong,
     batch: c_int,
+    /// The element type of `A` and `B`.
     data_type: cublas_sys::cudaDataType,
+    /// The element type of `C`.
+    c_type: cublas_sys::cudaDataType,
     compute: cublas_sys::cublasComputeType_t,
     scalars: Scalars,
 }
@@ -186,33 +189,37 @@ fn long(what: &str, value: usize) -> Result<c_longlong> {
 }
 
 impl GemmCall {
-    fn new(dtype: GemmDtype, cfg: &GemmConfig) -> Result<GemmCall> {
+    fn new((input, output): (GemmDtype, GemmDtype), cfg: &GemmConfig) -> Result<GemmCall> {
         use cublas_sys::cublasComputeType_t as Compute;
         use cublas_sys::cublasOperation_t as Op;
         use cublas_sys::cudaDataType as Data;
         let op = |t: bool| if t { Op::CUBLAS_OP_T } else { Op::CUBLAS_OP_N };
-        let (data_type, compute, scalars) = match dtype {
-            GemmDtype::F16 => (
-                Data::CUDA_R_16F,
-                Compute::CUBLAS_COMPUTE_32F,
-                Scalars::F32([cfg.alpha, cfg.beta]),
-            ),
-            GemmDtype::BF16 => (
-                Data::CUDA_R_16BF,
-                Compute::CUBLAS_COMPUTE_32F,
-                Scalars::F32([cfg.alpha, cfg.beta]),
-            ),
-            GemmDtype::F32 => (
-                Data::CUDA_R_32F,
-                Compute::CUBLAS_COMPUTE_32F,
-                Scalars::F32([cfg.alpha, cfg.beta]),
-            ),
-            GemmDtype::F64 => (
-                Data::CUDA_R_64F,
+        let data = |dtype: GemmDtype| match dtype {
+            GemmDtype::F16 => Data::CUDA_R_16F,
+            GemmDtype::BF16 => Data::CUDA_R_16BF,
+            GemmDtype::F32 => Data::CUDA_R_32F,
+            GemmDtype::F64 => Data::CUDA_R_64F,
+        };
+        // Half and f32 inputs compute in f32 (scale type f32), f64 in f64; a half GEMM may
+        // store its f32 accumulation as f32 (cuBLAS's GemmEx supports A/B 16F or 16BF with
+        // C 32F under CUBLAS_COMPUTE_32F).
+        let (compute, scalars) = match (input, output) {
+            (GemmDtype::F64, GemmDtype::F64) => (
                 Compute::CUBLAS_COMPUTE_64F,
                 Scalars::F64([cfg.alpha as f64, cfg.beta as f64]),
             ),
+            (i, o) if i == o || (o == GemmDtype::F32 && i != GemmDtype::F64) => (
+                Compute::CUBLAS_COMPUTE_32F,
+                Scalars::F32([cfg.alpha, cfg.beta]),
+            ),
+            (i, o) => {
+                return Err(DeviceError::Unsupported {
+                    what: format!("gemm from {i:?} inputs to a {o:?} output"),
+                    backend: BackendKind::Cuda,
+                })
+            }
         };
+        let (data_type, c_type) = (data(input), data(output));
         let ld_first = if cfg.trans_b { cfg.k } else { cfg.n };
         let ld_second = if cfg.trans_a { cfg.m } else { cfg.k };
         Ok(GemmCall {
@@ -229,6 +236,7 @@ impl GemmCall {
             stride_c: long("stride_c", cfg.stride_c)?,
             batch: int("batch", cfg.batch)?,
             data_type,
+            c_type,
             compute,
             scalars,
         })
@@ -260,7 +268,7 @@ impl CudaStreamHandle {
     /// views of `a`, `b` and `c`, which are device addresses of live allocations).
     pub(crate) fn gemm(
         &self,
-        dtype: GemmDtype,
+        dtype: (GemmDtype, GemmDtype),
         cfg: &GemmConfig,
         a: CUdeviceptr,
         b: CUdeviceptr,
@@ -330,7 +338,7 @@ impl CudaStreamHandle {
                     call.ld_second,
                     scalars.1,
                     out,
-                    call.data_type,
+                    call.c_type,
                     call.ldc,
                     call.compute,
                     algo,
@@ -359,7 +367,7 @@ impl CudaStreamHandle {
                     call.stride_second,
                     scalars.1,
                     out,
-                    call.data_type,
+                    call.c_type,
                     call.ldc,
                     call.stride_c,
                     call.batch,
@@ -378,7 +386,7 @@ mod tests {
     #[test]
     fn row_major_maps_to_swapped_column_major_arguments() -> Result<()> {
         let cfg = GemmConfig::new(3, 5, 7).transpose(true, false).batched(2);
-        let call = GemmCall::new(GemmDtype::BF16, &cfg)?;
+        let call = GemmCall::new((GemmDtype::BF16, GemmDtype::BF16), &cfg)?;
         assert_eq!((call.m, call.n, call.k), (5, 3, 7));
         assert_eq!(call.op_first, cublas_sys::cublasOperation_t::CUBLAS_OP_N);
         assert_eq!(call.op_second, cublas_sys::cublasOperation_t::CUBLAS_OP_T);
@@ -389,14 +397,38 @@ mod tests {
             (35, 21, 15)
         );
         let t = GemmCall::new(
-            GemmDtype::F32,
+            (GemmDtype::F32, GemmDtype::F32),
             &GemmConfig::new(3, 5, 7).transpose(false, true),
         )?;
         // B stored 5×7: leading dimension 7; A stored 3×7: leading dimension 7.
         assert_eq!(t.op_first, cublas_sys::cublasOperation_t::CUBLAS_OP_T);
         assert_eq!((t.ld_first, t.ld_second), (7, 7));
-        let empty = GemmCall::new(GemmDtype::F64, &GemmConfig::new(4, 0, 0))?;
+        let empty = GemmCall::new((GemmDtype::F64, GemmDtype::F64), &GemmConfig::new(4, 0, 0))?;
         assert_eq!((empty.ld_first, empty.ld_second, empty.ldc), (1, 1, 1));
+        Ok(())
+    }
+
+    #[test]
+    fn half_inputs_may_store_an_f32_output() -> Result<()> {
+        use cublas_sys::cudaDataType as Data;
+        let cfg = GemmConfig::new(2, 3, 4);
+        let mixed = GemmCall::new((GemmDtype::BF16, GemmDtype::F32), &cfg)?;
+        assert_eq!(
+            (mixed.data_type, mixed.c_type),
+            (Data::CUDA_R_16BF, Data::CUDA_R_32F)
+        );
+        assert_eq!(
+            mixed.compute,
+            cublas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F
+        );
+        assert!(matches!(mixed.scalars, Scalars::F32(_)));
+        let half = GemmCall::new((GemmDtype::F16, GemmDtype::F32), &cfg)?;
+        assert_eq!(
+            (half.data_type, half.c_type),
+            (Data::CUDA_R_16F, Data::CUDA_R_32F)
+        );
+        assert!(GemmCall::new((GemmDtype::F64, GemmDtype::F32), &cfg).is_err());
+        assert!(GemmCall::new((GemmDtype::F32, GemmDtype::F16), &cfg).is_err());
         Ok(())
     }
 }
