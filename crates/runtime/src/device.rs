@@ -15,6 +15,7 @@ use parking_lot::Mutex;
 
 use crate::backend::{self, DeviceBackend};
 use crate::error::{BackendKind, DeviceError, Result};
+use crate::pool::PoolCounters;
 use crate::stream::Stream;
 
 /// A process-unique identifier of a [`Device`].
@@ -83,6 +84,8 @@ pub(crate) struct DeviceInner {
     pub(crate) backend: DeviceBackend,
     /// Bytes in live cuflow buffers on this device.
     pub(crate) bytes_in_use: AtomicUsize,
+    /// The high-water mark of `bytes_in_use`, and the pool's release threshold as set.
+    pub(crate) pool: PoolCounters,
     /// The device's streams, for `Device::synchronize`.
     pub(crate) streams: Mutex<Vec<std::sync::Weak<crate::stream::StreamInner>>>,
     /// The stream on which staged copies out of this device read its memory, created at the
@@ -171,6 +174,7 @@ impl Device {
                 limits,
                 backend: DeviceBackend::host(index),
                 bytes_in_use: AtomicUsize::new(0),
+                pool: PoolCounters::new(),
                 streams: Mutex::new(Vec::new()),
                 staging_stream: Mutex::new(None),
                 extensions: Mutex::new(HashMap::new()),
@@ -203,6 +207,7 @@ impl Device {
                 limits,
                 backend,
                 bytes_in_use: AtomicUsize::new(0),
+                pool: PoolCounters::new(),
                 streams: Mutex::new(Vec::new()),
                 staging_stream: Mutex::new(None),
                 extensions: Mutex::new(HashMap::new()),

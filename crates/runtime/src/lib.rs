@@ -41,6 +41,7 @@ mod error;
 mod event;
 mod kernel;
 mod memory;
+mod pool;
 pub mod scope;
 mod stream;
 pub mod sync;
@@ -57,5 +58,6 @@ pub use kernel::{HostKernelArgs, HostKernelFn, Kernel, KernelArgs, LaunchConfig}
 pub use memory::{
     BufferView, DeviceBuffer, DeviceCopy, PinnedBuffer, PinnedMut, PinnedRef, PinnedTransfer,
 };
+pub use pool::{MemoryPool, PoolStats};
 pub use scope::{EnteredScope, ErrorScope};
 pub use stream::{Stream, StreamId};

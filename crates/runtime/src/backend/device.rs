@@ -66,6 +66,47 @@ impl DeviceBackend {
         }
     }
 
+    /// The pool's release threshold; `None` on the host (which only records it).
+    pub(crate) fn pool_release_threshold(&self) -> Result<Option<u64>> {
+        match self {
+            DeviceBackend::Host(_) => Ok(None),
+            DeviceBackend::Cuda(c) => c.pool_release_threshold().map(Some),
+        }
+    }
+
+    /// Sets the pool's release threshold (the host backend has no pool to set).
+    pub(crate) fn set_pool_release_threshold(&self, bytes: u64) -> Result<()> {
+        match self {
+            DeviceBackend::Host(_) => Ok(()),
+            DeviceBackend::Cuda(c) => c.set_pool_release_threshold(bytes),
+        }
+    }
+
+    /// The pool's reserved bytes and their high-water mark; `None` on the host (where they are
+    /// the bytes in use).
+    pub(crate) fn pool_reserved(&self) -> Result<Option<(usize, usize)>> {
+        match self {
+            DeviceBackend::Host(_) => Ok(None),
+            DeviceBackend::Cuda(c) => c.pool_reserved().map(Some),
+        }
+    }
+
+    /// Resets the pool's own high-water marks.
+    pub(crate) fn reset_pool_peaks(&self) -> Result<()> {
+        match self {
+            DeviceBackend::Host(_) => Ok(()),
+            DeviceBackend::Cuda(c) => c.reset_pool_peaks(),
+        }
+    }
+
+    /// Returns the pool's freed memory to the driver down to `keep_bytes`.
+    pub(crate) fn trim_pool(&self, keep_bytes: usize) -> Result<()> {
+        match self {
+            DeviceBackend::Host(_) => Ok(()),
+            DeviceBackend::Cuda(c) => c.trim_pool(keep_bytes),
+        }
+    }
+
     /// Stream priorities as `(least, greatest)`.
     pub(crate) fn priority_range(&self) -> Result<(i32, i32)> {
         match self {

@@ -104,11 +104,9 @@ impl Memory {
         let backend = stream
             .backend()
             .alloc(bytes, stream.device().name(), session.is_some())?;
-        stream
-            .device()
-            .inner
-            .bytes_in_use
-            .fetch_add(bytes, Ordering::AcqRel);
+        let inner = &stream.device().inner;
+        let in_use = inner.bytes_in_use.fetch_add(bytes, Ordering::AcqRel) + bytes;
+        inner.pool.note_in_use(in_use);
         let mut state = UseState::default();
         state.note_use(stream);
         let mem = Arc::new(Memory {

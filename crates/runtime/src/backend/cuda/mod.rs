@@ -22,6 +22,7 @@ mod capture;
 mod kernel;
 mod memory;
 mod peer;
+mod pool;
 mod stream;
 
 pub(crate) use blas::BlasWorkspace;
