@@ -127,3 +127,18 @@ fn shared_ready_after_device_work() -> Result<(), DeviceError> {
     assert_all(&consumed, 6.0, "a ready buffer read by a later kernel");
     Ok(())
 }
+
+#[test]
+fn one_element_of_a_tuple_and_an_arc_unwrapped_are_maps() -> Result<(), DeviceError> {
+    // The first and the last element of a tuple op, without splitting it.
+    assert_eq!(value((1, "b", 3.5)).map(|(a, _, _)| a).sync()?, 1);
+    assert_eq!(value((1, "b", 3.5)).map(|(_, _, c)| c).sync()?, 3.5);
+    // A shared op's Arc unwrapped once its last other owner is gone: an error value, never a
+    // panic, when another owner remains.
+    let s = value(String::from("only")).shared();
+    assert_eq!(s.map(Arc::try_unwrap).sync()?, Ok(String::from("only")));
+    let kept = Arc::new(7);
+    let held = Shared::ready(kept.clone()).map(Arc::try_unwrap).sync()?;
+    assert_eq!(held, Err(Arc::new(7)), "another owner remains");
+    Ok(())
+}
