@@ -270,6 +270,28 @@ pub enum DeviceError {
         /// Why.
         reason: String,
     },
+    /// A collective could not complete: the ranks called different collectives, a peer closed
+    /// its connection, or the transport failed.
+    #[error("collective {op} on rank {rank}: {reason}")]
+    Collective {
+        /// The collective, e.g. `all_reduce`, or the step of setting up a communicator.
+        op: &'static str,
+        /// The rank that saw the failure.
+        rank: usize,
+        /// What went wrong and how to fix it.
+        reason: String,
+    },
+    /// A wait for another process or rank ran past its deadline.
+    #[error(
+        "{what}: nothing after {waited_ms} ms; check that every rank is running and calls the \
+         same collectives in the same order, or raise the timeout (CUFLOW_DIST_TIMEOUT_MS)"
+    )]
+    Timeout {
+        /// What was waited for.
+        what: String,
+        /// How long, in milliseconds.
+        waited_ms: u64,
+    },
     /// A mistake in how an API was used that has no more specific variant.
     #[error("{what}")]
     Usage {

@@ -10,7 +10,8 @@
 //!
 //! Besides kernels, the runtime provides one library primitive, [`gemm`]: a stream-ordered,
 //! capturable matrix multiply (cuBLAS on CUDA, loaded at run time like the driver; a blocked CPU
-//! GEMM on the host).
+//! GEMM on the host). [`collective`] enqueues collectives between the ranks of a [`Comm`] the
+//! same way (NCCL on CUDA, point-to-point messages between host devices).
 //!
 //! [`Device::auto`] picks the device from `$CUFLOW_DEVICE` (`host`, `cuda`, `cuda:N`), else
 //! CUDA device 0 when usable, else the host.
@@ -36,6 +37,7 @@ mod access;
 mod backend;
 mod blas;
 mod capture;
+mod collective;
 mod device;
 mod error;
 mod event;
@@ -51,6 +53,9 @@ mod loom_tests;
 
 pub use blas::{gemm, GemmConfig, GemmDtype, GemmElem, GemmOutput};
 pub use capture::{Graph, GraphExec};
+pub use collective::{
+    collective, CollectiveCall, CollectiveDtype, CollectiveElem, Comm, HostTransport, ReduceOp,
+};
 pub use device::{Device, DeviceId, DeviceLimits, MemoryInfo};
 pub use error::{BackendKind, DeviceError, DriverError, Result};
 pub use event::Event;

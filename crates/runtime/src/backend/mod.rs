@@ -22,9 +22,10 @@
 //! `memory/copy.rs` for the copies.
 //!
 //! One file per concept, as in the runtime: `device.rs`, `stream.rs`, `event.rs`, `memory.rs`
-//! (allocations and pinned buffers) and `capture.rs` (captures, graphs, executables).
+//! (allocations and pinned buffers) and `capture.rs` (captures, graphs, executables), `comm.rs` (communicators).
 
 mod capture;
+mod comm;
 pub(crate) mod cuda;
 mod device;
 mod event;
@@ -33,6 +34,7 @@ mod memory;
 mod stream;
 
 pub(crate) use capture::{CaptureBackend, GraphBackend, GraphExecBackend};
+pub(crate) use comm::CommBackend;
 pub(crate) use device::{CompileCache, CompiledFor, DeviceBackend, KernelCode};
 pub(crate) use event::EventBackend;
 pub(crate) use memory::{DeferredFree, MemoryBackend, PinnedBackend, PinnedBytes, PinnedBytesMut};

@@ -21,6 +21,7 @@ mod blas;
 mod capture;
 mod kernel;
 mod memory;
+mod nccl;
 mod peer;
 mod pool;
 mod stream;
@@ -29,6 +30,7 @@ pub(crate) use blas::BlasWorkspace;
 pub(crate) use capture::{CudaGraphExecHandle, CudaGraphHandle};
 pub(crate) use kernel::CompiledKernel;
 pub(crate) use memory::{CudaMemory, CudaPinned};
+pub(crate) use nccl::{nccl_unique_id, NcclComm};
 pub(crate) use peer::copy_staged;
 pub(crate) use stream::{CudaEventHandle, CudaStreamHandle};
 

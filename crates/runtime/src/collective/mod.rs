@@ -1,0 +1,266 @@
+//! Collective communication between the ranks of a communicator, enqueued on a stream like a
+//! kernel.
+//!
+//! A [`Comm`] is one rank's handle on a group of `world_size` ranks, each on its own device.
+//! [`collective`] enqueues a group of [`CollectiveCall`]s (all-reduce, all-gather,
+//! reduce-scatter, broadcast, send, recv) on a stream of that device. Like every other access,
+//! a call orders itself after the conflicting accesses of other streams ([`crate::access`]): it
+//! reads its send buffer and writes its receive buffer. It records the buffers it uses, so frees
+//! wait for it and a capture keeps them, and it can be captured into a graph: a replay runs the
+//! collective again.
+//!
+//! Every rank must enqueue the same collectives in the same order (within a group, calls of the
+//! same kind in the same order), as with NCCL. A call returns once enqueued; it completes when
+//! every rank reached it.
+//!
+//! - **host**: the ranks exchange bytes through a [`HostTransport`] (in one process, or over TCP
+//!   across processes: see the `cuflow-dist` crate). The stream's worker thread runs the
+//!   exchange; every wait for a peer has a deadline, so a rank that never arrives gives a
+//!   [`DeviceError::Timeout`] instead of a hang. Reductions fold the ranks' contributions in rank
+//!   order, so every rank gets bit-identical results.
+//! - **cuda**: not yet: [`Comm::nccl`] and [`Comm::nccl_local`] answer
+//!   [`DeviceError::Unsupported`] (the NCCL path is the next step).
+
+mod call;
+mod dtype;
+
+pub(crate) use call::CallKind;
+pub use call::CollectiveCall;
+pub use dtype::{CollectiveDtype, CollectiveElem, ReduceOp};
+
+use std::fmt;
+use std::sync::Arc;
+
+use smallvec::SmallVec;
+
+use crate::access::{ordered, Access, Accesses};
+use crate::backend::CommBackend;
+use crate::device::Device;
+use crate::error::{DeviceError, Result};
+use crate::stream::Stream;
+
+/// How the host backend's ranks exchange bytes: point-to-point messages between ranks,
+/// delivered in order per pair of ranks.
+///
+/// Implemented by the `cuflow-dist` crate (in one process, and over TCP); the runtime builds
+/// every collective on [`send`](HostTransport::send) and [`recv`](HostTransport::recv).
+pub trait HostTransport: Send + Sync + fmt::Debug {
+    /// This rank's number, in `0..world_size`.
+    fn rank(&self) -> usize;
+
+    /// The number of ranks.
+    fn world_size(&self) -> usize;
+
+    /// Hands `data`, tagged `tag`, to rank `peer`. Must not wait for `peer` to receive it (the
+    /// ranks of one group send before they receive).
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceError::Collective`] when `peer` cannot be reached.
+    fn send(&self, peer: usize, tag: u64, data: Vec<u8>) -> Result<()>;
+
+    /// The oldest message tagged `tag` from rank `peer`, waiting for it up to the transport's
+    /// deadline.
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceError::Timeout`] when none arrives in time; [`DeviceError::Collective`] when
+    /// `peer` is gone.
+    fn recv(&self, peer: usize, tag: u64) -> Result<Vec<u8>>;
+}
+
+/// One rank's handle on a communicator, at the runtime level: its device, rank and world size,
+/// and the backend that moves the data (a [`HostTransport`] on host devices, an NCCL
+/// communicator on CUDA devices). Cheap to clone.
+///
+/// Most programs build communicators with `cuflow::dist::Communicator` (in one process over
+/// several devices, or from the `torchrun` environment) and run collectives as ops.
+///
+/// # Examples
+///
+/// ```
+/// use std::sync::Arc;
+/// use cuflow_runtime::{collective, Comm, CollectiveCall, Device, DeviceBuffer, HostTransport};
+/// # #[derive(Debug)] struct Alone;
+/// # impl HostTransport for Alone {
+/// #     fn rank(&self) -> usize { 0 }
+/// #     fn world_size(&self) -> usize { 1 }
+/// #     fn send(&self, _: usize, _: u64, _: Vec<u8>) -> cuflow_runtime::Result<()> { unreachable!() }
+/// #     fn recv(&self, _: usize, _: u64) -> cuflow_runtime::Result<Vec<u8>> { unreachable!() }
+/// # }
+/// # fn main() -> Result<(), cuflow_runtime::DeviceError> {
+/// let device = Device::host();
+/// let comm = Comm::host(&device, Arc::new(Alone))?; // one rank: nothing to exchange
+/// let stream = device.new_stream()?;
+/// let x = DeviceBuffer::from_host(&stream, &[1.0f32, 2.0])?;
+/// let y = DeviceBuffer::<f32>::alloc(&stream, 2)?;
+/// collective(&stream, &comm, &[CollectiveCall::all_reduce(x.view(), y.view(), Default::default())])?;
+/// assert_eq!(y.to_host_vec(&stream)?, vec![1.0, 2.0]);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Comm {
+    inner: Arc<CommInner>,
+}
+
+struct CommInner {
+    device: Device,
+    rank: usize,
+    world_size: usize,
+    backend: CommBackend,
+}
+
+impl fmt::Debug for Comm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Comm")
+            .field("device", &self.inner.device)
+            .field("rank", &self.inner.rank)
+            .field("world_size", &self.inner.world_size)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Comm {
+    /// A communicator of host device `device` whose data moves through `transport`.
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceError::Usage`] when `device` is not a host device, when the transport's world
+    /// is empty or its rank is outside it.
+    pub fn host(device: &Device, transport: Arc<dyn HostTransport>) -> Result<Comm> {
+        let (rank, world_size) = (transport.rank(), transport.world_size());
+        check_rank(rank, world_size)?;
+        let backend = CommBackend::host(device, transport)?;
+        Ok(Comm::from_parts(device, rank, world_size, backend))
+    }
+
+    /// A communicator of CUDA device `device`, as rank `rank` of `world_size`, joining the
+    /// NCCL communicator that `unique_id` names (made by [`Comm::nccl_unique_id`] on one rank
+    /// and handed to the others). Blocks until every rank joined, as `ncclCommInitRank` does.
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceError::Usage`] when `device` is not a CUDA device or the rank is outside the
+    /// world; [`DeviceError::Unsupported`] in this version, which does not drive NCCL yet.
+    pub fn nccl(device: &Device, unique_id: &[u8], rank: usize, world_size: usize) -> Result<Comm> {
+        check_rank(rank, world_size)?;
+        let backend = CommBackend::nccl(device, unique_id, rank, world_size)?;
+        Ok(Comm::from_parts(device, rank, world_size, backend))
+    }
+
+    /// One NCCL communicator per device of `devices` (rank `i` on `devices[i]`), all in this
+    /// process (`ncclCommInitAll`).
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceError::Usage`] when a device is not a CUDA device; [`DeviceError::Unsupported`]
+    /// in this version, which does not drive NCCL yet.
+    pub fn nccl_local(devices: &[Device]) -> Result<Vec<Comm>> {
+        let backends = CommBackend::nccl_local(devices)?;
+        let world_size = backends.len();
+        Ok(backends
+            .into_iter()
+            .zip(devices)
+            .enumerate()
+            .map(|(rank, (backend, device))| Comm::from_parts(device, rank, world_size, backend))
+            .collect())
+    }
+
+    /// A fresh NCCL unique id (`ncclGetUniqueId`): the bytes one rank makes and every rank
+    /// passes to [`Comm::nccl`].
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceError::Unsupported`] in this version, which does not drive NCCL yet.
+    pub fn nccl_unique_id() -> Result<Vec<u8>> {
+        CommBackend::nccl_unique_id()
+    }
+
+    fn from_parts(device: &Device, rank: usize, world_size: usize, backend: CommBackend) -> Comm {
+        Comm {
+            inner: Arc::new(CommInner {
+                device: device.clone(),
+                rank,
+                world_size,
+                backend,
+            }),
+        }
+    }
+
+    /// This rank's number, in `0..world_size`.
+    pub fn rank(&self) -> usize {
+        self.inner.rank
+    }
+
+    /// The number of ranks.
+    pub fn world_size(&self) -> usize {
+        self.inner.world_size
+    }
+
+    /// The device this rank's buffers live on.
+    pub fn device(&self) -> &Device {
+        &self.inner.device
+    }
+}
+
+fn check_rank(rank: usize, world_size: usize) -> Result<()> {
+    if world_size == 0 || rank >= world_size {
+        return Err(DeviceError::usage(format!(
+            "a communicator needs a rank in 0..world_size; got rank {rank} of world size \
+             {world_size}"
+        )));
+    }
+    Ok(())
+}
+
+/// Enqueues the collectives `calls` on `stream` as one group (NCCL's `ncclGroupStart` /
+/// `ncclGroupEnd`): each reads its send buffer and writes its receive buffer, ordered after the
+/// conflicting accesses of other streams. Every rank of `comm` must enqueue matching calls.
+/// Does not wait; the stream's later work sees the results.
+///
+/// # Errors
+///
+/// [`DeviceError::DeviceMismatch`] when `stream` or a buffer is not of `comm`'s device;
+/// [`DeviceError::InvalidShape`] when a buffer's length does not fit its call and the world
+/// size; [`DeviceError::InvalidArgument`] for a peer or root outside the world, a send or recv
+/// to this rank itself, or buffers that overlap where they must not. Failures of the exchange itself (a
+/// timeout, a peer gone, ranks calling different collectives) come back from the stream's next
+/// synchronization, as for kernels.
+pub fn collective(stream: &Stream, comm: &Comm, calls: &[CollectiveCall<'_>]) -> Result<()> {
+    if stream.device() != comm.device() {
+        return Err(DeviceError::device_mismatch(
+            "collective",
+            "the stream",
+            comm.device(),
+            stream.device(),
+        ));
+    }
+    for call in calls {
+        call.validate(stream, comm.rank(), comm.world_size())?;
+    }
+    call::check_overlaps(calls)?;
+    let calls: SmallVec<[&CollectiveCall<'_>; 4]> =
+        calls.iter().filter(|c| !c.is_empty()).collect();
+    if calls.is_empty() {
+        return Ok(());
+    }
+    let mut accesses: Accesses<'_> = SmallVec::new();
+    for call in &calls {
+        if let Some(send) = call.send {
+            accesses.push((send.mem, Access::Read));
+        }
+        if let Some(recv) = call.recv {
+            accesses.push((recv.mem, Access::Write));
+        }
+    }
+    let name = if calls.len() == 1 {
+        calls[0].kind.name()
+    } else {
+        "collective group"
+    };
+    ordered(stream, name, accesses, || {
+        stream
+            .backend()
+            .collective(&comm.inner.backend, comm.rank(), &calls)
+    })
+}
