@@ -18,11 +18,13 @@
 //!
 //! The crates behind the facade, lowest first: [`runtime`] (devices, streams, buffers,
 //! kernels), [`scheduler`] (policies), [`device_op`] (ops and execution), [`graph_capture`]
-//! (record and replay), [`tensor`] (tensors, constructors in [`api`], [`kernels`]).
+//! (record and replay), [`tensor`] (tensors, constructors in [`api`], [`kernels`]), [`dist`]
+//! (collectives between the ranks of a communicator, in one process or across processes).
 
 #![forbid(unsafe_code)]
 
 pub use cuflow_device_op as device_op;
+pub use cuflow_dist as dist;
 pub use cuflow_graph_capture as graph_capture;
 pub use cuflow_models as models;
 pub use cuflow_runtime as runtime;

@@ -1,0 +1,194 @@
+//! [`DistConfig`]: where a process stands in a multi-process group, read from the environment
+//! that `torchrun` and Slurm set, or given directly.
+
+use std::time::Duration;
+
+use cuflow_runtime::DeviceError;
+
+/// The default deadline of every wait for a peer: 300 s, unless `CUFLOW_DIST_TIMEOUT_MS` says
+/// otherwise.
+pub fn default_timeout() -> Duration {
+    std::env::var("CUFLOW_DIST_TIMEOUT_MS")
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map_or(Duration::from_secs(300), Duration::from_millis)
+}
+
+/// A process's place in a multi-process group: its rank, the world size, its rank on this
+/// machine, rank 0's address, and the deadline of every wait for a peer.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use cuflow_dist::DistConfig;
+/// let config = DistConfig::new(1, 4, "10.0.0.1", 29500).with_timeout(Duration::from_secs(30));
+/// assert_eq!((config.rank, config.world_size), (1, 4));
+/// assert_eq!(config.master_addr(), "10.0.0.1:29500");
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DistConfig {
+    /// This process's rank, in `0..world_size`.
+    pub rank: usize,
+    /// The number of ranks.
+    pub world_size: usize,
+    /// This process's rank among those of its machine (which local device it uses).
+    pub local_rank: usize,
+    /// The host rank 0 listens on.
+    pub master_host: String,
+    /// The port rank 0 listens on.
+    pub master_port: u16,
+    /// The deadline of every wait for a peer (the rendezvous, and each collective's wait on
+    /// the host backend).
+    pub timeout: Duration,
+}
+
+impl DistConfig {
+    /// Rank `rank` of `world_size`, with rank 0 at `master_host:master_port`; its local rank is
+    /// its rank, its timeout [`default_timeout`].
+    pub fn new(rank: usize, world_size: usize, master_host: &str, master_port: u16) -> Self {
+        DistConfig {
+            rank,
+            world_size,
+            local_rank: rank,
+            master_host: master_host.to_string(),
+            master_port,
+            timeout: default_timeout(),
+        }
+    }
+
+    /// The same place with another deadline for every wait.
+    #[must_use]
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The place the environment gives: `RANK`, `WORLD_SIZE`, `LOCAL_RANK` (default: the rank),
+    /// `MASTER_ADDR` (default `127.0.0.1`) and `MASTER_PORT` (default 29500), as `torchrun`
+    /// sets them; under Slurm without them, `SLURM_PROCID`, `SLURM_NTASKS` and
+    /// `SLURM_LOCALID`. The timeout comes from `CUFLOW_DIST_TIMEOUT_MS`.
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceError::Usage`] naming the variable that is missing or not a number, or a rank
+    /// outside the world.
+    pub fn from_env() -> Result<Self, DeviceError> {
+        from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// `host:port` of rank 0.
+    pub fn master_addr(&self) -> String {
+        if self.master_host.contains(':') && !self.master_host.starts_with('[') {
+            format!("[{}]:{}", self.master_host, self.master_port)
+        } else {
+            format!("{}:{}", self.master_host, self.master_port)
+        }
+    }
+}
+
+/// [`DistConfig::from_env`] over any variable lookup.
+pub(crate) fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<DistConfig, DeviceError> {
+    let number = |names: &[&str]| -> Result<Option<usize>, DeviceError> {
+        for name in names {
+            if let Some(v) = get(name) {
+                return v
+                    .trim()
+                    .parse::<usize>()
+                    .map(Some)
+                    .map_err(|_| DeviceError::usage(format!("{name}={v:?} is not a number")));
+            }
+        }
+        Ok(None)
+    };
+    let missing = |what: &str| {
+        DeviceError::usage(format!(
+            "{what} is not set: run under torchrun (or Slurm), or set RANK, WORLD_SIZE, \
+             MASTER_ADDR and MASTER_PORT"
+        ))
+    };
+    let rank = number(&["RANK", "SLURM_PROCID"])?.ok_or_else(|| missing("RANK"))?;
+    let world_size =
+        number(&["WORLD_SIZE", "SLURM_NTASKS"])?.ok_or_else(|| missing("WORLD_SIZE"))?;
+    if rank >= world_size {
+        return Err(DeviceError::usage(format!(
+            "RANK={rank} is outside WORLD_SIZE={world_size}"
+        )));
+    }
+    let local_rank = number(&["LOCAL_RANK", "SLURM_LOCALID"])?.unwrap_or(rank);
+    let master_host = get("MASTER_ADDR").unwrap_or_else(|| "127.0.0.1".into());
+    let master_port = match number(&["MASTER_PORT"])? {
+        Some(p) => u16::try_from(p)
+            .map_err(|_| DeviceError::usage(format!("MASTER_PORT={p} is not a port")))?,
+        None => 29500,
+    };
+    Ok(DistConfig {
+        rank,
+        world_size,
+        local_rank,
+        master_host,
+        master_port,
+        timeout: match get("CUFLOW_DIST_TIMEOUT_MS").and_then(|v| v.trim().parse().ok()) {
+            Some(ms) => Duration::from_millis(ms),
+            None => Duration::from_secs(300),
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |k| {
+            vars.iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        }
+    }
+
+    #[test]
+    fn torchrun_variables_give_the_place() {
+        let c = from_lookup(env(&[
+            ("RANK", "3"),
+            ("WORLD_SIZE", "8"),
+            ("LOCAL_RANK", "1"),
+            ("MASTER_ADDR", "node0"),
+            ("MASTER_PORT", "1234"),
+            ("CUFLOW_DIST_TIMEOUT_MS", "250"),
+        ]))
+        .unwrap();
+        assert_eq!((c.rank, c.world_size, c.local_rank), (3, 8, 1));
+        assert_eq!(c.master_addr(), "node0:1234");
+        assert_eq!(c.timeout, Duration::from_millis(250));
+    }
+
+    #[test]
+    fn slurm_variables_stand_in_for_torchrun_ones() {
+        let c = from_lookup(env(&[
+            ("SLURM_PROCID", "2"),
+            ("SLURM_NTASKS", "4"),
+            ("SLURM_LOCALID", "0"),
+        ]))
+        .unwrap();
+        assert_eq!((c.rank, c.world_size, c.local_rank), (2, 4, 0));
+        assert_eq!(c.master_addr(), "127.0.0.1:29500");
+    }
+
+    #[test]
+    fn missing_or_bad_variables_are_named() {
+        let e = from_lookup(env(&[("WORLD_SIZE", "2")]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("RANK is not set"), "{e}");
+        let e = from_lookup(env(&[("RANK", "x"), ("WORLD_SIZE", "2")]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("RANK=\"x\" is not a number"), "{e}");
+        let e = from_lookup(env(&[("RANK", "2"), ("WORLD_SIZE", "2")]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("outside WORLD_SIZE=2"), "{e}");
+    }
+}

@@ -1,0 +1,56 @@
+//! Collectives as device ops: all-reduce, all-gather, reduce-scatter, broadcast, send / recv
+//! and grouped calls between the ranks of a [`Communicator`].
+//!
+//! A communicator spans several devices of one process ([`Communicator::local`]) or one device
+//! per process across processes and machines ([`Communicator::from_env`], driven by the
+//! `RANK` / `WORLD_SIZE` / `LOCAL_RANK` / `MASTER_ADDR` / `MASTER_PORT` variables that
+//! `torchrun` and Slurm set). Host devices exchange through the host backend, in one process or
+//! over TCP, so that the semantics and the rendezvous run anywhere. On CUDA devices the
+//! rendezvous hands out an NCCL unique id, but this version does not drive NCCL yet: a CUDA
+//! communicator is [`DeviceError::Unsupported`](cuflow_runtime::DeviceError::Unsupported).
+//!
+//! The collectives ([`all_reduce`], [`all_gather`], [`reduce_scatter`], [`broadcast`], [`send`],
+//! [`recv`], [`group`]) are device ops: they compose with `then` / `zip!`, order themselves
+//! after the work that wrote their inputs and before the work that reads their outputs, on any
+//! stream, and can be captured into a graph (a replay runs the collective again).
+//!
+//! No wait is unbounded: the rendezvous and (on the host backend) every wait for a peer give a
+//! [`DeviceError::Timeout`](cuflow_runtime::DeviceError::Timeout) after
+//! [`DistConfig::timeout`] (`CUFLOW_DIST_TIMEOUT_MS`, 300 s by default); a peer whose
+//! connection broke is an error at once.
+//!
+//! ```
+//! use cuflow_dist::{all_gather, Communicator};
+//! use cuflow_device_op::DeviceOpExt;
+//! use cuflow_runtime::Device;
+//! use cuflow_tensor::api;
+//! # fn main() -> Result<(), cuflow_runtime::DeviceError> {
+//! let devices: Vec<Device> = (0..4).map(Device::host_numbered).collect();
+//! let comms = Communicator::local(&devices)?;
+//! let gathered = std::thread::scope(|s| {
+//!     let ranks: Vec<_> = comms.iter().map(|c| s.spawn(move || {
+//!         let mine = api::full::<f32>(&[1, 2], c.rank() as f32).sync_on(c.stream())?;
+//!         all_gather(c, mine).sync_on(c.stream())?.to_host_vec()
+//!     })).collect();
+//!     ranks.into_iter().map(|h| h.join().unwrap()).collect::<Result<Vec<_>, _>>()
+//! })?;
+//! assert!(gathered.iter().all(|g| g == &[0.0, 0.0, 1.0, 1.0, 2.0, 2.0, 3.0, 3.0]));
+//! # Ok::<(), cuflow_runtime::DeviceError>(()) }
+//! ```
+
+#![forbid(unsafe_code)]
+
+mod communicator;
+mod config;
+mod local;
+mod mailbox;
+mod ops;
+mod rendezvous;
+mod tcp;
+
+pub use communicator::Communicator;
+pub use config::{default_timeout, DistConfig};
+pub use ops::{
+    all_gather, all_reduce, broadcast, group, recv, reduce_scatter, send, CollectiveOp,
+    CollectiveType, GroupCall, ReduceOp,
+};

@@ -1,0 +1,86 @@
+//! A rank's mailbox: the messages other ranks sent it, queued per sender, and the receive with
+//! a deadline that every host transport shares.
+//!
+//! Messages from one sender are matched by tag in the order they arrived. A sender whose link
+//! broke is marked closed: a receive from it fails at once instead of waiting out its deadline.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use cuflow_runtime::DeviceError;
+use parking_lot::{Condvar, Mutex};
+
+#[derive(Default)]
+struct Slot {
+    queue: VecDeque<(u64, Vec<u8>)>,
+    closed: Option<String>,
+}
+
+/// The messages sent to one rank.
+pub(crate) struct Mailbox {
+    rank: usize,
+    slots: Mutex<Vec<Slot>>,
+    arrived: Condvar,
+}
+
+impl Mailbox {
+    pub(crate) fn new(rank: usize, world_size: usize) -> Mailbox {
+        Mailbox {
+            rank,
+            slots: Mutex::new((0..world_size).map(|_| Slot::default()).collect()),
+            arrived: Condvar::new(),
+        }
+    }
+
+    /// Queues a message from rank `from`.
+    pub(crate) fn deliver(&self, from: usize, tag: u64, data: Vec<u8>) {
+        if let Some(slot) = self.slots.lock().get_mut(from) {
+            slot.queue.push_back((tag, data));
+        }
+        self.arrived.notify_all();
+    }
+
+    /// Marks rank `from` as gone: receives from it fail with `reason`.
+    pub(crate) fn close(&self, from: usize, reason: String) {
+        if let Some(slot) = self.slots.lock().get_mut(from) {
+            slot.closed.get_or_insert(reason);
+        }
+        self.arrived.notify_all();
+    }
+
+    /// The oldest message tagged `tag` from rank `from`, waiting up to `timeout` for it.
+    pub(crate) fn take(
+        &self,
+        from: usize,
+        tag: u64,
+        timeout: Duration,
+    ) -> Result<Vec<u8>, DeviceError> {
+        let deadline = Instant::now() + timeout;
+        let mut slots = self.slots.lock();
+        loop {
+            let Some(slot) = slots.get_mut(from) else {
+                return Err(DeviceError::internal(
+                    "a receive from a rank outside the world",
+                ));
+            };
+            if let Some(i) = slot.queue.iter().position(|(t, _)| *t == tag) {
+                if let Some((_, data)) = slot.queue.remove(i) {
+                    return Ok(data);
+                }
+            }
+            if let Some(reason) = &slot.closed {
+                return Err(DeviceError::Collective {
+                    op: "receive",
+                    rank: self.rank,
+                    reason: format!("rank {from} is gone: {reason}"),
+                });
+            }
+            if self.arrived.wait_until(&mut slots, deadline).timed_out() {
+                return Err(DeviceError::Timeout {
+                    what: format!("rank {} waiting for a message from rank {from}", self.rank),
+                    waited_ms: timeout.as_millis() as u64,
+                });
+            }
+        }
+    }
+}

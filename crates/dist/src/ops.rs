@@ -1,0 +1,391 @@
+//! Collectives as device ops over tensors.
+//!
+//! Each op runs its lazy input, then enqueues its collective on its communicator's stream
+//! ([`Communicator::stream`]) in order with the executing context's work: the communicator's
+//! stream waits for what the context enqueued before, and the context's later work waits for
+//! the collective (an event each way, added only when the context runs on another stream). So
+//! the ops compose with `then` / `zip!` like kernels, and within a capture the communicator's
+//! stream joins the capture. Outputs are fresh tensors (inputs are only read), except where
+//! noted.
+//!
+//! Every rank must build the same collectives in the same order. Tensors are contiguous, so
+//! every collective works on a tensor's whole buffer; `all_gather` and `reduce_scatter` work
+//! along axis 0.
+
+use std::sync::Arc;
+
+use cuflow_device_op::{from_fn, DeviceOp, ExecutionContext, FromFn};
+use cuflow_runtime::{
+    collective, CollectiveCall, CollectiveElem, DeviceBuffer, DeviceError, Stream,
+};
+use cuflow_tensor::{DType, Tensor, TensorInput, TensorRef};
+
+use crate::Communicator;
+pub use cuflow_runtime::ReduceOp;
+
+/// The op type of every collective: a [`from_fn`] op.
+pub type CollectiveOp<F> = FromFn<F>;
+
+/// Element types of tensors that collectives move: the tensor dtypes NCCL supports (`u8`,
+/// `i32`, `u32`, `i64`, `f16`, `bf16`, `f32`, `f64`).
+pub trait CollectiveType: DType + CollectiveElem {}
+
+impl<T: DType + CollectiveElem> CollectiveType for T {}
+
+fn alloc<T: CollectiveType>(stream: &Stream, shape: &[usize]) -> Result<Tensor<T>, DeviceError> {
+    let len = shape
+        .iter()
+        .try_fold(1usize, |n, &d| n.checked_mul(d))
+        .ok_or_else(|| DeviceError::InvalidShape {
+            op: "collective",
+            reason: format!("{shape:?} overflows usize"),
+        })?;
+    Tensor::from_buffer(Arc::new(DeviceBuffer::alloc(stream, len)?), shape)
+}
+
+fn check_on<T: DType>(
+    op: &'static str,
+    comm: &Communicator,
+    t: &Tensor<T>,
+) -> Result<(), DeviceError> {
+    if t.device() != comm.device() {
+        return Err(DeviceError::device_mismatch(
+            op,
+            "the tensor",
+            comm.device(),
+            t.device(),
+        ));
+    }
+    Ok(())
+}
+
+/// Runs `enqueue` on `comm`'s stream, in order with `ctx`'s work.
+fn on_comm<R>(
+    ctx: &mut ExecutionContext,
+    comm: &Communicator,
+    enqueue: impl FnOnce(&Stream) -> Result<R, DeviceError>,
+) -> Result<R, DeviceError> {
+    ctx.on_stream(comm.stream(), enqueue)
+}
+
+/// The shape of a tensor with axis 0 scaled by `world` (`all_gather`'s output); a scalar
+/// gathers into a vector.
+fn gathered(shape: &[usize], world: usize) -> Vec<usize> {
+    match shape.split_first() {
+        Some((first, rest)) => std::iter::once(first * world)
+            .chain(rest.iter().copied())
+            .collect(),
+        None => vec![world],
+    }
+}
+
+/// The element-wise reduction `op` of every rank's `x`, on every rank (`x` is read, a new
+/// tensor of its shape holds the result).
+///
+/// # Examples
+///
+/// ```
+/// use cuflow_dist::{all_reduce, Communicator, ReduceOp};
+/// use cuflow_device_op::DeviceOpExt;
+/// use cuflow_runtime::Device;
+/// use cuflow_tensor::api;
+/// # fn main() -> Result<(), cuflow_runtime::DeviceError> {
+/// let [comm] = <[Communicator; 1]>::try_from(Communicator::local(&[Device::host()])?).unwrap();
+/// let x = api::from_slice(&[1.0f32, -2.0], &[2]);
+/// let y = all_reduce(&comm, x, ReduceOp::Max).sync_on(comm.stream())?;
+/// assert_eq!(y.to_host_vec()?, vec![1.0, -2.0]); // one rank: its own values
+/// # Ok(()) }
+/// ```
+///
+/// # Errors
+///
+/// [`DeviceError::DeviceMismatch`] when `x` is not on `comm`'s device; the errors of
+/// [`cuflow_runtime::collective`]; a [`DeviceError::Timeout`] when a rank does not take part.
+pub fn all_reduce<T: CollectiveType, X: TensorInput<T>>(
+    comm: &Communicator,
+    x: X,
+    op: ReduceOp,
+) -> CollectiveOp<impl FnOnce(&mut ExecutionContext) -> Result<Tensor<T>, DeviceError> + Send> {
+    let comm = comm.clone();
+    let x = x.into_op();
+    from_fn(move |ctx: &mut ExecutionContext| {
+        let x = x.execute(ctx)?;
+        let x = x.tensor();
+        check_on("all_reduce", &comm, x)?;
+        on_comm(ctx, &comm, |stream| {
+            let out = alloc::<T>(stream, x.shape())?;
+            let call = CollectiveCall::all_reduce(x.buffer().view(), out.buffer().view(), op);
+            collective(stream, comm.comm(), &[call])?;
+            Ok(out)
+        })
+    })
+}
+
+/// Every rank's `x` concatenated along axis 0 in rank order, on every rank: `[n, …]` becomes
+/// `[world_size · n, …]` (a scalar becomes a vector of `world_size`).
+///
+/// # Errors
+///
+/// As [`all_reduce`].
+pub fn all_gather<T: CollectiveType, X: TensorInput<T>>(
+    comm: &Communicator,
+    x: X,
+) -> CollectiveOp<impl FnOnce(&mut ExecutionContext) -> Result<Tensor<T>, DeviceError> + Send> {
+    let comm = comm.clone();
+    let x = x.into_op();
+    from_fn(move |ctx: &mut ExecutionContext| {
+        let x = x.execute(ctx)?;
+        let x = x.tensor();
+        check_on("all_gather", &comm, x)?;
+        on_comm(ctx, &comm, |stream| {
+            let out = alloc::<T>(stream, &gathered(x.shape(), comm.world_size()))?;
+            let call = CollectiveCall::all_gather(x.buffer().view(), out.buffer().view());
+            collective(stream, comm.comm(), &[call])?;
+            Ok(out)
+        })
+    })
+}
+
+/// The reduction `op` of every rank's `x`, split along axis 0 into `world_size` parts: rank `r`
+/// gets part `r`, `[world_size · n, …]` becomes `[n, …]`.
+///
+/// # Errors
+///
+/// [`DeviceError::InvalidShape`] when `x` is a scalar or its axis 0 does not divide by the
+/// world size; otherwise as [`all_reduce`].
+pub fn reduce_scatter<T: CollectiveType, X: TensorInput<T>>(
+    comm: &Communicator,
+    x: X,
+    op: ReduceOp,
+) -> CollectiveOp<impl FnOnce(&mut ExecutionContext) -> Result<Tensor<T>, DeviceError> + Send> {
+    let comm = comm.clone();
+    let x = x.into_op();
+    from_fn(move |ctx: &mut ExecutionContext| {
+        let x = x.execute(ctx)?;
+        let x = x.tensor();
+        check_on("reduce_scatter", &comm, x)?;
+        let world = comm.world_size();
+        let shape = match x.shape().split_first() {
+            Some((&first, rest)) if first % world == 0 => std::iter::once(first / world)
+                .chain(rest.iter().copied())
+                .collect::<Vec<_>>(),
+            _ => {
+                return Err(DeviceError::InvalidShape {
+                    op: "reduce_scatter",
+                    reason: format!(
+                        "splits axis 0 into world_size = {world} parts; {:?} has no axis 0 \
+                         divisible by {world}",
+                        x.shape()
+                    ),
+                })
+            }
+        };
+        on_comm(ctx, &comm, |stream| {
+            let out = alloc::<T>(stream, &shape)?;
+            let call = CollectiveCall::reduce_scatter(x.buffer().view(), out.buffer().view(), op);
+            collective(stream, comm.comm(), &[call])?;
+            Ok(out)
+        })
+    })
+}
+
+/// Rank `root`'s `x` on every rank. Every rank passes a tensor of the same shape; only the
+/// root's is read.
+///
+/// # Errors
+///
+/// [`DeviceError::InvalidArgument`] when `root` is not a rank; otherwise as [`all_reduce`].
+pub fn broadcast<T: CollectiveType, X: TensorInput<T>>(
+    comm: &Communicator,
+    x: X,
+    root: usize,
+) -> CollectiveOp<impl FnOnce(&mut ExecutionContext) -> Result<Tensor<T>, DeviceError> + Send> {
+    let comm = comm.clone();
+    let x = x.into_op();
+    from_fn(move |ctx: &mut ExecutionContext| {
+        let x = x.execute(ctx)?;
+        let x = x.tensor();
+        check_on("broadcast", &comm, x)?;
+        on_comm(ctx, &comm, |stream| {
+            let out = alloc::<T>(stream, x.shape())?;
+            let call = CollectiveCall::broadcast(x.buffer().view(), out.buffer().view(), root);
+            collective(stream, comm.comm(), &[call])?;
+            Ok(out)
+        })
+    })
+}
+
+/// Sends `x` to rank `peer`, which runs a matching [`recv`]; gives `x` back.
+///
+/// # Errors
+///
+/// [`DeviceError::InvalidArgument`] when `peer` is not another rank; otherwise as
+/// [`all_reduce`].
+pub fn send<T: CollectiveType, X: TensorInput<T>>(
+    comm: &Communicator,
+    x: X,
+    peer: usize,
+) -> CollectiveOp<impl FnOnce(&mut ExecutionContext) -> Result<X::Value, DeviceError> + Send> {
+    let comm = comm.clone();
+    let x = x.into_op();
+    from_fn(move |ctx: &mut ExecutionContext| {
+        let x = x.execute(ctx)?;
+        check_on("send", &comm, x.tensor())?;
+        on_comm(ctx, &comm, |stream| {
+            let call = CollectiveCall::send(x.tensor().buffer().view(), peer);
+            collective(stream, comm.comm(), &[call])
+        })?;
+        Ok(x)
+    })
+}
+
+/// A new tensor of `shape` holding what rank `peer` sends with a matching [`send`].
+///
+/// # Errors
+///
+/// As [`send`].
+pub fn recv<T: CollectiveType>(
+    comm: &Communicator,
+    shape: &[usize],
+    peer: usize,
+) -> CollectiveOp<impl FnOnce(&mut ExecutionContext) -> Result<Tensor<T>, DeviceError> + Send> {
+    let comm = comm.clone();
+    let shape = shape.to_vec();
+    from_fn(move |ctx: &mut ExecutionContext| {
+        on_comm(ctx, &comm, |stream| {
+            let out = alloc::<T>(stream, &shape)?;
+            collective(
+                stream,
+                comm.comm(),
+                &[CollectiveCall::recv(out.buffer().view(), peer)],
+            )?;
+            Ok(out)
+        })
+    })
+}
+
+/// One collective of a [`group`].
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum GroupCall<T> {
+    /// [`all_reduce`] of the tensor.
+    AllReduce(Tensor<T>, ReduceOp),
+    /// [`all_gather`] of the tensor.
+    AllGather(Tensor<T>),
+    /// [`reduce_scatter`] of the tensor.
+    ReduceScatter(Tensor<T>, ReduceOp),
+    /// [`broadcast`] of the tensor from the root rank.
+    Broadcast(Tensor<T>, usize),
+    /// [`send`] of the tensor to the peer rank.
+    Send(Tensor<T>, usize),
+    /// [`recv`] of a tensor of the shape from the peer rank.
+    Recv(Vec<usize>, usize),
+}
+
+/// Runs `calls` as one group (NCCL's `ncclGroupStart` / `ncclGroupEnd`): they proceed
+/// together, so sends and receives that pair up across ranks in any order cannot deadlock (a
+/// ring exchange: each rank sends right and receives from the left). Gives one tensor per call,
+/// in order: the result of each collective, the sent tensor itself for a send.
+///
+/// # Examples
+///
+/// ```
+/// use cuflow_dist::{group, Communicator, GroupCall};
+/// use cuflow_device_op::DeviceOpExt;
+/// use cuflow_runtime::Device;
+/// use cuflow_tensor::api;
+/// # fn main() -> Result<(), cuflow_runtime::DeviceError> {
+/// let comms = Communicator::local(&[Device::host_numbered(0), Device::host_numbered(1)])?;
+/// // A ring shift: each rank sends its rank to the next and receives from the previous.
+/// let got: Vec<Vec<i32>> = std::thread::scope(|s| {
+///     let hs: Vec<_> = comms.iter().map(|c| s.spawn(move || {
+///         let (n, r) = (c.world_size(), c.rank());
+///         let mine = api::full::<i32>(&[3], r as i32).sync_on(c.stream())?;
+///         let calls = vec![GroupCall::Send(mine, (r + 1) % n), GroupCall::Recv(vec![3], (r + n - 1) % n)];
+///         let out = group(c, calls).sync_on(c.stream())?;
+///         out[1].to_host_vec()
+///     })).collect();
+///     hs.into_iter().map(|h| h.join().unwrap()).collect::<Result<_, cuflow_runtime::DeviceError>>()
+/// })?;
+/// assert_eq!(got, vec![vec![1; 3], vec![0; 3]]);
+/// # Ok(()) }
+/// ```
+///
+/// # Errors
+///
+/// As the single collectives; [`DeviceError::DeviceMismatch`] when a tensor is not on `comm`'s
+/// device.
+pub fn group<T: CollectiveType>(
+    comm: &Communicator,
+    calls: Vec<GroupCall<T>>,
+) -> CollectiveOp<impl FnOnce(&mut ExecutionContext) -> Result<Vec<Tensor<T>>, DeviceError> + Send>
+{
+    let comm = comm.clone();
+    from_fn(move |ctx: &mut ExecutionContext| {
+        for call in &calls {
+            if let GroupCall::AllReduce(t, _)
+            | GroupCall::AllGather(t)
+            | GroupCall::ReduceScatter(t, _)
+            | GroupCall::Broadcast(t, _)
+            | GroupCall::Send(t, _) = call
+            {
+                check_on("collective group", &comm, t)?;
+            }
+        }
+        on_comm(ctx, &comm, |stream| {
+            let world = comm.world_size();
+            let mut outs: Vec<Tensor<T>> = Vec::with_capacity(calls.len());
+            for call in &calls {
+                outs.push(match call {
+                    GroupCall::AllReduce(t, _) | GroupCall::Broadcast(t, _) => {
+                        alloc(stream, t.shape())?
+                    }
+                    GroupCall::AllGather(t) => alloc(stream, &gathered(t.shape(), world))?,
+                    GroupCall::ReduceScatter(t, _) => {
+                        let shape = match t.shape().split_first() {
+                            Some((&f, rest)) if f % world == 0 => std::iter::once(f / world)
+                                .chain(rest.iter().copied())
+                                .collect::<Vec<_>>(),
+                            _ => {
+                                return Err(DeviceError::InvalidShape {
+                                    op: "reduce_scatter",
+                                    reason: format!(
+                                        "splits axis 0 into world_size = {world} parts; {:?} \
+                                         has no axis 0 divisible by {world}",
+                                        t.shape()
+                                    ),
+                                })
+                            }
+                        };
+                        alloc(stream, &shape)?
+                    }
+                    GroupCall::Send(t, _) => t.clone(),
+                    GroupCall::Recv(shape, _) => alloc(stream, shape)?,
+                });
+            }
+            let runtime_calls: Vec<CollectiveCall<'_>> = calls
+                .iter()
+                .zip(&outs)
+                .map(|(call, out)| {
+                    let o = out.buffer().view();
+                    match call {
+                        GroupCall::AllReduce(t, op) => {
+                            CollectiveCall::all_reduce(t.buffer().view(), o, *op)
+                        }
+                        GroupCall::AllGather(t) => CollectiveCall::all_gather(t.buffer().view(), o),
+                        GroupCall::ReduceScatter(t, op) => {
+                            CollectiveCall::reduce_scatter(t.buffer().view(), o, *op)
+                        }
+                        GroupCall::Broadcast(t, root) => {
+                            CollectiveCall::broadcast(t.buffer().view(), o, *root)
+                        }
+                        GroupCall::Send(t, peer) => CollectiveCall::send(t.buffer().view(), *peer),
+                        GroupCall::Recv(_, peer) => CollectiveCall::recv(o, *peer),
+                    }
+                })
+                .collect();
+            collective(stream, comm.comm(), &runtime_calls)?;
+            Ok(outs)
+        })
+    })
+}

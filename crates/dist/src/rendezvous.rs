@@ -1,0 +1,401 @@
+//! The TCP rendezvous: how the ranks of several processes find each other.
+//!
+//! Rank 0 listens at the master address; every other rank connects to it (retrying until its
+//! deadline, since rank 0 may start later) and says who it is and where it listens. Once every
+//! rank has arrived, rank 0 answers each with the table of all ranks' addresses and a payload
+//! (the NCCL unique id on CUDA devices). For the host backend the ranks then connect into a full
+//! mesh: rank 0 keeps the rendezvous connections, and every rank `i > 1` connects to each rank
+//! `1 ≤ j < i` (whose listener was open before it announced itself to rank 0).
+//!
+//! Every read, accept and connect has a deadline: a rank that never arrives is a
+//! [`DeviceError::Timeout`], a rank that answers something else a [`DeviceError::Collective`].
+//! Integers travel little-endian.
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+use cuflow_runtime::DeviceError;
+
+use crate::config::DistConfig;
+
+const MAGIC: &[u8; 8] = b"cuflow\x01\x00";
+const STEP: &str = "rendezvous";
+
+/// What a rank has once the rendezvous is over: a connection to each other rank (when a mesh
+/// was asked for) and rank 0's payload.
+pub(crate) struct Links {
+    pub(crate) peers: Vec<Option<TcpStream>>,
+    pub(crate) payload: Vec<u8>,
+}
+
+fn err(rank: usize, reason: impl Into<String>) -> DeviceError {
+    DeviceError::Collective {
+        op: STEP,
+        rank,
+        reason: reason.into(),
+    }
+}
+
+struct Deadline {
+    at: Instant,
+    total: Duration,
+}
+
+impl Deadline {
+    fn new(total: Duration) -> Deadline {
+        Deadline {
+            at: Instant::now() + total,
+            total,
+        }
+    }
+
+    fn left(&self, what: impl Fn() -> String) -> Result<Duration, DeviceError> {
+        let left = self.at.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(self.timeout(what()));
+        }
+        Ok(left)
+    }
+
+    fn timeout(&self, what: String) -> DeviceError {
+        DeviceError::Timeout {
+            what,
+            waited_ms: self.total.as_millis() as u64,
+        }
+    }
+}
+
+/// A connection to a rank, read and written under one deadline.
+struct Conn<'d> {
+    stream: TcpStream,
+    rank: usize,
+    deadline: &'d Deadline,
+    peer: String,
+}
+
+impl Conn<'_> {
+    fn io_err(&self, what: &str, e: std::io::Error) -> DeviceError {
+        match e.kind() {
+            ErrorKind::WouldBlock | ErrorKind::TimedOut => self
+                .deadline
+                .timeout(format!("rank {} {what} {}", self.rank, self.peer)),
+            _ => err(self.rank, format!("{what} {}: {e}", self.peer)),
+        }
+    }
+
+    fn read(&mut self, buf: &mut [u8]) -> Result<(), DeviceError> {
+        let left = self
+            .deadline
+            .left(|| format!("rank {} reading from {}", self.rank, self.peer))?;
+        self.stream
+            .set_read_timeout(Some(left))
+            .map_err(|e| self.io_err("setting a timeout on", e))?;
+        let r = self.stream.read_exact(buf);
+        r.map_err(|e| self.io_err("reading from", e))
+    }
+
+    fn write(&mut self, buf: &[u8]) -> Result<(), DeviceError> {
+        let left = self
+            .deadline
+            .left(|| format!("rank {} writing to {}", self.rank, self.peer))?;
+        self.stream
+            .set_write_timeout(Some(left))
+            .map_err(|e| self.io_err("setting a timeout on", e))?;
+        let r = self.stream.write_all(buf);
+        r.map_err(|e| self.io_err("writing to", e))
+    }
+
+    fn u32(&mut self) -> Result<u32, DeviceError> {
+        let mut b = [0u8; 4];
+        self.read(&mut b)?;
+        Ok(u32::from_le_bytes(b))
+    }
+
+    fn bytes(&mut self) -> Result<Vec<u8>, DeviceError> {
+        let len = self.u32()? as usize;
+        if len > 1 << 20 {
+            return Err(err(
+                self.rank,
+                format!("{} sent a {len}-byte field", self.peer),
+            ));
+        }
+        let mut v = vec![0u8; len];
+        self.read(&mut v)?;
+        Ok(v)
+    }
+
+    fn magic(&mut self) -> Result<(), DeviceError> {
+        let mut m = [0u8; 8];
+        self.read(&mut m)?;
+        if &m != MAGIC {
+            return Err(err(
+                self.rank,
+                format!("{} is not a cuflow rank of this version", self.peer),
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
+    out.extend_from_slice(&(b.len() as u32).to_le_bytes());
+    out.extend_from_slice(b);
+}
+
+/// Accepts one connection before the deadline.
+fn accept(
+    listener: &TcpListener,
+    rank: usize,
+    deadline: &Deadline,
+    waiting_for: impl Fn() -> String,
+) -> Result<TcpStream, DeviceError> {
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| err(rank, format!("listening: {e}")))?;
+    loop {
+        match listener.accept() {
+            Ok((stream, _)) => {
+                stream
+                    .set_nonblocking(false)
+                    .map_err(|e| err(rank, format!("accepting: {e}")))?;
+                return Ok(stream);
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                deadline.left(&waiting_for)?;
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            Err(e) => return Err(err(rank, format!("accepting a connection: {e}"))),
+        }
+    }
+}
+
+/// Connects to `addr`, retrying while nothing listens there yet, until the deadline.
+fn connect(addr: &str, rank: usize, deadline: &Deadline) -> Result<TcpStream, DeviceError> {
+    let waiting = || format!("rank {rank} connecting to {addr}");
+    loop {
+        let addrs: Vec<SocketAddr> = addr
+            .to_socket_addrs()
+            .map_err(|e| err(rank, format!("resolving {addr}: {e}")))?
+            .collect();
+        let left = deadline.left(waiting)?;
+        let mut last = None;
+        for a in &addrs {
+            match TcpStream::connect_timeout(a, left.min(Duration::from_secs(1))) {
+                Ok(s) => return Ok(s),
+                Err(e) => last = Some(e),
+            }
+        }
+        match last {
+            Some(e)
+                if matches!(
+                    e.kind(),
+                    ErrorKind::ConnectionRefused | ErrorKind::TimedOut | ErrorKind::WouldBlock
+                ) =>
+            {
+                deadline.left(waiting)?;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Some(e) => return Err(err(rank, format!("connecting to {addr}: {e}"))),
+            None => return Err(err(rank, format!("{addr} resolves to no address"))),
+        }
+    }
+}
+
+/// Runs the rendezvous of `config`'s rank. Rank 0 listens on `listener` (or binds the master
+/// address) and hands `payload` to every rank; with `mesh`, every rank ends connected to
+/// every other.
+pub(crate) fn rendezvous(
+    config: &DistConfig,
+    listener: Option<TcpListener>,
+    payload: &[u8],
+    mesh: bool,
+) -> Result<Links, DeviceError> {
+    let deadline = Deadline::new(config.timeout);
+    if config.rank == 0 {
+        let listener = match listener {
+            Some(l) => l,
+            None => TcpListener::bind(config.master_addr())
+                .map_err(|e| err(0, format!("listening at {}: {e}", config.master_addr())))?,
+        };
+        serve(config, &listener, payload, mesh, &deadline)
+    } else {
+        join(config, mesh, &deadline)
+    }
+}
+
+fn serve(
+    config: &DistConfig,
+    listener: &TcpListener,
+    payload: &[u8],
+    mesh: bool,
+    deadline: &Deadline,
+) -> Result<Links, DeviceError> {
+    let world = config.world_size;
+    let mut conns: Vec<Option<(Conn<'_>, String)>> = (0..world).map(|_| None).collect();
+    let local = listener
+        .local_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_default();
+    for _ in 1..world {
+        let missing = || {
+            let ranks: Vec<String> = (1..world)
+                .filter(|&r| conns.get(r).is_some_and(Option::is_none))
+                .map(|r| r.to_string())
+                .collect();
+            format!(
+                "rank 0 at {local} waiting for ranks [{}] of {world}",
+                ranks.join(", ")
+            )
+        };
+        let stream = accept(listener, 0, deadline, missing)?;
+        let peer_ip = stream
+            .peer_addr()
+            .map(|a| a.ip().to_string())
+            .unwrap_or_default();
+        let mut conn = Conn {
+            stream,
+            rank: 0,
+            deadline,
+            peer: format!("a rank at {peer_ip}"),
+        };
+        conn.magic()?;
+        let (rank, their_world) = (conn.u32()? as usize, conn.u32()? as usize);
+        let mut port = [0u8; 2];
+        conn.read(&mut port)?;
+        if their_world != world || rank == 0 || rank >= world {
+            return Err(err(
+                0,
+                format!(
+                    "{} says it is rank {rank} of {their_world}; this world has {world} ranks \
+                     (check RANK and WORLD_SIZE)",
+                    conn.peer
+                ),
+            ));
+        }
+        if conns[rank].is_some() {
+            return Err(err(0, format!("two processes say they are rank {rank}")));
+        }
+        conn.peer = format!("rank {rank}");
+        let addr = SocketAddr::new(
+            peer_ip.parse().unwrap_or([127, 0, 0, 1].into()),
+            u16::from_le_bytes(port),
+        );
+        conns[rank] = Some((conn, addr.to_string()));
+    }
+    let mut reply = MAGIC.to_vec();
+    put_bytes(&mut reply, payload);
+    for entry in &conns {
+        put_bytes(
+            &mut reply,
+            entry.as_ref().map_or(&b""[..], |(_, a)| a.as_bytes()),
+        );
+    }
+    let mut peers: Vec<Option<TcpStream>> = Vec::with_capacity(world);
+    for entry in conns {
+        peers.push(match entry {
+            Some((mut conn, _)) => {
+                conn.write(&reply)?;
+                mesh.then_some(conn.stream)
+            }
+            None => None,
+        });
+    }
+    Ok(Links {
+        peers,
+        payload: payload.to_vec(),
+    })
+}
+
+fn join(config: &DistConfig, mesh: bool, deadline: &Deadline) -> Result<Links, DeviceError> {
+    let (rank, world) = (config.rank, config.world_size);
+    let master = config.master_addr();
+    let stream = connect(&master, rank, deadline)?;
+    let mut conn = Conn {
+        stream,
+        rank,
+        deadline,
+        peer: format!("rank 0 at {master}"),
+    };
+    // Ranks above this one connect to this listener; it exists before rank 0 hears of us.
+    let listener = if mesh && rank + 1 < world {
+        let ip = conn
+            .stream
+            .local_addr()
+            .map_err(|e| err(rank, format!("reading the local address: {e}")))?
+            .ip();
+        Some(
+            TcpListener::bind(SocketAddr::new(ip, 0))
+                .map_err(|e| err(rank, format!("listening on {ip}: {e}")))?,
+        )
+    } else {
+        None
+    };
+    let port = match &listener {
+        Some(l) => l
+            .local_addr()
+            .map_err(|e| err(rank, format!("reading the listener's address: {e}")))?
+            .port(),
+        None => 0,
+    };
+    let mut hello = MAGIC.to_vec();
+    hello.extend_from_slice(&(rank as u32).to_le_bytes());
+    hello.extend_from_slice(&(world as u32).to_le_bytes());
+    hello.extend_from_slice(&port.to_le_bytes());
+    conn.write(&hello)?;
+    conn.magic()?;
+    let payload = conn.bytes()?;
+    let mut table = Vec::with_capacity(world);
+    for _ in 0..world {
+        table.push(String::from_utf8_lossy(&conn.bytes()?).into_owned());
+    }
+    let mut peers: Vec<Option<TcpStream>> = (0..world).map(|_| None).collect();
+    if !mesh {
+        return Ok(Links { peers, payload });
+    }
+    peers[0] = Some(conn.stream);
+    for (j, addr) in table.iter().enumerate().take(rank).skip(1) {
+        let stream = connect(addr, rank, deadline)?;
+        let mut c = Conn {
+            stream,
+            rank,
+            deadline,
+            peer: format!("rank {j} at {addr}"),
+        };
+        let mut hello = MAGIC.to_vec();
+        hello.extend_from_slice(&(rank as u32).to_le_bytes());
+        c.write(&hello)?;
+        peers[j] = Some(c.stream);
+    }
+    if let Some(listener) = listener {
+        for _ in rank + 1..world {
+            let missing = || {
+                let ranks: Vec<String> = (rank + 1..world)
+                    .filter(|&r| peers.get(r).is_some_and(Option::is_none))
+                    .map(|r| r.to_string())
+                    .collect();
+                format!(
+                    "rank {rank} waiting for ranks [{}] to connect",
+                    ranks.join(", ")
+                )
+            };
+            let stream = accept(&listener, rank, deadline, missing)?;
+            let mut c = Conn {
+                stream,
+                rank,
+                deadline,
+                peer: "a higher rank".into(),
+            };
+            c.magic()?;
+            let from = c.u32()? as usize;
+            if from <= rank || from >= world || peers[from].is_some() {
+                return Err(err(
+                    rank,
+                    format!("an unexpected connection from rank {from}"),
+                ));
+            }
+            peers[from] = Some(c.stream);
+        }
+    }
+    Ok(Links { peers, payload })
+}

@@ -1,0 +1,280 @@
+//! Every collective against a float64 reference, with 1, 2 and 4 ranks in one process.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{communicators, on_every_rank};
+use cuflow_device_op::DeviceOpExt;
+use cuflow_dist::{
+    all_gather, all_reduce, broadcast, group, recv, reduce_scatter, send, GroupCall, ReduceOp,
+};
+use cuflow_runtime::DeviceError;
+use cuflow_tensor::{api, Tensor};
+use cuflow_testing::measure::assert_close_in_norm;
+use cuflow_testing::rng::{fresh_seed, random_f32, seeded_rng};
+
+const TIMEOUT: Duration = Duration::from_secs(30);
+const LEN: usize = 96;
+
+/// Rank `r`'s input: fresh random values, the same for a given seed and rank on every rank.
+fn input(seed: u64, rank: usize, len: usize) -> Vec<f32> {
+    random_f32(&mut seeded_rng(seed.wrapping_add(rank as u64 * 7919)), len)
+}
+
+fn reference(op: ReduceOp, parts: &[Vec<f32>]) -> Vec<f64> {
+    let n = parts.len();
+    (0..parts[0].len())
+        .map(|i| {
+            let xs = parts.iter().map(|p| f64::from(p[i]));
+            match op {
+                ReduceOp::Sum => xs.sum(),
+                ReduceOp::Avg => xs.sum::<f64>() / n as f64,
+                ReduceOp::Max => xs.fold(f64::NEG_INFINITY, f64::max),
+                ReduceOp::Min => xs.fold(f64::INFINITY, f64::min),
+                _ => unreachable!(),
+            }
+        })
+        .collect()
+}
+
+fn tensor(
+    comm: &cuflow_dist::Communicator,
+    data: &[f32],
+    shape: &[usize],
+) -> Result<Tensor<f32>, DeviceError> {
+    api::from_slice(data, shape).sync_on(comm.stream())
+}
+
+#[test]
+fn all_reduce_matches_the_reference_for_every_op_and_world_size() {
+    let seed = fresh_seed();
+    for n in [1, 2, 4] {
+        let Some(comms) = communicators(n, TIMEOUT) else {
+            continue;
+        };
+        let parts: Vec<Vec<f32>> = (0..n).map(|r| input(seed, r, LEN)).collect();
+        for op in [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min] {
+            let got = on_every_rank(&comms, |c| {
+                let x = tensor(c, &parts[c.rank()], &[8, LEN / 8])?;
+                let y = all_reduce(c, x, op).sync_on(c.stream())?;
+                assert_eq!(y.shape(), &[8, LEN / 8]);
+                y.to_host_vec()
+            });
+            let want = reference(op, &parts);
+            for (rank, g) in got.into_iter().enumerate() {
+                let g = g.unwrap();
+                assert_close_in_norm(
+                    &format!("all_reduce {op:?}, rank {rank} of {n}"),
+                    &g,
+                    &want,
+                    1e-6,
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn integer_all_reduce_is_exact() {
+    for n in [1, 2, 4] {
+        let Some(comms) = communicators(n, TIMEOUT) else {
+            continue;
+        };
+        let got = on_every_rank(&comms, |c| {
+            let r = c.rank() as i32;
+            let x = api::from_vec((0..10).map(|i| i * (r + 1) - r).collect(), &[10])
+                .sync_on(c.stream())?;
+            all_reduce(c, x, ReduceOp::Sum)
+                .sync_on(c.stream())?
+                .to_host_vec()
+        });
+        let want: Vec<i32> = (0..10)
+            .map(|i| (0..n as i32).map(|r| i * (r + 1) - r).sum())
+            .collect();
+        for g in got {
+            assert_eq!(g.unwrap(), want);
+        }
+    }
+}
+
+#[test]
+fn all_gather_concatenates_along_axis_0_in_rank_order() {
+    let seed = fresh_seed();
+    for n in [1, 2, 4] {
+        let Some(comms) = communicators(n, TIMEOUT) else {
+            continue;
+        };
+        let parts: Vec<Vec<f32>> = (0..n).map(|r| input(seed, r, 12)).collect();
+        let got = on_every_rank(&comms, |c| {
+            let y = all_gather(c, tensor(c, &parts[c.rank()], &[3, 4])?).sync_on(c.stream())?;
+            assert_eq!(y.shape(), &[3 * n, 4]);
+            y.to_host_vec()
+        });
+        let want: Vec<f64> = parts.concat().into_iter().map(f64::from).collect();
+        for g in got {
+            assert_close_in_norm("all_gather", &g.unwrap(), &want, 0.0);
+        }
+    }
+}
+
+#[test]
+fn reduce_scatter_gives_each_rank_its_part_of_the_reduction() {
+    let seed = fresh_seed();
+    for n in [1, 2, 4] {
+        let Some(comms) = communicators(n, TIMEOUT) else {
+            continue;
+        };
+        let parts: Vec<Vec<f32>> = (0..n).map(|r| input(seed, r, 6 * n)).collect();
+        let got = on_every_rank(&comms, |c| {
+            let x = tensor(c, &parts[c.rank()], &[2 * n, 3])?;
+            let y = reduce_scatter(c, x, ReduceOp::Sum).sync_on(c.stream())?;
+            assert_eq!(y.shape(), &[2, 3]);
+            y.to_host_vec()
+        });
+        let full = reference(ReduceOp::Sum, &parts);
+        for (rank, g) in got.into_iter().enumerate() {
+            assert_close_in_norm(
+                "reduce_scatter",
+                &g.unwrap(),
+                &full[rank * 6..(rank + 1) * 6],
+                1e-6,
+            );
+        }
+    }
+}
+
+#[test]
+fn broadcast_copies_the_root_to_every_rank() {
+    let seed = fresh_seed();
+    for n in [1, 2, 4] {
+        let Some(comms) = communicators(n, TIMEOUT) else {
+            continue;
+        };
+        let root = n - 1;
+        let parts: Vec<Vec<f32>> = (0..n).map(|r| input(seed, r, 20)).collect();
+        let got = on_every_rank(&comms, |c| {
+            broadcast(c, tensor(c, &parts[c.rank()], &[20])?, root)
+                .sync_on(c.stream())?
+                .to_host_vec()
+        });
+        for g in got {
+            assert_eq!(g.unwrap(), parts[root]);
+        }
+    }
+}
+
+#[test]
+fn send_and_recv_pair_up_and_a_group_shifts_a_ring() {
+    let seed = fresh_seed();
+    for n in [2, 4] {
+        let Some(comms) = communicators(n, TIMEOUT) else {
+            continue;
+        };
+        let parts: Vec<Vec<f32>> = (0..n).map(|r| input(seed, r, 10)).collect();
+        // Rank 0 sends to the last rank, alone.
+        let got = on_every_rank(&comms, |c| match c.rank() {
+            0 => send(c, tensor(c, &parts[0], &[10])?, n - 1)
+                .sync_on(c.stream())?
+                .to_host_vec(),
+            r if r == n - 1 => recv::<f32>(c, &[10], 0).sync_on(c.stream())?.to_host_vec(),
+            _ => Ok(Vec::new()),
+        });
+        assert_eq!(got[n - 1].as_ref().unwrap(), &parts[0]);
+        // Every rank sends right and receives from the left in one group, beside an all-reduce.
+        let got = on_every_rank(&comms, |c| {
+            let r = c.rank();
+            let mine = tensor(c, &parts[r], &[10])?;
+            let calls = vec![
+                GroupCall::Recv(vec![10], (r + n - 1) % n),
+                GroupCall::AllReduce(mine.clone(), ReduceOp::Max),
+                GroupCall::Send(mine, (r + 1) % n),
+            ];
+            let out = group(c, calls).sync_on(c.stream())?;
+            Ok((out[0].to_host_vec()?, out[1].to_host_vec()?))
+        });
+        let max = reference(ReduceOp::Max, &parts);
+        for (r, g) in got.into_iter().enumerate() {
+            let (received, reduced) = g.unwrap();
+            assert_eq!(received, parts[(r + n - 1) % n]);
+            assert_close_in_norm("group all_reduce", &reduced, &max, 0.0);
+        }
+    }
+}
+
+#[test]
+fn mismatched_lengths_and_bad_peers_are_errors() {
+    let Some(comms) = communicators(2, TIMEOUT) else {
+        return;
+    };
+    let c = &comms[0];
+    let x = tensor(c, &[1.0; 5], &[5]).unwrap();
+    let e = reduce_scatter(c, x.clone(), ReduceOp::Sum)
+        .sync_on(c.stream())
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            DeviceError::InvalidShape {
+                op: "reduce_scatter",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let e = send(c, x.clone(), 0).sync_on(c.stream()).unwrap_err();
+    assert!(e.to_string().contains("is this rank itself"), "{e}");
+    let e = broadcast(c, x.clone(), 2).sync_on(c.stream()).unwrap_err();
+    assert!(
+        e.to_string().contains("not a rank of this world of 2"),
+        "{e}"
+    );
+    // A tensor of another rank's device.
+    let other = tensor(&comms[1], &[1.0; 5], &[5]).unwrap();
+    let e = all_reduce(c, other, ReduceOp::Sum)
+        .sync_on(c.stream())
+        .unwrap_err();
+    assert!(matches!(e, DeviceError::DeviceMismatch { .. }), "{e}");
+}
+
+#[test]
+fn a_rank_that_never_arrives_is_a_timeout() {
+    let Some(comms) = communicators(2, Duration::from_millis(200)) else {
+        return;
+    };
+    let c = &comms[0];
+    let x = tensor(c, &[1.0; 4], &[4]).unwrap();
+    let e = all_reduce(c, x, ReduceOp::Sum)
+        .sync_on(c.stream())
+        .unwrap_err();
+    match &e {
+        DeviceError::Timeout { what, waited_ms } => {
+            assert!(
+                what.contains("all_reduce") && what.contains("rank 1"),
+                "{e}"
+            );
+            assert_eq!(*waited_ms, 200);
+        }
+        other => panic!("expected a timeout, got {other}"),
+    }
+}
+
+#[test]
+fn a_cuda_communicator_is_refused_clearly_where_nccl_is_not_driven() {
+    // Without a GPU, the CUDA device itself is the error; with one, the missing NCCL path is.
+    let e = match cuflow_runtime::Device::cuda(0) {
+        Err(e) => e,
+        Ok(d) => cuflow_dist::Communicator::local(&[d]).unwrap_err(),
+    };
+    let text = e.to_string();
+    assert!(
+        matches!(
+            e,
+            DeviceError::NoDriver { .. }
+                | DeviceError::NoDevice { .. }
+                | DeviceError::Unsupported { .. }
+        ),
+        "{text}"
+    );
+    assert!(text.contains("CUDA") || text.contains("NCCL"), "{text}");
+}

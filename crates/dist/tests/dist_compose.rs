@@ -1,0 +1,115 @@
+//! Collectives compose with then / zip!, order themselves against other streams' work, and
+//! replay from a captured graph.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{communicators, on_every_rank};
+use cuflow_device_op::{zip, DeviceOpExt};
+use cuflow_dist::{all_gather, all_reduce, ReduceOp};
+use cuflow_graph_capture::GraphCaptureExt;
+use cuflow_runtime::DeviceError;
+use cuflow_tensor::{api, kernels};
+use cuflow_testing::measure::assert_close_in_norm;
+use cuflow_testing::rng::{fresh_seed, random_f32, seeded_rng};
+
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+fn input(seed: u64, rank: usize, len: usize) -> Vec<f32> {
+    random_f32(&mut seeded_rng(seed.wrapping_add(rank as u64 * 7919)), len)
+}
+
+#[test]
+fn collectives_compose_with_then_and_zip() {
+    let seed = fresh_seed();
+    let n = 2;
+    let Some(comms) = communicators(n, TIMEOUT) else {
+        return;
+    };
+    let a: Vec<Vec<f32>> = (0..n).map(|r| input(seed, r, 64)).collect();
+    let b: Vec<Vec<f32>> = (0..n).map(|r| input(seed ^ 1, r, 64)).collect();
+    let got = on_every_rank(&comms, |c| {
+        let r = c.rank();
+        // Lazy inputs, two collectives side by side, and a kernel after each.
+        let left = all_reduce(c, api::from_slice(&a[r], &[64]), ReduceOp::Sum)
+            .then(|t| kernels::scale(t, 2.0));
+        let right = all_gather(c, api::from_slice(&b[r], &[64]));
+        let (left, right) = zip!(left, right).sync_on(c.stream())?;
+        Ok((left.to_host_vec()?, right.to_host_vec()?))
+    });
+    let want_left: Vec<f64> = (0..64)
+        .map(|i| 2.0 * (f64::from(a[0][i]) + f64::from(a[1][i])))
+        .collect();
+    let want_right: Vec<f64> = b.concat().into_iter().map(f64::from).collect();
+    for g in got {
+        let (left, right) = g.unwrap();
+        assert_close_in_norm("then", &left, &want_left, 1e-6);
+        assert_close_in_norm("zip", &right, &want_right, 0.0);
+    }
+}
+
+#[test]
+fn a_collective_orders_itself_after_a_write_on_another_stream() {
+    let seed = fresh_seed();
+    let n = 2;
+    let Some(comms) = communicators(n, TIMEOUT) else {
+        return;
+    };
+    let parts: Vec<Vec<f32>> = (0..n).map(|r| input(seed, r, 4096)).collect();
+    let got = on_every_rank(&comms, |c| {
+        let other = c.device().new_stream()?;
+        let x = api::zeros::<f32>(&[4096]).sync_on(&other)?;
+        let src = api::from_slice(&parts[c.rank()], &[4096]).sync_on(&other)?;
+        // Written on `other` (not waited for), then reduced on the communicator's stream.
+        x.buffer().copy_from(&other, src.buffer())?;
+        all_reduce(c, x, ReduceOp::Sum)
+            .sync_on(c.stream())?
+            .to_host_vec()
+    });
+    let want: Vec<f64> = (0..4096)
+        .map(|i| f64::from(parts[0][i]) + f64::from(parts[1][i]))
+        .collect();
+    for g in got {
+        assert_close_in_norm("ordered all_reduce", &g.unwrap(), &want, 1e-6);
+    }
+}
+
+#[test]
+fn a_captured_step_with_an_all_reduce_replays() {
+    let seed = fresh_seed();
+    let n = 2;
+    let Some(comms) = communicators(n, TIMEOUT) else {
+        return;
+    };
+    let steps = 3;
+    let inputs: Vec<Vec<Vec<f32>>> = (0..steps)
+        .map(|s| (0..n).map(|r| input(seed + s as u64, r, 32)).collect())
+        .collect();
+    let got = on_every_rank(&comms, |c| {
+        let r = c.rank();
+        let mut x = api::zeros::<f32>(&[32]).sync_on(c.stream())?;
+        // The step: scale the input, all-reduce it. Captured once, the all-reduce not run.
+        let step = all_reduce(c, kernels::scale(x.clone(), 3.0), ReduceOp::Sum);
+        let mut graph = step.graph_on(c.stream().clone())?;
+        let out = graph
+            .take_output()
+            .ok_or_else(|| DeviceError::usage("no output"))?;
+        let mut results = Vec::new();
+        for step in &inputs {
+            let src = api::from_slice(&step[r], &[32]).sync_on(c.stream())?;
+            graph.update(api::memcpy(&mut x, &src))?;
+            graph.replay_and_wait()?;
+            results.push(out.to_host_vec()?);
+        }
+        Ok(results)
+    });
+    for g in got {
+        for (s, result) in g.unwrap().into_iter().enumerate() {
+            let want: Vec<f64> = (0..32)
+                .map(|i| 3.0 * (f64::from(inputs[s][0][i]) + f64::from(inputs[s][1][i])))
+                .collect();
+            assert_close_in_norm(&format!("replay {s}"), &result, &want, 1e-6);
+        }
+    }
+}
