@@ -22,8 +22,8 @@ use crate::tcp::TcpTransport;
 /// Build one with [`Communicator::local`] (several devices of this process),
 /// [`Communicator::from_env`] (one rank per process, under `torchrun` or Slurm), or
 /// [`Communicator::connect`]. Every rank of a group must use the same backend: host devices
-/// exchange data through the host backend's transports (in one process, or over TCP); CUDA
-/// devices will exchange through NCCL, which this version does not drive yet.
+/// exchange data through the host backend's transports (in one process, or over TCP), CUDA
+/// devices through NCCL.
 ///
 /// # Examples
 ///
@@ -76,12 +76,14 @@ impl Communicator {
     ///
     /// Host devices exchange through shared memory; their ranks progress independently (each
     /// stream has its own worker thread), so the program must enqueue every rank's
-    /// collectives (from one thread or several) before it waits on any of them.
+    /// collectives (from one thread or several) before it waits on any of them. CUDA devices
+    /// get an NCCL communicator each (`ncclCommInitAll`).
     ///
     /// # Errors
     ///
     /// [`DeviceError::Usage`] when `devices` is empty, mixes backends or names a device twice;
-    /// on CUDA, [`DeviceError::Unsupported`]: this version does not drive NCCL yet.
+    /// on CUDA, [`DeviceError::NoNccl`] when libnccl cannot be loaded and [`DeviceError::Nccl`]
+    /// when NCCL refuses.
     pub fn local(devices: &[Device]) -> Result<Vec<Communicator>, DeviceError> {
         Self::local_with_timeout(devices, default_timeout())
     }
@@ -144,8 +146,7 @@ impl Communicator {
     ///
     /// [`DeviceError::Timeout`] when a rank does not arrive within `config.timeout`;
     /// [`DeviceError::Collective`] when the ranks disagree (world size, a rank taken twice) or
-    /// a connection fails; on CUDA, [`DeviceError::Unsupported`] as for
-    /// [`Communicator::local`].
+    /// a connection fails; on CUDA, the errors of NCCL as for [`Communicator::local`].
     pub fn connect(device: &Device, config: &DistConfig) -> Result<Communicator, DeviceError> {
         Self::connect_inner(device, config, None)
     }

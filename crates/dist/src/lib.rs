@@ -4,20 +4,22 @@
 //! A communicator spans several devices of one process ([`Communicator::local`]) or one device
 //! per process across processes and machines ([`Communicator::from_env`], driven by the
 //! `RANK` / `WORLD_SIZE` / `LOCAL_RANK` / `MASTER_ADDR` / `MASTER_PORT` variables that
-//! `torchrun` and Slurm set). Host devices exchange through the host backend, in one process or
-//! over TCP, so that the semantics and the rendezvous run anywhere. On CUDA devices the
-//! rendezvous hands out an NCCL unique id, but this version does not drive NCCL yet: a CUDA
-//! communicator is [`DeviceError::Unsupported`](cuflow_runtime::DeviceError::Unsupported).
+//! `torchrun` and Slurm set). CUDA devices exchange through NCCL, loaded at run time (rank 0
+//! of a multi-process group hands its unique id to the others through the rendezvous); host
+//! devices through the host backend, in one process or over TCP, so that the semantics and the
+//! rendezvous run anywhere.
 //!
 //! The collectives ([`all_reduce`], [`all_gather`], [`reduce_scatter`], [`broadcast`], [`send`],
 //! [`recv`], [`group`]) are device ops: they compose with `then` / `zip!`, order themselves
 //! after the work that wrote their inputs and before the work that reads their outputs, on any
 //! stream, and can be captured into a graph (a replay runs the collective again).
 //!
-//! No wait is unbounded: the rendezvous and (on the host backend) every wait for a peer give a
+//! No wait of cuflow's is unbounded: the rendezvous and (on the host backend) every wait for a
+//! peer give a
 //! [`DeviceError::Timeout`](cuflow_runtime::DeviceError::Timeout) after
 //! [`DistConfig::timeout`] (`CUFLOW_DIST_TIMEOUT_MS`, 300 s by default); a peer whose
-//! connection broke is an error at once.
+//! connection broke is an error at once. NCCL's own waits on the GPU have no deadline, as in
+//! every NCCL program.
 //!
 //! ```
 //! use cuflow_dist::{all_gather, Communicator};

@@ -270,6 +270,29 @@ pub enum DeviceError {
         /// Why.
         reason: String,
     },
+    /// NCCL (NVIDIA's collective communication library) could not be loaded, so collectives
+    /// cannot run on CUDA devices.
+    #[error(
+        "no NCCL library: {reason}; install NCCL (`pip install nvidia-nccl-cu12`, or the \
+         libnccl2 package), put its lib directory on LD_LIBRARY_PATH, or name the library file \
+         in CUFLOW_NCCL_LIB"
+    )]
+    NoNccl {
+        /// Which libraries were tried and why they could not be used.
+        reason: String,
+    },
+    /// An NCCL call failed.
+    #[error("NCCL call {call} failed: {name} ({code}): {message}")]
+    Nccl {
+        /// The NCCL function that failed.
+        call: &'static str,
+        /// The `ncclResult_t` code.
+        code: i32,
+        /// NCCL's description of the code, e.g. `unhandled cuda error`.
+        name: String,
+        /// NCCL's last error message, when it gives one.
+        message: String,
+    },
     /// A collective could not complete: the ranks called different collectives, a peer closed
     /// its connection, or the transport failed.
     #[error("collective {op} on rank {rank}: {reason}")]

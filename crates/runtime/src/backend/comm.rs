@@ -31,22 +31,25 @@ impl CommBackend {
         rank: usize,
         world_size: usize,
     ) -> Result<CommBackend> {
-        let Some(ordinal) = device.ordinal() else {
+        let Some(cuda) = device.backend().cuda() else {
             return Err(DeviceError::usage(format!(
                 "Comm::nccl needs a CUDA device, got {device}; use Comm::host for host devices"
             )));
         };
         Ok(CommBackend::Cuda(cuda::NcclComm::new(
-            device, ordinal, unique_id, rank, world_size,
+            cuda.shared(),
+            unique_id,
+            rank,
+            world_size,
         )?))
     }
 
     /// One NCCL communicator per device of `devices`, all in this process.
     pub(crate) fn nccl_local(devices: &[Device]) -> Result<Vec<CommBackend>> {
-        let mut ordinals = Vec::with_capacity(devices.len());
+        let mut shared = Vec::with_capacity(devices.len());
         for device in devices {
-            match device.ordinal() {
-                Some(o) => ordinals.push(o),
+            match device.backend().cuda() {
+                Some(d) => shared.push(d.shared().clone()),
                 None => {
                     return Err(DeviceError::usage(format!(
                         "Comm::nccl_local needs CUDA devices, got {device}"
@@ -54,7 +57,7 @@ impl CommBackend {
                 }
             }
         }
-        Ok(cuda::NcclComm::init_all(devices, &ordinals)?
+        Ok(cuda::NcclComm::init_all(&shared)?
             .into_iter()
             .map(CommBackend::Cuda)
             .collect())
@@ -73,12 +76,13 @@ impl StreamBackend {
         comm: &CommBackend,
         rank: usize,
         calls: &[&CollectiveCall<'_>],
+        capturing: bool,
     ) -> Result<()> {
         match (self, comm) {
             (StreamBackend::Host(s), CommBackend::Host(t)) => {
                 host::enqueue_collective(s, Arc::clone(t), rank, calls)
             }
-            (StreamBackend::Cuda(s), CommBackend::Cuda(c)) => c.enqueue(s, calls),
+            (StreamBackend::Cuda(s), CommBackend::Cuda(c)) => c.enqueue(s, calls, capturing),
             _ => Err(super::foreign("a communicator", self.kind())),
         }
     }

@@ -36,6 +36,14 @@ impl DeviceBackend {
         }
     }
 
+    /// The CUDA device; `None` on the host.
+    pub(crate) fn cuda(&self) -> Option<&cuda::CudaDevice> {
+        match self {
+            DeviceBackend::Host(_) => None,
+            DeviceBackend::Cuda(d) => Some(d),
+        }
+    }
+
     /// The CUDA ordinal; `None` on the host.
     pub(crate) fn ordinal(&self) -> Option<usize> {
         match self {

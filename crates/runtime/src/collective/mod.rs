@@ -18,8 +18,10 @@
 //!   exchange; every wait for a peer has a deadline, so a rank that never arrives gives a
 //!   [`DeviceError::Timeout`] instead of a hang. Reductions fold the ranks' contributions in rank
 //!   order, so every rank gets bit-identical results.
-//! - **cuda**: not yet: [`Comm::nccl`] and [`Comm::nccl_local`] answer
-//!   [`DeviceError::Unsupported`] (the NCCL path is the next step).
+//! - **cuda**: NCCL, loaded at run time (`$CUFLOW_NCCL_LIB`, the loader's path, or the
+//!   `nvidia-nccl` wheels of the Python environments in sight); a missing library is
+//!   [`DeviceError::NoNccl`]. NCCL's own waits have no deadline: a rank that never arrives at
+//!   a collective stalls its stream, as in every NCCL program.
 
 mod call;
 mod dtype;
@@ -141,7 +143,8 @@ impl Comm {
     /// # Errors
     ///
     /// [`DeviceError::Usage`] when `device` is not a CUDA device or the rank is outside the
-    /// world; [`DeviceError::Unsupported`] in this version, which does not drive NCCL yet.
+    /// world; [`DeviceError::NoNccl`] when libnccl cannot be loaded; [`DeviceError::Nccl`] when
+    /// NCCL refuses.
     pub fn nccl(device: &Device, unique_id: &[u8], rank: usize, world_size: usize) -> Result<Comm> {
         check_rank(rank, world_size)?;
         let backend = CommBackend::nccl(device, unique_id, rank, world_size)?;
@@ -153,8 +156,8 @@ impl Comm {
     ///
     /// # Errors
     ///
-    /// [`DeviceError::Usage`] when a device is not a CUDA device; [`DeviceError::Unsupported`]
-    /// in this version, which does not drive NCCL yet.
+    /// [`DeviceError::Usage`] when a device is not a CUDA device; [`DeviceError::NoNccl`] when
+    /// libnccl cannot be loaded; [`DeviceError::Nccl`] when NCCL refuses.
     pub fn nccl_local(devices: &[Device]) -> Result<Vec<Comm>> {
         let backends = CommBackend::nccl_local(devices)?;
         let world_size = backends.len();
@@ -171,7 +174,8 @@ impl Comm {
     ///
     /// # Errors
     ///
-    /// [`DeviceError::Unsupported`] in this version, which does not drive NCCL yet.
+    /// [`DeviceError::NoNccl`] when libnccl cannot be loaded; [`DeviceError::Nccl`] when the
+    /// call fails.
     pub fn nccl_unique_id() -> Result<Vec<u8>> {
         CommBackend::nccl_unique_id()
     }
@@ -223,7 +227,8 @@ fn check_rank(rank: usize, world_size: usize) -> Result<()> {
 /// [`DeviceError::DeviceMismatch`] when `stream` or a buffer is not of `comm`'s device;
 /// [`DeviceError::InvalidShape`] when a buffer's length does not fit its call and the world
 /// size; [`DeviceError::InvalidArgument`] for a peer or root outside the world, a send or recv
-/// to this rank itself, or buffers that overlap where they must not. Failures of the exchange itself (a
+/// to this rank itself, or buffers that overlap where they must not; on CUDA,
+/// [`DeviceError::Nccl`] when NCCL refuses the calls. Failures of the exchange itself (a
 /// timeout, a peer gone, ranks calling different collectives) come back from the stream's next
 /// synchronization, as for kernels.
 pub fn collective(stream: &Stream, comm: &Comm, calls: &[CollectiveCall<'_>]) -> Result<()> {
@@ -259,8 +264,10 @@ pub fn collective(stream: &Stream, comm: &Comm, calls: &[CollectiveCall<'_>]) ->
         "collective group"
     };
     ordered(stream, name, accesses, || {
+        // Under the capture gate `ordered` holds: whether this very call is captured.
+        let capturing = stream.is_capturing();
         stream
             .backend()
-            .collective(&comm.inner.backend, comm.rank(), &calls)
+            .collective(&comm.inner.backend, comm.rank(), &calls, capturing)
     })
 }

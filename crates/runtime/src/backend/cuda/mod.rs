@@ -384,6 +384,11 @@ pub(crate) struct CudaDevice {
 }
 
 impl CudaDevice {
+    /// The device's shared state.
+    pub(crate) fn shared(&self) -> &Arc<CudaDeviceShared> {
+        &self.shared
+    }
+
     pub(crate) fn open(ordinal: usize) -> Result<(CudaDevice, String, DeviceLimits)> {
         let count = device_count().map_err(|e| match e {
             DeviceError::NoDevice { .. } => DeviceError::NoDevice { ordinal, count: 0 },

@@ -1,0 +1,256 @@
+//! Collectives on CUDA devices through NCCL, loaded at run time ([`library`]).
+//!
+//! An [`NcclComm`] is one rank's NCCL communicator, made in its device's context. A group of
+//! calls is issued between `ncclGroupStart` and `ncclGroupEnd` on the stream's `CUstream`, with
+//! the device's context bound; the neutral runtime has already ordered the stream after the
+//! conflicting accesses to the buffers (see `crate::collective`). NCCL forbids concurrent calls
+//! on one communicator, so each communicator's calls hold its lock.
+//!
+//! Lifetime: a communicator is destroyed (`ncclCommDestroy`, which finalizes it after its
+//! outstanding operations) when the last handle goes, unless a capture recorded one of its
+//! calls: a graph may replay it at any time, so such a communicator stays for the process's
+//! lifetime.
+
+mod library;
+
+use std::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use self::library::{nccl, Nccl, RawComm, UniqueId, UNIQUE_ID_BYTES};
+use super::{CudaDeviceShared, CudaStreamHandle};
+use crate::collective::{CallKind, CollectiveCall, CollectiveDtype, ReduceOp};
+use crate::error::{DeviceError, Result};
+
+/// The raw communicator, behind the lock that serializes the calls on it.
+struct Raw(RawComm);
+
+// SAFETY: an `ncclComm_t` is a handle NCCL lets any thread use, one call at a time; every use
+// goes through the `Mutex` in `NcclComm` (or `Drop`, which has `&mut self`).
+unsafe impl Send for Raw {}
+
+/// One rank's NCCL communicator.
+pub(crate) struct NcclComm {
+    raw: Mutex<Raw>,
+    shared: Arc<CudaDeviceShared>,
+    lib: &'static Nccl,
+    /// Whether a capture recorded a call of this communicator (then it is never destroyed).
+    captured: AtomicBool,
+}
+
+fn to_int(what: &str, value: usize) -> Result<c_int> {
+    c_int::try_from(value).map_err(|_| {
+        DeviceError::usage(format!(
+            "{what} {value} is beyond what NCCL can address (i32)"
+        ))
+    })
+}
+
+fn dtype(d: CollectiveDtype) -> c_int {
+    match d {
+        CollectiveDtype::U8 => 1,
+        CollectiveDtype::I32 => 2,
+        CollectiveDtype::U32 => 3,
+        CollectiveDtype::I64 => 4,
+        CollectiveDtype::F16 => 6,
+        CollectiveDtype::F32 => 7,
+        CollectiveDtype::F64 => 8,
+        CollectiveDtype::BF16 => 9,
+    }
+}
+
+fn red_op(op: ReduceOp) -> c_int {
+    match op {
+        ReduceOp::Sum => 0,
+        ReduceOp::Max => 2,
+        ReduceOp::Min => 3,
+        ReduceOp::Avg => 4,
+    }
+}
+
+impl NcclComm {
+    fn wrap(raw: RawComm, shared: Arc<CudaDeviceShared>, lib: &'static Nccl) -> NcclComm {
+        NcclComm {
+            raw: Mutex::new(Raw(raw)),
+            shared,
+            lib,
+            captured: AtomicBool::new(false),
+        }
+    }
+
+    /// Rank `rank` of `world_size` of the communicator `unique_id` names, on the device of
+    /// `shared`. Blocks until every rank joined.
+    pub(crate) fn new(
+        shared: &Arc<CudaDeviceShared>,
+        unique_id: &[u8],
+        rank: usize,
+        world_size: usize,
+    ) -> Result<NcclComm> {
+        if unique_id.len() != UNIQUE_ID_BYTES {
+            return Err(DeviceError::usage(format!(
+                "an NCCL unique id is {UNIQUE_ID_BYTES} bytes, got {}; pass the bytes of \
+                 Comm::nccl_unique_id from one rank to every rank",
+                unique_id.len()
+            )));
+        }
+        let lib = nccl()?;
+        let mut id = UniqueId {
+            internal: [0; UNIQUE_ID_BYTES],
+        };
+        for (dst, src) in id.internal.iter_mut().zip(unique_id) {
+            *dst = *src as std::ffi::c_char;
+        }
+        let (world, rank) = (to_int("world size", world_size)?, to_int("rank", rank)?);
+        let _bound = shared.bind()?;
+        let mut raw: RawComm = std::ptr::null_mut();
+        // SAFETY: `raw` is a valid out-pointer; the device's context is current on this
+        // thread, so NCCL makes the communicator on this device.
+        lib.check("ncclCommInitRank", unsafe {
+            (lib.comm_init_rank)(&mut raw, world, id, rank)
+        })?;
+        Ok(NcclComm::wrap(raw, shared.clone(), lib))
+    }
+
+    /// One communicator per device of `shared`, rank `i` on `shared[i]`.
+    pub(crate) fn init_all(shared: &[Arc<CudaDeviceShared>]) -> Result<Vec<NcclComm>> {
+        let lib = nccl()?;
+        let ordinals: Vec<c_int> = shared
+            .iter()
+            .map(|s| to_int("device ordinal", s.ordinal))
+            .collect::<Result<_>>()?;
+        let mut raws: Vec<RawComm> = vec![std::ptr::null_mut(); shared.len()];
+        let n = to_int("device count", shared.len())?;
+        // SAFETY: `raws` has room for `n` communicators and `ordinals` holds `n` device
+        // ordinals; NCCL binds each device itself (on its primary context, the one cuflow's
+        // devices use).
+        lib.check("ncclCommInitAll", unsafe {
+            (lib.comm_init_all)(raws.as_mut_ptr(), n, ordinals.as_ptr())
+        })?;
+        Ok(raws
+            .into_iter()
+            .zip(shared)
+            .map(|(raw, s)| NcclComm::wrap(raw, s.clone(), lib))
+            .collect())
+    }
+
+    /// Issues the group `calls` on `stream` (validated, none empty); `capturing` says that
+    /// the stream is being captured.
+    pub(crate) fn enqueue(
+        &self,
+        stream: &CudaStreamHandle,
+        calls: &[&CollectiveCall<'_>],
+        capturing: bool,
+    ) -> Result<()> {
+        if capturing {
+            self.captured.store(true, Ordering::Release);
+        }
+        let lib = self.lib;
+        let ptr = |r: Option<crate::memory::Region<'_>>| -> Result<u64> {
+            match r {
+                Some(r) => Ok(r.mem.backend.cuda()?.ptr() + r.offset as u64),
+                None => Err(DeviceError::internal("an NCCL call without its buffer")),
+            }
+        };
+        let raw = self.raw.lock();
+        let comm = raw.0;
+        let s = stream.raw() as *mut c_void;
+        let _bound = self.shared.bind()?;
+        // SAFETY: the communicator is locked for this group; the context is current.
+        lib.check("ncclGroupStart", unsafe { (lib.group_start)() })?;
+        let mut issued = Ok(());
+        for call in calls {
+            let (t, n) = (dtype(call.dtype), call.count);
+            let resolved = (|| -> Result<_> {
+                let sp = match call.send {
+                    Some(_) => ptr(call.send)? as *const c_void,
+                    None => std::ptr::null(),
+                };
+                let rp = match call.recv {
+                    Some(_) => ptr(call.recv)? as *mut c_void,
+                    None => std::ptr::null_mut(),
+                };
+                let other = match call.kind {
+                    CallKind::Broadcast { root } => to_int("root", root)?,
+                    CallKind::Send { peer } | CallKind::Recv { peer } => to_int("peer", peer)?,
+                    _ => 0,
+                };
+                Ok((sp, rp, other))
+            })();
+            let (sp, rp, other) = match resolved {
+                Ok(r) => r,
+                Err(e) => {
+                    issued = Err(e);
+                    break;
+                }
+            };
+            // SAFETY: the buffers are device memory of this communicator's device holding the
+            // lengths `collective` validated for this kind, count and world size (the pointer a
+            // kind reads or writes is never the null one); they stay allocated until the work is
+            // done (the access tracker recorded them on the stream, so frees wait for it) and,
+            // in a capture, as long as the graph (the capture keeps them). The stream is alive
+            // (owned by `stream`); the communicator is locked for this group.
+            let status = unsafe {
+                match call.kind {
+                    CallKind::AllReduce(op) => (lib.all_reduce)(sp, rp, n, t, red_op(op), comm, s),
+                    CallKind::AllGather => (lib.all_gather)(sp, rp, n, t, comm, s),
+                    CallKind::ReduceScatter(op) => {
+                        (lib.reduce_scatter)(sp, rp, n, t, red_op(op), comm, s)
+                    }
+                    CallKind::Broadcast { .. } => (lib.broadcast)(sp, rp, n, t, other, comm, s),
+                    CallKind::Send { .. } => (lib.send)(sp, n, t, other, comm, s),
+                    CallKind::Recv { .. } => (lib.recv)(rp, n, t, other, comm, s),
+                }
+            };
+            if let Err(e) = lib.check(nccl_call_name(call.kind), status) {
+                issued = Err(e);
+                break;
+            }
+        }
+        // SAFETY: closes the group opened above, whatever was issued in it.
+        let ended = lib.check("ncclGroupEnd", unsafe { (lib.group_end)() });
+        issued.and(ended)
+    }
+}
+
+fn nccl_call_name(kind: CallKind) -> &'static str {
+    match kind {
+        CallKind::AllReduce(_) => "ncclAllReduce",
+        CallKind::AllGather => "ncclAllGather",
+        CallKind::ReduceScatter(_) => "ncclReduceScatter",
+        CallKind::Broadcast { .. } => "ncclBroadcast",
+        CallKind::Send { .. } => "ncclSend",
+        CallKind::Recv { .. } => "ncclRecv",
+    }
+}
+
+impl Drop for NcclComm {
+    fn drop(&mut self) {
+        if self.captured.load(Ordering::Acquire) {
+            tracing::debug!("an NCCL communicator used in a capture is kept for the process");
+            return;
+        }
+        let comm = self.raw.get_mut().0;
+        let Ok(_bound) = self.shared.bind() else {
+            tracing::debug!("an NCCL communicator of a reset device is not destroyed");
+            return;
+        };
+        // SAFETY: `&mut self`: no other call uses the communicator; the context is current.
+        let status = unsafe { (self.lib.comm_destroy)(comm) };
+        if let Err(e) = self.lib.check("ncclCommDestroy", status) {
+            tracing::warn!(error = %e, "destroying an NCCL communicator failed");
+        }
+    }
+}
+
+/// A fresh NCCL unique id, as bytes.
+pub(crate) fn nccl_unique_id() -> Result<Vec<u8>> {
+    let lib = nccl()?;
+    let mut id = UniqueId {
+        internal: [0; UNIQUE_ID_BYTES],
+    };
+    // SAFETY: `id` is a valid out-pointer of the right size.
+    lib.check("ncclGetUniqueId", unsafe { (lib.get_unique_id)(&mut id) })?;
+    Ok(id.internal.iter().map(|&b| b as u8).collect())
+}
