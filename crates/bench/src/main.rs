@@ -20,6 +20,7 @@
 
 #![deny(unsafe_code)]
 
+mod collectives;
 mod error;
 mod graph;
 mod kernels;
@@ -100,6 +101,13 @@ const BENCHMARKS: &[Benchmark] = &[
         iters_meaning: "unused (fixed trial sizes)",
         default_iters: 1,
         run: llama::run,
+    },
+    Benchmark {
+        name: "collectives",
+        about: "all-reduce bus bandwidth 8 KiB-1 GiB over every GPU vs torch.distributed (NCCL)",
+        iters_meaning: "all-reduces per size (fewer for large sizes)",
+        default_iters: 50,
+        run: collectives::run,
     },
     Benchmark {
         name: "multigpu",
@@ -205,8 +213,16 @@ fn main() -> ExitCode {
     };
 
     // Open the device through cuflow first: it reports a missing driver or device as an
-    // error, where a direct cudarc call would panic.
-    let device = match Device::cuda(0) {
+    // error, where a direct cudarc call would panic. The collectives benchmark alone also
+    // runs on host devices, as a smoke check (CUFLOW_DEVICE=host).
+    let host_smoke = benchmark.name == "collectives"
+        && std::env::var("CUFLOW_DEVICE").is_ok_and(|v| v.trim() == "host");
+    let opened = if host_smoke {
+        Ok(Device::host())
+    } else {
+        Device::cuda(0)
+    };
+    let device = match opened {
         Ok(device) => device,
         Err(e) => {
             eprintln!(

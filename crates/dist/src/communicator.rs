@@ -76,8 +76,10 @@ impl Communicator {
     ///
     /// Host devices exchange through shared memory; their ranks progress independently (each
     /// stream has its own worker thread), so the program must enqueue every rank's
-    /// collectives (from one thread or several) before it waits on any of them. CUDA devices
-    /// get an NCCL communicator each (`ncclCommInitAll`).
+    /// collectives before it waits on any of them. CUDA devices get an NCCL communicator each
+    /// (`ncclCommInitAll`); enqueue each rank's collectives from its own thread there, since
+    /// NCCL may hold an enqueueing thread until the other ranks of the process have enqueued
+    /// theirs (the host backend needs no such care).
     ///
     /// # Errors
     ///
