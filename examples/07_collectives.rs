@@ -1,0 +1,93 @@
+//! Collectives between ranks: an all-reduce, an all-gather and a ring exchange, checked on
+//! every rank.
+//!
+//! ```text
+//! cargo run --example 07_collectives -- --ranks 4          # 4 ranks in this process
+//! torchrun --nproc-per-node 2 target/debug/examples/07_collectives   # one rank per process
+//! RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 target/debug/examples/07_collectives &
+//! RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 target/debug/examples/07_collectives
+//! ```
+//!
+//! In one process, each rank gets a device of the backend `Device::auto()` picks (CUDA devices
+//! `0..N`, else host devices `0..N`) and runs on its own thread. Under `torchrun` (when `RANK`
+//! is set) each process is one rank, on the device of its `LOCAL_RANK`.
+
+use cuflow::dist::{all_gather, all_reduce, group, Communicator, GroupCall, ReduceOp};
+use cuflow::prelude::*;
+use cuflow::runtime::BackendKind;
+
+/// What every rank runs; returns one line about its results.
+fn run_rank(comm: &Communicator) -> Result<String, DeviceError> {
+    let (rank, n, s) = (comm.rank(), comm.world_size(), comm.stream());
+    let mine = api::full::<f32>(&[4], rank as f32 + 1.0).sync_on(s)?;
+    // 1 + 2 + … + n on every rank.
+    let sum = all_reduce(comm, &mine, ReduceOp::Sum)
+        .sync_on(s)?
+        .to_host_vec()?;
+    let want = (n * (n + 1) / 2) as f32;
+    let gathered = all_gather(comm, &mine).sync_on(s)?.to_host_vec()?;
+    // Each rank sends to the next and receives from the previous, in one group.
+    let calls = vec![
+        GroupCall::Send(mine.clone(), (rank + 1) % n),
+        GroupCall::Recv(vec![4], (rank + n - 1) % n),
+    ];
+    let from_left = group(comm, calls).sync_on(s)?[1].to_host_vec()?;
+    let left = ((rank + n - 1) % n) as f32 + 1.0;
+    let ok = sum.iter().all(|&v| v == want)
+        && gathered
+            .chunks(4)
+            .enumerate()
+            .all(|(r, c)| c.iter().all(|&v| v == r as f32 + 1.0))
+        && from_left.iter().all(|&v| v == left);
+    if !ok {
+        return Err(DeviceError::usage(format!(
+            "rank {rank}: wrong results: sum {sum:?}, gathered {gathered:?}, from the left \
+             {from_left:?}"
+        )));
+    }
+    Ok(format!(
+        "rank {rank}/{n} on {}: all_reduce = {want}, all_gather and the ring exchange agree",
+        comm.device()
+    ))
+}
+
+fn main() -> Result<(), DeviceError> {
+    let auto = Device::auto()?;
+    let on_device = |i: usize| match auto.kind() {
+        BackendKind::Cuda => Device::cuda(i),
+        _ => Ok(Device::host_numbered(i)),
+    };
+    if std::env::var_os("RANK").is_some() {
+        let config = cuflow::dist::DistConfig::from_env()?;
+        let comm = Communicator::connect(&on_device(config.local_rank)?, &config)?;
+        println!("{}", run_rank(&comm)?);
+        return Ok(());
+    }
+    let mut ranks = 2;
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match (
+            arg.as_str(),
+            args.next().and_then(|v| v.parse::<usize>().ok()),
+        ) {
+            ("--ranks", Some(n)) if n > 0 => ranks = n,
+            _ => return Err(DeviceError::usage("usage: 07_collectives [--ranks N]")),
+        }
+    }
+    let devices = (0..ranks).map(on_device).collect::<Result<Vec<_>, _>>()?;
+    let comms = Communicator::local(&devices)?;
+    let lines = std::thread::scope(|scope| {
+        let handles: Vec<_> = comms.iter().map(|c| scope.spawn(|| run_rank(c))).collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(DeviceError::usage("a rank panicked")))
+            })
+            .collect::<Result<Vec<_>, _>>()
+    })?;
+    for line in lines {
+        println!("{line}");
+    }
+    Ok(())
+}
