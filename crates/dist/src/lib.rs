@@ -18,7 +18,9 @@
 //! peer give a
 //! [`DeviceError::Timeout`](cuflow_runtime::DeviceError::Timeout) after
 //! [`DistConfig::timeout`] (`CUFLOW_DIST_TIMEOUT_MS`, 300 s by default); a peer whose
-//! connection broke is an error at once. NCCL's own waits on the GPU have no deadline, as in
+//! connection broke is an error at once. A failed exchange leaves the ranks out of step, so
+//! on the host backend every later collective of that communicator fails at once, saying so:
+//! make a new communicator. NCCL's own waits on the GPU have no deadline, as in
 //! every NCCL program.
 //!
 //! ```

@@ -3,6 +3,9 @@
 //!
 //! Messages from one sender are matched by tag in the order they arrived. A sender whose link
 //! broke is marked closed: a receive from it fails at once instead of waiting out its deadline.
+//! A receive that failed leaves the ranks out of step (a late message would be taken for the
+//! next collective's), so the mailbox is then broken for good: every later receive fails at
+//! once, saying why, and the program makes a new communicator.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -21,6 +24,8 @@ pub(crate) struct Mailbox {
     rank: usize,
     slots: Mutex<Vec<Slot>>,
     arrived: Condvar,
+    /// The first failed receive, after which every receive fails.
+    broken: Mutex<Option<DeviceError>>,
 }
 
 impl Mailbox {
@@ -29,6 +34,7 @@ impl Mailbox {
             rank,
             slots: Mutex::new((0..world_size).map(|_| Slot::default()).collect()),
             arrived: Condvar::new(),
+            broken: Mutex::new(None),
         }
     }
 
@@ -55,6 +61,24 @@ impl Mailbox {
         tag: u64,
         timeout: Duration,
     ) -> Result<Vec<u8>, DeviceError> {
+        if let Some(first) = &*self.broken.lock() {
+            return Err(DeviceError::Collective {
+                op: "receive",
+                rank: self.rank,
+                reason: format!(
+                    "an earlier collective of this communicator failed ({first}), which left \
+                     its ranks out of step; make a new communicator"
+                ),
+            });
+        }
+        let result = self.wait_for(from, tag, timeout);
+        if let Err(e) = &result {
+            self.broken.lock().get_or_insert_with(|| e.clone());
+        }
+        result
+    }
+
+    fn wait_for(&self, from: usize, tag: u64, timeout: Duration) -> Result<Vec<u8>, DeviceError> {
         let deadline = Instant::now() + timeout;
         let mut slots = self.slots.lock();
         loop {

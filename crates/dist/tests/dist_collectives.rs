@@ -262,6 +262,15 @@ fn a_rank_that_never_arrives_is_a_timeout() {
         }
         other => panic!("expected a timeout, got {other}"),
     }
+    // The ranks are out of step now: the next collective fails at once, saying why.
+    let x = tensor(c, &[1.0; 4], &[4]).unwrap();
+    let e = all_reduce(c, x, ReduceOp::Sum)
+        .sync_on(c.stream())
+        .unwrap_err();
+    assert!(
+        matches!(&e, DeviceError::Collective { reason, .. } if reason.contains("make a new communicator")),
+        "{e}"
+    );
 }
 
 #[test]
