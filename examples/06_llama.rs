@@ -5,21 +5,28 @@
 //! cargo run --release --example 06_llama -- --synthetic tiny --prompt-ids 1,2,3 --tokens 32
 //! cargo run --release --example 06_llama -- --checkpoint path/to/Llama-3.2-1B --tokens 128
 //! cargo run --release --example 06_llama -- --synthetic 1b --sample --temperature 0.8 --top-k 40
+//! cargo run --release --example 06_llama -- --synthetic 1b --tp 2     # 2 ranks in this process
+//! torchrun --nproc-per-node 2 target/release/examples/06_llama --synthetic 1b   # 1 rank per process
 //! ```
 //!
 //! Prints the generated ids and the tokens per second of both loops (prefill included, the
 //! first run of each excluded); with greedy decoding it fails unless the replayed ids equal
 //! the eager ones. Runs on CUDA device 0 when one is usable, else on the host backend
-//! (`CUFLOW_DEVICE=host|cuda|cuda:N` chooses explicitly).
+//! (`CUFLOW_DEVICE=host|cuda|cuda:N` chooses explicitly). With `--tp N`, or under `torchrun`
+//! (when `RANK` is set), the synthetic model is split tensor-parallel over the ranks (devices
+//! `0..N` of that backend, or each process's `LOCAL_RANK`), and rank 0 reports.
 
 use std::time::Instant;
 
+use cuflow::dist::{Communicator, DistConfig};
 use cuflow::models::llama::{GenerateOptions, Llama, LlamaConfig};
 use cuflow::prelude::*;
+use cuflow::runtime::BackendKind;
 
 const USAGE: &str =
     "usage: 06_llama (--checkpoint DIR | --synthetic tiny|1b) [--prompt-ids 1,2,3] \
-                     [--tokens N] [--sample] [--temperature T] [--top-k K] [--top-p P] [--seed S]";
+                     [--tokens N] [--sample] [--temperature T] [--top-k K] [--top-p P] [--seed S] \
+                     [--tp N]";
 
 /// The command line.
 #[derive(Debug)]
@@ -29,6 +36,8 @@ struct Args {
     prompt: Vec<u32>,
     tokens: usize,
     options: GenerateOptions,
+    /// Ranks of tensor parallelism in this process (1: none).
+    tp: usize,
 }
 
 fn parse_args() -> Result<Args, DeviceError> {
@@ -39,6 +48,7 @@ fn parse_args() -> Result<Args, DeviceError> {
         prompt: vec![1, 2, 3],
         tokens: 32,
         options: GenerateOptions::greedy(),
+        tp: 1,
     };
     let (mut sample, mut temperature, mut top_k, mut top_p, mut seed) =
         (false, 0.8f32, 0u32, 1.0f32, 0u64);
@@ -67,6 +77,7 @@ fn parse_args() -> Result<Args, DeviceError> {
             "--top-k" => top_k = value.parse().map_err(|_| num("a count"))?,
             "--top-p" => top_p = value.parse().map_err(|_| num("a number"))?,
             "--seed" => seed = value.parse().map_err(|_| num("a number"))?,
+            "--tp" => args.tp = value.parse().map_err(|_| num("a count of ranks"))?,
             _ => return Err(bad(format!("unknown argument {flag:?}"))),
         }
     }
@@ -84,6 +95,11 @@ fn parse_args() -> Result<Args, DeviceError> {
     if args.tokens == 0 {
         return Err(bad("--tokens must be positive".into()));
     }
+    if args.tp == 0 || (args.checkpoint.is_some() && args.tp > 1) {
+        return Err(bad(
+            "--tp needs a positive count, and --synthetic weights".into()
+        ));
+    }
     Ok(args)
 }
 
@@ -96,9 +112,72 @@ fn main() {
     }
 }
 
+/// The synthetic config `name` names.
+fn synthetic_config(name: &str) -> Result<LlamaConfig, DeviceError> {
+    match name {
+        "tiny" => Ok(LlamaConfig::tiny()),
+        "1b" => Ok(LlamaConfig::llama_3_2_1b()),
+        other => Err(DeviceError::usage(format!(
+            "--synthetic {other:?}: expected tiny or 1b\n{USAGE}"
+        ))),
+    }
+}
+
 fn run() -> Result<(), DeviceError> {
     let args = parse_args()?;
-    let device = Device::auto()?;
+    let auto = Device::auto()?;
+    let device_of = |i: usize| match auto.kind() {
+        BackendKind::Cuda => Device::cuda(i),
+        _ => Ok(Device::host_numbered(i)),
+    };
+    if let Some(name) = args.synthetic.as_deref() {
+        if std::env::var_os("RANK").is_some() {
+            // One rank of a torchrun group.
+            let config = DistConfig::from_env()?;
+            let comm = Communicator::connect(&device_of(config.local_rank)?, &config)?;
+            let model = Llama::synthetic_tp(&comm, synthetic_config(name)?, 1)?;
+            let report = decode(&model, comm.stream(), &args)?;
+            if comm.rank() == 0 {
+                println!(
+                    "rank 0 of {} (one per process)\n{report}",
+                    comm.world_size()
+                );
+            }
+            return Ok(());
+        }
+        if args.tp > 1 {
+            let devices = (0..args.tp).map(device_of).collect::<Result<Vec<_>, _>>()?;
+            let comms = Communicator::local(&devices)?;
+            let reports = std::thread::scope(|s| {
+                let ranks: Vec<_> = comms
+                    .iter()
+                    .map(|c| {
+                        let args = &args;
+                        s.spawn(move || {
+                            let model = Llama::synthetic_tp(c, synthetic_config(name)?, 1)?;
+                            decode(&model, c.stream(), args)
+                        })
+                    })
+                    .collect();
+                ranks
+                    .into_iter()
+                    .map(|h| {
+                        h.join()
+                            .unwrap_or_else(|_| Err(DeviceError::usage("a rank panicked")))
+                    })
+                    .collect::<Result<Vec<_>, _>>()
+            })?;
+            let names: Vec<String> = devices.iter().map(Device::to_string).collect();
+            println!(
+                "rank 0 of {}, tensor parallel over {}",
+                args.tp,
+                names.join(", ")
+            );
+            println!("{}", reports[0]);
+            return Ok(());
+        }
+    }
+    let device = auto;
     println!("device: {device}");
     let stream = device.new_stream()?;
     let model = match (&args.checkpoint, args.synthetic.as_deref()) {
@@ -114,42 +193,43 @@ fn run() -> Result<(), DeviceError> {
             }
             model
         }
-        (None, Some("tiny")) => Llama::synthetic(&device, LlamaConfig::tiny(), 1)?,
-        (None, Some("1b")) => Llama::synthetic(&device, LlamaConfig::llama_3_2_1b(), 1)?,
-        (None, other) => {
-            return Err(DeviceError::usage(format!(
-                "--synthetic {other:?}: expected tiny or 1b\n{USAGE}"
-            )))
-        }
+        (None, Some(name)) => Llama::synthetic(&device, synthetic_config(name)?, 1)?,
+        (None, None) => return Err(DeviceError::usage(USAGE)),
     };
+    println!("{}", decode(&model, &stream, &args)?);
+    Ok(())
+}
+
+/// Generates eagerly and replayed, checks that they agree, and says how fast each ran.
+fn decode(model: &Llama, stream: &Stream, args: &Args) -> Result<String, DeviceError> {
+    let mut out = String::new();
     let cfg = model.config();
-    println!(
-        "model: {cfg}, {:.2} GB of bf16 weights",
+    out += &format!(
+        "model: {cfg}, {:.2} GB of bf16 weights (on this rank)\n",
         model.weight_bytes() as f64 / 1e9
     );
     let (prompt, n) = (&args.prompt, args.tokens);
     let max_seq = prompt.len() + n;
 
     let opts = args.options.max_seq(max_seq);
-    model.generate(&stream, prompt, n, &opts)?;
+    model.generate(stream, prompt, n, &opts)?;
     let start = Instant::now();
-    let eager = model.generate(&stream, prompt, n, &opts)?;
+    let eager = model.generate(stream, prompt, n, &opts)?;
     let eager_s = start.elapsed().as_secs_f64();
 
-    let mut step = model.capture(&stream, opts)?;
+    let mut step = model.capture(stream, opts)?;
     step.generate(prompt, n)?;
     let start = Instant::now();
     let replayed = step.generate(prompt, n)?;
     let replay_s = start.elapsed().as_secs_f64();
 
-    println!("prompt ids: {prompt:?}");
-    println!("generated ids: {replayed:?}");
-    println!(
-        "eager:    {n} tokens in {eager_s:.4} s, {:10.1} tokens/s",
+    out += &format!("prompt ids: {prompt:?}\ngenerated ids: {replayed:?}\n");
+    out += &format!(
+        "eager:    {n} tokens in {eager_s:.4} s, {:10.1} tokens/s\n",
         n as f64 / eager_s
     );
-    println!(
-        "replayed: {n} tokens in {replay_s:.4} s, {:10.1} tokens/s ({} nodes per step)",
+    out += &format!(
+        "replayed: {n} tokens in {replay_s:.4} s, {:10.1} tokens/s ({} nodes per step)\n",
         n as f64 / replay_s,
         step.node_count()?
     );
@@ -159,9 +239,9 @@ fn run() -> Result<(), DeviceError> {
         if opts.is_greedy() {
             return Err(DeviceError::usage(what));
         }
-        println!("{what}");
+        out += &what;
     } else {
-        println!("eager and replayed ids match");
+        out += "eager and replayed ids match";
     }
-    Ok(())
+    Ok(out)
 }

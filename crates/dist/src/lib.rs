@@ -9,7 +9,7 @@
 //! devices through the host backend, in one process or over TCP, so that the semantics and the
 //! rendezvous run anywhere.
 //!
-//! The collectives ([`all_reduce`], [`all_gather`], [`reduce_scatter`], [`broadcast`], [`send`],
+//! The collectives ([`all_reduce`], [`all_reduce_in_place`], [`all_gather`], [`reduce_scatter`], [`broadcast`], [`send`],
 //! [`recv`], [`group`]) are device ops: they compose with `then` / `zip!`, order themselves
 //! after the work that wrote their inputs and before the work that reads their outputs, on any
 //! stream, and can be captured into a graph (a replay runs the collective again).
@@ -55,6 +55,6 @@ mod tcp;
 pub use communicator::Communicator;
 pub use config::{default_timeout, DistConfig};
 pub use ops::{
-    all_gather, all_reduce, broadcast, group, recv, reduce_scatter, send, CollectiveOp,
-    CollectiveType, GroupCall, ReduceOp,
+    all_gather, all_reduce, all_reduce_in_place, broadcast, group, recv, reduce_scatter, send,
+    CollectiveOp, CollectiveType, GroupCall, ReduceOp,
 };

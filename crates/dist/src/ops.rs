@@ -121,6 +121,47 @@ pub fn all_reduce<T: CollectiveType, X: TensorInput<T>>(
     })
 }
 
+/// [`all_reduce`] in place: `x` itself becomes the reduction `op` of every rank's `x`. Allocates
+/// nothing, so a step that uses it can be captured with its buffers fixed.
+///
+/// # Examples
+///
+/// ```
+/// use cuflow_dist::{all_reduce_in_place, Communicator, ReduceOp};
+/// use cuflow_device_op::DeviceOpExt;
+/// use cuflow_runtime::Device;
+/// use cuflow_tensor::api;
+/// # fn main() -> Result<(), cuflow_runtime::DeviceError> {
+/// let comms = Communicator::local(&[Device::host_numbered(0), Device::host_numbered(1)])?;
+/// let sums = std::thread::scope(|s| {
+///     let ranks: Vec<_> = comms.iter().map(|c| s.spawn(move || {
+///         let mut x = api::full::<i32>(&[2], 1 + c.rank() as i32).sync_on(c.stream())?;
+///         all_reduce_in_place(c, &mut x, ReduceOp::Sum).sync_on(c.stream())?;
+///         x.to_host_vec()
+///     })).collect();
+///     ranks.into_iter().map(|h| h.join().unwrap()).collect::<Result<Vec<_>, _>>()
+/// })?;
+/// assert_eq!(sums, vec![vec![3, 3]; 2]);
+/// # Ok(()) }
+/// ```
+///
+/// # Errors
+///
+/// As [`all_reduce`].
+pub fn all_reduce_in_place<'a, T: CollectiveType>(
+    comm: &'a Communicator,
+    x: &'a mut Tensor<T>,
+    op: ReduceOp,
+) -> CollectiveOp<impl FnOnce(&mut ExecutionContext) -> Result<(), DeviceError> + Send + 'a> {
+    from_fn(move |ctx: &mut ExecutionContext| {
+        check_on("all_reduce", comm, x)?;
+        on_comm(ctx, comm, |stream| {
+            let v = x.buffer().view();
+            collective(stream, comm.comm(), &[CollectiveCall::all_reduce(v, v, op)])
+        })
+    })
+}
+
 /// Every rank's `x` concatenated along axis 0 in rank order, on every rank: `[n, …]` becomes
 /// `[world_size · n, …]` (a scalar becomes a vector of `world_size`).
 ///

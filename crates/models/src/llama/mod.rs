@@ -38,6 +38,7 @@ mod loader;
 mod model;
 mod options;
 mod step;
+mod tensor_parallel;
 pub mod testing;
 mod weights;
 

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use cuflow_device_op::{from_fn, DeviceOp, DeviceOpExt, ExecutionContext};
+use cuflow_dist::{all_reduce, all_reduce_in_place, Communicator, ReduceOp};
 use cuflow_runtime::{Device, DeviceError, Stream};
 use cuflow_tensor::kernels::decode::GemvEpilogue::{Accumulate, Store, SwiGlu};
 use cuflow_tensor::kernels::decode::{self, AttentionShape, GemvInput, SampleParams};
@@ -15,6 +16,7 @@ use super::config::LlamaConfig;
 use super::loader::{Checkpoint, Source, Stager};
 use super::options::GenerateOptions;
 use super::step::{LlamaStep, State};
+use super::tensor_parallel::{local_config, shard};
 use super::testing::synthetic_map;
 use super::weights::{build, Weights};
 
@@ -37,12 +39,15 @@ impl LoadStats {
     }
 }
 
-/// What every forward pass reads: the config, the weights and the rotary frequencies.
+/// What every forward pass reads: the config (of this rank's slice, under tensor
+/// parallelism), the weights and the rotary frequencies, and the communicator of the ranks
+/// that hold the other slices.
 #[derive(Debug)]
 pub(crate) struct Core {
     pub(crate) cfg: LlamaConfig,
     pub(crate) weights: Weights,
     pub(crate) inv_freq: Tensor<f32>,
+    pub(crate) tp: Option<Communicator>,
 }
 
 impl Core {
@@ -57,6 +62,42 @@ impl Core {
 
     fn eps(&self) -> f32 {
         self.cfg.rms_norm_eps as f32
+    }
+
+    /// How a layer's row-parallel projection meets the residual stream: rank 0 (and a model
+    /// without tensor parallelism) adds its product, the other ranks store theirs, so that the
+    /// all-reduce after it leaves the stream plus every rank's product on every rank.
+    fn residual(&self) -> decode::GemvEpilogue {
+        match &self.tp {
+            Some(c) if c.rank() != 0 => Store,
+            _ => Accumulate,
+        }
+    }
+
+    /// The all-reduce of the residual stream after a row-parallel projection (nothing without
+    /// tensor parallelism).
+    fn reduce_residual(
+        &self,
+        x: &mut Tensor<f32>,
+        ctx: &mut ExecutionContext,
+    ) -> Result<(), DeviceError> {
+        match &self.tp {
+            Some(c) => all_reduce_in_place(c, x, ReduceOp::Sum).execute(ctx),
+            None => Ok(()),
+        }
+    }
+
+    /// The sum over the ranks of a row-parallel projection's product (itself without tensor
+    /// parallelism).
+    fn reduce_product(
+        &self,
+        y: Tensor<f32>,
+        ctx: &mut ExecutionContext,
+    ) -> Result<Tensor<f32>, DeviceError> {
+        match &self.tp {
+            Some(c) => all_reduce(c, y, ReduceOp::Sum).execute(ctx),
+            None => Ok(y),
+        }
     }
 
     /// One decode step over `state`: embeds `token` at position `pos`, runs every layer
@@ -91,12 +132,15 @@ impl Core {
                     shape,
                 )
                 .execute(ctx)?;
-                decode::gemv_fused(&mut s.x, &lw.wo, &s.attn, GemvInput::Plain, Accumulate)
+                let residual = self.residual();
+                decode::gemv_fused(&mut s.x, &lw.wo, &s.attn, GemvInput::Plain, residual)
                     .execute(ctx)?;
+                self.reduce_residual(&mut s.x, ctx)?;
                 decode::gemv_fused(&mut s.act, &lw.w_gate_up, &s.x, norm(&lw.mlp_norm), SwiGlu)
                     .execute(ctx)?;
-                decode::gemv_fused(&mut s.x, &lw.w_down, &s.act, GemvInput::Plain, Accumulate)
+                decode::gemv_fused(&mut s.x, &lw.w_down, &s.act, GemvInput::Plain, residual)
                     .execute(ctx)?;
+                self.reduce_residual(&mut s.x, ctx)?;
             }
             decode::gemv_fused(&mut s.logits, &w.lm_head, &s.x, norm(&w.final_norm), Store)
                 .execute(ctx)?;
@@ -155,10 +199,12 @@ impl Core {
                 )
                 .execute(ctx)?;
                 let o = project(&attn, &lw.wo).execute(ctx)?;
+                let o = self.reduce_product(o, ctx)?;
                 decode::residual_rms_norm(&mut x, &mut h, &o, &lw.mlp_norm, eps).execute(ctx)?;
                 let gu = project(&h, &lw.w_gate_up).execute(ctx)?;
                 decode::silu_mul(&mut act, &gu).execute(ctx)?;
-                down = Some(project(&act, &lw.w_down).execute(ctx)?);
+                let dn = project(&act, &lw.w_down).execute(ctx)?;
+                down = Some(self.reduce_product(dn, ctx)?);
             }
             let dn = down.ok_or_else(|| DeviceError::internal("a model without layers"))?;
             decode::residual_rms_norm(&mut x, &mut h, &dn, &w.final_norm, eps).execute(ctx)?;
@@ -179,6 +225,8 @@ fn project<'a>(
 #[derive(Debug)]
 pub struct Llama {
     core: Arc<Core>,
+    /// The whole model's config (the core holds this rank's slice's).
+    config: LlamaConfig,
     device: Device,
     load: Option<LoadStats>,
 }
@@ -188,6 +236,18 @@ impl Llama {
         device: &Device,
         cfg: LlamaConfig,
         source: Source<'_>,
+    ) -> Result<(Llama, usize), DeviceError> {
+        Llama::new_slice(device, cfg.clone(), cfg, source, None)
+    }
+
+    /// A model whose weights on `device` are those of `local` (the whole model `config`, or
+    /// one rank's slice of it under the tensor parallelism of `tp`).
+    fn new_slice(
+        device: &Device,
+        config: LlamaConfig,
+        cfg: LlamaConfig,
+        source: Source<'_>,
+        tp: Option<Communicator>,
     ) -> Result<(Llama, usize), DeviceError> {
         cfg.validate()?;
         let stream = device.new_stream()?;
@@ -202,7 +262,9 @@ impl Llama {
                 cfg,
                 weights,
                 inv_freq,
+                tp,
             }),
+            config,
             device: device.clone(),
             load: None,
         };
@@ -261,9 +323,52 @@ impl Llama {
         Ok(Llama::new(device, cfg, Source::Memory(&tensors))?.0)
     }
 
-    /// The model's config.
+    /// Rank `comm.rank()`'s slice of the model of `cfg` with seeded random weights (those of
+    /// [`Llama::synthetic`] for the same config and seed), split Megatron-style over the
+    /// `comm.world_size()` ranks of `comm`, on `comm`'s device: query, key/value and MLP rows
+    /// column-parallel, the output and down projections row-parallel, one all-reduce after
+    /// each of those. Every rank runs the same calls (`generate`, `capture`, ...) at once, each
+    /// on its own thread, and gets the same tokens.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cuflow_dist::Communicator;
+    /// use cuflow_models::llama::{GenerateOptions, Llama, LlamaConfig};
+    /// use cuflow_runtime::Device;
+    /// # fn main() -> Result<(), cuflow_runtime::DeviceError> {
+    /// let comms = Communicator::local(&[Device::host_numbered(0), Device::host_numbered(1)])?;
+    /// let tokens = std::thread::scope(|s| {
+    ///     let ranks: Vec<_> = comms.iter().map(|c| s.spawn(move || {
+    ///         let model = Llama::synthetic_tp(c, LlamaConfig::tiny(), 3)?;
+    ///         model.generate(c.stream(), &[5, 17, 42], 4, &GenerateOptions::greedy())
+    ///     })).collect();
+    ///     ranks.into_iter().map(|h| h.join().unwrap()).collect::<Result<Vec<_>, _>>()
+    /// })?;
+    /// assert_eq!(tokens[0], tokens[1]);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceError::Usage`] for an unsupported config, or one whose query heads, key/value
+    /// heads or MLP width do not divide by the world size; device and collective errors.
+    pub fn synthetic_tp(
+        comm: &Communicator,
+        cfg: LlamaConfig,
+        seed: u64,
+    ) -> Result<Llama, DeviceError> {
+        cfg.validate()?;
+        let tp = comm.world_size();
+        let local = local_config(&cfg, tp)?;
+        let tensors = shard(&synthetic_map(&cfg, seed), &cfg, comm.rank(), tp)?;
+        let source = Source::Memory(&tensors);
+        Ok(Llama::new_slice(comm.device(), cfg, local, source, Some(comm.clone()))?.0)
+    }
+
+    /// The model's config (of the whole model, under tensor parallelism too).
     pub fn config(&self) -> &LlamaConfig {
-        &self.core.cfg
+        &self.config
     }
 
     /// The device the weights live on.

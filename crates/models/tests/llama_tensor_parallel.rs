@@ -1,0 +1,115 @@
+//! Tensor-parallel decoding: the tiny synthetic model split over 2 and 4 ranks gives the
+//! tokens and (within rounding) the logits of the whole model on one device, eagerly and
+//! replayed.
+
+use cuflow_dist::Communicator;
+use cuflow_models::llama::{GenerateOptions, Llama, LlamaConfig};
+use cuflow_runtime::{BackendKind, Device, DeviceError};
+use cuflow_testing::device::{device, skip};
+use cuflow_testing::measure::assert_close_in_norm;
+
+const SEED: u64 = 11;
+const PROMPT: [u32; 5] = [3, 141, 59, 26, 5];
+const TOKENS: usize = 6;
+
+/// The tiny model with as many key/value heads as query heads, so that 4 ranks split both.
+fn config() -> LlamaConfig {
+    let mut cfg = LlamaConfig::tiny();
+    cfg.num_key_value_heads = Some(cfg.num_attention_heads);
+    cfg
+}
+
+/// `n` devices of the backend under test, or `None` (with a message) when fewer are visible.
+fn rank_devices(n: usize) -> Option<Vec<Device>> {
+    match device().kind() {
+        BackendKind::Cuda if Device::cuda_count() < n => {
+            skip(&format!(
+                "needs {n} CUDA devices, {} visible",
+                Device::cuda_count()
+            ));
+            None
+        }
+        BackendKind::Cuda => Some((0..n).map(|i| Device::cuda(i).unwrap()).collect()),
+        _ => Some((0..n).map(Device::host_numbered).collect()),
+    }
+}
+
+/// What one rank computes: eager tokens, replayed tokens, prefill logits, decode logits after
+/// the prompt, and decode logits of one step from an empty cache.
+type RankResult = (Vec<u32>, Vec<u32>, Vec<f32>, Vec<f32>, Vec<f32>);
+
+fn run(model: &Llama, stream: &cuflow_runtime::Stream) -> Result<RankResult, DeviceError> {
+    let greedy = GenerateOptions::greedy();
+    let eager = model.generate(stream, &PROMPT, TOKENS, &greedy)?;
+    let mut step = model.capture(stream, greedy.max_seq(32))?;
+    let replayed = step.generate(&PROMPT, TOKENS)?;
+    let prefill = model.prefill_logits(stream, &PROMPT)?;
+    let decode = model.decode_logits(stream, &PROMPT)?;
+    let first_step = model.decode_logits(stream, &PROMPT[..1])?;
+    Ok((eager, replayed, prefill, decode, first_step))
+}
+
+#[test]
+fn split_models_decode_like_the_whole_model() {
+    let cfg = config();
+    let whole_device = device();
+    let whole = Llama::synthetic(&whole_device, cfg.clone(), SEED).unwrap();
+    let (tokens, replayed, prefill, decode, first_step) =
+        run(&whole, &whole_device.new_stream().unwrap()).unwrap();
+    assert_eq!(tokens, replayed);
+    let as_f64 = |v: &[f32]| v.iter().map(|&x| f64::from(x)).collect::<Vec<f64>>();
+    for tp in [2, 4] {
+        let Some(devices) = rank_devices(tp) else {
+            continue;
+        };
+        let comms = Communicator::local(&devices).unwrap();
+        let results: Vec<RankResult> = std::thread::scope(|s| {
+            let ranks: Vec<_> = comms
+                .iter()
+                .map(|c| {
+                    let cfg = cfg.clone();
+                    s.spawn(move || {
+                        let model = Llama::synthetic_tp(c, cfg, SEED)?;
+                        assert_eq!(model.config(), &config());
+                        run(&model, c.stream())
+                    })
+                })
+                .collect();
+            ranks
+                .into_iter()
+                .map(|h| h.join().unwrap().unwrap())
+                .collect()
+        });
+        for (rank, (eager, replayed_tp, prefill_tp, decode_tp, first_tp)) in
+            results.into_iter().enumerate()
+        {
+            let what = |x: &str| format!("{x}, rank {rank} of {tp}");
+            assert_eq!(eager, tokens, "{}", what("eager tokens"));
+            assert_eq!(replayed_tp, tokens, "{}", what("replayed tokens"));
+            // Prefill's matrix products round their outputs to bf16, each rank's partial
+            // product apart: bf16's tolerance, also for the decode step that reads the caches
+            // prefill wrote. A decode step alone adds in f32 (only the order of the sums
+            // differs).
+            assert_close_in_norm(
+                &what("prefill logits"),
+                &prefill_tp,
+                &as_f64(&prefill),
+                3e-2,
+            );
+            assert_close_in_norm(&what("decode logits"), &decode_tp, &as_f64(&decode), 3e-2);
+            let first = as_f64(&first_step);
+            assert_close_in_norm(&what("one decode step"), &first_tp, &first, 1e-5);
+        }
+    }
+}
+
+#[test]
+fn a_split_that_does_not_divide_the_heads_is_an_error() {
+    let Some(devices) = rank_devices(4) else {
+        return;
+    };
+    let comms = Communicator::local(&devices).unwrap();
+    // The tiny model has 2 key/value heads: 4 ranks cannot split them.
+    let e = Llama::synthetic_tp(&comms[0], LlamaConfig::tiny(), SEED).unwrap_err();
+    assert!(e.to_string().contains("num_key_value_heads (2)"), "{e}");
+}
