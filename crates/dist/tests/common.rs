@@ -5,31 +5,8 @@
 use std::time::Duration;
 
 use cuflow_dist::Communicator;
-use cuflow_runtime::{BackendKind, Device, DeviceError};
-use cuflow_testing::device::{device, skip};
-
-/// The devices of `n` ranks of the backend under test: host devices `0..n` on the host
-/// backend, CUDA devices `0..n` under CUDA; `None` (with a message) when fewer are visible.
-pub fn rank_devices(n: usize) -> Option<Vec<Device>> {
-    let first = device();
-    match first.kind() {
-        BackendKind::Cuda => {
-            if Device::cuda_count() < n {
-                skip(&format!(
-                    "needs {n} CUDA devices, {} visible",
-                    Device::cuda_count()
-                ));
-                return None;
-            }
-            Some(
-                (0..n)
-                    .map(|i| Device::cuda(i).expect("a visible CUDA device"))
-                    .collect(),
-            )
-        }
-        _ => Some((0..n).map(Device::host_numbered).collect()),
-    }
-}
+use cuflow_runtime::DeviceError;
+use cuflow_testing::device::rank_devices;
 
 /// Communicators over `n` devices of the backend under test, waiting at most `timeout`.
 pub fn communicators(n: usize, timeout: Duration) -> Option<Vec<Communicator>> {

@@ -4,8 +4,8 @@
 
 use cuflow_dist::Communicator;
 use cuflow_models::llama::{GenerateOptions, Llama, LlamaConfig};
-use cuflow_runtime::{BackendKind, Device, DeviceError};
-use cuflow_testing::device::{device, skip};
+use cuflow_runtime::DeviceError;
+use cuflow_testing::device::{device, rank_devices};
 use cuflow_testing::measure::assert_close_in_norm;
 
 const SEED: u64 = 11;
@@ -17,21 +17,6 @@ fn config() -> LlamaConfig {
     let mut cfg = LlamaConfig::tiny();
     cfg.num_key_value_heads = Some(cfg.num_attention_heads);
     cfg
-}
-
-/// `n` devices of the backend under test, or `None` (with a message) when fewer are visible.
-fn rank_devices(n: usize) -> Option<Vec<Device>> {
-    match device().kind() {
-        BackendKind::Cuda if Device::cuda_count() < n => {
-            skip(&format!(
-                "needs {n} CUDA devices, {} visible",
-                Device::cuda_count()
-            ));
-            None
-        }
-        BackendKind::Cuda => Some((0..n).map(|i| Device::cuda(i).unwrap()).collect()),
-        _ => Some((0..n).map(Device::host_numbered).collect()),
-    }
 }
 
 /// What one rank computes: eager tokens, replayed tokens, prefill logits, decode logits after

@@ -90,3 +90,23 @@ pub fn pairs(devices: &[Device]) -> Vec<(Device, Device)> {
 pub fn skip(why: &str) {
     let _ = writeln!(std::io::stderr(), "skipped: {why}");
 }
+
+/// The devices of `n` ranks of the backend under test: host devices `0..n` on the host
+/// backend, CUDA devices `0..n` under CUDA, or `None` (with a message) when fewer GPUs are
+/// visible and `CUFLOW_MIN_DEVICES` does not require them (when it does, this panics).
+pub fn rank_devices(n: usize) -> Option<Vec<Device>> {
+    match device().kind() {
+        BackendKind::Cuda => {
+            let visible = devices();
+            if visible.len() < n {
+                skip(&format!(
+                    "needs {n} CUDA devices, {} visible (set CUFLOW_MIN_DEVICES={n} to require them)",
+                    visible.len()
+                ));
+                return None;
+            }
+            Some(visible.into_iter().take(n).collect())
+        }
+        _ => Some((0..n).map(Device::host_numbered).collect()),
+    }
+}
