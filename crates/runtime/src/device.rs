@@ -236,11 +236,13 @@ impl Device {
                 Err(e) => {
                     static SAID: std::sync::Once = std::sync::Once::new();
                     SAID.call_once(|| {
-                        // The one message cuflow prints itself: the fallback is part of the
-                        // contract of `auto` ("said once on stderr"), and a program that sets
-                        // up no log subscriber must still see it. It is also logged.
-                        tracing::info!("no usable CUDA device ({e}); using the host backend");
-                        eprintln!("cuflow: no usable CUDA device ({e}); using the host backend")
+                        // The fallback is part of the contract of `auto` ("said once on
+                        // stderr"): it is logged, and printed only when the program installed
+                        // no `tracing` subscriber that would show it.
+                        tracing::warn!("no usable CUDA device ({e}); using the host backend");
+                        if !tracing::dispatcher::has_been_set() {
+                            eprintln!("cuflow: no usable CUDA device ({e}); using the host backend")
+                        }
                     });
                     Ok(Device::host())
                 }
