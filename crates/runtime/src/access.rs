@@ -47,6 +47,7 @@ use crate::error::Result;
 use crate::memory::{Memory, UseState};
 use crate::stream::{Stream, StreamId};
 use crate::sync::{AtomicU64, Mutex, MutexGuard, Ordering};
+use crate::trace::{self, Work};
 
 /// How a piece of work uses a buffer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -288,14 +289,63 @@ pub(crate) fn ordered<R>(
     accesses: Accesses<'_>,
     enqueue: impl FnOnce() -> Result<R>,
 ) -> Result<R> {
+    ordered_traced(stream, op, || Work::Other(op), accesses, enqueue)
+}
+
+/// [`ordered`], with what the work is for the trace (`work` is called only while tracing is
+/// on; off, the trace costs one relaxed load here).
+pub(crate) fn ordered_traced<R>(
+    stream: &Stream,
+    op: &'static str,
+    work: impl FnOnce() -> Work,
+    accesses: Accesses<'_>,
+    enqueue: impl FnOnce() -> Result<R>,
+) -> Result<R> {
     let _gate = stream.enqueue_gate();
     let capture = stream.capture_id_for_enqueue(op)?;
+    if trace::is_enabled() && capture.is_none() {
+        return ordered_cold(stream, work, capture, accesses, enqueue);
+    }
     if accesses.is_empty() {
         // Nothing to order or record: the gate alone keeps a capture from beginning between
         // the check above and the enqueue.
         return enqueue();
     }
     order_enqueue_record(stream, capture, accesses, enqueue)
+}
+
+/// [`ordered`] for a copy of `bytes` bytes.
+pub(crate) fn ordered_copy<R>(
+    stream: &Stream,
+    op: &'static str,
+    bytes: usize,
+    accesses: Accesses<'_>,
+    enqueue: impl FnOnce() -> Result<R>,
+) -> Result<R> {
+    ordered_traced(
+        stream,
+        op,
+        || Work::Copy { what: op, bytes },
+        accesses,
+        enqueue,
+    )
+}
+
+/// The traced path of [`ordered_traced`]: the work is enqueued between the trace's events.
+#[cold]
+#[inline(never)]
+fn ordered_cold<R>(
+    stream: &Stream,
+    work: impl FnOnce() -> Work,
+    capture: Option<u64>,
+    accesses: Accesses<'_>,
+    enqueue: impl FnOnce() -> Result<R>,
+) -> Result<R> {
+    let traced = || trace::traced_enqueue(stream, work, None, enqueue);
+    if accesses.is_empty() {
+        return traced();
+    }
+    order_enqueue_record(stream, capture, accesses, traced)
 }
 
 /// The tracker (see the module docs): locks the state of every buffer in `accesses` in address

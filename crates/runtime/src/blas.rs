@@ -22,10 +22,11 @@ use std::sync::Arc;
 
 use smallvec::smallvec;
 
-use crate::access::{ordered, Access, Accesses};
+use crate::access::{ordered_traced, Access, Accesses};
 use crate::error::{DeviceError, Result};
 use crate::memory::{BufferView, DeviceCopy, Memory};
 use crate::stream::Stream;
+use crate::trace::Work;
 
 /// The element types [`gemm`] supports, as the backends name them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -350,7 +351,12 @@ pub fn gemm<I: GemmElem, O: GemmOutput<I>>(
     if let Some(Some(mem)) = &captured_workspace {
         accesses.push((mem, Access::Write));
     }
-    ordered(stream, "gemm", accesses, || {
+    let work = || Work::Gemm {
+        m: cfg.m,
+        n: cfg.n,
+        k: cfg.k,
+    };
+    ordered_traced(stream, "gemm", work, accesses, || {
         stream.backend().gemm(
             (I::DTYPE, O::DTYPE),
             &cfg,

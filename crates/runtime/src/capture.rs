@@ -17,12 +17,13 @@ use std::thread::ThreadId;
 
 use parking_lot::Mutex;
 
-use crate::access::{ordered, Access, Accesses};
+use crate::access::{ordered_traced, Access, Accesses};
 use crate::backend::{CaptureBackend, DeferredFree, GraphBackend, GraphExecBackend};
 use crate::device::Device;
 use crate::error::{DeviceError, Result};
 use crate::memory::Memory;
 use crate::stream::{Stream, StreamId};
+use crate::trace::Work;
 
 /// The state shared by the streams taking part in one capture.
 pub(crate) struct CaptureSession {
@@ -292,9 +293,13 @@ impl GraphExec {
         }
         // A replay is one access of every buffer the graph touches, ordered like any other.
         let accesses: Accesses<'_> = self.keep_alive.iter().map(|(m, a)| (m, *a)).collect();
-        ordered(stream, "GraphExec::launch", accesses, || {
-            self.backend.launch(stream.backend())
-        })
+        ordered_traced(
+            stream,
+            "GraphExec::launch",
+            || Work::Replay,
+            accesses,
+            || self.backend.launch(stream.backend()),
+        )
     }
 
     /// Replaces the executable's work with `graph`'s when the two have the same topology

@@ -24,6 +24,8 @@ pub(crate) struct EventInner {
     pub(crate) timed: bool,
     pub(crate) capture: Option<Arc<CaptureSession>>,
     pub(crate) backend: EventBackend,
+    /// The event's number in the trace being recorded when it was recorded; 0 when untraced.
+    pub(crate) trace_id: u64,
 }
 
 /// A point in a stream's work. Cheap to clone, `Send + Sync`.
@@ -56,6 +58,7 @@ impl Event {
                     .into(),
             });
         }
+        let _traced = crate::trace::HostWait::begin("Event::synchronize");
         self.inner.backend.synchronize()
     }
 

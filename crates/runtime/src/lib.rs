@@ -47,6 +47,7 @@ mod pool;
 pub mod scope;
 mod stream;
 pub mod sync;
+pub mod trace;
 
 #[cfg(all(test, loom))]
 mod loom_tests;

@@ -29,6 +29,7 @@ use crate::device::Device;
 use crate::error::{DeviceError, Result};
 use crate::event::{Event, EventInner};
 use crate::memory::Memory;
+use crate::trace::{self, Work};
 
 /// A process-unique identifier of a [`Stream`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -78,6 +79,7 @@ static NEXT_STREAM_ID: AtomicU64 = AtomicU64::new(1);
 
 impl Stream {
     pub(crate) fn new(device: &Device, priority: Option<i32>) -> Result<Stream> {
+        crate::trace::start_from_env();
         let id = StreamId(NEXT_STREAM_ID.fetch_add(1, Ordering::Relaxed));
         let (backend, priority) = device.backend().new_stream(id, priority)?;
         let stream = Stream {
@@ -146,11 +148,14 @@ impl Stream {
             session.check_owner("Stream::record_event", self.inner.id)?;
         }
         // Stamped before the record: the event covers at least the accesses counted so far.
+        // A traced event is timed: the trace reads when it completed.
+        let traced = trace::is_enabled() && capture.is_none();
+        let timed = timed || traced;
         let (backend, seq) = self
             .inner
             .clock
             .stamp(|| self.inner.backend.record_event(timed))?;
-        Ok(Event {
+        let event = Event {
             inner: Arc::new(EventInner {
                 device: self.inner.device.clone(),
                 stream: self.inner.id,
@@ -158,8 +163,13 @@ impl Stream {
                 timed,
                 capture,
                 backend,
+                trace_id: if traced { trace::event_number() } else { 0 },
             }),
-        })
+        };
+        if traced {
+            trace::note_event_record(self, &event);
+        }
+        Ok(event)
     }
 
     /// Makes all work enqueued on this stream from now on wait until `event` has completed.
@@ -210,6 +220,9 @@ impl Stream {
             session.check_owner("Stream::wait_event", self.inner.id)?;
         }
         self.inner.backend.wait_event(event)?;
+        if trace::is_enabled() && !self.is_capturing() {
+            trace::note_event_wait(self, event);
+        }
         if event.inner.capture.is_none() && !self.is_capturing() {
             self.inner
                 .clock
@@ -303,6 +316,7 @@ impl Stream {
     /// [`DeviceError::Capture`] while the stream is capturing (a host wait cannot be recorded).
     pub fn synchronize(&self) -> Result<()> {
         self.forbid_in_capture("Stream::synchronize")?;
+        let _traced = trace::HostWait::begin("Stream::synchronize");
         self.inner.backend.synchronize()
     }
 
@@ -408,6 +422,14 @@ impl Stream {
     pub fn enqueue_host_fn(&self, f: impl FnOnce() + Send + 'static) -> Result<()> {
         let _gate = self.enqueue_gate();
         self.forbid_in_capture("Stream::enqueue_host_fn")?;
+        if trace::is_enabled() {
+            return trace::traced_enqueue(
+                self,
+                || Work::HostFn,
+                None,
+                || self.inner.backend.enqueue_host_fn(Box::new(f)),
+            );
+        }
         self.inner.backend.enqueue_host_fn(Box::new(f))
     }
 

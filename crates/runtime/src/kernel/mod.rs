@@ -24,11 +24,12 @@ pub use args::{HostKernelArgs, HostKernelFn, KernelArgs};
 pub(crate) use args::{HostSlot, KernelArg};
 pub use config::LaunchConfig;
 
-use crate::access::ordered;
+use crate::access::ordered_traced;
 use crate::backend::{CompileCache, CompiledFor};
 use crate::device::Device;
 use crate::error::{BackendKind, DeviceError, Result};
 use crate::stream::Stream;
+use crate::trace::Work;
 
 pub(crate) struct KernelInner {
     pub(crate) name: Arc<str>,
@@ -221,7 +222,13 @@ impl Kernel {
         // The host implementation, or the module compiled for this GPU (compiled now at the
         // first launch): resolved before the launch is ordered.
         let code = device.backend().kernel_code(&self.inner, device.id())?;
-        ordered(stream, "Kernel::launch", args.accesses(), || {
+        let work = || Work::Kernel {
+            name: self.inner.name.clone(),
+            grid: config.grid,
+            block: config.block,
+            shared_bytes: config.shared_mem_bytes,
+        };
+        ordered_traced(stream, "Kernel::launch", work, args.accesses(), || {
             stream
                 .backend()
                 .launch_kernel(&code, &self.inner.name, config, args)

@@ -6,7 +6,7 @@
 use smallvec::smallvec;
 
 use super::{check_len, BufferView, DeviceCopy};
-use crate::access::{ordered, Access, Accesses};
+use crate::access::{ordered, ordered_copy, Access, Accesses};
 #[cfg(doc)]
 use crate::error::DeviceError;
 use crate::error::Result;
@@ -85,7 +85,7 @@ impl<T: DeviceCopy> BufferView<'_, T> {
             {
                 let accesses: Accesses<'_> =
                     smallvec![(self.mem, Access::Write), (src.mem, Access::Read)];
-                return ordered(stream, op, accesses, || {
+                return ordered_copy(stream, op, to.len, accesses, || {
                     stream.backend().copy_device(from, to)
                 });
             }
@@ -95,9 +95,13 @@ impl<T: DeviceCopy> BufferView<'_, T> {
             // recorded before the copy's chunks are enqueued on it.
             ordered(&staging, op, smallvec![(src.mem, Access::Read)], || Ok(()))?;
             stream.order_after(&staging, u64::MAX)?;
-            return ordered(stream, op, smallvec![(self.mem, Access::Write)], || {
-                stream.backend().copy_staged(staging.backend(), from, to)
-            });
+            return ordered_copy(
+                stream,
+                op,
+                to.len,
+                smallvec![(self.mem, Access::Write)],
+                || stream.backend().copy_staged(staging.backend(), from, to),
+            );
         }
         // Across backends, through host memory.
         match src.mem.backend.host() {
@@ -105,24 +109,36 @@ impl<T: DeviceCopy> BufferView<'_, T> {
             // stream copies straight from it (the copy has taken the bytes when it returns).
             Some(storage) => {
                 src.mem.wait_for_uses()?;
-                ordered(stream, op, smallvec![(self.mem, Access::Write)], || {
-                    let words = storage.read();
-                    let bytes: &[u8] = bytemuck::cast_slice(&words[..]);
-                    stream
-                        .backend()
-                        .copy_from_host(to, &bytes[from.offset..from.offset + from.len])
-                })
+                ordered_copy(
+                    stream,
+                    op,
+                    to.len,
+                    smallvec![(self.mem, Access::Write)],
+                    || {
+                        let words = storage.read();
+                        let bytes: &[u8] = bytemuck::cast_slice(&words[..]);
+                        stream
+                            .backend()
+                            .copy_from_host(to, &bytes[from.offset..from.offset + from.len])
+                    },
+                )
             }
             // A GPU's memory is read into host memory first, on a stream of its device.
             None => {
                 let reader = src.mem.device.staging_stream()?;
                 let mut data = vec![T::zeroed(); src.len];
                 src.copy_to_host(&reader, &mut data)?;
-                ordered(stream, op, smallvec![(self.mem, Access::Write)], || {
-                    stream
-                        .backend()
-                        .copy_from_host(to, bytemuck::cast_slice(&data))
-                })
+                ordered_copy(
+                    stream,
+                    op,
+                    to.len,
+                    smallvec![(self.mem, Access::Write)],
+                    || {
+                        stream
+                            .backend()
+                            .copy_from_host(to, bytemuck::cast_slice(&data))
+                    },
+                )
             }
         }
     }

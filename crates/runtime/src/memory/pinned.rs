@@ -6,7 +6,7 @@ use std::marker::PhantomData;
 use smallvec::smallvec;
 
 use super::{byte_size, check_len, BufferView, DeviceCopy};
-use crate::access::{ordered, Access};
+use crate::access::{ordered_copy, Access};
 use crate::backend::{PinnedBackend, PinnedBytes, PinnedBytesMut};
 use crate::device::Device;
 use crate::error::{DeviceError, Result};
@@ -88,11 +88,17 @@ impl<T: DeviceCopy> PinnedBuffer<T> {
         check_len(op, self.len, src.len)?;
         let mut this = self;
         this.check_backend(op, stream)?;
-        ordered(stream, op, smallvec![(src.mem, Access::Read)], || {
-            stream
-                .backend()
-                .copy_to_pinned(src.region(), &mut this.backend)
-        })?;
+        ordered_copy(
+            stream,
+            op,
+            src.region().len,
+            smallvec![(src.mem, Access::Read)],
+            || {
+                stream
+                    .backend()
+                    .copy_to_pinned(src.region(), &mut this.backend)
+            },
+        )?;
         let event = stream.record_event()?;
         Ok(PinnedTransfer {
             buffer: Some(this),
@@ -118,11 +124,17 @@ impl<T: DeviceCopy> PinnedBuffer<T> {
         stream.forbid_in_capture(op)?;
         check_len(op, dst.len, self.len)?;
         self.check_backend(op, stream)?;
-        ordered(stream, op, smallvec![(dst.mem, Access::Write)], || {
-            stream
-                .backend()
-                .copy_from_pinned(&self.backend, dst.region())
-        })?;
+        ordered_copy(
+            stream,
+            op,
+            dst.region().len,
+            smallvec![(dst.mem, Access::Write)],
+            || {
+                stream
+                    .backend()
+                    .copy_from_pinned(&self.backend, dst.region())
+            },
+        )?;
         let event = stream.record_event()?;
         Ok(PinnedTransfer {
             buffer: Some(self),

@@ -10,10 +10,11 @@ use std::sync::Arc;
 use smallvec::smallvec;
 
 use super::{check_len, DeviceBuffer, DeviceCopy, Memory, Region};
-use crate::access::{ordered, Access, Accesses};
+use crate::access::{ordered_copy, ordered_traced, Access, Accesses};
 use crate::device::Device;
 use crate::error::{DeviceError, Result};
 use crate::stream::Stream;
+use crate::trace::Work;
 
 /// A borrowed range of a [`DeviceBuffer`].
 pub struct BufferView<'a, T> {
@@ -121,7 +122,7 @@ impl<'a, T: DeviceCopy> BufferView<'a, T> {
         check_len("copy_from_host", self.len, data.len())?;
         let bytes: &[u8] = bytemuck::cast_slice(data);
         let accesses: Accesses<'_> = smallvec![(self.mem, Access::Write)];
-        ordered(stream, "copy_from_host", accesses, || {
+        ordered_copy(stream, "copy_from_host", bytes.len(), accesses, || {
             stream.backend().copy_from_host(self.region(), bytes)
         })
     }
@@ -141,9 +142,11 @@ impl<'a, T: DeviceCopy> BufferView<'a, T> {
         // A read: ordered after the last write on any stream, and seen by later writers, which
         // wait for it. The buffer's state stays locked until the copy has finished, so no write
         // can slip in between.
-        ordered(
+        let len = bytes.len();
+        ordered_copy(
             stream,
             "copy_to_host",
+            len,
             smallvec![(self.mem, Access::Read)],
             || stream.backend().copy_to_host(self.region(), bytes),
         )
@@ -173,7 +176,7 @@ impl<'a, T: DeviceCopy> BufferView<'a, T> {
         src.mem.check_device(stream, "copy_from", "the source")?;
         check_len("copy_from", self.len, src.len)?;
         let accesses: Accesses<'_> = smallvec![(self.mem, Access::Write), (src.mem, Access::Read)];
-        ordered(stream, "copy_from", accesses, || {
+        ordered_copy(stream, "copy_from", self.region().len, accesses, || {
             stream.backend().copy_device(src.region(), self.region())
         })
     }
@@ -185,9 +188,11 @@ impl<'a, T: DeviceCopy> BufferView<'a, T> {
     /// A driver error.
     pub fn fill_bytes(&self, stream: &Stream, value: u8) -> Result<()> {
         self.mem.check_device(stream, "fill_bytes", "the buffer")?;
-        ordered(
+        let bytes = self.region().len;
+        ordered_traced(
             stream,
             "fill_bytes",
+            || Work::Fill { bytes },
             smallvec![(self.mem, Access::Write)],
             || stream.backend().fill_bytes(self.region(), value),
         )

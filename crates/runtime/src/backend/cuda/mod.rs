@@ -25,6 +25,7 @@ mod nccl;
 mod peer;
 mod pool;
 mod stream;
+mod tools;
 
 pub(crate) use blas::BlasWorkspace;
 pub(crate) use capture::{CudaGraphExecHandle, CudaGraphHandle};
@@ -33,6 +34,7 @@ pub(crate) use memory::{CudaMemory, CudaPinned};
 pub(crate) use nccl::{nccl_unique_id, NcclComm};
 pub(crate) use peer::copy_staged;
 pub(crate) use stream::{CudaEventHandle, CudaStreamHandle};
+pub(crate) use tools::{at_exit, nvtx_pop, nvtx_push};
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
