@@ -31,6 +31,7 @@ pub use cuflow_runtime as runtime;
 pub use cuflow_scheduler as scheduler;
 pub use cuflow_tensor as tensor;
 
+pub use cuflow_runtime::trace;
 pub use cuflow_tensor::{api, kernels};
 
 pub use cuflow_device_op::{

@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 
-use cuflow_runtime::{Device, DeviceError, ErrorScope, Event, Stream};
+use cuflow_runtime::{trace, Device, DeviceError, ErrorScope, Event, Stream};
 use cuflow_scheduler::{default_policy, Placement, SchedulingPolicy};
 
 use crate::context::{ExecutionContext, ExecutionStats};
@@ -33,7 +33,10 @@ thread_local! {
 }
 
 /// Marks the current thread as executing an op until dropped.
-pub(crate) struct ExecutionGuard(());
+/// Marks the thread as executing; while a trace is recorded, also the execution's op span.
+pub(crate) struct ExecutionGuard {
+    _span: trace::OpSpan,
+}
 
 impl ExecutionGuard {
     pub(crate) fn enter(what: &'static str) -> Result<Self, DeviceError> {
@@ -41,9 +44,19 @@ impl ExecutionGuard {
             Some(_) => Err(DeviceError::Reentrant { what }),
             None => {
                 e.set(Some(what));
-                Ok(ExecutionGuard(()))
+                Ok(ExecutionGuard {
+                    _span: trace::op_span(span_name(what)),
+                })
             }
         })
+    }
+}
+
+/// The op span of an execution entered as `what` (`DeviceOpExt::sync` → `sync`).
+fn span_name(what: &'static str) -> &'static str {
+    match what.rsplit_once("::") {
+        Some((_, method)) => method,
+        None => what,
     }
 }
 

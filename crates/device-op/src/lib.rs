@@ -36,7 +36,8 @@ pub use exec::{default_device, enqueue_on, place_root};
 pub use future::DeviceFuture;
 pub use op::{
     from_fn, join_all, value, with_context, BoxedOp, Continuation, DeviceOp, DeviceOpExt, FromFn,
-    Inspect, Map, Shared, Then, UnzipExt, UnzipOutput, UnzipPart, Value, WithContext, WithPriority,
+    Inspect, Map, Named, Shared, Then, UnzipExt, UnzipOutput, UnzipPart, Value, WithContext,
+    WithPriority,
 };
 
 /// Negative auto-trait cases, checked by the compiler (`compile_fail` doctests); the positive

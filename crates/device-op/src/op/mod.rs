@@ -15,6 +15,7 @@
 pub(crate) mod boxed;
 pub(crate) mod from_fn;
 pub(crate) mod map;
+pub(crate) mod named;
 pub(crate) mod shared;
 pub(crate) mod then;
 pub(crate) mod unzip;
@@ -27,6 +28,7 @@ pub mod zip;
 pub use boxed::BoxedOp;
 pub use from_fn::{from_fn, FromFn};
 pub use map::{Inspect, InspectFn, Map, MapFn};
+pub use named::Named;
 pub use shared::Shared;
 pub use then::{Continuation, Then};
 pub use unzip::{UnzipExt, UnzipOutput, UnzipPart};
@@ -151,6 +153,29 @@ pub trait DeviceOpExt: DeviceOp + Sized {
     /// ```
     fn with_priority(self, level: PriorityLevel) -> WithPriority<Self> {
         WithPriority::new(self, level)
+    }
+
+    /// Names the op: while a trace is recorded ([`cuflow_runtime::trace`]), its execution is
+    /// an op span of that name, holding the work it enqueues and the spans of the ops inside
+    /// it; with NVTX available (Nsight Systems), it is also an NVTX range. Untraced, the name
+    /// costs one atomic load.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cuflow_device_op::{value, DeviceOpExt};
+    /// use cuflow_runtime::trace;
+    /// # let _lock = trace::tests_serial();
+    /// trace::start()?;
+    /// let n = value(20).named("answer").map(|v| v + 1).sync()?;
+    /// let t = trace::stop()?;
+    /// assert_eq!(n, 21);
+    /// let span = t.op_spans().find(|s| s.name == "answer").unwrap();
+    /// assert_eq!(t.op_path(span), ["sync"]);
+    /// # Ok::<(), cuflow_runtime::DeviceError>(())
+    /// ```
+    fn named(self, name: impl Into<std::borrow::Cow<'static, str>>) -> Named<Self> {
+        Named::new(self, name.into())
     }
 
     /// Erases the op's type, e.g. to keep ops of different types in one `Vec`.

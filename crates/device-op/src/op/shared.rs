@@ -35,7 +35,7 @@ use std::sync::{Arc, OnceLock};
 
 use cuflow_runtime::sync::thread::{self, ThreadId};
 use cuflow_runtime::sync::{AtomicU8, Condvar, Mutex, Ordering};
-use cuflow_runtime::{DeviceError, Event, StreamId};
+use cuflow_runtime::{trace, DeviceError, Event, StreamId};
 
 use super::{DeviceOp, Value};
 use crate::context::ExecutionContext;
@@ -357,6 +357,7 @@ where
         let inner = &*self.inner;
         let produced = match inner.once.turn(wait_graph())? {
             Turn::Produce(producing) => {
+                let _span = trace::op_span("shared producer");
                 let op = inner.op.lock().take();
                 let result = match op {
                     Some(op) => op.execute(ctx).and_then(|output| {

@@ -5,10 +5,19 @@
 //! events precede the work of branches that share the parent's stream (which would otherwise
 //! serialize them). Every branch with device work is joined back into the parent with an event.
 
-use cuflow_runtime::DeviceError;
+use cuflow_runtime::{trace, DeviceError};
 
 use super::DeviceOp;
 use crate::context::ExecutionContext;
+
+/// The op span of branch `index` while it executes (`zip branch 2 → stream 7`); nothing
+/// while untraced.
+fn branch_span(ctx: &ExecutionContext, index: usize) -> trace::OpSpan {
+    if !trace::is_enabled() {
+        return trace::op_span("");
+    }
+    trace::op_span(format!("zip branch {index} -> stream {}", ctx.stream_id()))
+}
 
 fn unfilled() -> DeviceError {
     DeviceError::internal("a zip branch produced no output")
@@ -42,12 +51,14 @@ macro_rules! zip_op {
                 $(
                     if $ctx.stream_id() != parent {
                         if let Some(op) = $op.take() {
+                            let _span = branch_span(&$ctx, $idx);
                             $out = Some(op.execute(&mut $ctx)?);
                         }
                     }
                 )+
                 $(
                     if let Some(op) = $op.take() {
+                        let _span = branch_span(&$ctx, $idx);
                         $out = Some(op.execute(&mut $ctx)?);
                     }
                 )+
@@ -155,9 +166,10 @@ impl<O: DeviceOp> DeviceOp for JoinAll<O> {
         }
         let parent = ctx.stream_id();
         for pass_on_parent in [false, true] {
-            for (bctx, op, out) in branches.iter_mut() {
+            for (index, (bctx, op, out)) in branches.iter_mut().enumerate() {
                 if (bctx.stream_id() == parent) == pass_on_parent {
                     if let Some(op) = op.take() {
+                        let _span = branch_span(bctx, index);
                         *out = Some(op.execute(bctx)?);
                     }
                 }
