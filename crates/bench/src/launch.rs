@@ -13,7 +13,10 @@
 //! - the cross-stream case: the one-buffer kernel launched alternately on two streams, so that
 //!   every launch writes a buffer the other stream wrote last and must wait for it: cuflow's
 //!   automatic ordering (an event recorded on the other stream and a wait, per launch) beside
-//!   raw cudarc with tracking on doing the same.
+//!   raw cudarc with tracking on doing the same;
+//! - cuflow, `empty_kernel()`, while a timeline trace is recorded (`cuflow::trace`), beside
+//!   the same launches untraced: the cost of tracing when on (two timed events per launch and
+//!   the record); the trace is resolved after the timed loop, outside the timing.
 //!
 //! Trials of the variants are interleaved (a b c d e a b c d e ...) so that clock and thermal
 //! drift affect all alike; each figure is the median of its trials.
@@ -84,6 +87,29 @@ fn cuflow_alternating(
     Ok(start.elapsed())
 }
 
+/// [`cuflow_launches`] of `kernel` while a trace is recorded; the trace is stopped (its
+/// timestamps resolved) after the timing.
+fn cuflow_launches_traced(
+    stream: &Stream,
+    kernel: &Kernel,
+    n: usize,
+) -> Result<Duration, DeviceError> {
+    cuflow::trace::start()?;
+    let elapsed = cuflow_launches(stream, kernel, None, n);
+    let trace = cuflow::trace::stop()?;
+    let launches = trace
+        .entries()
+        .iter()
+        .filter(|e| e.kind == cuflow::trace::EntryKind::Kernel)
+        .count();
+    if launches != n {
+        return Err(DeviceError::internal(format!(
+            "the trace holds {launches} launches of the {n} made"
+        )));
+    }
+    elapsed
+}
+
 /// One variant: a way to run `n` launches, and its per-trial µs per launch.
 struct Variant<'a> {
     launch_n: Box<dyn FnMut(usize) -> Result<Duration, BenchError> + 'a>,
@@ -125,6 +151,7 @@ pub(crate) fn run(device: &Device, iters: usize) -> Result<Results, BenchError> 
         Variant::new(|n| raw_on_arg.launch_n(n)),
         Variant::new(|n| Ok(cuflow_alternating((&stream, &other), &one_arg, &buffer, n)?)),
         Variant::new(|n| raw_on_alt.launch_n_alternating(n)),
+        Variant::new(|n| Ok(cuflow_launches_traced(&stream, &no_arg, n)?)),
     ];
     for variant in &mut variants {
         (variant.launch_n)(WARMUP_LAUNCHES)?;
@@ -137,7 +164,7 @@ pub(crate) fn run(device: &Device, iters: usize) -> Result<Results, BenchError> 
                 .push(elapsed.as_secs_f64() * 1e6 / iters as f64);
         }
     }
-    let [cuflow_no_arg, raw_off_no_arg, cuflow_one_arg, raw_off_one_arg, raw_on_one_arg, cuflow_alt, raw_on_alt] =
+    let [cuflow_no_arg, raw_off_no_arg, cuflow_one_arg, raw_off_one_arg, raw_on_one_arg, cuflow_alt, raw_on_alt, cuflow_traced] =
         variants.map(|v| v.trials);
 
     Ok(Results {
@@ -176,6 +203,13 @@ pub(crate) fn run(device: &Device, iters: usize) -> Result<Results, BenchError> 
                 &cuflow_alt,
                 "raw cudarc, tracking on, alternating 2 streams",
                 &raw_on_alt,
+            ),
+            Row::from_trials(
+                "cuflow, empty_kernel(), trace recording",
+                "us",
+                &cuflow_traced,
+                "cuflow, empty_kernel(), no trace",
+                &cuflow_no_arg,
             ),
         ],
     })
