@@ -23,6 +23,7 @@
 
 mod completion;
 mod context;
+pub mod describe;
 mod exec;
 mod future;
 pub mod op;

@@ -4,6 +4,7 @@ use cuflow_runtime::DeviceError;
 
 use super::DeviceOp;
 use crate::context::ExecutionContext;
+use crate::describe::{DagBuilder, Described};
 
 /// Object-safe form of [`DeviceOp`], implemented for every op.
 pub(crate) trait DynDeviceOp: Send {
@@ -18,6 +19,7 @@ pub(crate) trait DynDeviceOp: Send {
         self: Box<Self>,
         ctx: &mut ExecutionContext,
     ) -> Result<Self::Output, DeviceError>;
+    fn describe_boxed(&self, dag: &mut DagBuilder) -> Described;
 }
 
 impl<O: DeviceOp> DynDeviceOp for O {
@@ -27,6 +29,9 @@ impl<O: DeviceOp> DynDeviceOp for O {
         ctx: &mut ExecutionContext,
     ) -> Result<O::Output, DeviceError> {
         (*self).execute(ctx)
+    }
+    fn describe_boxed(&self, dag: &mut DagBuilder) -> Described {
+        self.describe_into(dag)
     }
 }
 
@@ -49,6 +54,10 @@ impl<T: Send> DeviceOp for BoxedOp<'_, T> {
 
     fn execute(self, ctx: &mut ExecutionContext) -> Result<T, DeviceError> {
         self.inner.execute_boxed(ctx)
+    }
+
+    fn describe_into(&self, dag: &mut DagBuilder) -> Described {
+        self.inner.describe_boxed(dag)
     }
 }
 

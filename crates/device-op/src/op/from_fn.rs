@@ -5,6 +5,7 @@ use cuflow_runtime::DeviceError;
 
 use super::DeviceOp;
 use crate::context::ExecutionContext;
+use crate::describe::{short_type_name, DagBuilder, Described, NodeKind};
 
 /// The op returned by [`from_fn`].
 #[must_use = "device ops do nothing until synced or awaited"]
@@ -48,6 +49,10 @@ where
 
     fn execute(self, ctx: &mut ExecutionContext) -> Result<T, DeviceError> {
         (self.0)(ctx)
+    }
+
+    fn describe_into(&self, dag: &mut DagBuilder) -> Described {
+        dag.node(NodeKind::Work, short_type_name::<F>())
     }
 }
 

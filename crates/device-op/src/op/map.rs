@@ -2,6 +2,7 @@
 
 use super::then::{Continuation, Then};
 use super::value::{value, Value};
+use crate::describe::short_type_name;
 
 /// The continuation behind [`DeviceOpExt::map`](super::DeviceOpExt::map).
 #[derive(Debug)]
@@ -15,6 +16,9 @@ where
     type Next = Value<R>;
     fn call(self, input: In) -> Value<R> {
         value((self.0)(input))
+    }
+    fn describe_label(&self) -> String {
+        format!("map {}", short_type_name::<F>())
     }
 }
 
@@ -31,6 +35,9 @@ where
     fn call(self, input: In) -> Value<In> {
         (self.0)(&input);
         value(input)
+    }
+    fn describe_label(&self) -> String {
+        format!("inspect {}", short_type_name::<F>())
     }
 }
 

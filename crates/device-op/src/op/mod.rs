@@ -43,6 +43,7 @@ use cuflow_runtime::{DeviceError, Stream};
 use cuflow_scheduler::{PriorityLevel, SchedulingPolicy};
 
 use crate::context::{ExecutionContext, ExecutionStats};
+use crate::describe::{short_type_name, DagBuilder, DagDump, Described, NodeKind};
 use crate::future::DeviceFuture;
 
 /// Lazy device work producing `Output`.
@@ -60,6 +61,13 @@ pub trait DeviceOp: Send {
     ///
     /// Any [`DeviceError`] hit while enqueueing.
     fn execute(self, ctx: &mut ExecutionContext) -> Result<Self::Output, DeviceError>;
+
+    /// Adds the op's structure to `dag` and returns its entry and exit nodes (see
+    /// [`DeviceOpExt::describe`]). By default, one node named after the op's type; the
+    /// combinators describe their parts.
+    fn describe_into(&self, dag: &mut DagBuilder) -> Described {
+        dag.node(NodeKind::Opaque, short_type_name::<Self>())
+    }
 }
 
 /// The combinators and executors of every [`DeviceOp`].
@@ -176,6 +184,28 @@ pub trait DeviceOpExt: DeviceOp + Sized {
     /// ```
     fn named(self, name: impl Into<std::borrow::Cow<'static, str>>) -> Named<Self> {
         Named::new(self, name.into())
+    }
+
+    /// The op's structure before it runs, as a graph: its `from_fn` work, values, `then`
+    /// continuations, `zip!` forks and joins, `shared` producers and named ops (see
+    /// [`crate::describe`] for what is known before an op runs and what only its trace shows).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cuflow_device_op::{from_fn, value, zip, DeviceOpExt};
+    /// let op = zip!(value(2), from_fn(|_ctx| Ok(3))).map(|(a, b)| a * b);
+    /// let dag = op.describe();
+    /// let dot = dag.to_dot();
+    /// assert!(dot.contains("zip (2 branches)") && dot.contains("label=\"join\""));
+    /// println!("{dag}");
+    /// assert_eq!(op.sync()?, 6);
+    /// # Ok::<(), cuflow_runtime::DeviceError>(())
+    /// ```
+    fn describe(&self) -> DagDump {
+        let mut dag = DagBuilder::new();
+        self.describe_into(&mut dag);
+        dag.finish()
     }
 
     /// Erases the op's type, e.g. to keep ops of different types in one `Vec`.

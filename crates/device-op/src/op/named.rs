@@ -6,6 +6,7 @@ use cuflow_runtime::{trace, DeviceError};
 
 use super::DeviceOp;
 use crate::context::ExecutionContext;
+use crate::describe::{DagBuilder, Described};
 
 /// The op returned by [`DeviceOpExt::named`](super::DeviceOpExt::named).
 #[must_use = "device ops do nothing until synced or awaited"]
@@ -26,6 +27,10 @@ impl<O: DeviceOp> DeviceOp for Named<O> {
     fn execute(self, ctx: &mut ExecutionContext) -> Result<O::Output, DeviceError> {
         let _span = trace::op_span(self.name);
         self.op.execute(ctx)
+    }
+
+    fn describe_into(&self, dag: &mut DagBuilder) -> Described {
+        dag.group(&self.name, |dag| self.op.describe_into(dag))
     }
 }
 

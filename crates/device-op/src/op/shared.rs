@@ -39,6 +39,7 @@ use cuflow_runtime::{trace, DeviceError, Event, StreamId};
 
 use super::{DeviceOp, Value};
 use crate::context::ExecutionContext;
+use crate::describe::{DagBuilder, Described};
 
 const IDLE: u8 = 0;
 const RUNNING: u8 = 1;
@@ -405,6 +406,18 @@ where
             ctx.wait_for(&event)?;
         }
         Ok(output)
+    }
+
+    fn describe_into(&self, dag: &mut DagBuilder) -> Described {
+        // Every clone is one op: described once, keyed by the state they share.
+        let key = Arc::as_ptr(&self.inner) as *const () as usize;
+        dag.shared(key, |dag| {
+            self.inner
+                .op
+                .lock()
+                .as_ref()
+                .map(|op| op.describe_into(dag))
+        })
     }
 }
 

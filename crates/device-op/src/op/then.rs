@@ -4,6 +4,7 @@ use cuflow_runtime::DeviceError;
 
 use super::DeviceOp;
 use crate::context::ExecutionContext;
+use crate::describe::{short_type_name, DagBuilder, Described, EdgeKind, NodeKind};
 
 /// What `then` accepts: a closure from the first op's output to the next op, or one of the
 /// adapters behind `map` and `inspect`.
@@ -12,6 +13,11 @@ pub trait Continuation<In>: Send {
     type Next: DeviceOp;
     /// Builds the next op from the first op's output.
     fn call(self, input: In) -> Self::Next;
+
+    /// How [`DeviceOpExt::describe`](super::DeviceOpExt::describe) labels the continuation.
+    fn describe_label(&self) -> String {
+        format!("then {}", short_type_name::<Self>())
+    }
 }
 
 impl<In, F, B> Continuation<In> for F
@@ -48,6 +54,16 @@ where
     fn execute(self, ctx: &mut ExecutionContext) -> Result<Self::Output, DeviceError> {
         let x = self.first.execute(ctx)?;
         self.next.call(x).execute(ctx)
+    }
+
+    fn describe_into(&self, dag: &mut DagBuilder) -> Described {
+        let first = self.first.describe_into(dag);
+        let next = dag.node(NodeKind::Continuation, self.next.describe_label());
+        dag.edge(first.exit, next.entry, EdgeKind::Then);
+        Described {
+            entry: first.entry,
+            exit: next.exit,
+        }
     }
 }
 

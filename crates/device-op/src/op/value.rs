@@ -4,6 +4,7 @@ use cuflow_runtime::DeviceError;
 
 use super::DeviceOp;
 use crate::context::ExecutionContext;
+use crate::describe::{DagBuilder, Described, NodeKind};
 
 /// The op returned by [`value`].
 #[must_use = "device ops do nothing until synced or awaited"]
@@ -27,6 +28,10 @@ impl<T: Send> DeviceOp for Value<T> {
 
     fn execute(self, _ctx: &mut ExecutionContext) -> Result<T, DeviceError> {
         Ok(self.0)
+    }
+
+    fn describe_into(&self, dag: &mut DagBuilder) -> Described {
+        dag.node(NodeKind::Value, "value")
     }
 }
 

@@ -4,6 +4,7 @@ use cuflow_runtime::DeviceError;
 
 use super::DeviceOp;
 use crate::context::ExecutionContext;
+use crate::describe::{short_type_name, DagBuilder, Described, NodeKind};
 
 /// The op returned by [`with_context`].
 #[must_use = "device ops do nothing until synced or awaited"]
@@ -36,6 +37,10 @@ where
 
     fn execute(self, ctx: &mut ExecutionContext) -> Result<B::Output, DeviceError> {
         (self.0)(ctx).execute(ctx)
+    }
+
+    fn describe_into(&self, dag: &mut DagBuilder) -> Described {
+        dag.node(NodeKind::Work, short_type_name::<F>())
     }
 }
 

@@ -5,6 +5,7 @@ use cuflow_scheduler::PriorityLevel;
 
 use super::DeviceOp;
 use crate::context::ExecutionContext;
+use crate::describe::{DagBuilder, Described};
 
 /// The op returned by [`DeviceOpExt::with_priority`](super::DeviceOpExt::with_priority).
 #[must_use = "device ops do nothing until synced or awaited"]
@@ -25,6 +26,10 @@ impl<O: DeviceOp> DeviceOp for WithPriority<O> {
     fn execute(self, ctx: &mut ExecutionContext) -> Result<O::Output, DeviceError> {
         let op = self.op;
         ctx.with_priority(self.level, move |ctx| op.execute(ctx))
+    }
+
+    fn describe_into(&self, dag: &mut DagBuilder) -> Described {
+        self.op.describe_into(dag)
     }
 }
 

@@ -9,6 +9,7 @@ use cuflow_runtime::{trace, DeviceError};
 
 use super::DeviceOp;
 use crate::context::ExecutionContext;
+use crate::describe::{DagBuilder, Described, EdgeKind, NodeKind};
 
 /// The op span of branch `index` while it executes (`zip branch 2 → stream 7`); nothing
 /// while untraced.
@@ -64,6 +65,18 @@ macro_rules! zip_op {
                 )+
                 $( ctx.join_branch($ctx)?; )+
                 Ok(($($out.ok_or_else(unfilled)?,)+))
+            }
+
+            fn describe_into(&self, dag: &mut DagBuilder) -> Described {
+                let $name($($op),+) = self;
+                let fork = dag.node(NodeKind::Fork, format!("zip ({} branches)", $n)).entry;
+                let ends = [$($op.describe_into(dag)),+];
+                let join = dag.node(NodeKind::Join, "join").entry;
+                for b in ends {
+                    dag.edge(fork, b.entry, EdgeKind::Fork);
+                    dag.edge(b.exit, join, EdgeKind::Join);
+                }
+                Described { entry: fork, exit: join }
             }
         }
 
@@ -181,6 +194,16 @@ impl<O: DeviceOp> DeviceOp for JoinAll<O> {
             outputs.push(out.ok_or_else(unfilled)?);
         }
         Ok(outputs)
+    }
+
+    fn describe_into(&self, dag: &mut DagBuilder) -> Described {
+        let label = format!("join_all ({} branches)", self.0.len());
+        dag.fork_join(
+            label,
+            self.0
+                .iter()
+                .map(|op| move |dag: &mut DagBuilder| op.describe_into(dag)),
+        )
     }
 }
 

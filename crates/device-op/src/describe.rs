@@ -1,0 +1,325 @@
+//! An op's structure before it runs, as a graph ([`DagDump`]): what
+//! [`DeviceOpExt::describe`](crate::DeviceOpExt::describe) returns.
+//!
+//! Before an op runs, its combinators are known (`then`, `zip!`, `shared`, named ops) but not
+//! what its closures will enqueue nor which streams the policy will pick: a `from_fn` is one
+//! node named after its closure (`ops::fill`), a `then` continuation one node that stands for
+//! the op it will build. What ran, on which stream, joined by which events, is the trace of
+//! an execution (`cuflow_runtime::trace`, `Trace::to_dot`).
+//!
+//! Ops of other crates describe themselves as one node named after their type unless they
+//! implement [`DeviceOp::describe_into`].
+
+use std::collections::HashMap;
+use std::fmt::{self, Write as _};
+
+#[cfg(doc)]
+use crate::op::DeviceOp;
+
+/// What a node of a [`DagDump`] stands for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum NodeKind {
+    /// Device or host work built by a closure (`from_fn`, `with_context`).
+    Work,
+    /// A ready value (`value`).
+    Value,
+    /// A `then` continuation: the op it builds is known only when the first op's output is.
+    Continuation,
+    /// Where a `zip!` / `join_all` forks its branches (each may get its own stream).
+    Fork,
+    /// Where the branches join back into the parent's stream.
+    Join,
+    /// A `shared` op: produced once, waited for by every consumer on another stream.
+    Shared,
+    /// An op of another crate that does not describe its parts.
+    Opaque,
+}
+
+impl NodeKind {
+    /// A short lower-case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NodeKind::Work => "work",
+            NodeKind::Value => "value",
+            NodeKind::Continuation => "then",
+            NodeKind::Fork => "fork",
+            NodeKind::Join => "join",
+            NodeKind::Shared => "shared",
+            NodeKind::Opaque => "op",
+        }
+    }
+}
+
+/// What an edge of a [`DagDump`] stands for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum EdgeKind {
+    /// `then`: the next op runs after, on the same stream.
+    Then,
+    /// A fork into a branch (a fork event when the branch gets another stream).
+    Fork,
+    /// A branch joining its parent (a join event when it ran on another stream).
+    Join,
+    /// A `shared` op's producer to its result, which consumers wait for.
+    Shared,
+}
+
+impl EdgeKind {
+    /// A short lower-case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EdgeKind::Then => "then",
+            EdgeKind::Fork => "fork",
+            EdgeKind::Join => "join",
+            EdgeKind::Shared => "shared",
+        }
+    }
+}
+
+/// A node: its kind, label, and the named op (group) it is in.
+#[derive(Debug, Clone)]
+pub struct DagNode {
+    /// What it stands for.
+    pub kind: NodeKind,
+    /// Its label (`ops::fill`, `zip (4 branches)`, ...).
+    pub label: String,
+    /// The innermost group (named op) holding it: an index into [`DagDump::groups`].
+    pub group: Option<usize>,
+}
+
+/// An edge between two nodes (indices into [`DagDump::nodes`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DagEdge {
+    /// The node before.
+    pub from: usize,
+    /// The node after.
+    pub to: usize,
+    /// What orders them.
+    pub kind: EdgeKind,
+}
+
+/// A group of nodes: a named op ([`DeviceOpExt::named`](crate::DeviceOpExt::named)).
+#[derive(Debug, Clone)]
+pub struct DagGroup {
+    /// The op's name.
+    pub name: String,
+    /// The group holding this one.
+    pub parent: Option<usize>,
+}
+
+/// An op's structure as a graph. `to_dot()` renders it for Graphviz, `Display` as text.
+///
+/// ```
+/// use cuflow_device_op::{value, zip, DeviceOpExt};
+/// let op = zip!(value(1), value(2)).map(|(a, b)| a + b).named("sum");
+/// let dag = op.describe();
+/// assert_eq!(dag.nodes.len(), 5); // fork, two values, join, the map
+/// assert!(dag.to_dot().contains("cluster"));
+/// assert_eq!(op.sync()?, 3);
+/// # Ok::<(), cuflow_runtime::DeviceError>(())
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct DagDump {
+    /// The nodes.
+    pub nodes: Vec<DagNode>,
+    /// The edges.
+    pub edges: Vec<DagEdge>,
+    /// The groups (named ops).
+    pub groups: Vec<DagGroup>,
+}
+
+/// The entry and exit nodes of a described op, for its caller to connect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Described {
+    /// The node where the op begins.
+    pub entry: usize,
+    /// The node where it ends.
+    pub exit: usize,
+}
+
+/// Builds a [`DagDump`]; ops add their nodes through it in
+/// [`DeviceOp::describe_into`].
+#[derive(Debug, Default)]
+pub struct DagBuilder {
+    dump: DagDump,
+    groups: Vec<usize>,
+    shared: HashMap<usize, Described>,
+}
+
+impl DagBuilder {
+    /// An empty graph.
+    pub fn new() -> DagBuilder {
+        DagBuilder::default()
+    }
+
+    /// Adds a node; it is both the entry and the exit of what it describes.
+    pub fn node(&mut self, kind: NodeKind, label: impl Into<String>) -> Described {
+        let id = self.dump.nodes.len();
+        self.dump.nodes.push(DagNode {
+            kind,
+            label: label.into(),
+            group: self.groups.last().copied(),
+        });
+        Described {
+            entry: id,
+            exit: id,
+        }
+    }
+
+    /// Adds an edge.
+    pub fn edge(&mut self, from: usize, to: usize, kind: EdgeKind) {
+        self.dump.edges.push(DagEdge { from, to, kind });
+    }
+
+    /// Describes `f`'s nodes inside a group named `name`.
+    pub fn group<R>(&mut self, name: &str, f: impl FnOnce(&mut DagBuilder) -> R) -> R {
+        let id = self.dump.groups.len();
+        self.dump.groups.push(DagGroup {
+            name: name.to_string(),
+            parent: self.groups.last().copied(),
+        });
+        self.groups.push(id);
+        let r = f(self);
+        self.groups.pop();
+        r
+    }
+
+    /// Describes a fork into `branches` joined again: a fork node, each branch, a join node.
+    pub fn fork_join(
+        &mut self,
+        label: String,
+        branches: impl IntoIterator<Item = impl FnOnce(&mut DagBuilder) -> Described>,
+    ) -> Described {
+        let fork = self.node(NodeKind::Fork, label).entry;
+        let ends: Vec<Described> = branches.into_iter().map(|b| b(self)).collect();
+        let join = self.node(NodeKind::Join, "join").entry;
+        for b in ends {
+            self.edge(fork, b.entry, EdgeKind::Fork);
+            self.edge(b.exit, join, EdgeKind::Join);
+        }
+        Described {
+            entry: fork,
+            exit: join,
+        }
+    }
+
+    /// Describes a shared op once, whatever the number of its clones in the graph: `key`
+    /// identifies it, `describe` adds its producer the first time.
+    pub fn shared(
+        &mut self,
+        key: usize,
+        describe: impl FnOnce(&mut DagBuilder) -> Option<Described>,
+    ) -> Described {
+        if let Some(d) = self.shared.get(&key) {
+            return *d;
+        }
+        let producer = describe(self);
+        let label = match producer {
+            Some(_) => "shared (runs once)",
+            None => "shared (already ran)",
+        };
+        let node = self.node(NodeKind::Shared, label);
+        if let Some(p) = producer {
+            self.edge(p.exit, node.entry, EdgeKind::Shared);
+        }
+        self.shared.insert(key, node);
+        node
+    }
+
+    /// The finished graph.
+    pub fn finish(self) -> DagDump {
+        self.dump
+    }
+}
+
+/// `T`'s type name, short: generics and closure markers dropped, the last two path segments
+/// kept (`cuflow_testing::ops::fill::{{closure}}` → `ops::fill`).
+pub fn short_type_name<T: ?Sized>() -> String {
+    let full = std::any::type_name::<T>();
+    let base = full.split('<').next().unwrap_or(full);
+    let segments: Vec<&str> = base
+        .split("::")
+        .filter(|s| !s.is_empty() && !s.starts_with("{{"))
+        .collect();
+    let keep = segments.len().saturating_sub(2);
+    segments[keep..].join("::")
+}
+
+impl DagDump {
+    /// The graph in Graphviz DOT: named ops are clusters; forks and joins are small
+    /// diamonds, continuations dashed ellipses, `shared` results double octagons.
+    pub fn to_dot(&self) -> String {
+        let mut out = String::from(
+            "digraph cuflow_op {\n  rankdir=TB;\n  node [shape=box, fontname=\"monospace\"];\n",
+        );
+        self.write_group(&mut out, None, 1);
+        for e in &self.edges {
+            let style = match e.kind {
+                EdgeKind::Then => "",
+                EdgeKind::Fork | EdgeKind::Join => ", style=dashed",
+                EdgeKind::Shared => ", style=bold",
+            };
+            let _ = writeln!(
+                out,
+                "  n{} -> n{} [label=\"{}\"{style}];",
+                e.from,
+                e.to,
+                e.kind.as_str()
+            );
+        }
+        out.push_str("}\n");
+        out
+    }
+
+    fn write_group(&self, out: &mut String, group: Option<usize>, depth: usize) {
+        let pad = "  ".repeat(depth);
+        for (i, n) in self
+            .nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| n.group == group)
+        {
+            let shape = match n.kind {
+                NodeKind::Fork | NodeKind::Join => "shape=diamond, ",
+                NodeKind::Continuation => "shape=ellipse, style=dashed, ",
+                NodeKind::Shared => "shape=doubleoctagon, ",
+                NodeKind::Value => "shape=ellipse, ",
+                NodeKind::Work | NodeKind::Opaque => "",
+            };
+            let label = n.label.replace('\\', "\\\\").replace('"', "\\\"");
+            let _ = writeln!(out, "{pad}n{i} [{shape}label=\"{label}\"];");
+        }
+        for (g, grp) in self
+            .groups
+            .iter()
+            .enumerate()
+            .filter(|(_, g)| g.parent == group)
+        {
+            let name = grp.name.replace('\\', "\\\\").replace('"', "\\\"");
+            let _ = writeln!(
+                out,
+                "{pad}subgraph cluster_{g} {{\n{pad}  label=\"{name}\";"
+            );
+            self.write_group(out, Some(g), depth + 1);
+            let _ = writeln!(out, "{pad}}}");
+        }
+    }
+}
+
+/// One line per node (`n3 [fork] zip (2 branches)  in: sum`), then one per edge.
+impl fmt::Display for DagDump {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, n) in self.nodes.iter().enumerate() {
+            write!(f, "n{i} [{}] {}", n.kind.as_str(), n.label)?;
+            if let Some(g) = n.group {
+                write!(f, "  in: {}", self.groups[g].name)?;
+            }
+            writeln!(f)?;
+        }
+        for e in &self.edges {
+            writeln!(f, "n{} -> n{} ({})", e.from, e.to, e.kind.as_str())?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,119 @@
+//! `describe`: an op's structure before it runs, as nodes and edges, DOT and text.
+
+use cuflow_device_op::describe::{DagDump, EdgeKind, NodeKind};
+use cuflow_device_op::{join_all, value, zip, DeviceError, DeviceOpExt};
+use cuflow_testing::ops::*;
+
+fn nodes(dag: &DagDump, kind: NodeKind) -> Vec<usize> {
+    (0..dag.nodes.len())
+        .filter(|&i| dag.nodes[i].kind == kind)
+        .collect()
+}
+
+fn has_edge(dag: &DagDump, from: usize, to: usize, kind: EdgeKind) -> bool {
+    dag.edges
+        .iter()
+        .any(|e| e.from == from && e.to == to && e.kind == kind)
+}
+
+#[test]
+fn a_fork_and_join_then_a_continuation_has_its_nodes_and_edges() -> Result<(), DeviceError> {
+    let (a, b, c) = (buffer(0.0), buffer(0.0), buffer(0.0));
+    let op = zip!(fill(&a, 1.0), fill(&b, 2.0))
+        .then(|(a, b)| add(&c, &a, &b))
+        .named("sum");
+    let dag = op.describe();
+
+    let work = nodes(&dag, NodeKind::Work);
+    assert_eq!(work.len(), 2, "{dag}");
+    for &w in &work {
+        assert_eq!(dag.nodes[w].label, "ops::fill", "{dag}");
+    }
+    let (fork, join, then) = (
+        nodes(&dag, NodeKind::Fork),
+        nodes(&dag, NodeKind::Join),
+        nodes(&dag, NodeKind::Continuation),
+    );
+    assert_eq!((fork.len(), join.len(), then.len()), (1, 1, 1), "{dag}");
+    assert_eq!(dag.nodes[fork[0]].label, "zip (2 branches)");
+    for &w in &work {
+        assert!(has_edge(&dag, fork[0], w, EdgeKind::Fork), "{dag}");
+        assert!(has_edge(&dag, w, join[0], EdgeKind::Join), "{dag}");
+    }
+    assert!(has_edge(&dag, join[0], then[0], EdgeKind::Then), "{dag}");
+    assert_eq!(dag.edges.len(), 5, "{dag}");
+    // Everything is inside the named op.
+    assert_eq!(dag.groups.len(), 1);
+    assert_eq!(dag.groups[0].name, "sum");
+    assert!(dag.nodes.iter().all(|n| n.group == Some(0)), "{dag}");
+
+    let dot = dag.to_dot();
+    assert!(dot.starts_with("digraph"), "{dot}");
+    assert!(
+        dot.contains("subgraph cluster_0") && dot.contains("label=\"sum\""),
+        "{dot}"
+    );
+    assert!(
+        dot.contains(&format!("n{} -> n{} [label=\"then\"]", join[0], then[0])),
+        "{dot}"
+    );
+    assert!(
+        dot.contains(&format!("n{} -> n{} [label=\"fork\"", fork[0], work[0])),
+        "{dot}"
+    );
+    let text = dag.to_string();
+    assert!(text.contains("[fork] zip (2 branches)  in: sum"), "{text}");
+
+    // Describing does not run the op: it still runs, and once.
+    op.sync()?;
+    assert_all(&c, 3.0, "the sum");
+    Ok(())
+}
+
+#[test]
+fn a_shared_op_is_one_node_whatever_its_clones() -> Result<(), DeviceError> {
+    let a = buffer(0.0);
+    let s = fill(&a, 4.0).shared();
+    let op = join_all(vec![s.clone(), s.clone(), s.clone()]);
+    let dag = op.describe();
+    let shared = nodes(&dag, NodeKind::Shared);
+    assert_eq!(shared.len(), 1, "{dag}");
+    assert_eq!(dag.nodes[shared[0]].label, "shared (runs once)");
+    let producer = nodes(&dag, NodeKind::Work);
+    assert_eq!(producer.len(), 1, "{dag}");
+    assert!(
+        has_edge(&dag, producer[0], shared[0], EdgeKind::Shared),
+        "{dag}"
+    );
+    let fork = nodes(&dag, NodeKind::Fork)[0];
+    let forks = dag
+        .edges
+        .iter()
+        .filter(|e| e.from == fork && e.to == shared[0])
+        .count();
+    assert_eq!(forks, 3, "{dag}");
+    assert_eq!(dag.nodes[fork].label, "join_all (3 branches)");
+
+    op.sync()?;
+    assert!(s.is_finished());
+    let after = s.describe();
+    assert_eq!(after.nodes.len(), 1);
+    assert_eq!(after.nodes[0].label, "shared (already ran)");
+    Ok(())
+}
+
+#[test]
+fn boxed_prioritized_and_mapped_ops_describe_their_parts() {
+    let op = value(1)
+        .map(|v| v + 1)
+        .inspect(|_| {})
+        .with_priority(cuflow_scheduler::PriorityLevel::High)
+        .boxed();
+    let dag = op.describe();
+    let labels: Vec<&str> = dag.nodes.iter().map(|n| n.label.as_str()).collect();
+    assert_eq!(labels.len(), 3, "{dag}");
+    assert_eq!(labels[0], "value");
+    assert!(labels[1].starts_with("map "), "{labels:?}");
+    assert!(labels[2].starts_with("inspect "), "{labels:?}");
+    assert_eq!(dag.edges.len(), 2);
+}
