@@ -234,6 +234,16 @@ impl<T: Send> CudaGraph<T> {
         &self.graph
     }
 
+    /// The recorded graph in Graphviz DOT ([`Graph::to_dot`]): the driver's dump on CUDA,
+    /// the recorded work on the host backend; either lists the graph's kernels by name.
+    ///
+    /// # Errors
+    ///
+    /// As [`Graph::to_dot`].
+    pub fn to_dot(&self) -> Result<String, DeviceError> {
+        self.graph.to_dot()
+    }
+
     /// What the capture recorded: events, waits, streams used.
     pub fn capture_stats(&self) -> &ExecutionStats {
         &self.stats

@@ -169,6 +169,33 @@ impl Graph {
         &self.device
     }
 
+    /// The graph in Graphviz DOT. On CUDA, the driver's own dump (`cuGraphDebugDotPrint`,
+    /// verbose: kernel names, launch and copy parameters); on the host backend, the recorded
+    /// work, one node per task (`test_fill (kernel) grid 4x1x1 block 256x1x1`), with its
+    /// dependencies.
+    ///
+    /// # Errors
+    ///
+    /// A driver error, or [`DeviceError::Usage`] when the driver's dump cannot be written to
+    /// and read back from the temporary directory.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cuflow_runtime::{Device, DeviceBuffer};
+    /// # fn main() -> Result<(), cuflow_runtime::DeviceError> {
+    /// let stream = Device::host().new_stream()?;
+    /// let buf = DeviceBuffer::<u8>::zeroed(&stream, 64)?;
+    /// stream.begin_capture()?;
+    /// buf.view().fill_bytes(&stream, 7)?;
+    /// let graph = stream.end_capture()?;
+    /// assert!(graph.to_dot()?.contains("memset 64 bytes"));
+    /// # Ok(()) }
+    /// ```
+    pub fn to_dot(&self) -> Result<String> {
+        self.backend.to_dot()
+    }
+
     /// How many nodes (kernels, copies, memsets, event waits) the graph holds.
     ///
     /// # Errors

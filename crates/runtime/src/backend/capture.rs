@@ -18,6 +18,13 @@ pub(crate) enum GraphBackend {
 }
 
 impl GraphBackend {
+    pub(crate) fn to_dot(&self) -> Result<String> {
+        match self {
+            GraphBackend::Host(g) => Ok(g.to_dot()),
+            GraphBackend::Cuda(g) => g.debug_dot(),
+        }
+    }
+
     pub(crate) fn node_count(&self) -> Result<usize> {
         match self {
             GraphBackend::Host(g) => Ok(g.node_count()),

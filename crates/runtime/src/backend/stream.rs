@@ -55,7 +55,9 @@ impl StreamBackend {
             (StreamBackend::Cuda(s), EventBackend::Cuda(e)) => s.wait_event(e),
             (StreamBackend::Host(s), EventBackend::Cuda(_)) => {
                 let event = event.clone();
-                s.enqueue(Arc::new(move || event.synchronize()))
+                s.enqueue(Arc::new(move || event.synchronize()), || {
+                    "wait for a CUDA event".into()
+                })
             }
             (StreamBackend::Cuda(_), EventBackend::Host(_)) => event.synchronize(),
         }

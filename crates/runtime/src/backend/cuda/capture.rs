@@ -42,6 +42,41 @@ impl CudaGraphHandle {
         Ok(nodes)
     }
 
+    /// The graph in Graphviz DOT, as the driver prints it (`cuGraphDebugDotPrint`, verbose:
+    /// kernel names and launch parameters, copy and memset parameters), through a temporary
+    /// file.
+    pub(crate) fn debug_dot(&self) -> Result<String> {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path =
+            std::env::temp_dir().join(format!("cuflow-graph-{}-{n}.dot", std::process::id()));
+        let io = |e: std::io::Error| {
+            crate::error::DeviceError::usage(format!(
+                "Graph::to_dot: the driver's dump could not go through {}: {e}",
+                path.display()
+            ))
+        };
+        let c_path = std::ffi::CString::new(path.to_string_lossy().as_bytes())
+            .map_err(|e| io(std::io::Error::other(e)))?;
+        {
+            let _bound = self.shared.bind()?;
+            // SAFETY: the graph is alive; `c_path` is a NUL-terminated path alive for the
+            // call; the driver only writes that file.
+            unsafe {
+                sys::cuGraphDebugDotPrint(
+                    self.graph,
+                    c_path.as_ptr(),
+                    sys::CUgraphDebugDot_flags_enum::CU_GRAPH_DEBUG_DOT_FLAGS_VERBOSE as u32,
+                )
+            }
+            .result()
+            .map_err(|e| driver_err("cuGraphDebugDotPrint", e))?;
+        }
+        let dot = std::fs::read_to_string(&path).map_err(io);
+        let _ = std::fs::remove_file(&path);
+        dot
+    }
+
     pub(crate) fn node_count(&self) -> Result<usize> {
         Ok(self.nodes()?.len())
     }

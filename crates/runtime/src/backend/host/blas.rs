@@ -69,7 +69,10 @@ pub(crate) fn gemm(
     b: GemmOperand,
     c: GemmOperand,
 ) -> Result<()> {
-    stream.enqueue(Arc::new(move || run(dtype, &cfg, &a, &b, &c)))
+    let (m, n, k) = (cfg.m, cfg.n, cfg.k);
+    stream.enqueue(Arc::new(move || run(dtype, &cfg, &a, &b, &c)), move || {
+        format!("gemm {m}x{n}x{k}")
+    })
 }
 
 enum Guard<'g> {

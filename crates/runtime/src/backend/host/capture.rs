@@ -10,6 +10,8 @@ use crate::error::{DeviceError, Result};
 pub(crate) struct HostNode {
     pub(crate) task: HostTask,
     pub(crate) deps: Vec<usize>,
+    /// What the node does (`test_fill (kernel) grid 4x1x1 block 256x1x1`), for dumps.
+    pub(crate) label: String,
 }
 
 /// The graph being recorded, shared by the streams that take part in the capture.
@@ -36,12 +38,13 @@ impl CaptureCursor {
         }
     }
 
-    pub(crate) fn record(&mut self, task: HostTask) {
+    pub(crate) fn record(&mut self, task: HostTask, label: String) {
         let mut nodes = self.capture.0.lock();
         let idx = nodes.len();
         nodes.push(HostNode {
             task,
             deps: std::mem::take(&mut self.frontier),
+            label,
         });
         self.frontier.push(idx);
     }
@@ -98,6 +101,24 @@ impl HostGraph {
 
     pub(crate) fn node_count(&self) -> usize {
         self.nodes.len()
+    }
+
+    /// The recorded work in Graphviz DOT: one node per recorded task, labelled with what it
+    /// does, and the dependency edges.
+    pub(crate) fn to_dot(&self) -> String {
+        use std::fmt::Write as _;
+        let mut out = String::from(
+            "digraph cuflow_host_graph {\n  node [shape=box, fontname=\"monospace\"];\n",
+        );
+        for (i, n) in self.nodes.iter().enumerate() {
+            let label = n.label.replace('\\', "\\\\").replace('"', "\\\"");
+            let _ = writeln!(out, "  n{i} [label=\"{i}: {label}\"];");
+        }
+        for (from, to) in self.edges() {
+            let _ = writeln!(out, "  n{from} -> n{to};");
+        }
+        out.push_str("}\n");
+        out
     }
 
     pub(crate) fn edges(&self) -> Vec<(usize, usize)> {

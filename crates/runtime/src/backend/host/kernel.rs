@@ -32,7 +32,15 @@ pub(crate) fn launch_host_kernel(
         .iter()
         .map(|a| a.map_mem(|mem| Arc::clone(mem)))
         .collect();
-    stream.enqueue(Arc::new(move || run(&name, &*f, config, &owned)))
+    let kernel = Arc::clone(&name);
+    let label = move || {
+        let (g, b) = (config.grid, config.block);
+        format!(
+            "{kernel} (kernel) grid {}x{}x{} block {}x{}x{}",
+            g.0, g.1, g.2, b.0, b.1, b.2
+        )
+    };
+    stream.enqueue(Arc::new(move || run(&name, &*f, config, &owned)), label)
 }
 
 fn run(

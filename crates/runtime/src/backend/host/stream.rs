@@ -107,12 +107,13 @@ impl HostStream {
             })
     }
 
-    /// Enqueues a task, or records it when the stream is capturing.
-    pub(crate) fn enqueue(&self, task: HostTask) -> Result<()> {
+    /// Enqueues a task, or records it when the stream is capturing; `label` says what it does
+    /// (called only when recorded, for the graph's dump).
+    pub(crate) fn enqueue(&self, task: HostTask, label: impl FnOnce() -> String) -> Result<()> {
         {
             let mut cap = self.core.capture.lock();
             if let Some(cursor) = cap.as_mut() {
-                cursor.record(task);
+                cursor.record(task, label());
                 return Ok(());
             }
         }
@@ -176,7 +177,7 @@ impl HostStream {
                     Some(f) => cursor.add_dependencies(f),
                     None => {
                         let state = event.state.clone();
-                        cursor.record(Arc::new(move || state.wait()));
+                        cursor.record(Arc::new(move || state.wait()), "event wait".into());
                     }
                 }
                 return Ok(());
@@ -189,7 +190,7 @@ impl HostStream {
             });
         }
         let state = event.state.clone();
-        self.enqueue(Arc::new(move || state.wait()))
+        self.enqueue(Arc::new(move || state.wait()), || "event wait".into())
     }
 
     pub(crate) fn begin_capture(&self) -> Result<CaptureBackend> {
@@ -234,13 +235,17 @@ impl HostStream {
         data: Vec<u8>,
     ) -> Result<()> {
         let data = Arc::new(data);
-        self.enqueue(Arc::new(move || {
-            let h = super::memory::host_mem(&mem)?;
-            let mut w = h.write();
-            let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut w[..]);
-            bytes[offset..offset + data.len()].copy_from_slice(&data);
-            Ok(())
-        }))
+        let len = data.len();
+        self.enqueue(
+            Arc::new(move || {
+                let h = super::memory::host_mem(&mem)?;
+                let mut w = h.write();
+                let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut w[..]);
+                bytes[offset..offset + data.len()].copy_from_slice(&data);
+                Ok(())
+            }),
+            || format!("copy host to device, {len} bytes"),
+        )
     }
 
     pub(crate) fn copy_to_host(
@@ -266,29 +271,33 @@ impl HostStream {
         dst_offset: usize,
         len: usize,
     ) -> Result<()> {
-        self.enqueue(Arc::new(move || {
-            let s = super::memory::host_mem(&src)?;
-            if Arc::ptr_eq(&src, &dst) {
-                let mut w = s.write();
-                let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut w[..]);
-                bytes.copy_within(src_offset..src_offset + len, dst_offset);
-                return Ok(());
-            }
-            let d = super::memory::host_mem(&dst)?;
-            // Lock in address order so that opposite copies on two streams cannot deadlock.
-            let src_first = (s as *const _ as usize) < (d as *const _ as usize);
-            let (r, mut w) = if src_first {
-                let r = s.read();
-                (r, d.write())
-            } else {
-                let w = d.write();
-                (s.read(), w)
-            };
-            let from: &[u8] = bytemuck::cast_slice(&r[..]);
-            let to: &mut [u8] = bytemuck::cast_slice_mut(&mut w[..]);
-            to[dst_offset..dst_offset + len].copy_from_slice(&from[src_offset..src_offset + len]);
-            Ok(())
-        }))
+        self.enqueue(
+            Arc::new(move || {
+                let s = super::memory::host_mem(&src)?;
+                if Arc::ptr_eq(&src, &dst) {
+                    let mut w = s.write();
+                    let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut w[..]);
+                    bytes.copy_within(src_offset..src_offset + len, dst_offset);
+                    return Ok(());
+                }
+                let d = super::memory::host_mem(&dst)?;
+                // Lock in address order so that opposite copies on two streams cannot deadlock.
+                let src_first = (s as *const _ as usize) < (d as *const _ as usize);
+                let (r, mut w) = if src_first {
+                    let r = s.read();
+                    (r, d.write())
+                } else {
+                    let w = d.write();
+                    (s.read(), w)
+                };
+                let from: &[u8] = bytemuck::cast_slice(&r[..]);
+                let to: &mut [u8] = bytemuck::cast_slice_mut(&mut w[..]);
+                to[dst_offset..dst_offset + len]
+                    .copy_from_slice(&from[src_offset..src_offset + len]);
+                Ok(())
+            }),
+            || format!("copy device to device, {len} bytes"),
+        )
     }
 
     pub(crate) fn fill_bytes(
@@ -298,13 +307,16 @@ impl HostStream {
         len: usize,
         value: u8,
     ) -> Result<()> {
-        self.enqueue(Arc::new(move || {
-            let h = super::memory::host_mem(&mem)?;
-            let mut w = h.write();
-            let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut w[..]);
-            bytes[offset..offset + len].fill(value);
-            Ok(())
-        }))
+        self.enqueue(
+            Arc::new(move || {
+                let h = super::memory::host_mem(&mem)?;
+                let mut w = h.write();
+                let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut w[..]);
+                bytes[offset..offset + len].fill(value);
+                Ok(())
+            }),
+            || format!("memset {len} bytes to {value}"),
+        )
     }
 
     pub(crate) fn copy_to_pinned(
@@ -315,15 +327,18 @@ impl HostStream {
         len: usize,
     ) -> Result<()> {
         let target = pinned.shared();
-        self.enqueue(Arc::new(move || {
-            let h = super::memory::host_mem(&mem)?;
-            let r = h.read();
-            let from: &[u8] = bytemuck::cast_slice(&r[..]);
-            let mut p = target.lock();
-            let to: &mut [u8] = bytemuck::cast_slice_mut(&mut p[..]);
-            to[..len].copy_from_slice(&from[offset..offset + len]);
-            Ok(())
-        }))
+        self.enqueue(
+            Arc::new(move || {
+                let h = super::memory::host_mem(&mem)?;
+                let r = h.read();
+                let from: &[u8] = bytemuck::cast_slice(&r[..]);
+                let mut p = target.lock();
+                let to: &mut [u8] = bytemuck::cast_slice_mut(&mut p[..]);
+                to[..len].copy_from_slice(&from[offset..offset + len]);
+                Ok(())
+            }),
+            || format!("copy device to pinned, {len} bytes"),
+        )
     }
 
     pub(crate) fn copy_from_pinned(
@@ -334,25 +349,31 @@ impl HostStream {
         len: usize,
     ) -> Result<()> {
         let source = pinned.shared();
-        self.enqueue(Arc::new(move || {
-            let h = super::memory::host_mem(&mem)?;
-            let p = source.lock();
-            let from: &[u8] = bytemuck::cast_slice(&p[..]);
-            let mut w = h.write();
-            let to: &mut [u8] = bytemuck::cast_slice_mut(&mut w[..]);
-            to[offset..offset + len].copy_from_slice(&from[..len]);
-            Ok(())
-        }))
+        self.enqueue(
+            Arc::new(move || {
+                let h = super::memory::host_mem(&mem)?;
+                let p = source.lock();
+                let from: &[u8] = bytemuck::cast_slice(&p[..]);
+                let mut w = h.write();
+                let to: &mut [u8] = bytemuck::cast_slice_mut(&mut w[..]);
+                to[offset..offset + len].copy_from_slice(&from[..len]);
+                Ok(())
+            }),
+            || format!("copy pinned to device, {len} bytes"),
+        )
     }
 
     pub(crate) fn launch_graph(&self, graph: &HostGraph) -> Result<()> {
         let nodes = graph.nodes();
-        self.enqueue(Arc::new(move || {
-            for node in nodes.iter() {
-                run_task(&node.task)?;
-            }
-            Ok(())
-        }))
+        self.enqueue(
+            Arc::new(move || {
+                for node in nodes.iter() {
+                    run_task(&node.task)?;
+                }
+                Ok(())
+            }),
+            || "graph replay".into(),
+        )
     }
 }
 
