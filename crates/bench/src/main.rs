@@ -4,6 +4,7 @@
 //!
 //! ```text
 //! cuflow-bench <benchmark> [--iters N] [--json PATH]
+//! cuflow-bench trace-svg IN.json OUT.svg [--title TEXT]
 //! cuflow-bench --help
 //! ```
 //!
@@ -14,6 +15,9 @@
 //! fewer than two. Exit status 1 means a benchmark
 //! failed; the figures are printed as a table on stdout and, with `--json`, written to `PATH`.
 //! Committed results live in `docs/perf/`.
+//!
+//! `trace-svg` needs no device: it draws a trace written by `cuflow::trace` (or
+//! `CUFLOW_TRACE`) as an SVG timeline ([`trace_svg`]).
 //!
 //! `unsafe` is denied everywhere but in [`raw`], the raw cudarc baseline, whose launch API needs
 //! it.
@@ -33,6 +37,7 @@ mod python;
 mod raw;
 mod report;
 mod tensor_kernels;
+mod trace_svg;
 
 use std::error::Error as _;
 use std::path::PathBuf;
@@ -124,6 +129,7 @@ const EXIT_USAGE: u8 = 2;
 fn usage() -> String {
     let mut s = String::from(
         "usage: cuflow-bench <benchmark> [--iters N] [--json PATH]\n\
+         \x20      cuflow-bench trace-svg IN.json OUT.svg [--title TEXT]\n\
          \n\
          Runs one benchmark on CUDA device 0 and prints each figure beside its baseline\n\
          measured in the same run, and the ratio. --json PATH also writes them as JSON.\n\
@@ -196,6 +202,15 @@ fn error_chain(error: &BenchError) -> String {
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("trace-svg") {
+        return match trace_svg::main(&args[1..]) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(message) => {
+                eprintln!("cuflow-bench trace-svg: {message}");
+                ExitCode::from(EXIT_USAGE)
+            }
+        };
+    }
     let (benchmark, iters, json) = match parse(&args) {
         Ok(Command::Help) => {
             print!("{}", usage());
