@@ -182,11 +182,29 @@ pub(super) fn start_from_env() {
     }
 }
 
+/// Writes the `CUFLOW_TRACE` trace at process exit. The exiting thread's thread-locals may
+/// be gone by now, so the work runs on a thread of its own; nothing unwinds out of here.
 extern "C" fn write_at_exit() {
-    if RECORDER.lock().is_some() {
-        if let Err(e) = stop() {
-            tracing::warn!("CUFLOW_TRACE: the trace could not be written at exit: {e}");
+    let written = std::panic::catch_unwind(|| {
+        if RECORDER.lock().is_none() {
+            return;
         }
+        let writer = std::thread::Builder::new()
+            .name("cuflow-trace-exit".into())
+            .spawn(|| {
+                if let Err(e) = stop() {
+                    tracing::warn!("CUFLOW_TRACE: the trace could not be written at exit: {e}");
+                }
+            });
+        match writer {
+            Ok(writer) => {
+                let _ = writer.join();
+            }
+            Err(e) => tracing::warn!("CUFLOW_TRACE: could not write the trace at exit: {e}"),
+        }
+    });
+    if written.is_err() {
+        tracing::warn!("CUFLOW_TRACE: writing the trace at exit panicked");
     }
 }
 
