@@ -341,7 +341,7 @@ fn ordered_cold<R>(
     accesses: Accesses<'_>,
     enqueue: impl FnOnce() -> Result<R>,
 ) -> Result<R> {
-    let traced = || trace::traced_enqueue(stream, work, None, enqueue);
+    let traced = || trace::traced_enqueue(stream, work, enqueue);
     if accesses.is_empty() {
         return traced();
     }

@@ -426,7 +426,6 @@ impl Stream {
             return trace::traced_enqueue(
                 self,
                 || Work::HostFn,
-                None,
                 || self.inner.backend.enqueue_host_fn(Box::new(f)),
             );
         }

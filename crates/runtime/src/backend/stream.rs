@@ -250,7 +250,7 @@ impl StreamBackend {
     ) -> Result<()> {
         match (self, code) {
             (StreamBackend::Host(s), KernelCode::Host(f)) => {
-                host::launch_host_kernel(s, name.clone(), Arc::clone(f), config, args)
+                host::launch_host_kernel(s, name, Arc::clone(f), config, args)
             }
             (StreamBackend::Cuda(s), KernelCode::Cuda(k)) => s.launch(k, config, args),
             _ => Err(foreign("a kernel", self.kind())),

@@ -315,7 +315,6 @@ fn resolve(recorder: Recorder) -> Trace {
 pub(crate) fn traced_enqueue<R>(
     stream: &Stream,
     work: impl FnOnce() -> Work,
-    kind: Option<EntryKind>,
     enqueue: impl FnOnce() -> Result<R>,
 ) -> Result<R> {
     let begin = stream.backend().record_event(true);
@@ -328,7 +327,7 @@ pub(crate) fn traced_enqueue<R>(
             let lane = r.stream_lane(stream);
             r.entries.push(Pending {
                 id: next_id(),
-                kind: kind.unwrap_or_else(|| work.kind()),
+                kind: work.kind(),
                 name: work.name(),
                 lane,
                 timing: Timing::Device {

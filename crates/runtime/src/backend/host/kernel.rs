@@ -22,7 +22,7 @@ enum Guard<'g> {
 
 pub(crate) fn launch_host_kernel(
     stream: &HostStream,
-    name: Arc<str>,
+    name: &Arc<str>,
     f: Arc<HostKernelFn>,
     config: LaunchConfig,
     args: &KernelArgs<'_>,
@@ -32,15 +32,18 @@ pub(crate) fn launch_host_kernel(
         .iter()
         .map(|a| a.map_mem(|mem| Arc::clone(mem)))
         .collect();
-    let kernel = Arc::clone(&name);
-    let label = move || {
+    let label = || {
         let (g, b) = (config.grid, config.block);
         format!(
-            "{kernel} (kernel) grid {}x{}x{} block {}x{}x{}",
+            "{name} (kernel) grid {}x{}x{} block {}x{}x{}",
             g.0, g.1, g.2, b.0, b.1, b.2
         )
     };
-    stream.enqueue(Arc::new(move || run(&name, &*f, config, &owned)), label)
+    let task_name = Arc::clone(name);
+    stream.enqueue(
+        Arc::new(move || run(&task_name, &*f, config, &owned)),
+        label,
+    )
 }
 
 fn run(
