@@ -8,7 +8,7 @@
 //!   stream), and one replayed step of its captured graph (one replay).
 //!
 //! ```text
-//! cargo run --example 07_timeline -- [OUT_DIR]      # default target/timeline
+//! cargo run --example 08_timeline -- [OUT_DIR]      # default target/timeline
 //! cargo run -p cuflow-bench -- trace-svg OUT_DIR/overlap.json overlap.svg
 //! ```
 
