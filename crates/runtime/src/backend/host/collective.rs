@@ -107,7 +107,15 @@ pub(crate) fn enqueue_collective(
             recv: own(c.recv),
         })
         .collect();
-    stream.enqueue(Arc::new(move || run_group(&*transport, rank, &calls)))
+    let (first, n) = (calls.first().map(|c| (c.kind.name(), c.count)), calls.len());
+    let label = move || match first {
+        Some((kind, count)) if n == 1 => format!("{kind} of {count} elements"),
+        _ => format!("collective group of {n} calls"),
+    };
+    stream.enqueue(
+        Arc::new(move || run_group(&*transport, rank, &calls)),
+        label,
+    )
 }
 
 fn run_group(t: &dyn HostTransport, rank: usize, calls: &[HostCall]) -> Result<()> {
