@@ -433,7 +433,7 @@ pub fn dup<T: DType, X: TensorInput<T>>(
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
     kernel_op("dup", x, move |stream, x| {
         let out = alloc::<T>(stream, x.shape())?;
-        out.buffer().copy_from(stream, x.buffer())?;
+        out.view("dup")?.copy_from(stream, x.view("dup")?)?;
         Ok(out)
     })
 }
@@ -458,7 +458,7 @@ pub fn memcpy<'a, T: DType, S: TensorInput<T> + 'a>(
                 src.shape(),
             ));
         }
-        dst.buffer().copy_from(stream, src.buffer())
+        dst.view("memcpy")?.copy_from(stream, src.view("memcpy")?)
     })
 }
 
@@ -525,8 +525,8 @@ pub fn cast<I: DType, O: DType, X: TensorInput<I>>(
                 stream,
                 grid_for(stream, out.len()),
                 KernelArgs::new()
-                    .output(&**out.buffer())
-                    .input(&**x.buffer())
+                    .output(out.view("cast")?)
+                    .input(x.view("cast")?)
                     .scalar(out.len() as u64),
             )?;
         }

@@ -20,7 +20,7 @@ enum Arg<'a> {
 trait ErasedInput: Send {
     fn check(&self, stream: &cuflow_runtime::Stream, name: &'static str)
         -> Result<(), DeviceError>;
-    fn push<'b>(&'b self, args: &mut KernelArgs<'b>);
+    fn push<'b>(&'b self, args: &mut KernelArgs<'b>) -> Result<(), DeviceError>;
 }
 
 struct Input<T, V>(V, std::marker::PhantomData<fn() -> T>);
@@ -31,10 +31,12 @@ impl<T: DType, V: TensorRef<T>> ErasedInput for Input<T, V> {
         stream: &cuflow_runtime::Stream,
         name: &'static str,
     ) -> Result<(), DeviceError> {
-        check_device(name, stream, self.0.tensor())
+        check_device(name, stream, self.0.tensor())?;
+        self.0.tensor().view(name).map(|_| ())
     }
-    fn push<'b>(&'b self, args: &mut KernelArgs<'b>) {
-        args.input(&**self.0.tensor().buffer());
+    fn push<'b>(&'b self, args: &mut KernelArgs<'b>) -> Result<(), DeviceError> {
+        args.input(self.0.tensor().view("Launch")?);
+        Ok(())
     }
 }
 
@@ -43,6 +45,13 @@ impl<T: DType, V: TensorRef<T>> ErasedInput for Input<T, V> {
 /// has one block per tile of the partition and `block_threads` threads per block (256 unless
 /// set), so the kernel finds its tile from `blockIdx.x`; pass the shapes it needs as scalars.
 /// On the host backend the kernel's host implementation runs over the same arguments.
+///
+/// Every tensor is passed as a pointer to its first element, its elements packed in
+/// row-major order after it: the output and the inputs must be contiguous (a contiguous view,
+/// such as a [`narrow`](crate::Tensor::narrow) of the first axis, is passed from its first
+/// element). A view that is not contiguous is refused with [`DeviceError::InvalidShape`]
+/// rather than copied, since the kernel cannot say how it indexes its arguments; pass
+/// [`kernels::contiguous`](crate::kernels::contiguous) of it instead.
 ///
 /// The op yields the output partition back.
 ///
@@ -146,6 +155,7 @@ impl<T: DType, P: TensorMut<T>> DeviceOp for Launch<'_, T, P> {
         let stream = ctx.stream()?;
         let out = self.out.get().tensor();
         check_device("Launch", stream, out)?;
+        out.view("Launch")?;
         let t = tiling("Launch", out.shape(), self.out.tile())?;
         for a in &self.args {
             if let Arg::Input(i) = a {
@@ -158,10 +168,10 @@ impl<T: DType, P: TensorMut<T>> DeviceOp for Launch<'_, T, P> {
         })?;
         if grid > 0 {
             let mut args = KernelArgs::new();
-            args.output(&**out.buffer());
+            args.output(out.view("Launch")?);
             for a in &self.args {
                 match a {
-                    Arg::Input(i) => i.push(&mut args),
+                    Arg::Input(i) => i.push(&mut args)?,
                     Arg::Scalar(f) => f(&mut args),
                 }
             }

@@ -34,6 +34,7 @@ mod meta;
 mod op;
 mod tensor;
 mod to_device;
+mod view;
 
 pub use custom::Launch;
 pub use dtype::{DType, FloatDType};

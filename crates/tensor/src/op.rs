@@ -3,7 +3,10 @@
 //!
 //! A kernel op runs its lazy inputs, takes the executing stream and checks that every input
 //! tensor lives on that stream's device before it launches ([`kernel_op`], [`kernel_op2`],
-//! [`kernel_op3`]). Inputs of a kernel that reads several run with their forks kept on the
+//! [`kernel_op3`]). These also copy every input that is not contiguous (a strided view) to a
+//! dense tensor first, on the executing stream, so the kernels behind them read packed rows;
+//! kernels that index strided inputs themselves use [`strided_op`], [`strided_op2`] and
+//! [`strided_op3`], which pass the inputs as they are. Inputs of a kernel that reads several run with their forks kept on the
 //! context's device, since the kernel reads them together there.
 
 use std::collections::HashMap;
@@ -14,7 +17,7 @@ use cuflow_device_op::{from_fn, DeviceOp, ExecutionContext};
 use cuflow_runtime::{DeviceError, Kernel, Stream};
 
 use crate::dtype::DType;
-use crate::kernels::check_device;
+use crate::kernels::{check_device, dense};
 use crate::tensor::{Tensor, TensorInput, TensorRef};
 
 /// A lazy tensor operation: a constructor or a kernel launch that runs when executed, on the
@@ -31,6 +34,17 @@ pub(crate) fn kernel_op<T: DType, X: TensorInput<T>, R: Send>(
     x: X,
     launch: impl FnOnce(&Stream, &Tensor<T>) -> Result<R, DeviceError> + Send,
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> Result<R, DeviceError> + Send> {
+    strided_op(name, x, move |stream, x| {
+        launch(stream, &*dense(name, stream, x)?)
+    })
+}
+
+/// [`kernel_op`] without the copy of strided inputs: `launch` gets the input as it is.
+pub(crate) fn strided_op<T: DType, X: TensorInput<T>, R: Send>(
+    name: &'static str,
+    x: X,
+    launch: impl FnOnce(&Stream, &Tensor<T>) -> Result<R, DeviceError> + Send,
+) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> Result<R, DeviceError> + Send> {
     let x = x.into_op();
     from_fn(move |ctx: &mut ExecutionContext| {
         let x = x.execute(ctx)?;
@@ -42,6 +56,17 @@ pub(crate) fn kernel_op<T: DType, X: TensorInput<T>, R: Send>(
 
 /// [`kernel_op`] over two inputs, run together on the context's device.
 pub(crate) fn kernel_op2<T: DType, U: DType, X: TensorInput<T>, Y: TensorInput<U>, R: Send>(
+    name: &'static str,
+    (x, y): (X, Y),
+    launch: impl FnOnce(&Stream, &Tensor<T>, &Tensor<U>) -> Result<R, DeviceError> + Send,
+) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> Result<R, DeviceError> + Send> {
+    strided_op2(name, (x, y), move |stream, x, y| {
+        launch(stream, &*dense(name, stream, x)?, &*dense(name, stream, y)?)
+    })
+}
+
+/// [`kernel_op2`] without the copy of strided inputs.
+pub(crate) fn strided_op2<T: DType, U: DType, X: TensorInput<T>, Y: TensorInput<U>, R: Send>(
     name: &'static str,
     (x, y): (X, Y),
     launch: impl FnOnce(&Stream, &Tensor<T>, &Tensor<U>) -> Result<R, DeviceError> + Send,
@@ -71,12 +96,43 @@ pub(crate) fn kernel_op3<
     let all = Zip3::new(x.into_op(), y.into_op(), z.into_op());
     from_fn(move |ctx: &mut ExecutionContext| {
         let (x, y, z) = ctx.with_same_device(|ctx| all.execute(ctx))?;
-        let tensors = [x.tensor(), y.tensor(), z.tensor()];
         let stream = ctx.stream()?;
-        for t in tensors {
+        for t in [x.tensor(), y.tensor(), z.tensor()] {
             check_device(name, stream, t)?;
         }
-        launch(stream, tensors)
+        let (x, y, z) = (
+            dense(name, stream, x.tensor())?,
+            dense(name, stream, y.tensor())?,
+            dense(name, stream, z.tensor())?,
+        );
+        launch(stream, [&x, &y, &z])
+    })
+}
+
+/// Three inputs of any dtypes, run together on the context's device and passed to `launch` as
+/// they are (strided inputs are not copied).
+#[allow(clippy::type_complexity)]
+pub(crate) fn strided_op3<
+    T: DType,
+    U: DType,
+    V: DType,
+    X: TensorInput<T>,
+    Y: TensorInput<U>,
+    Z: TensorInput<V>,
+    R: Send,
+>(
+    name: &'static str,
+    (x, y, z): (X, Y, Z),
+    launch: impl FnOnce(&Stream, &Tensor<T>, &Tensor<U>, &Tensor<V>) -> Result<R, DeviceError> + Send,
+) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> Result<R, DeviceError> + Send> {
+    let all = Zip3::new(x.into_op(), y.into_op(), z.into_op());
+    from_fn(move |ctx: &mut ExecutionContext| {
+        let (x, y, z) = ctx.with_same_device(|ctx| all.execute(ctx))?;
+        let stream = ctx.stream()?;
+        check_device(name, stream, x.tensor())?;
+        check_device(name, stream, y.tensor())?;
+        check_device(name, stream, z.tensor())?;
+        launch(stream, x.tensor(), y.tensor(), z.tensor())
     })
 }
 

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use cuflow_device_op::op::{BoxedOp, Shared, Then, Value};
 use cuflow_device_op::{value, DeviceOp, DeviceOpExt};
-use cuflow_runtime::{Device, DeviceBuffer, DeviceError, Stream};
+use cuflow_runtime::{BufferView, Device, DeviceBuffer, DeviceError, Stream};
 use smallvec::SmallVec;
 
 use crate::dtype::DType;
@@ -14,8 +14,18 @@ use crate::op::TensorOp;
 /// A shape: the length of every axis, outermost first.
 pub type Shape = SmallVec<[usize; 4]>;
 
-/// A dense, row-major array of `T` on a device: a device buffer shared through `Arc`, with a
-/// shape and strides.
+/// An array of `T` on a device: a device buffer shared through `Arc`, with a shape, strides
+/// and the offset of its first element in the buffer.
+///
+/// Tensors made by constructors and kernels are dense and row-major. The view methods
+/// ([`narrow`](Tensor::narrow), [`permute`](Tensor::permute), [`expand`](Tensor::expand),
+/// ...) give tensors over the same buffer with other strides and offsets, without copying;
+/// [`contiguous`](crate::kernels::contiguous) makes a dense copy where one is needed. Every
+/// kernel accepts views: an input that is not contiguous is copied (once, on the executing
+/// stream) before a kernel that needs dense rows reads it, and the elementwise, broadcast and
+/// reduction kernels read strided inputs directly. Outputs a kernel writes in place must be
+/// contiguous (a contiguous view, such as a [`narrow`](Tensor::narrow) of the first axis,
+/// is fine).
 ///
 /// Cloning a tensor is cheap and shares its memory, like cloning an `Arc`: a kernel that
 /// writes one clone (an output `Partition`) changes what the others read. This is what lets a
@@ -27,9 +37,10 @@ pub type Shape = SmallVec<[usize; 4]>;
 /// Reading it back ([`Tensor::to_host_vec`]) waits for every piece of queued work that used
 /// its memory.
 pub struct Tensor<T> {
-    buf: Arc<DeviceBuffer<T>>,
-    shape: Shape,
-    strides: Shape,
+    pub(crate) buf: Arc<DeviceBuffer<T>>,
+    pub(crate) shape: Shape,
+    pub(crate) strides: Shape,
+    pub(crate) offset: usize,
 }
 
 /// The row-major strides of `shape`, checked: a shape whose strides leave `usize` (possible
@@ -113,6 +124,7 @@ impl<T: DType> Tensor<T> {
             buf,
             shape: SmallVec::from_slice(shape),
             strides: contiguous_strides("Tensor::from_buffer", shape)?,
+            offset: 0,
         })
     }
 
@@ -121,9 +133,17 @@ impl<T: DType> Tensor<T> {
         &self.shape
     }
 
-    /// Elements between neighbours along each axis (row-major: the last is 1).
+    /// Elements between neighbours along each axis: row-major (the last is 1) for a dense
+    /// tensor; other values for a view, 0 along an axis it was
+    /// [expanded](Tensor::expand) over.
     pub fn strides(&self) -> &[usize] {
         &self.strides
+    }
+
+    /// The index in [`buffer`](Tensor::buffer) of the tensor's first element (0 unless the
+    /// tensor is a view).
+    pub fn offset(&self) -> usize {
+        self.offset
     }
 
     /// The number of axes.
@@ -133,12 +153,13 @@ impl<T: DType> Tensor<T> {
 
     /// The number of elements.
     pub fn len(&self) -> usize {
-        self.buf.len()
+        // Every shape a tensor holds passed `numel`, so the product fits.
+        self.shape.iter().product()
     }
 
     /// Whether the tensor has no elements.
     pub fn is_empty(&self) -> bool {
-        self.buf.is_empty()
+        self.len() == 0
     }
 
     /// The device holding the tensor.
@@ -146,9 +167,30 @@ impl<T: DType> Tensor<T> {
         self.buf.device()
     }
 
-    /// The buffer behind the tensor.
+    /// The whole buffer behind the tensor. A view uses part of it: its element at index
+    /// `i` is at `offset + Σ iₖ · strides[k]`.
     pub fn buffer(&self) -> &Arc<DeviceBuffer<T>> {
         &self.buf
+    }
+
+    /// The tensor's elements as one range of its buffer, for a kernel that reads or writes
+    /// them packed in row-major order; [`DeviceError::InvalidShape`] naming `op` for a tensor
+    /// that is not contiguous, so that no kernel misreads a view.
+    pub(crate) fn view(&self, op: &'static str) -> Result<BufferView<'_, T>, DeviceError> {
+        if !self.is_contiguous() {
+            return Err(DeviceError::InvalidShape {
+                op,
+                reason: format!(
+                    "needs a contiguous tensor, got a view of shape {:?} with strides {:?}; \
+                     make a dense copy first with `contiguous`",
+                    self.shape, self.strides
+                ),
+            });
+        }
+        if self.is_empty() {
+            return self.buf.slice(0..0);
+        }
+        self.buf.slice(self.offset..self.offset + self.len())
     }
 
     /// The length of the last axis (1 for a scalar), and the number of rows before it.
@@ -168,7 +210,7 @@ impl<T: DType> Tensor<T> {
             Some(s) => s,
             None => self.device().new_stream()?,
         };
-        self.buf.to_host_vec(&stream)
+        self.to_host_vec_on(&stream)
     }
 
     /// Copies the tensor to a host vector on `stream`, after all queued work that used it.
@@ -177,14 +219,29 @@ impl<T: DType> Tensor<T> {
     ///
     /// Any error the queued work hit.
     pub fn to_host_vec_on(&self, stream: &Stream) -> Result<Vec<T>, DeviceError> {
-        self.buf.to_host_vec(stream)
+        if self.is_contiguous() {
+            return self.view("to_host_vec")?.to_host_vec(stream);
+        }
+        if self.is_empty() {
+            return Ok(Vec::new());
+        }
+        // A strided view: read the span it covers and gather its elements in row-major order.
+        let span = crate::view::span(&self.shape, &self.strides);
+        let data = self
+            .buf
+            .slice(self.offset..self.offset + span)?
+            .to_host_vec(stream)?;
+        let layout = crate::view::Strided::new(&self.shape, &self.strides, 0);
+        Ok(layout.offsets().map(|i| data[i]).collect())
     }
 
     /// The same elements under another shape with the same element count (sharing memory).
     ///
     /// # Errors
     ///
-    /// [`DeviceError::InvalidShape`] when the element counts differ.
+    /// [`DeviceError::InvalidShape`] when the element counts differ, or when the tensor is a
+    /// view that is not contiguous (make it so with
+    /// [`contiguous`](crate::kernels::contiguous) first).
     pub fn reshape(self, shape: &[usize]) -> Result<Tensor<T>, DeviceError> {
         check_numel("reshape", shape, self.len(), |n| {
             format!(
@@ -193,10 +250,21 @@ impl<T: DType> Tensor<T> {
                 self.len()
             )
         })?;
+        if !self.is_contiguous() {
+            return Err(DeviceError::InvalidShape {
+                op: "reshape",
+                reason: format!(
+                    "cannot reshape a view of shape {:?} with strides {:?} without copying; \
+                     make a dense copy first with `contiguous`",
+                    self.shape, self.strides
+                ),
+            });
+        }
         Ok(Tensor {
             buf: self.buf,
             shape: SmallVec::from_slice(shape),
             strides: contiguous_strides("reshape", shape)?,
+            offset: self.offset,
         })
     }
 }
@@ -207,6 +275,7 @@ impl<T> Clone for Tensor<T> {
             buf: self.buf.clone(),
             shape: self.shape.clone(),
             strides: self.strides.clone(),
+            offset: self.offset,
         }
     }
 }
@@ -216,6 +285,8 @@ impl<T> fmt::Debug for Tensor<T> {
         f.debug_struct("Tensor")
             .field("dtype", &std::any::type_name::<T>())
             .field("shape", &self.shape)
+            .field("strides", &self.strides)
+            .field("offset", &self.offset)
             .field("buffer", &self.buf)
             .finish()
     }

@@ -82,10 +82,19 @@ where
 
     fn execute(self, ctx: &mut ExecutionContext) -> Result<Tensor<T>, DeviceError> {
         let value = self.input.execute(ctx)?;
-        let src = value.tensor();
+        // A strided view is packed on its own device first (where the executing stream runs
+        // when the input was made by the same op), so that the copy moves one range.
+        let src = if value.tensor().is_contiguous() {
+            std::borrow::Cow::Borrowed(value.tensor())
+        } else {
+            let stream = ctx.stream()?;
+            crate::kernels::check_device("to_device", stream, value.tensor())?;
+            crate::kernels::dense("to_device", stream, value.tensor())?
+        };
         ctx.on_device(&self.device, |stream| {
             let out = alloc::<T>(stream, src.shape())?;
-            out.buffer().copy_from_device(stream, src.buffer())?;
+            out.view("to_device")?
+                .copy_from_device(stream, src.view("to_device")?)?;
             Ok(out)
         })
     }

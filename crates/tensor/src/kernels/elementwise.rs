@@ -5,14 +5,20 @@
 //! either a tensor of the same shape (`j = i`) or a row vector broadcast over rows
 //! (`j = i % cols`), and `s` a scalar. Without a partition the launch is a grid-stride loop
 //! with 16-byte vector accesses; with one, each tile is one block.
+//!
+//! These are the fast paths of dense operands. Binary operations over views or under other
+//! broadcasts run the same expression in the strided kernel ([`super::strided`]).
 
 use std::sync::Arc;
 
 use cuflow_device_op::{from_fn, DeviceOp, ExecutionContext};
-use cuflow_runtime::{DeviceBuffer, DeviceError, Kernel, KernelArgs, LaunchConfig, Stream};
+use cuflow_runtime::{
+    BufferView, DeviceBuffer, DeviceError, Kernel, KernelArgs, LaunchConfig, Stream,
+};
 
+use super::strided::{self, Elem, Operand, StridedEw};
 use crate::dtype::{cuda_prelude, DType};
-use crate::op::{cached_kernel, kernel_op, kernel_op2, TensorOp};
+use crate::op::{cached_kernel, kernel_op, strided_op2, TensorOp};
 use crate::tensor::{tiling, Partition, Tensor, TensorInput, TensorMut, TensorRef, Tiling};
 
 /// The host function of an elementwise kernel: `(out, x, y, s) -> out`.
@@ -176,9 +182,9 @@ extern "C" __global__ void {fname}(T* __restrict__ out{x_param}{y_param}, T s_, 
     pub(crate) fn launch(
         &self,
         stream: &Stream,
-        out: &DeviceBuffer<T>,
-        x: Option<&DeviceBuffer<T>>,
-        y: Option<(&DeviceBuffer<T>, bool)>,
+        out: BufferView<'_, T>,
+        x: Option<BufferView<'_, T>>,
+        y: Option<(BufferView<'_, T>, bool)>,
         s: T,
         rows_cols: (usize, usize),
         tiling: Option<Tiling>,
@@ -255,8 +261,8 @@ pub(crate) fn unary<T: DType, X: TensorInput<T>>(
         let out = alloc::<T>(stream, x.shape())?;
         ew.launch(
             stream,
-            out.buffer(),
-            Some(x.buffer()),
+            out.view(ew.name)?,
+            Some(x.view(ew.name)?),
             None,
             s,
             x.rows_cols(),
@@ -266,37 +272,67 @@ pub(crate) fn unary<T: DType, X: TensorInput<T>>(
     })
 }
 
-/// `x OP y` into a new tensor; `y` has `x`'s shape or is a row of `x`'s last-axis length.
+/// `x OP y` into a new tensor, `x` and `y` broadcast to a common shape under NumPy's rules.
+/// Dense operands of one shape, or a dense `x` with a dense row of its last axis, take the
+/// vectorized kernel; any other operands the strided one, which reads views and broadcast
+/// operands in place.
 pub(crate) fn binary<T: DType, X: TensorInput<T>, Y: TensorInput<T>>(
     ew: Ew<T>,
     x: X,
     y: Y,
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> Result<Tensor<T>, DeviceError> + Send> {
-    kernel_op2(ew.name, (x, y), move |stream, x, y| {
-        let broadcast = if x.shape() == y.shape() {
-            false
-        } else if y.rank() == 1 && x.rank() >= 1 && y.len() == x.rows_cols().1 {
-            true
-        } else {
-            return Err(DeviceError::shape_mismatch(
-                ew.name,
-                format!(
-                    "`y` must have the shape of `x`, or be a row of its last dimension ({})",
-                    x.rows_cols().1
-                ),
-                x.shape(),
-                y.shape(),
-            ));
-        };
-        let out = alloc::<T>(stream, x.shape())?;
-        ew.launch(
+    strided_op2(ew.name, (x, y), move |stream, x, y| {
+        let shape = crate::view::broadcast_shapes(ew.name, x.shape(), y.shape())?;
+        let out = alloc::<T>(stream, &shape)?;
+        let (_, cols) = out.rows_cols();
+        let dense = x.is_contiguous() && y.is_contiguous() && x.shape() == &shape[..];
+        let row = y.shape().last() == Some(&cols) && y.len() == cols && cols > 0;
+        if dense && (y.shape() == x.shape() || row) {
+            ew.launch(
+                stream,
+                out.view(ew.name)?,
+                Some(x.view(ew.name)?),
+                Some((y.view(ew.name)?, y.shape() != x.shape())),
+                T::default(),
+                x.rows_cols(),
+                None,
+            )?;
+            return Ok(out);
+        }
+        let host = ew.host;
+        let kernel = StridedEw {
+            name: ew.name,
+            expr: ew.expr,
+            inputs: &[Elem::T, Elem::T],
+            out: Elem::T,
+        }
+        .kernel::<T>(move |args, layout| {
+            let (a, b) = (args.input::<T>(1)?, args.input::<T>(2)?);
+            let zero = T::default();
+            for ((o, i), j) in args
+                .output::<T>(0)?
+                .iter_mut()
+                .zip(layout.offsets(0))
+                .zip(layout.offsets(1))
+            {
+                *o = host(zero, a[i], b[j], zero);
+            }
+            Ok(())
+        });
+        let (xo, yo) = (Operand::broadcast(x, &shape), Operand::broadcast(y, &shape));
+        let (xv, yv) = (xo.view(&shape)?, yo.view(&shape)?);
+        strided::launch(
             stream,
-            out.buffer(),
-            Some(x.buffer()),
-            Some((y.buffer(), broadcast)),
+            &kernel,
+            ew.name,
+            out.view(ew.name)?,
+            &shape,
+            &[&xo.strides, &yo.strides],
+            |a| {
+                a.input(xv).input(yv);
+            },
             T::default(),
-            x.rows_cols(),
-            None,
+            T::default(),
         )?;
         Ok(out)
     })
@@ -329,10 +365,11 @@ pub(crate) fn into_partition<T: DType, P: TensorMut<T>, X: TensorInput<T>>(
                 ));
             }
             let t = tiling(ew.name, o.shape(), out.tile())?;
+            let xd = super::dense(ew.name, stream, xt)?;
             ew.launch(
                 stream,
-                o.buffer(),
-                Some(xt.buffer()),
+                o.view(ew.name)?,
+                Some(xd.view(ew.name)?),
                 None,
                 s,
                 o.rows_cols(),
@@ -352,7 +389,15 @@ pub(crate) fn fill<T: DType>(
     from_fn(move |ctx: &mut ExecutionContext| {
         let stream = ctx.stream()?;
         let out = alloc::<T>(stream, &shape)?;
-        fill_ew::<T>().launch(stream, out.buffer(), None, None, v, out.rows_cols(), None)?;
+        fill_ew::<T>().launch(
+            stream,
+            out.view("fill")?,
+            None,
+            None,
+            v,
+            out.rows_cols(),
+            None,
+        )?;
         Ok(out)
     })
 }

@@ -32,25 +32,6 @@ fn invalid(op: &'static str, reason: String) -> DeviceError {
     DeviceError::InvalidShape { op, reason }
 }
 
-/// Refuses a tensor whose elements are not packed over its whole buffer.
-fn require_packed<T: DType>(
-    op: &'static str,
-    what: &str,
-    t: &Tensor<T>,
-) -> Result<(), DeviceError> {
-    if t.is_contiguous() && t.numel() == t.buffer().len() {
-        return Ok(());
-    }
-    Err(invalid(
-        op,
-        format!(
-            "{what} ({:?} with strides {:?}) is not contiguous; make a contiguous copy first",
-            t.shape(),
-            t.strides()
-        ),
-    ))
-}
-
 /// Refuses an axis past the last of a tensor of `rank` axes (`bound` = `rank`, or `rank + 1`
 /// where a new axis may be inserted).
 fn check_axis(
@@ -174,20 +155,22 @@ extern "C" __global__ void {name}(T_{t}* out, const T_{t}* x, const T_{i}* idx,
     })
 }
 
-/// Runs every input together on the context's device and checks each is there and packed.
+/// Runs every input together on the context's device, checks each is there, and gives them
+/// as dense tensors (views copied on the executing stream).
 fn run_inputs<T: DType, X: TensorInput<T>>(
     op: &'static str,
     inputs: Vec<X>,
     ctx: &mut ExecutionContext,
-) -> Result<(Vec<X::Value>, Stream), DeviceError> {
+) -> Result<(Vec<Tensor<T>>, Stream), DeviceError> {
     let all = join_all(inputs.into_iter().map(TensorInput::into_op).collect());
     let values = ctx.with_same_device(|ctx| all.execute(ctx))?;
     let stream = ctx.stream()?.clone();
-    for (k, v) in values.iter().enumerate() {
+    let mut dense = Vec::with_capacity(values.len());
+    for v in &values {
         check_device(op, &stream, v.tensor())?;
-        require_packed(op, &format!("input {k}"), v.tensor())?;
+        dense.push(super::dense(op, &stream, v.tensor())?.into_owned());
     }
-    Ok((values, stream))
+    Ok((dense, stream))
 }
 
 /// Copies each tensor's `[outer, cols_k]` block into its column range of `out`
@@ -204,16 +187,16 @@ fn copy_blocks<T: DType>(
         let cols = x.numel().checked_div(outer).unwrap_or(0);
         if x.numel() > 0 {
             if outer == 1 {
-                out.buffer()
+                out.view("concat")?
                     .slice(offset..offset + cols)?
-                    .copy_from(stream, x.buffer().view())?;
+                    .copy_from(stream, x.view("concat")?)?;
             } else {
                 copy_cols_kernel::<T>().launch(
                     stream,
                     grid(stream, x.numel()),
                     KernelArgs::new()
-                        .output(&**out.buffer())
-                        .input(&**x.buffer())
+                        .output(out.view("concat")?)
+                        .input(x.view("concat")?)
                         .scalar(outer as u64)
                         .scalar(cols as u64)
                         .scalar(out_cols as u64)
@@ -368,9 +351,9 @@ fn launch_select<T: DType, I: IndexDType>(
         stream,
         grid(stream, out.numel()),
         KernelArgs::new()
-            .output(&**out.buffer())
-            .input(&**x.buffer())
-            .input(&**idx.buffer())
+            .output(out.view("index_select")?)
+            .input(x.view("index_select")?)
+            .input(idx.view("index_select")?)
             .scalar(outer as u64)
             .scalar(len as u64)
             .scalar(n as u64)
@@ -379,22 +362,23 @@ fn launch_select<T: DType, I: IndexDType>(
     )
 }
 
-/// Runs `x` and `index` together and checks them (device, contiguity, axis).
+/// Runs `x` and `index` together, checks them (device, axis), and gives them as dense
+/// tensors (views copied on the executing stream).
 fn run_indexed<T: DType, I: IndexDType, X: TensorInput<T>, J: TensorInput<I>>(
     op: &'static str,
     x: X,
     index: J,
     axis: usize,
     ctx: &mut ExecutionContext,
-) -> Result<(X::Value, J::Value, Stream), DeviceError> {
+) -> Result<(Tensor<T>, Tensor<I>, Stream), DeviceError> {
     let both = Zip2::new(x.into_op(), index.into_op());
     let (x, index) = ctx.with_same_device(|ctx| both.execute(ctx))?;
     let stream = ctx.stream()?.clone();
     check_device(op, &stream, x.tensor())?;
     check_device(op, &stream, index.tensor())?;
-    require_packed(op, "the input", x.tensor())?;
-    require_packed(op, "the index", index.tensor())?;
     check_axis(op, axis, x.tensor().ndim(), x.tensor().shape())?;
+    let x = super::dense(op, &stream, x.tensor())?.into_owned();
+    let index = super::dense(op, &stream, index.tensor())?.into_owned();
     Ok((x, index, stream))
 }
 

@@ -74,8 +74,8 @@ pub fn transpose<T: DType, X: TensorInput<T>>(
                 stream,
                 config,
                 KernelArgs::new()
-                    .output(&**out.buffer())
-                    .input(&**x.buffer())
+                    .output(out.view("transpose")?)
+                    .input(x.view("transpose")?)
                     .scalar(rows as u64)
                     .scalar(cols as u64),
             )?;
@@ -150,9 +150,9 @@ pub fn embedding<T: DType, W: TensorInput<T>, I: TensorInput<u32>>(
                 stream,
                 LaunchConfig::linear(grid, block),
                 KernelArgs::new()
-                    .output(&**out.buffer())
-                    .input(&**table.buffer())
-                    .input(&**ids.buffer())
+                    .output(out.view("embedding")?)
+                    .input(table.view("embedding")?)
+                    .input(ids.view("embedding")?)
                     .scalar(n as u64)
                     .scalar(vocab as u64)
                     .scalar(dim as u64),

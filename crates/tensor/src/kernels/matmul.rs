@@ -89,9 +89,9 @@ where
         gemm(
             stream,
             cfg,
-            a.buffer().view(),
-            b.buffer().view(),
-            out.buffer().view(),
+            a.view("matmul")?,
+            b.view("matmul")?,
+            out.view("matmul")?,
         )?;
         Ok(out)
     })

@@ -15,21 +15,26 @@
 //!
 //! [`DeviceError`]: cuflow_runtime::DeviceError
 
+mod compare;
 pub mod decode;
 mod elementwise;
 mod gather;
 mod layout;
 mod matmul;
 mod rows;
+mod strided;
 
 use cuflow_device_op::ExecutionContext;
 use cuflow_runtime::DeviceError;
 
+pub use compare::{clamp, eq, ge, gt, le, lt, ne, where_};
 pub(crate) use elementwise::{alloc, check_device, fill, Ew};
 pub use gather::{concat, gather, index_select, stack, IndexDType};
 pub use layout::{embedding, transpose};
 pub use matmul::{linear, linear_f32, matmul, matmul_f32};
 pub use rows::{argmax, layer_norm, max, rms_norm, softmax, sum};
+pub use strided::contiguous;
+pub(crate) use strided::dense;
 
 use crate::dtype::{DType, FloatDType};
 use crate::op::TensorOp;

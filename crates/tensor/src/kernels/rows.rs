@@ -91,9 +91,10 @@ fn launch_rows<O: DType, T: DType>(
     let out = alloc::<O>(stream, out_shape)?;
     if rows > 0 && cols > 0 {
         let mut args = KernelArgs::new();
-        args.output(&**out.buffer()).input(&**x.buffer());
+        args.output(out.view("row kernel")?)
+            .input(x.view("row kernel")?);
         for p in params {
-            args.input(&**p.buffer());
+            args.input(p.view("row kernel")?);
         }
         if let Some(eps) = eps {
             args.scalar(eps);

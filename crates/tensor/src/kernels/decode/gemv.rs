@@ -465,10 +465,10 @@ fn launch(
             staged,
         )?),
         KernelArgs::new()
-            .output(&**out.buffer())
-            .input(&**w.buffer())
-            .input(x.buffer().slice(x_row * k..(x_row + 1) * k)?)
-            .input(&**norm_weight.buffer())
+            .output(out.view("decode::gemv")?)
+            .input(w.view("decode::gemv")?)
+            .input(x.view("decode::gemv")?.slice(x_row * k..(x_row + 1) * k)?)
+            .input(norm_weight.view("decode::gemv")?)
             .scalar(eps)
             .scalar(u32_of(op, "rows", n)?)
             .scalar(u32_of(op, "cols", k)?)

@@ -178,10 +178,10 @@ pub fn residual_rms_norm<'a>(
             stream,
             LaunchConfig::linear(u32_of("residual_rms_norm", "rows", rows)?, NORM_THREADS),
             KernelArgs::new()
-                .output(&**x.buffer())
-                .output(&**h.buffer())
-                .input(&**delta.buffer())
-                .input(&**weight.buffer())
+                .output(x.view("decode::residual_rms_norm")?)
+                .output(h.view("decode::residual_rms_norm")?)
+                .input(delta.view("decode::residual_rms_norm")?)
+                .input(weight.view("decode::residual_rms_norm")?)
                 .scalar(eps)
                 .scalar(u32_of("residual_rms_norm", "cols", cols)?),
         )
@@ -214,9 +214,9 @@ pub fn rms_norm_rows<'a>(
             stream,
             LaunchConfig::linear(u32_of("rms_norm_rows", "rows", rows)?, NORM_THREADS),
             KernelArgs::new()
-                .output(&**h.buffer())
-                .input(&**x.buffer())
-                .input(&**weight.buffer())
+                .output(h.view("decode::rms_norm_rows")?)
+                .input(x.view("decode::rms_norm_rows")?)
+                .input(weight.view("decode::rms_norm_rows")?)
                 .scalar(eps)
                 .scalar(u32_of("rms_norm_rows", "cols", cols)?),
         )
@@ -289,9 +289,9 @@ pub fn embed_rows<'a>(
             stream,
             LaunchConfig::linear(u32_of("embed_rows", "rows", ids.len())?, NORM_THREADS),
             KernelArgs::new()
-                .output(&**out.buffer())
-                .input(&**table.buffer())
-                .input(&**ids.buffer())
+                .output(out.view("decode::embed_rows")?)
+                .input(table.view("decode::embed_rows")?)
+                .input(ids.view("decode::embed_rows")?)
                 .scalar(u32_of("embed_rows", "vocab", vocab)?)
                 .scalar(u32_of("embed_rows", "cols", cols)?),
         )
@@ -356,8 +356,8 @@ pub fn silu_mul<'a>(
             stream,
             LaunchConfig::linear(u32_of("silu_mul", "blocks", grid)?, 256),
             KernelArgs::new()
-                .output(&**out.buffer())
-                .input(&**gate_up.buffer())
+                .output(out.view("decode::silu_mul")?)
+                .input(gate_up.view("decode::silu_mul")?)
                 .scalar(u32_of("silu_mul", "rows", rows)?)
                 .scalar(u32_of("silu_mul", "inter", inter)?),
         )

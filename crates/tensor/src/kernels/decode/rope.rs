@@ -152,11 +152,11 @@ pub fn rope_kv_append<'a>(
                 (hd as u32 / 2).clamp(32, 256),
             ),
             KernelArgs::new()
-                .output(&**q.buffer())
-                .output(&**cache.buffer())
-                .input(&**qkv.buffer())
-                .input(&**inv_freq.buffer())
-                .input(&**pos.buffer())
+                .output(q.view("decode::rope_kv_append")?)
+                .output(cache.view("decode::rope_kv_append")?)
+                .input(qkv.view("decode::rope_kv_append")?)
+                .input(inv_freq.view("decode::rope_kv_append")?)
+                .input(pos.view("decode::rope_kv_append")?)
                 .scalar(u32_of(OP, "heads", shape.heads)?)
                 .scalar(u32_of(OP, "kv_heads", shape.kv_heads)?)
                 .scalar(u32_of(OP, "head_dim", hd)?)

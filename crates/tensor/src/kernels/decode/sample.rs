@@ -542,8 +542,8 @@ pub fn sample<'a>(
                 stream,
                 LaunchConfig::linear(blocks, ARGMAX_THREADS),
                 KernelArgs::new()
-                    .output(&**scratch.buffer())
-                    .input(&**logits.buffer())
+                    .output(scratch.view("decode::sample")?)
+                    .input(logits.view("decode::sample")?)
                     .scalar(vocab)
                     .scalar(blocks),
             )?;
@@ -552,17 +552,17 @@ pub fn sample<'a>(
             stream,
             LaunchConfig::linear(1, SAMPLE_THREADS),
             KernelArgs::new()
-                .output(&**token.buffer())
-                .output(&**generated.buffer())
-                .output(&**pos.buffer())
-                .output(&**rng.buffer())
-                .input(&**logits.buffer())
+                .output(token.view("decode::sample")?)
+                .output(generated.view("decode::sample")?)
+                .output(pos.view("decode::sample")?)
+                .output(rng.view("decode::sample")?)
+                .input(logits.view("decode::sample")?)
                 .scalar(vocab)
                 .scalar(u32_of(OP, "generated", generated.len())?)
                 .scalar(params.temperature)
                 .scalar(params.top_k)
                 .scalar(params.top_p)
-                .input(&**scratch.buffer())
+                .input(scratch.view("decode::sample")?)
                 .scalar(blocks),
         )
     })

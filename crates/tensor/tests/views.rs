@@ -1,0 +1,303 @@
+//! Views against references computed here by index arithmetic (never through strides): every
+//! view reads the elements its definition names, `contiguous` copies exactly those, kernels
+//! given views compute what they compute on the dense copy, writes through a contiguous view
+//! land in the base tensor in order with its readers, and bad axes are refused naming them.
+
+use cuflow_device_op::DeviceOpExt;
+use cuflow_runtime::{DeviceError, Kernel};
+use cuflow_tensor::{api, bf16, f16, kernels, DType, Launch, PartitionExt, Tensor};
+use cuflow_testing::{
+    device::stream,
+    rng::seeded_rng,
+    tensor::{assert_dtype_close, assert_exact, random, read, uniform, upload, Float},
+    test_cases,
+};
+
+/// The row-major multi-index of element `i` of `shape`.
+fn unravel(mut i: usize, shape: &[usize]) -> Vec<usize> {
+    let mut idx = vec![0; shape.len()];
+    for a in (0..shape.len()).rev() {
+        idx[a] = i % shape[a];
+        i /= shape[a];
+    }
+    idx
+}
+
+/// The row-major position of `idx` in `shape`.
+fn ravel(idx: &[usize], shape: &[usize]) -> usize {
+    idx.iter().zip(shape).fold(0, |p, (i, d)| p * d + i)
+}
+
+/// The elements of a view of `out` shape over `base` (of `shape`), element `idx` of the view
+/// being element `map(idx)` of the base.
+fn reference<T: Copy>(
+    base: &[T],
+    shape: &[usize],
+    out: &[usize],
+    map: impl Fn(&[usize]) -> Vec<usize>,
+) -> Vec<T> {
+    let n: usize = out.iter().product();
+    (0..n)
+        .map(|i| base[ravel(&map(&unravel(i, out)), shape)])
+        .collect()
+}
+
+/// Checks `view` (shape and elements, directly and through `contiguous`) against the
+/// reference.
+fn check<T: DType>(
+    view: &Tensor<T>,
+    want_shape: &[usize],
+    want: &[T],
+    what: &str,
+) -> Result<(), DeviceError> {
+    let s = stream();
+    assert_eq!(view.shape(), want_shape, "{what}: shape");
+    assert_eq!(view.len(), want.len(), "{what}: element count");
+    assert_exact(&read(view), want, what);
+    let dense = kernels::contiguous(view).sync_on(&s)?;
+    assert!(dense.is_contiguous(), "{what}: contiguous() is contiguous");
+    assert_eq!(dense.strides().len(), want_shape.len());
+    assert_exact(&read(&dense), want, &format!("{what} (contiguous)"));
+    Ok(())
+}
+
+fn every_view_reads_its_elements<T: DType>(seed: u64) -> Result<(), DeviceError> {
+    let s = stream();
+    let mut rng = seeded_rng(seed);
+    let shape = [3usize, 4, 5];
+    // Distinct-looking values for every dtype (u8 included).
+    let data: Vec<T> = uniform(&mut rng, 60, 0.0, 100.0);
+    let x = upload(&s, &data, &shape);
+
+    let v = x.narrow(1, 1, 2)?;
+    let want = reference(&data, &shape, &[3, 2, 5], |i| vec![i[0], i[1] + 1, i[2]]);
+    check(&v, &[3, 2, 5], &want, "narrow")?;
+
+    let v = x.slice(&[1..3, 0..4, 2..5])?;
+    let want = reference(&data, &shape, &[2, 4, 3], |i| {
+        vec![i[0] + 1, i[1], i[2] + 2]
+    });
+    check(&v, &[2, 4, 3], &want, "slice")?;
+
+    let v = x.slice_axis(2, 3..)?;
+    let want = reference(&data, &shape, &[3, 4, 2], |i| vec![i[0], i[1], i[2] + 3]);
+    check(&v, &[3, 4, 2], &want, "slice_axis")?;
+
+    let v = x.select(2, 4)?;
+    let want = reference(&data, &shape, &[3, 4], |i| vec![i[0], i[1], 4]);
+    check(&v, &[3, 4], &want, "select")?;
+
+    let v = x.permute(&[2, 0, 1])?;
+    let want = reference(&data, &shape, &[5, 3, 4], |i| vec![i[1], i[2], i[0]]);
+    check(&v, &[5, 3, 4], &want, "permute")?;
+
+    let v = x.transpose(0, 2)?;
+    let want = reference(&data, &shape, &[5, 4, 3], |i| vec![i[2], i[1], i[0]]);
+    check(&v, &[5, 4, 3], &want, "transpose")?;
+
+    // A view of a view: the middle rows of the transpose, then one column of those.
+    let v = x.transpose(0, 1)?.narrow(0, 1, 2)?.select(2, 3)?;
+    let want = reference(&data, &shape, &[2, 3], |i| vec![i[1], i[0] + 1, 3]);
+    check(&v, &[2, 3], &want, "transpose, narrow, select")?;
+
+    let v = x.select(1, 2)?.unsqueeze(1)?.expand(&[2, 3, 4, 5])?;
+    let want = reference(&data, &shape, &[2, 3, 4, 5], |i| vec![i[1], 2, i[3]]);
+    check(&v, &[2, 3, 4, 5], &want, "select, unsqueeze, expand")?;
+
+    let v = x.narrow(0, 2, 1)?.squeeze(0)?;
+    let want = reference(&data, &shape, &[4, 5], |i| vec![2, i[0], i[1]]);
+    check(&v, &[4, 5], &want, "narrow, squeeze")?;
+
+    let v = x.unsqueeze(3)?.broadcast_to(&[3, 4, 5, 2])?;
+    let want = reference(&data, &shape, &[3, 4, 5, 2], |i| vec![i[0], i[1], i[2]]);
+    check(&v, &[3, 4, 5, 2], &want, "unsqueeze, broadcast_to")?;
+
+    // Views without elements.
+    let v = x.narrow(1, 4, 0)?;
+    check(&v, &[3, 0, 5], &[], "empty narrow")?;
+    let v = x.narrow(1, 4, 0)?.transpose(0, 2)?.select(0, 1)?;
+    check(&v, &[0, 3], &[], "empty transposed select")?;
+    Ok(())
+}
+
+test_cases! {
+    views_f32 => every_view_reads_its_elements::<f32>(1),
+    views_f64 => every_view_reads_its_elements::<f64>(2),
+    views_f16 => every_view_reads_its_elements::<f16>(3),
+    views_bf16 => every_view_reads_its_elements::<bf16>(4),
+    views_i32 => every_view_reads_its_elements::<i32>(5),
+    views_u8 => every_view_reads_its_elements::<u8>(6),
+}
+
+/// Kernels that read dense rows copy a view first: softmax, matmul, exp, rms_norm and
+/// dup give on a view what they give on its dense copy.
+fn kernels_read_views_as_their_copies<T: Float + cuflow_runtime::GemmElem>(
+    seed: u64,
+) -> Result<(), DeviceError> {
+    let s = stream();
+    let mut rng = seeded_rng(seed);
+    let data: Vec<T> = random(&mut rng, 6 * 40);
+    let x = upload(&s, &data, &[6, 40]);
+    let wdata: Vec<T> = random(&mut rng, 6);
+    let w = upload(&s, &wdata, &[6]);
+    let view = x.transpose(0, 1)?; // [40, 6], not contiguous
+    let dense = kernels::contiguous(&view).sync_on(&s)?;
+    let pairs: [(&str, Tensor<T>, Tensor<T>); 5] = [
+        (
+            "softmax",
+            kernels::softmax(&view).sync_on(&s)?,
+            kernels::softmax(&dense).sync_on(&s)?,
+        ),
+        (
+            "matmul",
+            kernels::matmul(&view, &x).sync_on(&s)?,
+            kernels::matmul(&dense, &x).sync_on(&s)?,
+        ),
+        (
+            "exp",
+            kernels::exp(&view).sync_on(&s)?,
+            kernels::exp(&dense).sync_on(&s)?,
+        ),
+        (
+            "rms_norm",
+            kernels::rms_norm(&view, &w, 1e-5).sync_on(&s)?,
+            kernels::rms_norm(&dense, &w, 1e-5).sync_on(&s)?,
+        ),
+        ("dup", api::dup(&view).sync_on(&s)?, dense.clone()),
+    ];
+    for (what, got, want) in pairs {
+        assert_eq!(got.shape(), want.shape(), "{what}");
+        let want: Vec<f64> = read(&want).iter().map(|v| v.to_f64()).collect();
+        assert_dtype_close(&read(&got), &want, 0.0, what);
+    }
+    // A contiguous view with an offset goes to kernels without a copy, from its first row.
+    let rows = x.narrow(0, 2, 3)?;
+    assert!(rows.is_contiguous());
+    let got = read(&kernels::exp(&rows).sync_on(&s)?);
+    let want: Vec<f64> = data[80..200].iter().map(|v| v.to_f64().exp()).collect();
+    assert_dtype_close(&got, &want, T::TRANS_TOL, "exp of rows 2..5");
+    Ok(())
+}
+
+test_cases! {
+    kernels_on_views_f32 => kernels_read_views_as_their_copies::<f32>(7),
+    kernels_on_views_f64 => kernels_read_views_as_their_copies::<f64>(8),
+    kernels_on_views_f16 => kernels_read_views_as_their_copies::<f16>(9),
+}
+
+/// A write through a contiguous view changes the base tensor's elements in that range only,
+/// after the reads of the base enqueued before it, and before the reads after it.
+#[test]
+fn writes_through_a_view_are_ordered_with_the_base() -> Result<(), DeviceError> {
+    let s = stream();
+    let mut rng = seeded_rng(10);
+    let data: Vec<f32> = random(&mut rng, 4 * 8);
+    let base = upload(&s, &data, &[4, 8]);
+    let fresh: Vec<f32> = random(&mut rng, 2 * 8);
+    let src = upload(&s, &fresh, &[2, 8]);
+
+    // Read the base (lazily, in one op with the write), then write rows 1..3 through a view,
+    // then read the base again.
+    let before = kernels::exp(&base);
+    let mut rows = base.narrow(0, 1, 2)?;
+    let (before, ()) = cuflow_device_op::zip!(before, api::memcpy(&mut rows, &src)).sync_on(&s)?;
+    let after = kernels::exp(&base).sync_on(&s)?;
+
+    let mut want: Vec<f32> = data.clone();
+    want[8..24].copy_from_slice(&fresh);
+    assert_exact(&read(&base), &want, "base after the write");
+    let exp = |v: &[f32]| v.iter().map(|x| f64::from(*x).exp()).collect::<Vec<_>>();
+    assert_dtype_close(&read(&before), &exp(&data), f32::TRANS_TOL, "read before");
+    assert_dtype_close(&read(&after), &exp(&want), f32::TRANS_TOL, "read after");
+    Ok(())
+}
+
+/// Saxpy writes into a contiguous view in place; a strided output is refused, untouched.
+#[test]
+fn in_place_kernels_write_contiguous_views_only() -> Result<(), DeviceError> {
+    let s = stream();
+    let mut base = api::full(&[4, 6], 1.0f32).sync_on(&s)?;
+    let x = api::full(&[2, 6], 3.0f32).sync_on(&s)?;
+    let mut rows = base.narrow(0, 2, 2)?;
+    kernels::saxpy((&mut rows).partition([1, 6]), 2.0, &x).sync_on(&s)?;
+    let mut want = vec![1.0f32; 24];
+    want[12..].fill(7.0);
+    assert_exact(&read(&base), &want, "saxpy into rows 2..4");
+
+    let mut cols = base.narrow(1, 0, 2)?;
+    let x = api::ones::<f32>(&[4, 2]).sync_on(&s)?;
+    let err = kernels::saxpy((&mut cols).partition([4, 2]), 2.0, &x)
+        .sync_on(&s)
+        .unwrap_err();
+    assert!(
+        matches!(err, DeviceError::InvalidShape { op: "saxpy", .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("contiguous"), "{err}");
+    assert_exact(&read(&base), &want, "base after a refused write");
+    let _ = &mut base;
+    Ok(())
+}
+
+/// A user kernel gets contiguous tensors only: a strided input is refused (not copied behind
+/// its back), its contiguous copy is accepted.
+#[test]
+fn launch_refuses_strided_inputs() -> Result<(), DeviceError> {
+    let s = stream();
+    let kernel = cuflow_testing::kernels::copy();
+    let x = api::arange::<f32>(0.0, 16.0, 1.0)
+        .sync_on(&s)?
+        .reshape(&[4, 4])?;
+    let mut out = api::zeros::<f32>(&[16]).sync_on(&s)?;
+    let t = x.transpose(0, 1)?;
+    let err = Launch::new(kernel, (&mut out).partition([16]))
+        .input(&t)
+        .scalar(16u32)
+        .sync_on(&s)
+        .unwrap_err();
+    assert!(
+        matches!(err, DeviceError::InvalidShape { op: "Launch", .. }),
+        "{err}"
+    );
+    let dense = kernels::contiguous(&t).sync_on(&s)?;
+    Launch::new(kernel, (&mut out).partition([16]))
+        .input(&dense)
+        .scalar(16u32)
+        .sync_on(&s)?;
+    let want: Vec<f32> = (0..16).map(|i| ((i % 4) * 4 + i / 4) as f32).collect();
+    assert_exact(&read(&out), &want, "copy of the transpose");
+    let _: &Kernel = kernel;
+    Ok(())
+}
+
+/// Bad axes and ranges are refused with the axis named.
+#[test]
+fn bad_axes_and_ranges_name_the_axis() -> Result<(), DeviceError> {
+    let s = stream();
+    let x = api::zeros::<f32>(&[2, 3]).sync_on(&s)?;
+    type Case = (Result<Tensor<f32>, DeviceError>, &'static str, &'static str);
+    let cases: Vec<Case> = vec![
+        (x.narrow(2, 0, 1), "narrow", "axis 2"),
+        (x.narrow(1, 2, 2), "narrow", "axis 1"),
+        (x.slice(&[0..1, 0..1, 0..1]), "slice", "axis 2"),
+        (x.select(0, 2), "select", "axis 0"),
+        (x.permute(&[0, 0]), "permute", "axis 0"),
+        (x.permute(&[1, 2]), "permute", "axis 2"),
+        (x.transpose(0, 5), "transpose", "axis 5"),
+        (x.expand(&[4, 3, 3]), "expand", "axis 1"),
+        (x.squeeze(1), "squeeze", "axis 1"),
+        (x.unsqueeze(3), "unsqueeze", "axis 3"),
+    ];
+    for (r, op, axis) in cases {
+        let err = r.unwrap_err();
+        assert!(
+            matches!(err, DeviceError::InvalidShape { op: o, .. } if o == op),
+            "{op}: {err}"
+        );
+        assert!(err.to_string().contains(axis), "{op}: {err}");
+    }
+    // Reshape needs a contiguous tensor.
+    let err = x.transpose(0, 1)?.reshape(&[6]).unwrap_err();
+    assert!(err.to_string().contains("contiguous"), "{err}");
+    Ok(())
+}
