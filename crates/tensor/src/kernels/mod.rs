@@ -21,6 +21,7 @@ mod elementwise;
 mod gather;
 mod layout;
 mod matmul;
+mod reduce_axis;
 mod rows;
 mod strided;
 
@@ -32,6 +33,10 @@ pub(crate) use elementwise::{alloc, check_device, fill, Ew};
 pub use gather::{concat, gather, index_select, stack, IndexDType};
 pub use layout::{embedding, transpose};
 pub use matmul::{linear, linear_f32, matmul, matmul_f32};
+pub use reduce_axis::{
+    argmax_axis, argmin_axis, log_softmax_axis, max_axis, mean_axis, min_axis, softmax_axis,
+    sum_axis,
+};
 pub use rows::{argmax, layer_norm, max, rms_norm, softmax, sum};
 pub use strided::contiguous;
 pub(crate) use strided::dense;

@@ -25,6 +25,7 @@ template <> __device__ __forceinline__ unsigned char shfl_x<unsigned char>(unsig
 }
 template <typename V> __device__ __forceinline__ V op_sum(V a, V b) { return a + b; }
 template <typename V> __device__ __forceinline__ V op_max(V a, V b) { return a > b ? a : b; }
+template <typename V> __device__ __forceinline__ V op_min(V a, V b) { return a < b ? a : b; }
 #define BLOCK_REDUCE(V, v, OP, sh, ID) { \
   for (int o_ = 16; o_ > 0; o_ >>= 1) v = OP(v, shfl_x<V>(v, o_)); \
   int lane_ = threadIdx.x & 31, warp_ = threadIdx.x >> 5, nw_ = (blockDim.x + 31) >> 5; \
@@ -79,7 +80,7 @@ fn reduced_shape(shape: &[usize]) -> Vec<usize> {
 /// Allocates the output of `out_shape` and, unless `x` has no elements, launches `kernel()` with
 /// one block per row: its arguments are the output, `x`, the `params` tensors, `eps` when given,
 /// then `cols`.
-fn launch_rows<O: DType, T: DType>(
+pub(super) fn launch_rows<O: DType, T: DType>(
     stream: &Stream,
     kernel: impl FnOnce() -> Kernel,
     out_shape: &[usize],
@@ -108,7 +109,9 @@ fn launch_rows<O: DType, T: DType>(
 // sum, max
 // ---------------------------------------------------------------------------------------------
 
-fn reduce_kernel<T: DType>(name: &'static str, op: &'static str) -> Kernel {
+/// The row reduction `name` by `op` (`op_sum`, `op_max`, `op_min`); `mean` divides the sum by
+/// the row length.
+pub(super) fn reduce_kernel<T: DType>(name: &'static str, op: &'static str) -> Kernel {
     cached_kernel(name, T::NAME, || {
         let fname = format!("{name}_{}", T::NAME);
         let source = format!(
@@ -125,25 +128,38 @@ extern "C" __global__ void {fname}(T* out, const T* x, u64 cols) {{
   }}
   if (first) acc = {identity};
   BLOCK_REDUCE(A, acc, {op}<A>, sh, {block_id})
-  if (threadIdx.x == 0) out[blockIdx.x] = st(acc);
+  if (threadIdx.x == 0) out[blockIdx.x] = st({finish});
 }}
 "#,
             prelude = cuda_prelude::<T>(),
             common = ROW_COMMON,
             identity = if op == "op_sum" { "(A)0" } else { "ld(xr[0])" },
             block_id = if op == "op_sum" { "(A)0" } else { "sh[0]" },
+            finish = if name == "mean" {
+                "acc / (A)cols"
+            } else {
+                "acc"
+            },
         );
         let is_sum = op == "op_sum";
+        let is_min = op == "op_min";
+        let is_mean = name == "mean";
         crate::op::builtin_kernel(fname, source).with_host(move |args| {
             let x = args.input::<T>(1)?;
             let cols = args.scalar::<u64>(2)? as usize;
             for (o, row) in args.output::<T>(0)?.iter_mut().zip(x.chunks(cols.max(1))) {
-                *o = if is_sum {
+                *o = if is_mean {
+                    T::from_f64(row.iter().map(|v| v.to_f64()).sum::<f64>() / row.len() as f64)
+                } else if is_sum {
                     if T::IS_FLOAT {
                         T::from_f64(row.iter().map(|v| v.to_f64()).sum())
                     } else {
                         row.iter().fold(T::default(), |a, v| a.add(*v))
                     }
+                } else if is_min {
+                    row.iter()
+                        .copied()
+                        .fold(row[0], |a, v| if v < a { v } else { a })
                 } else {
                     row.iter()
                         .copied()
@@ -200,9 +216,11 @@ pub fn max<T: DType, X: TensorInput<T>>(
 // argmax
 // ---------------------------------------------------------------------------------------------
 
-fn argmax_kernel<T: DType>() -> Kernel {
-    cached_kernel("argmax", T::NAME, || {
-        let fname = format!("argmax_{}", T::NAME);
+/// The row arg-reduction `name`: `argmax` (`cmp` is `>`) or `argmin` (`<`).
+pub(super) fn arg_kernel<T: DType>(name: &'static str) -> Kernel {
+    let cmp = if name == "argmin" { "<" } else { ">" };
+    cached_kernel(name, T::NAME, || {
+        let fname = format!("{name}_{}", T::NAME);
         let source = format!(
             r#"{prelude}{common}
 extern "C" __global__ void {fname}(unsigned* out, const T* x, u64 cols) {{
@@ -213,12 +231,12 @@ extern "C" __global__ void {fname}(unsigned* out, const T* x, u64 cols) {{
   unsigned bi = 0xffffffffu;
   for (u64 i = threadIdx.x; i < cols; i += blockDim.x) {{
     A v = ld(xr[i]);
-    if (bi == 0xffffffffu || v > best) {{ best = v; bi = (unsigned)i; }}
+    if (bi == 0xffffffffu || v {cmp} best) {{ best = v; bi = (unsigned)i; }}
   }}
   for (int o = 16; o > 0; o >>= 1) {{
     A ov = shfl_x<A>(best, o);
     unsigned oi = __shfl_xor_sync(0xffffffffu, bi, o);
-    if (oi != 0xffffffffu && (bi == 0xffffffffu || ov > best || (ov == best && oi < bi))) {{
+    if (oi != 0xffffffffu && (bi == 0xffffffffu || ov {cmp} best || (ov == best && oi < bi))) {{
       best = ov; bi = oi;
     }}
   }}
@@ -231,7 +249,7 @@ extern "C" __global__ void {fname}(unsigned* out, const T* x, u64 cols) {{
     for (int o = 16; o > 0; o >>= 1) {{
       A ov = shfl_x<A>(best, o);
       unsigned oi = __shfl_xor_sync(0xffffffffu, bi, o);
-      if (oi != 0xffffffffu && (bi == 0xffffffffu || ov > best || (ov == best && oi < bi))) {{
+      if (oi != 0xffffffffu && (bi == 0xffffffffu || ov {cmp} best || (ov == best && oi < bi))) {{
         best = ov; bi = oi;
       }}
     }}
@@ -242,13 +260,14 @@ extern "C" __global__ void {fname}(unsigned* out, const T* x, u64 cols) {{
             prelude = cuda_prelude::<T>(),
             common = ROW_COMMON,
         );
-        crate::op::builtin_kernel(fname, source).with_host(|args| {
+        let min = name == "argmin";
+        crate::op::builtin_kernel(fname, source).with_host(move |args| {
             let x = args.input::<T>(1)?;
             let cols = args.scalar::<u64>(2)? as usize;
             for (o, row) in args.output::<u32>(0)?.iter_mut().zip(x.chunks(cols.max(1))) {
                 let mut best = 0usize;
                 for (i, v) in row.iter().enumerate() {
-                    if *v > row[best] {
+                    if (min && *v < row[best]) || (!min && *v > row[best]) {
                         best = i;
                     }
                 }
@@ -281,7 +300,7 @@ pub fn argmax<T: DType, X: TensorInput<T>>(
         }
         launch_rows(
             stream,
-            argmax_kernel::<T>,
+            || arg_kernel::<T>("argmax"),
             &reduced_shape(x.shape()),
             x,
             &[],
@@ -355,7 +374,7 @@ union RowVec { uint4 u; T v[16 / sizeof(T)]; };
   }
 "#;
 
-fn norm_kernel<T: FloatDType>(
+pub(super) fn norm_kernel<T: FloatDType>(
     name: &'static str,
     params: &'static str,
     body: &'static str,
@@ -376,12 +395,13 @@ extern "C" __global__ void {fname}(T* out, const T* x{params}, u64 cols) {{
         );
         let host = match name {
             "softmax" => host_softmax::<T> as HostRowFn<T>,
+            "log_softmax" => host_log_softmax::<T>,
             "rms_norm" => host_rms_norm::<T>,
             _ => host_layer_norm::<T>,
         };
         crate::op::builtin_kernel(fname, source).with_host(move |args| {
             let n_in = match name {
-                "softmax" => 1,
+                "softmax" | "log_softmax" => 1,
                 "rms_norm" => 2,
                 _ => 3,
             };
@@ -416,6 +436,17 @@ fn host_softmax<T: DType>(o: &mut [T], row: &[T], _: &[T], _: &[T], _: f64) {
     }
 }
 
+fn host_log_softmax<T: DType>(o: &mut [T], row: &[T], _: &[T], _: &[T], _: f64) {
+    let m = row
+        .iter()
+        .map(|v| v.to_f64())
+        .fold(f64::NEG_INFINITY, f64::max);
+    let ls = row.iter().map(|v| (v.to_f64() - m).exp()).sum::<f64>().ln();
+    for (o, v) in o.iter_mut().zip(row) {
+        *o = T::from_f64(v.to_f64() - m - ls);
+    }
+}
+
 fn host_rms_norm<T: DType>(o: &mut [T], row: &[T], w: &[T], _: &[T], eps: f64) {
     let ms = row.iter().map(|v| v.to_f64() * v.to_f64()).sum::<f64>() / row.len() as f64;
     let r = 1.0 / (ms + eps).sqrt();
@@ -434,7 +465,18 @@ fn host_layer_norm<T: DType>(o: &mut [T], row: &[T], w: &[T], b: &[T], eps: f64)
     }
 }
 
-const SOFTMAX_BODY: &str = r#"
+pub(super) const LOG_SOFTMAX_BODY: &str = r#"
+  A m = (A)(-__int_as_float(0x7f800000));
+  EACH(m = m > e ? m : e;)
+  BLOCK_REDUCE(A, m, op_max<A>, sh, sh[0])
+  A s = (A)0;
+  EACH(s += exp2((e - m) * (A)1.4426950408889634);)
+  BLOCK_REDUCE(A, s, op_sum<A>, sh, (A)0)
+  A ls = log(s);
+  WRITE(e - m - ls)
+"#;
+
+pub(super) const SOFTMAX_BODY: &str = r#"
   A m = (A)(-__int_as_float(0x7f800000));
   EACH(m = m > e ? m : e;)
   BLOCK_REDUCE(A, m, op_max<A>, sh, sh[0])
