@@ -31,6 +31,7 @@ mod dtype;
 pub mod kernels;
 mod lazy;
 mod meta;
+mod methods;
 mod op;
 mod tensor;
 mod to_device;
@@ -40,6 +41,7 @@ pub use custom::Launch;
 pub use dtype::{DType, FloatDType};
 pub use half::{bf16, f16};
 pub use lazy::{IntoShape, PartitionOpExt, Partitioned, Reshape, ReshapeOpExt};
+pub use methods::{TensorMethodsExt, ViewOp};
 pub use op::TensorOp;
 pub use tensor::{
     Partition, PartitionExt, Shape, Tensor, TensorInput, TensorMut, TensorOpExt, TensorRef,
