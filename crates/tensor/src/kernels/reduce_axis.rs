@@ -3,9 +3,10 @@
 //!
 //! A reduction over the last axis of a contiguous tensor is the row kernel of
 //! [`super::rows`] (one block per row). Any other axis, or a view, runs the strided reduction
-//! kernel: one thread per output element walks the reduced axis through its stride, so
-//! neighbouring threads read neighbouring elements wherever the axes after the reduced one are
-//! packed, and nothing is copied. Few outputs over a long axis instead copy the tensor with
+//! kernel: a block takes up to 256 neighbouring outputs, up to 8 threads per output walking
+//! the reduced axis through its stride (combined in shared memory), so neighbouring threads
+//! read neighbouring elements wherever the axes after the reduced one are packed, and nothing
+//! is copied. Few outputs over a long axis instead copy the tensor with
 //! the reduced axis last and take the row kernel, which spreads each row over a block.
 //! Softmax along an axis other than the last of a contiguous tensor runs the row kernel over
 //! such a copy and copies the result back to the input's axis order.
@@ -45,13 +46,14 @@ impl Red {
         }
     }
 
+    /// Folds `v` (at index `vi`) into `acc` (at index `bi`). Ties keep the lower index.
     fn step(self) -> &'static str {
         match self {
             Red::Sum | Red::Mean => "acc += v;",
             Red::Max => "if (v > acc) acc = v;",
             Red::Min => "if (v < acc) acc = v;",
-            Red::ArgMax => "if (v > acc) { acc = v; bi = (unsigned)k; }",
-            Red::ArgMin => "if (v < acc) { acc = v; bi = (unsigned)k; }",
+            Red::ArgMax => "if (v > acc || (v == acc && vi < bi)) { acc = v; bi = vi; }",
+            Red::ArgMin => "if (v < acc || (v == acc && vi < bi)) { acc = v; bi = vi; }",
         }
     }
 
@@ -89,7 +91,7 @@ impl Red {
     }
 }
 
-/// The strided reduction kernel of `red` for dtype `T`, writing `O` (`T`, or `u32` indices).
+/// The strided reduction kernel of `red` for dtype `T`, writing values of `T` or `u32` indices.
 fn strided_kernel<T: DType>(red: Red) -> Kernel {
     let name = match red {
         Red::Sum => "sum_strided",
@@ -108,22 +110,49 @@ fn strided_kernel<T: DType>(red: Red) -> Kernel {
         let source = format!(
             r#"{prelude}
 typedef unsigned long long u64;
+#define STEP {{ {step} }}
+// Block (bx, by): bx consecutive outputs, each reduced by by threads that take every by-th
+// element of the axis, then combined through shared memory by the first.
 extern "C" __global__ void {fname}({out_t}* __restrict__ out, const T* __restrict__ x, u64 n,
                                    u64 K, u64 sk, int rank, {dims}, {strides}) {{
+  __shared__ A shv[256];
+  __shared__ unsigned shi[256];
   const u64 dims[{MAX_DIMS}] = {{{dv}}};
-  const u64 st[{MAX_DIMS}] = {{{sv}}};
-  for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)blockDim.x * gridDim.x) {{
-    u64 r = i, o = 0;
+  const u64 xs[{MAX_DIMS}] = {{{sv}}};
+  const unsigned bx = blockDim.x, by = blockDim.y, tx = threadIdx.x, ty = threadIdx.y;
+  for (u64 base = (u64)blockIdx.x * bx; base < n; base += (u64)gridDim.x * bx) {{
+    u64 i = base + tx;
+    A acc = (A)0;
+    unsigned bi = 0xffffffffu;
+    if (i < n && ty < K) {{
+      u64 r = i, o = 0;
 #pragma unroll
-    for (int d = {last}; d >= 0; --d) {{
-      if (d < rank) {{ u64 c = r % dims[d]; r /= dims[d]; o += c * st[d]; }}
+      for (int d = {last}; d >= 0; --d) {{
+        if (d < rank) {{ u64 c = r % dims[d]; r /= dims[d]; o += c * xs[d]; }}
+      }}
+      const T* p = x + o;
+      acc = ld(p[(u64)ty * sk]);
+      bi = ty;
+#pragma unroll 4
+      for (u64 k = ty + by; k < K; k += by) {{
+        A v = ld(p[k * sk]);
+        unsigned vi = (unsigned)k;
+        (void)vi;
+        STEP
+      }}
     }}
-    const T* p = x + o;
-    A acc = ld(p[0]);
-    unsigned bi = 0;
-    for (u64 k = 1; k < K; ++k) {{ A v = ld(p[k * sk]); {step} }}
-    (void)bi;
-    out[i] = {finish};
+    shv[ty * bx + tx] = acc;
+    shi[ty * bx + tx] = bi;
+    __syncthreads();
+    if (ty == 0 && i < n) {{
+      for (unsigned j = 1; j < by; ++j) {{
+        A v = shv[j * bx + tx];
+        unsigned vi = shi[j * bx + tx];
+        if (vi != 0xffffffffu) STEP
+      }}
+      out[i] = {finish};
+    }}
+    __syncthreads();
   }}
 }}
 "#,
@@ -248,9 +277,14 @@ fn reduce_into<T: DType, O: DType>(
         for d in 0..MAX_DIMS {
             args.scalar(st.get(d).copied().unwrap_or(0) as u64);
         }
+        // Up to 8 threads share an output's axis; the rest of the 256 take neighbouring
+        // outputs.
+        let by = k.next_power_of_two().min(8);
+        let bx = 256 / by;
         let sms = stream.device().limits().multiprocessor_count.max(1) as usize;
-        let grid = n_out.div_ceil(256).clamp(1, sms * 32) as u32;
-        strided_kernel::<T>(red).launch(stream, LaunchConfig::linear(grid, 256), &args)?;
+        let grid = n_out.div_ceil(bx).clamp(1, sms * 32) as u32;
+        let config = LaunchConfig::new((grid, 1, 1), (bx as u32, by as u32, 1));
+        strided_kernel::<T>(red).launch(stream, config, &args)?;
     }
     Ok(out)
 }
@@ -354,7 +388,9 @@ axis_reduction!(
     mean_axis, Red::Mean, FloatDType, T
 );
 axis_reduction!(
-    /// The maximum along `axis`. [`max`](super::max) is its last-axis form.
+    /// The maximum along `axis`. [`max`](super::max) is its last-axis form. Which value a
+    /// lane holding NaN gives is unspecified (as for [`min_axis`], [`argmax_axis`] and
+    /// [`argmin_axis`]).
     ///
     /// # Errors
     ///

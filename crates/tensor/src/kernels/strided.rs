@@ -75,8 +75,12 @@ impl StridedEw {
             };
             loads += &format!("{} {} = {load}; ", e_type(*e), names[k]);
         }
-        let dims: Vec<String> = (0..MAX_DIMS).map(|d| format!("u64 d{d}")).collect();
+        let dims: Vec<String> = (0..MAX_DIMS)
+            .map(|d| format!("u64 d{d}"))
+            .chain((0..MAX_DIMS).map(|d| format!("u64 m{d}")))
+            .collect();
         let dim_vals: Vec<String> = (0..MAX_DIMS).map(|d| format!("d{d}")).collect();
+        let magic_vals: Vec<String> = (0..MAX_DIMS).map(|d| format!("m{d}")).collect();
         let store = match self.out {
             Elem::T => "st((A)(EXPR_))",
             Elem::Mask => "(unsigned char)((EXPR_) ? 1 : 0)",
@@ -85,12 +89,18 @@ impl StridedEw {
             r#"{prelude}
 typedef unsigned long long u64;
 #define EXPR_ ({expr})
-#define WALK(IT) \
+// Below 2^31 elements, r / dims[d] is a multiply-high and a shift by the magic numbers of
+// mg[d] (the multiplier in the low 32 bits, the shift above them).
+#define DIVMOD_MAGIC \
+  unsigned q = (__umulhi(r, (unsigned)mg[d]) + r) >> (unsigned)(mg[d] >> 32); \
+  u64 c = (u64)(r - q * (unsigned)dims[d]); r = q;
+#define DIVMOD_WIDE u64 c = r % dims[d]; r /= dims[d];
+#define WALK(IT, DIVMOD) \
   for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)blockDim.x * gridDim.x) {{ \
     IT r = (IT)i; {offs} \
     _Pragma("unroll") \
     for (int d = {last}; d >= 0; --d) {{ \
-      if (d < rank) {{ IT len = (IT)dims[d]; u64 c = (u64)(r % len); r /= len; {step} }} \
+      if (d < rank) {{ DIVMOD {step} }} \
     }} \
     {loads} \
     out[i] = {store}; \
@@ -100,10 +110,11 @@ extern "C" __global__ void {fname}({out_t}* __restrict__ out{params}, T s_, T t_
   A s = ld(s_), t = ld(t_);
   (void)s; (void)t;
   const u64 dims[{MAX_DIMS}] = {{{dim_vals}}};
-{setup}  if (n <= 0xffffffffull) {{
-    WALK(unsigned)
+  const u64 mg[{MAX_DIMS}] = {{{magic_vals}}};
+{setup}  if (n <= 0x7fffffffull) {{
+    WALK(unsigned, DIVMOD_MAGIC)
   }} else {{
-    WALK(u64)
+    WALK(u64, DIVMOD_WIDE)
   }}
 }}
 "#,
@@ -113,6 +124,7 @@ extern "C" __global__ void {fname}({out_t}* __restrict__ out{params}, T s_, T t_
             out_t = self.out.ctype(),
             dims = dims.join(", "),
             dim_vals = dim_vals.join(", "),
+            magic_vals = magic_vals.join(", "),
         )
     }
 
@@ -165,7 +177,7 @@ impl HostLayout {
             .map(|k| {
                 (0..rank)
                     .map(|d| {
-                        args.scalar::<u64>(dims + MAX_DIMS * (1 + k) + d)
+                        args.scalar::<u64>(dims + MAX_DIMS * (2 + k) + d)
                             .map(|v| v as usize)
                     })
                     .collect::<Result<Vec<_>, _>>()
@@ -273,6 +285,9 @@ pub(crate) fn launch<'a, T: DType, O: DType>(
     for d in 0..MAX_DIMS {
         args.scalar(dims.get(d).copied().unwrap_or(1) as u64);
     }
+    for d in 0..MAX_DIMS {
+        args.scalar(magic(dims.get(d).copied().unwrap_or(1)));
+    }
     for st in &strides {
         for d in 0..MAX_DIMS {
             args.scalar(st.get(d).copied().unwrap_or(0) as u64);
@@ -281,6 +296,20 @@ pub(crate) fn launch<'a, T: DType, O: DType>(
     let sms = stream.device().limits().multiprocessor_count.max(1) as usize;
     let grid = n.div_ceil(256 * 4).clamp(1, sms * 32) as u32;
     kernel.launch(stream, LaunchConfig::linear(grid, 256), &args)
+}
+
+/// The magic numbers that divide an index below 2^31 by `d` with a multiply-high and a shift
+/// (Granlund and Montgomery; the form PyTorch's `IntDivider` uses): the multiplier in the low
+/// 32 bits, the shift above them. The kernel takes them only when every index is below 2^31,
+/// and every axis length is then below it too.
+fn magic(d: usize) -> u64 {
+    if d == 0 || d > i32::MAX as usize {
+        return 0;
+    }
+    let d = d as u64;
+    let shift = (0u32..32).find(|s| (1u64 << s) >= d).unwrap_or(31);
+    let m1 = ((1u64 << 32) * ((1u64 << shift) - d)) / d + 1;
+    (u64::from(shift) << 32) | (m1 & 0xffff_ffff)
 }
 
 /// The copy kernel: `out[i] = a`.
@@ -364,4 +393,50 @@ pub fn contiguous<T: DType, X: TensorInput<T>>(
     strided_op("contiguous", x, |stream, x| {
         Ok(dense("contiguous", stream, x)?.into_owned())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::magic;
+
+    /// The device's quotient by the magic numbers, computed as the CUDA C computes it.
+    fn magic_div(r: u32, m: u64) -> u32 {
+        let m1 = m as u32;
+        let shift = (m >> 32) as u32;
+        let hi = ((u64::from(r) * u64::from(m1)) >> 32) as u32;
+        (hi + r) >> shift
+    }
+
+    #[test]
+    fn magic_division_is_exact_below_2_pow_31() {
+        let divisors = (1u32..300)
+            .chain([
+                511,
+                512,
+                513,
+                1000,
+                4097,
+                65_535,
+                65_536,
+                1 << 20,
+                (1 << 30) + 7,
+            ])
+            .chain([(1 << 31) - 1]);
+        let top = (1u32 << 31) - 1;
+        for d in divisors {
+            let m = magic(d as usize);
+            for r in (0..2000).chain(top - 2000..=top).chain([
+                d,
+                d - 1,
+                d + 1,
+                d.saturating_mul(2),
+                d.saturating_mul(3) - 1,
+            ]) {
+                if r > top {
+                    continue;
+                }
+                assert_eq!(magic_div(r, m), r / d, "{r} / {d}");
+            }
+        }
+    }
 }
