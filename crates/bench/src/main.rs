@@ -88,7 +88,8 @@ const BENCHMARKS: &[Benchmark] = &[
     },
     Benchmark {
         name: "kernels",
-        about: "tensor kernels (saxpy, rms_norm, softmax, matmul) vs PyTorch eager, GPU time",
+        about: "tensor kernels (saxpy, rms_norm, softmax, matmul, broadcast and strided add, axis \
+                reductions) vs PyTorch eager, GPU time",
         iters_meaning: "launches per trial",
         default_iters: 50,
         run: tensor_kernels::run,

@@ -9,6 +9,10 @@ where each case is one of
     {"op": "rms_norm", "rows": R, "cols": C, "eps": E}
     {"op": "softmax", "rows": R, "cols": C}
     {"op": "matmul", "dtype": "f32" | "bf16", "m": M, "n": N, "k": K}
+    {"op": "broadcast_add", "n": N}             x + col, x [N, N], col [N, 1]
+    {"op": "transposed_add", "n": N}            x.t() + y, both [N, N]
+    {"op": "sum_axis", "n": N, "axis": A}       x.sum(A), x [N, N]
+    {"op": "argmax_axis", "n": N, "axis": A}    x.argmax(A), x [N, N]
 
 Each case is timed as the benchmark times cuflow's kernels: after W warm-up calls, T trials of L
 back-to-back calls on the current stream between two CUDA events; a trial's figure is the
@@ -80,6 +84,22 @@ def case_fn(torch, case, rms_norm, device):
         a = (torch.rand(m, k, device=device) * 2 - 1).to(dtype)
         b = (torch.rand(k, n, device=device) * 2 - 1).to(dtype)
         return lambda: torch.matmul(a, b)
+    if op == "broadcast_add":
+        x = torch.randn(case["n"], case["n"], device=device)
+        col = torch.randn(case["n"], 1, device=device)
+        return lambda: x + col
+    if op == "transposed_add":
+        x = torch.randn(case["n"], case["n"], device=device)
+        y = torch.randn(case["n"], case["n"], device=device)
+        return lambda: x.t() + y
+    if op == "sum_axis":
+        x = torch.randn(case["n"], case["n"], device=device)
+        axis = case["axis"]
+        return lambda: x.sum(axis)
+    if op == "argmax_axis":
+        x = torch.randn(case["n"], case["n"], device=device)
+        axis = case["axis"]
+        return lambda: x.argmax(axis)
     raise ValueError("unknown case %r" % op)
 
 

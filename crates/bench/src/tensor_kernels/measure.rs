@@ -31,7 +31,7 @@ impl Timer {
 
     /// Enqueues `op` on the stream without waiting for it; its output is dropped (a tensor's
     /// memory is freed in stream order, after the kernel).
-    fn enqueue<O: DeviceOp>(&self, op: O) -> Result<(), BenchError> {
+    pub(super) fn enqueue<O: DeviceOp>(&self, op: O) -> Result<(), BenchError> {
         enqueue_on(op, &self.stream, self.policy.clone())?;
         Ok(())
     }
@@ -52,7 +52,7 @@ impl Timer {
     }
 
     /// [`WARMUP`] launches, then [`TRIALS`] trials; milliseconds per launch of each.
-    fn trials(
+    pub(super) fn trials(
         &self,
         mut launch: impl FnMut() -> Result<(), BenchError>,
     ) -> Result<Vec<f64>, BenchError> {
@@ -83,7 +83,7 @@ impl SplitMix64 {
 }
 
 /// `count` indices in `0..n`: the first, the last, and the rest random.
-fn sample_indices(n: usize, count: usize, seed: u64) -> Vec<usize> {
+pub(super) fn sample_indices(n: usize, count: usize, seed: u64) -> Vec<usize> {
     let mut rng = SplitMix64(seed);
     let mut indices = vec![0, n - 1];
     indices.extend((2..count).map(|_| rng.below(n)));

@@ -1,6 +1,8 @@
 //! `kernels`: cuflow's tensor kernels on the GPU, each beside PyTorch eager measured in the same
 //! run: saxpy f32 over 2^28 elements, rms_norm and softmax f32 over 4096×4096 and 16384×1024,
-//! and matmul 4096³ in f32 and bf16.
+//! matmul 4096³ in f32 and bf16, and over an 8192×8192 f32 matrix the strided and broadcast
+//! elementwise kernel (a column broadcast, a transposed view) and axis reductions (sum over
+//! each axis, argmax over the first).
 //!
 //! Timing: a kernel's op is enqueued `iters` times back to back on one stream, with
 //! [`enqueue_on`] under [`SingleStream`] on that stream (nothing waits between ops), between
@@ -28,6 +30,7 @@
 //! [`TORCH_SCRIPT`]: torch::TORCH_SCRIPT
 
 mod measure;
+mod strided;
 mod torch;
 
 use cuflow::prelude::*;
@@ -36,6 +39,7 @@ use serde_json::{json, Value};
 use self::measure::{
     measure_matmul, measure_rms_norm, measure_saxpy, measure_softmax, Timer, SAXPY_PARTITIONS,
 };
+use self::strided::Strided;
 use self::torch::run_torch;
 use crate::error::BenchError;
 use crate::report::{median, Goal, Results, Row};
@@ -71,6 +75,12 @@ const MATMUL_GOAL: Goal = Goal::AtLeast(0.95);
 /// rms_norm and softmax: at least PyTorch eager's bandwidth.
 const ROWS_GOAL: Goal = Goal::AtLeast(1.0);
 
+/// The side of the matrix of the strided, broadcast and reduction cases.
+const STRIDED_N: usize = 8192;
+
+/// Strided, broadcast and reduction kernels: at least 0.9× PyTorch eager's bandwidth.
+const STRIDED_GOAL: Goal = Goal::AtLeast(0.9);
+
 /// Seeds of the random inputs (any fixed values: runs see the same data).
 const SEED: u64 = 0x6b65_726e_656c_7300;
 
@@ -97,10 +107,11 @@ enum Case {
     RmsNorm { rows: usize, cols: usize },
     Softmax { rows: usize, cols: usize },
     Matmul(MatmulType),
+    Strided(Strided),
 }
 
 /// Every case, in the order of the report and of the PyTorch script's results.
-const CASES: [Case; 7] = [
+const CASES: [Case; 12] = [
     Case::Saxpy,
     Case::rms_norm(ROW_SHAPES[0]),
     Case::rms_norm(ROW_SHAPES[1]),
@@ -108,6 +119,11 @@ const CASES: [Case; 7] = [
     Case::softmax(ROW_SHAPES[1]),
     Case::Matmul(MatmulType::F32),
     Case::Matmul(MatmulType::Bf16),
+    Case::Strided(Strided::BroadcastAdd),
+    Case::Strided(Strided::TransposedAdd),
+    Case::Strided(Strided::SumAxis(0)),
+    Case::Strided(Strided::SumAxis(1)),
+    Case::Strided(Strided::ArgmaxAxis0),
 ];
 
 impl Case {
@@ -128,6 +144,7 @@ impl Case {
             Case::RmsNorm { rows, cols } => format!("rms_norm f32 {rows}x{cols}"),
             Case::Softmax { rows, cols } => format!("softmax f32 {rows}x{cols}"),
             Case::Matmul(t) => format!("matmul {} {MATMUL_SIZE}^3", t.name()),
+            Case::Strided(s) => s.name(),
         }
     }
 
@@ -138,6 +155,7 @@ impl Case {
             Case::RmsNorm { .. } => "PyTorch F.rms_norm",
             Case::Softmax { .. } => "PyTorch torch.softmax(x, -1)",
             Case::Matmul(_) => "PyTorch torch.matmul",
+            Case::Strided(s) => s.torch_call(),
         }
     }
 
@@ -153,6 +171,7 @@ impl Case {
             ),
             Case::Softmax { rows, cols } => ("TB/s", 2.0 * f32_bytes * (rows * cols) as f64 / 1e12),
             Case::Matmul(_) => ("TFLOP/s", 2.0 * (MATMUL_SIZE as f64).powi(3) / 1e12),
+            Case::Strided(s) => ("TB/s", s.terabytes()),
         }
     }
 
@@ -171,6 +190,7 @@ impl Case {
                 "n": MATMUL_SIZE,
                 "k": MATMUL_SIZE,
             }),
+            Case::Strided(s) => s.torch_json(),
         }
     }
 }
@@ -227,6 +247,7 @@ pub(crate) fn run(device: &Device, iters: usize) -> Result<Results, BenchError> 
             Case::Matmul(MatmulType::Bf16) => {
                 (measure_matmul::<bf16>(&timer, 1e-2, 1e-3)?.0, MATMUL_GOAL)
             }
+            Case::Strided(s) => (strided::measure(&timer, s)?, STRIDED_GOAL),
         };
         measured.push((case, trials, goal));
     }
@@ -241,8 +262,9 @@ pub(crate) fn run(device: &Device, iters: usize) -> Result<Results, BenchError> 
              way with torch.cuda.Event"
         ),
         "TB/s = bytes moved / time: saxpy 3·4·n (read x, read y, write y), rms_norm \
-         2·4·rows·cols + 4·cols (x, out, weight), softmax 2·4·rows·cols; TFLOP/s = 2·m·n·k / \
-         time"
+         2·4·rows·cols + 4·cols (x, out, weight), softmax 2·4·rows·cols, broadcast add \
+         4·(2·n² + n), transposed add 3·4·n², sum_axis and argmax_axis 4·(n² + n); TFLOP/s = \
+         2·m·n·k / time"
             .to_string(),
         format!(
             "each kernel was checked once before timing against float64 on the host (sampled \
