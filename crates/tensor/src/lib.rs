@@ -1,7 +1,10 @@
 //! cuflow's tensors, constructors and kernels.
 //!
-//! A [`Tensor<T>`] is a dense row-major array on a device. The functions of [`api`] build
-//! tensors and the functions of [`kernels`] compute with them; every one returns a lazy op
+//! A [`Tensor<T>`] is an array on a device: dense and row-major as constructors and kernels
+//! make it, or a view ([`Tensor::narrow`], [`Tensor::permute`], [`Tensor::expand`], ...) over
+//! the same memory with other strides. The functions of [`api`] build tensors and the
+//! functions of [`kernels`] compute with them (binary operations broadcast as NumPy does, and
+//! reductions run along any axis); every one returns a lazy op
 //! to chain with `then`, combine with `zip!`, and run with `.sync()`, `.sync_on(&stream)` or
 //! `.await`. Each kernel has a CUDA C implementation (compiled by NVRTC for the device, once
 //! per process) and a host implementation, so the same program runs on a GPU and on the CPU

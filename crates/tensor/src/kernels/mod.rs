@@ -10,8 +10,13 @@
 //!   they were given. The partition's tile shape sets the launch decomposition (one block per
 //!   tile) and must divide the tensor.
 //!
+//! Every kernel accepts views (see [`Tensor`]): the elementwise, broadcast,
+//! comparison and axis-reduction kernels read strided inputs in place; the others copy a
+//! non-contiguous input to a dense tensor first, on the executing stream. Outputs written in
+//! place (partitions) must be contiguous.
+//!
 //! A wrong shape, dtype, device or partition is a [`DeviceError`] naming the kernel and the
-//! shapes, returned when the op runs.
+//! shapes (and the axis, for broadcasting and reductions), returned when the op runs.
 //!
 //! [`DeviceError`]: cuflow_runtime::DeviceError
 
@@ -72,8 +77,30 @@ macro_rules! binary_kernel {
 }
 
 binary_kernel!(
-    /// `x + y` elementwise; `y` has `x`'s shape, or is a row vector of `x`'s last-axis
-    /// length, broadcast over the rows.
+    /// `x + y` elementwise, `x` and `y` broadcast to one shape under NumPy's rules
+    /// (aligned at the last axis; along each axis the lengths are equal or one is 1):
+    /// `[2, 3] + [2, 1]`, `[3] + [2, 3]` and `[1] + [0, 3]` are all valid. Dense operands of
+    /// one shape, or a dense row of the last axis, take a vectorized kernel; views and other
+    /// broadcasts are read in place by the strided kernel, without copies.
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceError::ShapeMismatch`] naming the axis where the shapes do not broadcast.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cuflow_device_op::DeviceOpExt;
+    /// use cuflow_runtime::Device;
+    /// use cuflow_tensor::{api, kernels};
+    /// # fn main() -> Result<(), cuflow_runtime::DeviceError> {
+    /// let stream = Device::host().new_stream()?;
+    /// let x = api::from_vec(vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]).sync_on(&stream)?;
+    /// let col = api::from_vec(vec![10.0f32, 20.0], &[2, 1]).sync_on(&stream)?;
+    /// let y = kernels::add(&x, &col).sync_on(&stream)?;
+    /// assert_eq!(y.to_host_vec()?, vec![11.0, 12.0, 13.0, 24.0, 25.0, 26.0]);
+    /// # Ok(()) }
+    /// ```
     add, "add", "a + b", "a + b", DType::add
 );
 binary_kernel!(
