@@ -270,6 +270,37 @@ fn launch_refuses_strided_inputs() -> Result<(), DeviceError> {
     Ok(())
 }
 
+/// A decode kernel (which allocates nothing, so cannot copy) refuses a strided input and
+/// leaves its output alone; a contiguous view of rows is read from its first row.
+#[test]
+fn decode_kernels_refuse_strided_views() -> Result<(), DeviceError> {
+    let s = stream();
+    let mut rng = seeded_rng(11);
+    let data: Vec<f32> = random(&mut rng, 6 * 8);
+    let gate_up = upload(&s, &data, &[6, 8]);
+    let mut out = api::full(&[2, 4], 9.0f32).sync_on(&s)?;
+    let view = gate_up.transpose(0, 1)?.narrow(0, 0, 2)?.transpose(0, 1)?; // [6, 2], strided
+    let mut small = api::full(&[6, 1], 9.0f32).sync_on(&s)?;
+    let err = kernels::decode::silu_mul(&mut small, &view)
+        .sync_on(&s)
+        .unwrap_err();
+    assert!(matches!(err, DeviceError::InvalidShape { .. }), "{err}");
+    assert!(err.to_string().contains("contiguous"), "{err}");
+    assert_exact(&read(&small), &[9.0; 6], "output after a refused launch");
+
+    let rows = gate_up.narrow(0, 4, 2)?; // contiguous, from row 4
+    kernels::decode::silu_mul(&mut out, &rows).sync_on(&s)?;
+    let want: Vec<f64> = (0..8)
+        .map(|k| {
+            let (r, i) = (4 + k / 4, k % 4);
+            let (g, u) = (f64::from(data[r * 8 + i]), f64::from(data[r * 8 + 4 + i]));
+            g / (1.0 + (-g).exp()) * u
+        })
+        .collect();
+    assert_dtype_close(&read(&out), &want, f32::TRANS_TOL, "silu_mul of rows 4..6");
+    Ok(())
+}
+
 /// Bad axes and ranges are refused with the axis named.
 #[test]
 fn bad_axes_and_ranges_name_the_axis() -> Result<(), DeviceError> {

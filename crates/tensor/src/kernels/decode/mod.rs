@@ -11,6 +11,10 @@
 //! to device tensors by the kernels, never passed as scalars, so one captured step serves
 //! every position.
 //!
+//! Every tensor they take must be contiguous: a contiguous view (rows of a larger tensor) is
+//! passed from its first element, and a strided view is refused with
+//! [`DeviceError::InvalidShape`], since copying it would allocate.
+//!
 //! Layouts (row-major):
 //! - a linear weight is `[out_features, in_features]` `bf16`, with `in_features` a multiple
 //!   of 8 (the GEMV reads it in 16-byte vectors);
