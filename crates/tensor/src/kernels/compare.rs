@@ -60,8 +60,8 @@ fn compare<T: DType, X: TensorInput<T>, Y: TensorInput<T>>(
 }
 
 macro_rules! compare_kernel {
-    ($(#[$doc:meta])* $fn:ident, $expr:literal, $host:path) => {
-        $(#[$doc])*
+    ($fn:ident, $what:literal, $expr:literal, $host:path, $want:literal) => {
+        #[doc = concat!("`", $what, "` elementwise.")]
         ///
         /// The result is a `u8` mask of the shape `x` and `y` broadcast to (NumPy's rules):
         /// 1 where the comparison holds, 0 elsewhere. Comparisons with NaN are false, except
@@ -69,7 +69,23 @@ macro_rules! compare_kernel {
         ///
         /// # Errors
         ///
-        /// [`DeviceError::ShapeMismatch`](cuflow_runtime::DeviceError::ShapeMismatch) naming the axis where the shapes do not broadcast.
+        /// [`DeviceError::ShapeMismatch`](cuflow_runtime::DeviceError::ShapeMismatch) naming
+        /// the axis where the shapes do not broadcast.
+        ///
+        /// # Examples
+        ///
+        /// ```
+        /// use cuflow_device_op::DeviceOpExt;
+        /// use cuflow_runtime::Device;
+        /// use cuflow_tensor::{api, kernels};
+        /// # fn main() -> Result<(), cuflow_runtime::DeviceError> {
+        /// let stream = Device::host().new_stream()?;
+        /// let x = api::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], &[2, 2]).sync_on(&stream)?;
+        /// let y = api::from_vec(vec![2.0f32], &[1]).sync_on(&stream)?; // broadcast
+        #[doc = concat!("let m = kernels::", stringify!($fn), "(&x, &y).sync_on(&stream)?;")]
+        #[doc = concat!("assert_eq!(m.to_host_vec()?, vec!", $want, ");")]
+        /// # Ok(()) }
+        /// ```
         pub fn $fn<T: DType, X: TensorInput<T>, Y: TensorInput<T>>(
             x: X,
             y: Y,
@@ -79,43 +95,12 @@ macro_rules! compare_kernel {
     };
 }
 
-compare_kernel!(
-    /// `x == y` elementwise.
-    ///
-    /// ```
-    /// use cuflow_device_op::DeviceOpExt;
-    /// use cuflow_runtime::Device;
-    /// use cuflow_tensor::{api, kernels};
-    /// # fn main() -> Result<(), cuflow_runtime::DeviceError> {
-    /// let stream = Device::host().new_stream()?;
-    /// let x = api::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], &[2, 2]).sync_on(&stream)?;
-    /// let y = api::from_vec(vec![2.0f32], &[1]).sync_on(&stream)?;
-    /// let m = kernels::eq(&x, &y).sync_on(&stream)?;
-    /// assert_eq!(m.to_host_vec()?, vec![0u8, 1, 0, 0]);
-    /// # Ok(()) }
-    /// ```
-    eq, "a == b", PartialEq::eq
-);
-compare_kernel!(
-    /// `x != y` elementwise.
-    ne, "a != b", PartialEq::ne
-);
-compare_kernel!(
-    /// `x < y` elementwise.
-    lt, "a < b", PartialOrd::lt
-);
-compare_kernel!(
-    /// `x <= y` elementwise.
-    le, "a <= b", PartialOrd::le
-);
-compare_kernel!(
-    /// `x > y` elementwise.
-    gt, "a > b", PartialOrd::gt
-);
-compare_kernel!(
-    /// `x >= y` elementwise.
-    ge, "a >= b", PartialOrd::ge
-);
+compare_kernel!(eq, "x == y", "a == b", PartialEq::eq, "[0u8, 1, 0, 0]");
+compare_kernel!(ne, "x != y", "a != b", PartialEq::ne, "[1u8, 0, 1, 1]");
+compare_kernel!(lt, "x < y", "a < b", PartialOrd::lt, "[1u8, 0, 0, 0]");
+compare_kernel!(le, "x <= y", "a <= b", PartialOrd::le, "[1u8, 1, 0, 0]");
+compare_kernel!(gt, "x > y", "a > b", PartialOrd::gt, "[0u8, 0, 1, 1]");
+compare_kernel!(ge, "x >= y", "a >= b", PartialOrd::ge, "[0u8, 1, 1, 1]");
 
 /// `a` where `mask` is nonzero, else `b`, elementwise; the three are broadcast to one shape
 /// under NumPy's rules. Masks come from the comparisons ([`eq`], [`lt`], ...).
