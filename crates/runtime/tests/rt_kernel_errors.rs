@@ -12,7 +12,7 @@ use cuflow_runtime::{
 };
 use cuflow_testing::{
     device::{device, stream},
-    kernels::{add_one, assert_stream_usable, saxpy},
+    kernels::{add_one, assert_stream_usable, copy, saxpy},
     rng::{random_f32, rng},
 };
 
@@ -403,4 +403,62 @@ fn a_kernel_whose_signature_is_not_read_from_source_is_checked_against_its_compi
     )?;
     assert_eq!(out.to_host_vec(&s)?, vec![2.5; 4]);
     Ok(())
+}
+
+/// Two arguments overlapping in a buffer the launch writes are refused before the launch, on
+/// every backend (on a GPU, the kernel's threads would race); disjoint ranges of one buffer,
+/// and reads overlapping in a buffer the launch only reads, are fine.
+#[test]
+fn overlapping_arguments_of_a_written_buffer_are_refused() -> Result<(), DeviceError> {
+    let s = stream();
+    let data: Vec<f32> = (0..16).map(|i| i as f32).collect();
+    let buf = DeviceBuffer::from_host(&s, &data)?;
+    let config = LaunchConfig::linear(1, 32);
+    for (dst, src) in [(4..12, 0..8), (0..8, 4..12), (0..8, 0..8)] {
+        let r = copy().launch(
+            &s,
+            config,
+            KernelArgs::new()
+                .output(buf.slice(dst.clone())?)
+                .input(buf.slice(src.clone())?)
+                .scalar(8u32),
+        );
+        match r {
+            Err(DeviceError::InvalidArgument { kernel, reason, .. }) => {
+                assert_eq!(kernel, "test_copy");
+                assert!(reason.contains("overlaps"), "{reason}");
+            }
+            other => panic!("{dst:?} from {src:?}: expected InvalidArgument, got {other:?}"),
+        }
+    }
+    assert_eq!(buf.to_host_vec(&s)?, data, "refused launches write nothing");
+
+    // Disjoint ranges of one buffer.
+    copy().launch(
+        &s,
+        config,
+        KernelArgs::new()
+            .output(buf.slice(8..16)?)
+            .input(buf.slice(0..8)?)
+            .scalar(8u32),
+    )?;
+    let mut want = data.clone();
+    want.copy_within(0..8, 8);
+    assert_eq!(buf.to_host_vec(&s)?, want);
+
+    // Overlapping reads of a buffer the launch does not write.
+    let out = DeviceBuffer::<f32>::zeroed(&s, 8)?;
+    let src = DeviceBuffer::from_host(&s, &data)?;
+    cuflow_testing::kernels::add().launch(
+        &s,
+        config,
+        KernelArgs::new()
+            .output(&out)
+            .input(src.slice(0..8)?)
+            .input(src.slice(4..12)?)
+            .scalar(8u32),
+    )?;
+    let sums: Vec<f32> = (0..8).map(|i| data[i] + data[i + 4]).collect();
+    assert_eq!(out.to_host_vec(&s)?, sums);
+    assert_stream_usable(&s)
 }

@@ -438,12 +438,16 @@ pub fn dup<T: DType, X: TensorInput<T>>(
     })
 }
 
-/// Copies `src` into `dst` (same shape) on the executing stream. It never allocates, so it is
-/// graph-safe: use it to feed new inputs to a captured graph between replays.
+/// Copies `src` into `dst` (same shape) on the executing stream. It never allocates (unless
+/// `src` is a strided view, which is first copied to a dense tensor), so it is graph-safe: use
+/// it to feed new inputs to a captured graph between replays. `dst` may be a contiguous view,
+/// such as rows of a larger tensor.
 ///
 /// # Errors
 ///
-/// [`DeviceError::ShapeMismatch`] (when run) when the shapes differ.
+/// [`DeviceError::ShapeMismatch`] (when run) when the shapes differ;
+/// [`DeviceError::InvalidShape`] when `dst` is not contiguous, or when `dst` and `src` are
+/// different but overlapping ranges of one buffer.
 pub fn memcpy<'a, T: DType, S: TensorInput<T> + 'a>(
     dst: &'a mut Tensor<T>,
     src: S,
@@ -458,7 +462,20 @@ pub fn memcpy<'a, T: DType, S: TensorInput<T> + 'a>(
                 src.shape(),
             ));
         }
-        dst.view("memcpy")?.copy_from(stream, src.view("memcpy")?)
+        let (d, s) = (dst.view("memcpy")?, src.view("memcpy")?);
+        let (d0, s0, n) = (d.offset(), s.offset(), d.len());
+        if Arc::ptr_eq(dst.buffer(), src.buffer()) && d0 != s0 && d0 < s0 + n && s0 < d0 + n {
+            return Err(DeviceError::InvalidShape {
+                op: "memcpy",
+                reason: format!(
+                    "the destination (elements {d0}..{}) and the source (elements {s0}..{}) \
+                     overlap in one buffer; copy the source first with `api::dup`",
+                    d0 + n,
+                    s0 + n
+                ),
+            });
+        }
+        d.copy_from(stream, s)
     })
 }
 

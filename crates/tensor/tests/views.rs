@@ -212,6 +212,32 @@ fn writes_through_a_view_are_ordered_with_the_base() -> Result<(), DeviceError> 
     Ok(())
 }
 
+/// memcpy refuses overlapping ranges of one buffer (the result would depend on the copy's
+/// order), and copies between disjoint views of one buffer.
+#[test]
+fn memcpy_between_views_of_one_buffer() -> Result<(), DeviceError> {
+    let s = stream();
+    let mut rng = seeded_rng(12);
+    let data: Vec<f32> = random(&mut rng, 4 * 3);
+    let base = upload(&s, &data, &[4, 3]);
+    let mut dst = base.narrow(0, 1, 2)?;
+    let err = api::memcpy(&mut dst, base.narrow(0, 0, 2)?)
+        .sync_on(&s)
+        .unwrap_err();
+    assert!(
+        matches!(err, DeviceError::InvalidShape { op: "memcpy", .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("overlap"), "{err}");
+    assert_exact(&read(&base), &data, "base after a refused copy");
+    let mut dst = base.narrow(0, 2, 2)?;
+    api::memcpy(&mut dst, base.narrow(0, 0, 2)?).sync_on(&s)?;
+    let mut want = data.clone();
+    want.copy_within(0..6, 6);
+    assert_exact(&read(&base), &want, "rows 0..2 copied over rows 2..4");
+    Ok(())
+}
+
 /// Saxpy writes into a contiguous view in place; a strided output is refused, untouched.
 #[test]
 fn in_place_kernels_write_contiguous_views_only() -> Result<(), DeviceError> {
@@ -235,6 +261,15 @@ fn in_place_kernels_write_contiguous_views_only() -> Result<(), DeviceError> {
     );
     assert!(err.to_string().contains("contiguous"), "{err}");
     assert_exact(&read(&base), &want, "base after a refused write");
+
+    // Reading rows that overlap the rows written would race on a GPU: refused.
+    let mut rows = base.narrow(0, 1, 2)?;
+    let above = base.narrow(0, 0, 2)?;
+    let err = kernels::saxpy((&mut rows).partition([1, 6]), 2.0, &above)
+        .sync_on(&s)
+        .unwrap_err();
+    assert!(matches!(err, DeviceError::InvalidArgument { .. }), "{err}");
+    assert_exact(&read(&base), &want, "base after an overlapping write");
     let _ = &mut base;
     Ok(())
 }

@@ -28,6 +28,7 @@ use crate::access::ordered_traced;
 use crate::backend::{CompileCache, CompiledFor};
 use crate::device::Device;
 use crate::error::{BackendKind, DeviceError, Result};
+use crate::memory::Memory;
 use crate::stream::Stream;
 use crate::trace::Work;
 
@@ -183,6 +184,9 @@ impl Kernel {
     ///
     /// [`DeviceError::InvalidLaunch`] for a configuration the device cannot run,
     /// [`DeviceError::DeviceMismatch`] for a buffer of another device,
+    /// [`DeviceError::InvalidArgument`] for arguments that do not match the kernel's
+    /// parameters, or for two buffer arguments that overlap in an allocation the launch writes
+    /// (on every backend, so that no launch races with itself on a GPU),
     /// [`DeviceError::Compile`] when the source does not compile,
     /// [`DeviceError::HostKernel`] on the host backend when there is no host implementation.
     pub fn launch(
@@ -219,6 +223,7 @@ impl Kernel {
                 }
             }
         }
+        check_disjoint(&self.inner.name, &args.args)?;
         // The host implementation, or the module compiled for this GPU (compiled now at the
         // first launch): resolved before the launch is ordered.
         let code = device.backend().kernel_code(&self.inner, device.id())?;
@@ -251,4 +256,50 @@ impl fmt::Debug for Kernel {
             .field("host_impl", &self.inner.host.is_some())
             .finish()
     }
+}
+
+/// Refuses two buffer arguments whose ranges overlap in an allocation that any argument of the
+/// launch writes: threads writing one while others read or write the other would race. Reads
+/// may overlap in allocations the launch only reads. The host backend carves the same ranges
+/// out of each allocation, so both backends refuse the same launches.
+fn check_disjoint(kernel: &str, args: &[KernelArg<&Arc<Memory>>]) -> Result<()> {
+    let buffers: Vec<(usize, &Arc<Memory>, usize, usize, bool)> = args
+        .iter()
+        .enumerate()
+        .filter_map(|(i, a)| match a {
+            KernelArg::Buffer {
+                mem,
+                byte_offset,
+                byte_len,
+                writable,
+                ..
+            } => Some((i, *mem, *byte_offset, *byte_len, *writable)),
+            KernelArg::Scalar { .. } => None,
+        })
+        .collect();
+    for &(_, mem, _, _, writable) in &buffers {
+        if !writable {
+            continue;
+        }
+        let mut members: Vec<(usize, usize, usize)> = buffers
+            .iter()
+            .filter(|b| Arc::ptr_eq(b.1, mem))
+            .map(|&(i, _, off, len, _)| (i, off, len))
+            .collect();
+        members.sort_by_key(|&(_, off, _)| off);
+        let mut end = 0usize;
+        for (k, &(i, off, len)) in members.iter().enumerate() {
+            if k > 0 && off < end {
+                return Err(DeviceError::InvalidArgument {
+                    kernel: kernel.to_string(),
+                    index: i,
+                    reason: "overlaps another argument of the same buffer that the kernel \
+                             writes"
+                        .into(),
+                });
+            }
+            end = end.max(off + len);
+        }
+    }
+    Ok(())
 }
