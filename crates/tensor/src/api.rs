@@ -9,7 +9,7 @@ use cuflow_runtime::{DeviceBuffer, DeviceError, Kernel, KernelArgs, LaunchConfig
 
 use crate::dtype::{cuda_defs, cuda_prelude, DType, FloatDType};
 use crate::kernels::{alloc, check_device};
-use crate::op::{cached_kernel, cached_kernel2, kernel_op, TensorOp};
+use crate::op::{cached_kernel, cached_kernel2, kernel_op, strided_op, TensorOp};
 use crate::tensor::{check_numel, Shape, Tensor, TensorInput};
 
 pub use crate::constructors::{fill, full_like, ones_like, zeros_like};
@@ -427,13 +427,16 @@ fn upload<T: DType>(ctx: &mut ExecutionContext, data: &[T], shape: &[usize]) -> 
     Tensor::from_buffer(Arc::new(DeviceBuffer::from_host(stream, data)?), shape)
 }
 
-/// A copy of `x` in new memory.
+/// A copy of `x` in new memory: dense and row-major, whatever view `x` is.
 pub fn dup<T: DType, X: TensorInput<T>>(
     x: X,
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
-    kernel_op("dup", x, move |stream, x| {
+    strided_op("dup", x, move |stream, x| {
+        if !x.is_contiguous() {
+            return crate::kernels::gather_copy(stream, x);
+        }
         let out = alloc::<T>(stream, x.shape())?;
-        out.view("dup")?.copy_from(stream, x.view("dup")?)?;
+        out.view("dup")?.copy_from(stream, x.range("dup")?)?;
         Ok(out)
     })
 }
@@ -452,7 +455,7 @@ pub fn memcpy<'a, T: DType, S: TensorInput<T> + 'a>(
     dst: &'a mut Tensor<T>,
     src: S,
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> Result<(), DeviceError> + Send + 'a> {
-    kernel_op("memcpy", src, move |stream, src| {
+    strided_op("memcpy", src, move |stream, src| {
         check_device("memcpy", stream, dst)?;
         if dst.shape() != src.shape() {
             return Err(DeviceError::shape_mismatch(
@@ -462,7 +465,12 @@ pub fn memcpy<'a, T: DType, S: TensorInput<T> + 'a>(
                 src.shape(),
             ));
         }
-        let (d, s) = (dst.view("memcpy")?, src.view("memcpy")?);
+        let src = if src.is_contiguous() {
+            std::borrow::Cow::Borrowed(src)
+        } else {
+            std::borrow::Cow::Owned(crate::kernels::gather_copy(stream, src)?)
+        };
+        let (d, s) = (dst.range("memcpy")?, src.range("memcpy")?);
         let (d0, s0, n) = (d.offset(), s.offset(), d.len());
         if Arc::ptr_eq(dst.buffer(), src.buffer()) && d0 != s0 && d0 < s0 + n && s0 < d0 + n {
             return Err(DeviceError::InvalidShape {

@@ -47,11 +47,13 @@ impl<T: DType, V: TensorRef<T>> ErasedInput for Input<T, V> {
 /// On the host backend the kernel's host implementation runs over the same arguments.
 ///
 /// Every tensor is passed as a pointer to its first element, its elements packed in
-/// row-major order after it: the output and the inputs must be contiguous (a contiguous view,
-/// such as a [`narrow`](crate::Tensor::narrow) of the first axis, is passed from its first
-/// element). A view that is not contiguous is refused with [`DeviceError::InvalidShape`]
-/// rather than copied, since the kernel cannot say how it indexes its arguments; pass
-/// [`kernels::contiguous`](crate::kernels::contiguous) of it instead.
+/// row-major order after it: the output and the inputs must be contiguous and start at a
+/// 16-byte boundary of their buffer, so that vector accesses are aligned (a
+/// [`narrow`](crate::Tensor::narrow) of the first axis over rows of a multiple of 16 bytes is
+/// passed from its first element). Any other view is refused with
+/// [`DeviceError::InvalidShape`] rather than copied, since the kernel cannot say how it
+/// indexes its arguments; pass [`kernels::contiguous`](crate::kernels::contiguous) of it
+/// instead.
 ///
 /// The op yields the output partition back.
 ///

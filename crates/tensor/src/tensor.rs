@@ -11,6 +11,9 @@ use smallvec::SmallVec;
 use crate::dtype::DType;
 use crate::op::TensorOp;
 
+/// The byte alignment kernels need of a tensor's first element (their vector width).
+const KERNEL_ALIGN: usize = 16;
+
 /// A shape: the length of every axis, outermost first.
 pub type Shape = SmallVec<[usize; 4]>;
 
@@ -24,8 +27,10 @@ pub type Shape = SmallVec<[usize; 4]>;
 /// kernel accepts views: an input that is not contiguous is copied (once, on the executing
 /// stream) before a kernel that needs dense rows reads it, and the elementwise, broadcast and
 /// reduction kernels read strided inputs directly. Outputs a kernel writes in place must be
-/// contiguous (a contiguous view, such as a [`narrow`](Tensor::narrow) of the first axis,
-/// is fine).
+/// contiguous and start at a 16-byte boundary of the buffer (a [`narrow`](Tensor::narrow) of
+/// the first axis over rows whose byte length is a multiple of 16 is fine), since kernels
+/// write 16-byte vectors; an input that is contiguous but starts elsewhere is copied like a
+/// strided one.
 ///
 /// Cloning a tensor is cheap and shares its memory, like cloning an `Arc`: a kernel that
 /// writes one clone (an output `Partition`) changes what the others read. This is what lets a
@@ -173,10 +178,38 @@ impl<T: DType> Tensor<T> {
         &self.buf
     }
 
+    /// Whether kernels read the tensor where it lies: contiguous, with its first element at a
+    /// 16-byte boundary of the buffer (kernels read and write 16-byte vectors; buffers start
+    /// at such a boundary, so every tensor made by a constructor or a kernel is ready).
+    pub(crate) fn is_kernel_ready(&self) -> bool {
+        self.is_contiguous()
+            && (self.is_empty()
+                || (self.offset * std::mem::size_of::<T>()).is_multiple_of(KERNEL_ALIGN))
+    }
+
     /// The tensor's elements as one range of its buffer, for a kernel that reads or writes
-    /// them packed in row-major order; [`DeviceError::InvalidShape`] naming `op` for a tensor
-    /// that is not contiguous, so that no kernel misreads a view.
+    /// them packed in row-major order, possibly in 16-byte vectors;
+    /// [`DeviceError::InvalidShape`] naming `op` for a tensor that is not contiguous or does
+    /// not start at a 16-byte boundary, so that no kernel misreads a view.
     pub(crate) fn view(&self, op: &'static str) -> Result<BufferView<'_, T>, DeviceError> {
+        let range = self.range(op)?;
+        if !self.is_kernel_ready() {
+            return Err(DeviceError::InvalidShape {
+                op,
+                reason: format!(
+                    "needs its first element at a 16-byte boundary (kernels read 16-byte \
+                     vectors), got a view of shape {:?} starting at element {}; make a \
+                     dense copy first with `contiguous`",
+                    self.shape, self.offset
+                ),
+            });
+        }
+        Ok(range)
+    }
+
+    /// The tensor's elements as one range of its buffer, for a copy; an error naming `op` for
+    /// a tensor that is not contiguous.
+    pub(crate) fn range(&self, op: &'static str) -> Result<BufferView<'_, T>, DeviceError> {
         if !self.is_contiguous() {
             return Err(DeviceError::InvalidShape {
                 op,
@@ -220,7 +253,7 @@ impl<T: DType> Tensor<T> {
     /// Any error the queued work hit.
     pub fn to_host_vec_on(&self, stream: &Stream) -> Result<Vec<T>, DeviceError> {
         if self.is_contiguous() {
-            return self.view("to_host_vec")?.to_host_vec(stream);
+            return self.range("to_host_vec")?.to_host_vec(stream);
         }
         if self.is_empty() {
             return Ok(Vec::new());

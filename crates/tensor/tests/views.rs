@@ -262,14 +262,35 @@ fn in_place_kernels_write_contiguous_views_only() -> Result<(), DeviceError> {
     assert!(err.to_string().contains("contiguous"), "{err}");
     assert_exact(&read(&base), &want, "base after a refused write");
 
-    // Reading rows that overlap the rows written would race on a GPU: refused.
+    // Rows 1..3 of [4, 6] f32 start 24 bytes in: kernels write 16-byte vectors, so such an
+    // output is refused; as an input it is copied first.
     let mut rows = base.narrow(0, 1, 2)?;
-    let above = base.narrow(0, 0, 2)?;
-    let err = kernels::saxpy((&mut rows).partition([1, 6]), 2.0, &above)
+    assert!(rows.is_contiguous());
+    let x = api::full(&[2, 6], 3.0f32).sync_on(&s)?;
+    let err = kernels::saxpy((&mut rows).partition([1, 6]), 2.0, &x)
+        .sync_on(&s)
+        .unwrap_err();
+    assert!(
+        matches!(err, DeviceError::InvalidShape { op: "saxpy", .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("16-byte"), "{err}");
+    let got = read(&kernels::mul_scalar(&rows, 2.0).sync_on(&s)?);
+    let doubled: Vec<f32> = want[6..18].iter().map(|v| v * 2.0).collect();
+    assert_exact(&got, &doubled, "a misaligned view read through a copy");
+    let copy = kernels::contiguous(&rows).sync_on(&s)?;
+    assert_eq!(copy.offset(), 0, "contiguous() copies a misaligned view");
+    assert_exact(&read(&base), &want, "base after a refused write");
+
+    // Reading rows that overlap the rows written would race on a GPU: refused.
+    let wide = api::full(&[4, 8], 1.0f32).sync_on(&s)?;
+    let mut rows = wide.narrow(0, 1, 2)?;
+    let above = wide.narrow(0, 0, 2)?;
+    let err = kernels::saxpy((&mut rows).partition([1, 8]), 2.0, &above)
         .sync_on(&s)
         .unwrap_err();
     assert!(matches!(err, DeviceError::InvalidArgument { .. }), "{err}");
-    assert_exact(&read(&base), &want, "base after an overlapping write");
+    assert_exact(&read(&wide), &[1.0; 32], "base after an overlapping write");
     let _ = &mut base;
     Ok(())
 }

@@ -285,7 +285,7 @@ pub(crate) fn binary<T: DType, X: TensorInput<T>, Y: TensorInput<T>>(
         let shape = crate::view::broadcast_shapes(ew.name, x.shape(), y.shape())?;
         let out = alloc::<T>(stream, &shape)?;
         let (_, cols) = out.rows_cols();
-        let dense = x.is_contiguous() && y.is_contiguous() && x.shape() == &shape[..];
+        let dense = x.is_kernel_ready() && y.is_kernel_ready() && x.shape() == &shape[..];
         let row = y.shape().last() == Some(&cols) && y.len() == cols && cols > 0;
         if dense && (y.shape() == x.shape() || row) {
             ew.launch(

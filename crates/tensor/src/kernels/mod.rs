@@ -44,7 +44,7 @@ pub use reduce_axis::{
 };
 pub use rows::{argmax, layer_norm, max, rms_norm, softmax, sum};
 pub use strided::contiguous;
-pub(crate) use strided::dense;
+pub(crate) use strided::{dense, gather as gather_copy};
 
 use crate::dtype::{DType, FloatDType};
 use crate::op::TensorOp;

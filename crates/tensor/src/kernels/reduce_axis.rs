@@ -216,7 +216,7 @@ fn axis_last<T: DType>(stream: &Stream, x: &Tensor<T>, axis: usize) -> TensorRes
     let mut order: SmallVec<[usize; 8]> = (0..x.rank()).filter(|&a| a != axis).collect();
     order.push(axis);
     let p = x.permute(&order)?;
-    if p.is_contiguous() {
+    if p.is_kernel_ready() {
         Ok(p)
     } else {
         gather(stream, &p)
@@ -234,7 +234,7 @@ fn reduce_into<T: DType, O: DType>(
     let k = x.shape()[axis];
     let n_out: usize = out_shape.iter().product();
     let last = axis + 1 == x.rank();
-    let rows = if last && x.is_contiguous() {
+    let rows = if last && x.is_kernel_ready() {
         Some(x.clone())
     } else if n_out < 1024 && k >= 4096 {
         Some(axis_last(stream, x, axis)?)

@@ -351,22 +351,24 @@ pub(crate) fn gather<T: DType>(stream: &Stream, x: &Tensor<T>) -> TensorResult<T
     Ok(out)
 }
 
-/// `x` itself when it is contiguous, else a dense copy made on `stream`: what a kernel that
-/// reads packed rows calls on its inputs.
+/// `x` itself when kernels read it where it lies (contiguous, its first element at a 16-byte
+/// boundary), else a dense copy made on `stream`: what a kernel that reads packed rows calls
+/// on its inputs.
 pub(crate) fn dense<'a, T: DType>(
     _op: &'static str,
     stream: &Stream,
     x: &'a Tensor<T>,
 ) -> Result<Cow<'a, Tensor<T>>, DeviceError> {
-    if x.is_contiguous() {
+    if x.is_kernel_ready() {
         Ok(Cow::Borrowed(x))
     } else {
         Ok(Cow::Owned(gather(stream, x)?))
     }
 }
 
-/// `x` as a contiguous tensor: `x` itself (sharing memory) when it already is, else a dense
-/// copy, made by one strided gather kernel on the executing stream.
+/// `x` as a contiguous tensor: `x` itself (sharing memory) when it already is and its first
+/// element lies at a 16-byte boundary of its buffer (as kernels need), else a dense copy,
+/// made by one strided gather kernel on the executing stream.
 ///
 /// Kernels call this themselves on inputs they need dense, so it is needed only to pay for
 /// the copy once when a view feeds several kernels, or before
