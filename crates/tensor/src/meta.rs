@@ -48,7 +48,10 @@ impl<T: DType> Tensor<T> {
 
     /// Whether the elements lie packed in row-major order: each axis's stride is the product
     /// of the lengths after it. Axes of length 1 may have any stride, and a tensor without
-    /// elements is contiguous. Computed from the shape and the strides.
+    /// elements is contiguous. Computed from the shape and the strides. A contiguous view whose
+    /// first element lies at a 16-byte boundary of its buffer goes to kernels without a copy
+    /// (rows of a matrix from [`Tensor::narrow`], say); others are copied where a kernel needs
+    /// dense rows.
     pub fn is_contiguous(&self) -> bool {
         is_contiguous(self.shape(), self.strides())
     }

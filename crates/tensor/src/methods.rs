@@ -10,6 +10,7 @@ use cuflow_runtime::DeviceError;
 
 use crate::dtype::{DType, FloatDType};
 use crate::kernels::{self, TensorResult};
+use crate::lazy::IntoShape;
 use crate::op::TensorOp;
 use crate::tensor::{Tensor, TensorInput};
 
@@ -31,8 +32,8 @@ macro_rules! tensor_methods {
 
         /// Method syntax on lazy ops yielding a [`Tensor`]: each method is the function of
         /// [`kernels`](crate::kernels) of the same name over the op's tensor, or the view of
-        /// [`Tensor`] of the same name. Arguments are owned, so the ops stay `'static` when
-        /// the input op is.
+        /// [`Tensor`] of the same name. Shapes and orders are any [`IntoShape`](crate::IntoShape)
+        /// and copied, so the ops stay `'static` when the input op is.
         ///
         /// ```
         /// use cuflow_device_op::DeviceOpExt;
@@ -128,7 +129,8 @@ macro_rules! tensor_methods {
             /// assert_eq!(x.shape(), &[4, 2, 3]);
             /// # Ok(()) }
             /// ```
-            fn permute<const N: usize>(self, order: [usize; N]) -> ViewOp<T> {
+            fn permute(self, order: impl IntoShape) -> ViewOp<T> {
+                let order = order.into_shape();
                 view_op(self, move |t| t.permute(&order))
             }
 
@@ -158,7 +160,8 @@ macro_rules! tensor_methods {
             /// assert_eq!(x.strides(), &[0, 1]);
             /// # Ok(()) }
             /// ```
-            fn expand<const N: usize>(self, shape: [usize; N]) -> ViewOp<T> {
+            fn expand(self, shape: impl IntoShape) -> ViewOp<T> {
+                let shape = shape.into_shape();
                 view_op(self, move |t| t.expand(&shape))
             }
 
@@ -173,7 +176,7 @@ macro_rules! tensor_methods {
             /// assert_eq!(x.shape(), &[4, 2, 5]);
             /// # Ok(()) }
             /// ```
-            fn broadcast_to<const N: usize>(self, shape: [usize; N]) -> ViewOp<T> {
+            fn broadcast_to(self, shape: impl IntoShape) -> ViewOp<T> {
                 self.expand(shape)
             }
 

@@ -92,7 +92,7 @@ fn methods_on_lazy_ops_are_static_and_match() -> Result<(), DeviceError> {
         read(&kernels::sum_axis(&v, 0, false).sync_on(&s)?)
     };
     let op = api::from_vec(data.clone(), &[2, 3, 4])
-        .permute([2, 0, 1])
+        .permute(&[2, 0, 1][..]) // a borrowed order: the op still owns its copy
         .narrow(1, 1, 1)
         .squeeze(1)
         .sum_axis(0, false);

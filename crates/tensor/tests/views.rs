@@ -357,6 +357,59 @@ fn decode_kernels_refuse_strided_views() -> Result<(), DeviceError> {
     Ok(())
 }
 
+/// Joining, indexing, mixed-precision matmul, casting and printing take views as they take
+/// their dense copies; `reinterpret` (which shares memory) refuses a view.
+#[test]
+fn other_ops_take_views_as_their_copies() -> Result<(), DeviceError> {
+    let s = stream();
+    let mut rng = seeded_rng(13);
+    let data: Vec<f32> = random(&mut rng, 4 * 6);
+    let x = upload(&s, &data, &[4, 6]);
+    let t = x.transpose(0, 1)?; // [6, 4], strided
+    let d = kernels::contiguous(&t).sync_on(&s)?;
+    let idx = api::from_vec(vec![3u32, 0, 5], &[3]).sync_on(&s)?;
+    let pairs: Vec<(&str, Tensor<f32>, Tensor<f32>)> = vec![
+        (
+            "concat",
+            kernels::concat(vec![&t, &d], 1).sync_on(&s)?,
+            kernels::concat(vec![&d, &d], 1).sync_on(&s)?,
+        ),
+        (
+            "stack",
+            kernels::stack(vec![&t, &d], 0).sync_on(&s)?,
+            kernels::stack(vec![&d, &d], 0).sync_on(&s)?,
+        ),
+        (
+            "index_select",
+            kernels::index_select(&t, 0, &idx).sync_on(&s)?,
+            kernels::index_select(&d, 0, &idx).sync_on(&s)?,
+        ),
+        (
+            "matmul_f32",
+            kernels::matmul_f32(&t, &x).sync_on(&s)?,
+            kernels::matmul_f32(&d, &x).sync_on(&s)?,
+        ),
+        ("cast", api::cast::<f32, f32, _>(&t).sync_on(&s)?, d.clone()),
+    ];
+    for (what, got, want) in pairs {
+        assert_eq!(got.shape(), want.shape(), "{what}");
+        assert_exact(&read(&got), &read(&want), what);
+    }
+    assert_eq!(format!("{t}"), format!("{d}"), "printing a view");
+    let err = t.reinterpret::<u32>().unwrap_err();
+    assert!(
+        matches!(
+            err,
+            DeviceError::InvalidShape {
+                op: "reinterpret",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    Ok(())
+}
+
 /// Bad axes and ranges are refused with the axis named.
 #[test]
 fn bad_axes_and_ranges_name_the_axis() -> Result<(), DeviceError> {

@@ -9,7 +9,8 @@
 //!   `gather`). An index outside `0..len` gives zero, on both backends: the check runs on the
 //!   device, so the ops stay capturable, as [`embedding`](super::embedding) does.
 //!
-//! Inputs must be contiguous; a strided one is refused with an error rather than misread.
+//! Views are accepted: an input that is not contiguous (or not at a 16-byte boundary) is
+//! copied to a dense tensor on the executing stream first.
 
 use cuflow_device_op::op::zip::Zip2;
 use cuflow_device_op::{from_fn, join_all, DeviceOp, ExecutionContext};
@@ -215,8 +216,8 @@ fn copy_blocks<T: DType>(
 /// # Errors
 ///
 /// [`DeviceError::InvalidShape`] naming `concat` (when run) for no inputs, an axis out of
-/// range, ranks that differ, shapes that differ on another axis (naming it and both sizes),
-/// or a non-contiguous input; [`DeviceError::DeviceMismatch`] for an input on another device.
+/// range, ranks that differ, or shapes that differ on another axis (naming it and both
+/// sizes); [`DeviceError::DeviceMismatch`] for an input on another device.
 ///
 /// # Examples
 ///
@@ -388,9 +389,9 @@ fn run_indexed<T: DType, I: IndexDType, X: TensorInput<T>, J: TensorInput<I>>(
 ///
 /// # Errors
 ///
-/// [`DeviceError::InvalidShape`] naming `index_select` (when run) for an axis out of range, an
-/// index tensor that is not 1-D, or a non-contiguous input;
-/// [`DeviceError::DeviceMismatch`] for a tensor on another device.
+/// [`DeviceError::InvalidShape`] naming `index_select` (when run) for an axis out of range or
+/// an index tensor that is not 1-D; [`DeviceError::DeviceMismatch`] for a tensor on another
+/// device.
 ///
 /// # Examples
 ///
@@ -434,8 +435,7 @@ pub fn index_select<T: DType, I: IndexDType, X: TensorInput<T>, J: TensorInput<I
 ///
 /// [`DeviceError::InvalidShape`] naming `gather` (when run) for an axis out of range, an
 /// index of another rank or of another length on an axis other than `axis` (naming it and
-/// both sizes), or a non-contiguous input; [`DeviceError::DeviceMismatch`] for a tensor on
-/// another device.
+/// both sizes); [`DeviceError::DeviceMismatch`] for a tensor on another device.
 ///
 /// # Examples
 ///
