@@ -9,7 +9,7 @@ use crate::error::{BackendKind, DeviceError, Result};
 
 /// A communicator's backend half.
 pub(crate) enum CommBackend {
-    Host(Arc<dyn HostTransport>),
+    Host(Arc<host::HostComm>),
     Cuda(cuda::NcclComm),
 }
 
@@ -21,7 +21,7 @@ impl CommBackend {
                 "Comm::host needs a host device, got {device}; use Comm::nccl for CUDA devices"
             )));
         }
-        Ok(CommBackend::Host(transport))
+        Ok(CommBackend::Host(Arc::new(host::HostComm::new(transport))))
     }
 
     /// The CUDA backend's communicator: an NCCL communicator on `device`.

@@ -16,8 +16,12 @@
 //! - **host**: the ranks exchange bytes through a [`HostTransport`] (in one process, or over TCP
 //!   across processes: see the `cuflow-dist` crate). The stream's worker thread runs the
 //!   exchange; every wait for a peer has a deadline, so a rank that never arrives gives a
-//!   [`DeviceError::Timeout`] instead of a hang. Reductions fold the ranks' contributions in rank
-//!   order, so every rank gets bit-identical results.
+//!   [`DeviceError::Timeout`] instead of a hang. A failed exchange (a timeout, a peer gone, a
+//!   peer's part of the wrong length) may leave messages behind that a later collective would
+//!   take for its own, so it breaks the communicator for good: every later collective of it
+//!   fails at once with [`DeviceError::Collective`], saying to make a new communicator.
+//!   Reductions fold the ranks' contributions in rank order, so every rank gets bit-identical
+//!   results.
 //! - **cuda**: NCCL, loaded at run time (`$CUFLOW_NCCL_LIB`, the loader's path, or the
 //!   `nvidia-nccl` wheels of the Python environments in sight); a missing library is
 //!   [`DeviceError::NoNccl`]. NCCL's own waits have no deadline: a rank that never arrives at

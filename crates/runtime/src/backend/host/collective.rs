@@ -11,10 +11,15 @@
 //! Reductions fold the contributions in rank order (rank 0's, then rank 1's, …), so every
 //! rank computes bit-identical results; half types add in f32 and round at each step, as NCCL
 //! does. The task is an `Fn`: a captured group exchanges again at every replay.
+//!
+//! A group that failed may leave messages behind (a peer's part that was never taken, after
+//! another peer's part was refused), which a later group would take for its own: so the first
+//! failure breaks the communicator for good, and every later group fails at once, saying why.
 
 use std::sync::Arc;
 
 use bytemuck::Pod;
+use parking_lot::Mutex;
 
 use super::memory::host_mem;
 use super::stream::HostStream;
@@ -83,10 +88,49 @@ impl HostCall {
     }
 }
 
+/// A host communicator: its transport, and the first failure of its groups.
+pub(crate) struct HostComm {
+    transport: Arc<dyn HostTransport>,
+    /// The first failed group's error; once set, every group fails at once.
+    failed: Mutex<Option<DeviceError>>,
+}
+
+impl HostComm {
+    pub(crate) fn new(transport: Arc<dyn HostTransport>) -> HostComm {
+        HostComm {
+            transport,
+            failed: Mutex::new(None),
+        }
+    }
+
+    /// Runs the group `calls` of rank `rank`, unless an earlier group failed.
+    fn run(&self, rank: usize, calls: &[HostCall]) -> Result<()> {
+        if let Some(first) = &*self.failed.lock() {
+            let op = match calls {
+                [call] => call.kind.name(),
+                _ => "collective group",
+            };
+            return Err(DeviceError::Collective {
+                op,
+                rank,
+                reason: format!(
+                    "an earlier collective of this communicator failed ({first}), which left \
+                     its ranks out of step; make a new communicator"
+                ),
+            });
+        }
+        let result = run_group(&*self.transport, rank, calls);
+        if let Err(e) = &result {
+            self.failed.lock().get_or_insert_with(|| e.clone());
+        }
+        result
+    }
+}
+
 /// Enqueues the group `calls` of rank `rank` on `stream`.
 pub(crate) fn enqueue_collective(
     stream: &HostStream,
-    transport: Arc<dyn HostTransport>,
+    comm: Arc<HostComm>,
     rank: usize,
     calls: &[&CollectiveCall<'_>],
 ) -> Result<()> {
@@ -112,10 +156,7 @@ pub(crate) fn enqueue_collective(
         Some((kind, count)) if n == 1 => format!("{kind} of {count} elements"),
         _ => format!("collective group of {n} calls"),
     };
-    stream.enqueue(
-        Arc::new(move || run_group(&*transport, rank, &calls)),
-        label,
-    )
+    stream.enqueue(Arc::new(move || comm.run(rank, &calls)), label)
 }
 
 fn run_group(t: &dyn HostTransport, rank: usize, calls: &[HostCall]) -> Result<()> {

@@ -19,7 +19,7 @@ mod stream;
 
 pub(crate) use blas::{gemm, GemmOperand};
 pub(crate) use capture::{HostCapture, HostGraph, HostGraphExec};
-pub(crate) use collective::enqueue_collective;
+pub(crate) use collective::{enqueue_collective, HostComm};
 pub(crate) use kernel::launch_host_kernel;
 pub(crate) use memory::{HostMemory, HostPinned};
 pub(crate) use stream::{HostEvent, HostStream};

@@ -1,0 +1,111 @@
+//! How the host backend's collectives fail when the ranks disagree: every rank gets an error
+//! (never a hang, never an `Ok` carrying another collective's data).
+
+mod common;
+
+use std::time::Duration;
+
+use common::{communicators, on_every_rank};
+use cuflow_device_op::DeviceOpExt;
+use cuflow_dist::{all_gather, all_reduce, Communicator, ReduceOp};
+use cuflow_runtime::{BackendKind, DeviceError};
+use cuflow_tensor::{api, Tensor};
+use cuflow_testing::rng::{fresh_seed, random_f32, seeded_rng};
+
+const SHORT: Duration = Duration::from_millis(300);
+
+/// The host backend's communicators of `n` ranks, or `None` (with a note) on other backends:
+/// NCCL's waits have no deadline, so disagreeing ranks hang there.
+fn host_communicators(n: usize) -> Option<Vec<Communicator>> {
+    if cuflow_testing::device::device().kind() != BackendKind::Host {
+        cuflow_testing::device::skip("host backend only: NCCL's waits have no deadline");
+        return None;
+    }
+    communicators(n, SHORT)
+}
+
+fn tensor(c: &Communicator, data: &[f32]) -> Result<Tensor<f32>, DeviceError> {
+    api::from_slice(data, &[data.len()]).sync_on(c.stream())
+}
+
+#[test]
+fn a_length_mismatch_leaves_no_stale_message_for_the_next_collective() {
+    let Some(comms) = host_communicators(3) else {
+        return;
+    };
+    let seed = fresh_seed();
+    // Rank 0 reduces 4 elements, ranks 1 and 2 reduce 8: every rank fails.
+    let first = on_every_rank(&comms, |c| {
+        let len = if c.rank() == 0 { 4 } else { 8 };
+        let x = tensor(c, &random_f32(&mut seeded_rng(seed + c.rank() as u64), len))?;
+        all_reduce(c, x, ReduceOp::Sum)
+            .sync_on(c.stream())?
+            .to_host_vec()
+    });
+    for (rank, r) in first.iter().enumerate() {
+        assert!(
+            r.is_err(),
+            "rank {rank}: the mismatched all_reduce succeeded"
+        );
+    }
+    // The ranks agree now, but the first all_reduce left messages behind: no rank may take
+    // them for this one's.
+    let second = on_every_rank(&comms, |c| {
+        let x = tensor(c, &[c.rank() as f32 + 1.0; 8])?;
+        all_reduce(c, x, ReduceOp::Sum)
+            .sync_on(c.stream())?
+            .to_host_vec()
+    });
+    for (rank, r) in second.iter().enumerate() {
+        match r {
+            Ok(v) => assert_eq!(
+                v,
+                &vec![6.0f32; 8],
+                "rank {rank} got another collective's data"
+            ),
+            Err(e) => assert!(
+                e.to_string().contains("make a new communicator"),
+                "rank {rank}: {e}"
+            ),
+        }
+    }
+}
+
+#[test]
+fn ranks_calling_different_collectives_time_out_on_every_rank() {
+    let Some(comms) = host_communicators(2) else {
+        return;
+    };
+    let got = on_every_rank(&comms, |c| {
+        let x = tensor(c, &[1.0; 4])?;
+        if c.rank() == 0 {
+            all_reduce(c, x, ReduceOp::Sum)
+                .sync_on(c.stream())?
+                .to_host_vec()
+        } else {
+            all_gather(c, x).sync_on(c.stream())?.to_host_vec()
+        }
+    });
+    for (rank, r) in got.iter().enumerate() {
+        let e = r.as_ref().expect_err("disagreeing ranks succeeded");
+        assert!(matches!(e, DeviceError::Timeout { .. }), "rank {rank}: {e}");
+        assert!(
+            e.to_string().contains("in the same order"),
+            "rank {rank}: {e}"
+        );
+    }
+}
+
+#[test]
+fn one_rank_alone_reduces_to_its_own_input() {
+    let Some(comms) = host_communicators(1) else {
+        return;
+    };
+    let c = &comms[0];
+    let data = random_f32(&mut seeded_rng(fresh_seed()), 5);
+    let got = all_reduce(c, tensor(c, &data).unwrap(), ReduceOp::Avg)
+        .sync_on(c.stream())
+        .and_then(|t| t.to_host_vec())
+        .unwrap();
+    assert_eq!(got, data);
+}
