@@ -7,11 +7,29 @@ use cuflow_runtime::DeviceError;
 
 /// The default deadline of every wait for a peer: 300 s, unless `CUFLOW_DIST_TIMEOUT_MS` says
 /// otherwise.
+///
+/// A value that is not a positive number of milliseconds is ignored, with a warning through
+/// `tracing` ([`DistConfig::from_env`] refuses it).
 pub fn default_timeout() -> Duration {
-    std::env::var("CUFLOW_DIST_TIMEOUT_MS")
-        .ok()
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .map_or(Duration::from_secs(300), Duration::from_millis)
+    match std::env::var("CUFLOW_DIST_TIMEOUT_MS") {
+        Ok(v) => timeout_ms(&v).unwrap_or_else(|e| {
+            tracing::warn!("{e}; waiting 300 s for peers");
+            DEFAULT_TIMEOUT
+        }),
+        Err(_) => DEFAULT_TIMEOUT,
+    }
+}
+
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// `CUFLOW_DIST_TIMEOUT_MS`'s value `v` as a deadline.
+fn timeout_ms(v: &str) -> Result<Duration, DeviceError> {
+    match v.trim().parse::<u64>() {
+        Ok(ms) if ms > 0 => Ok(Duration::from_millis(ms)),
+        _ => Err(DeviceError::usage(format!(
+            "CUFLOW_DIST_TIMEOUT_MS={v:?} is not a positive number of milliseconds"
+        ))),
+    }
 }
 
 /// A process's place in a multi-process group: its rank, the world size, its rank on this
@@ -72,8 +90,8 @@ impl DistConfig {
     ///
     /// # Errors
     ///
-    /// [`DeviceError::Usage`] naming the variable that is missing or not a number, or a rank
-    /// outside the world.
+    /// [`DeviceError::Usage`] naming the variable that is missing or not a number (a port or a
+    /// timeout of 0 included), or a rank outside the world.
     pub fn from_env() -> Result<Self, DeviceError> {
         from_lookup(|k| std::env::var(k).ok())
     }
@@ -119,8 +137,11 @@ pub(crate) fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<DistCo
     let local_rank = number(&["LOCAL_RANK", "SLURM_LOCALID"])?.unwrap_or(rank);
     let master_host = get("MASTER_ADDR").unwrap_or_else(|| "127.0.0.1".into());
     let master_port = match number(&["MASTER_PORT"])? {
-        Some(p) => u16::try_from(p)
-            .map_err(|_| DeviceError::usage(format!("MASTER_PORT={p} is not a port")))?,
+        Some(p) => u16::try_from(p).ok().filter(|&p| p != 0).ok_or_else(|| {
+            DeviceError::usage(format!(
+                "MASTER_PORT={p} is not a port rank 0 can listen at (1 to 65535)"
+            ))
+        })?,
         None => 29500,
     };
     Ok(DistConfig {
@@ -129,9 +150,9 @@ pub(crate) fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<DistCo
         local_rank,
         master_host,
         master_port,
-        timeout: match get("CUFLOW_DIST_TIMEOUT_MS").and_then(|v| v.trim().parse().ok()) {
-            Some(ms) => Duration::from_millis(ms),
-            None => Duration::from_secs(300),
+        timeout: match get("CUFLOW_DIST_TIMEOUT_MS") {
+            Some(v) => timeout_ms(&v)?,
+            None => DEFAULT_TIMEOUT,
         },
     })
 }
@@ -190,5 +211,27 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("outside WORLD_SIZE=2"), "{e}");
+    }
+
+    #[test]
+    fn a_malformed_timeout_or_port_zero_is_an_error_not_a_default() {
+        let base = [("RANK", "0"), ("WORLD_SIZE", "2")];
+        for (var, value, says) in [
+            (
+                "CUFLOW_DIST_TIMEOUT_MS",
+                "30s",
+                "CUFLOW_DIST_TIMEOUT_MS=\"30s\"",
+            ),
+            (
+                "CUFLOW_DIST_TIMEOUT_MS",
+                "0",
+                "CUFLOW_DIST_TIMEOUT_MS=\"0\"",
+            ),
+            ("MASTER_PORT", "0", "MASTER_PORT=0"),
+        ] {
+            let vars = [base[0], base[1], (var, value)];
+            let e = from_lookup(env(&vars)).unwrap_err().to_string();
+            assert!(e.contains(says), "{var}={value}: {e}");
+        }
     }
 }
