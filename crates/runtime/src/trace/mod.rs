@@ -15,6 +15,9 @@
 //!
 //! Off, the cost on every enqueue is one relaxed atomic load and a branch not taken
 //! ([`is_enabled`]). On, each traced work item costs two extra event records and a short lock.
+//! A trace keeps every entry, and on CUDA the events that time it, until [`stop`]: memory
+//! grows with the traced work (a few hundred bytes and two CUDA events per item), so trace a
+//! bounded stretch of a program (a few iterations), not a whole long run.
 //!
 //! A trace is written as Chrome / Perfetto trace-event JSON ([`Trace::to_chrome_json`]: one
 //! process per device and one for the host threads, one thread lane per stream), and its
