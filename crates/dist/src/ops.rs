@@ -8,15 +8,17 @@
 //! stream joins the capture. Outputs are fresh tensors (inputs are only read), except where
 //! noted.
 //!
-//! Every rank must build the same collectives in the same order. Tensors are contiguous, so
-//! every collective works on a tensor's whole buffer; `all_gather` and `reduce_scatter` work
+//! Every rank must build the same collectives in the same order. A collective moves a
+//! tensor's elements as one range of its buffer: a contiguous view (rows from `narrow`, say)
+//! moves its own elements, a strided one (a transpose) is an [`DeviceError::InvalidShape`]
+//! that says to make a dense copy with `contiguous`. `all_gather` and `reduce_scatter` work
 //! along axis 0.
 
 use std::sync::Arc;
 
 use cuflow_device_op::{from_fn, DeviceOp, ExecutionContext, FromFn};
 use cuflow_runtime::{
-    collective, CollectiveCall, CollectiveElem, DeviceBuffer, DeviceError, Stream,
+    collective, BufferView, CollectiveCall, CollectiveElem, DeviceBuffer, DeviceError, Stream,
 };
 use cuflow_tensor::{DType, Tensor, TensorInput, TensorRef};
 
@@ -57,6 +59,26 @@ fn check_on<T: DType>(
         ));
     }
     Ok(())
+}
+
+/// The elements of `t` as one range of its buffer (a view moves its own elements, not its
+/// buffer's); [`DeviceError::InvalidShape`] naming `op` for a strided view.
+fn elements<'t, T: CollectiveType>(
+    op: &'static str,
+    t: &'t Tensor<T>,
+) -> Result<BufferView<'t, T>, DeviceError> {
+    if !t.is_contiguous() {
+        return Err(DeviceError::InvalidShape {
+            op,
+            reason: format!(
+                "moves a contiguous tensor, got a view of shape {:?} with strides {:?}; make a \
+                 dense copy first with `contiguous`",
+                t.shape(),
+                t.strides()
+            ),
+        });
+    }
+    t.buffer().slice(t.offset()..t.offset() + t.len())
 }
 
 /// Runs `enqueue` on `comm`'s stream, in order with `ctx`'s work.
@@ -114,7 +136,8 @@ pub fn all_reduce<T: CollectiveType, X: TensorInput<T>>(
         check_on("all_reduce", &comm, x)?;
         on_comm(ctx, &comm, |stream| {
             let out = alloc::<T>(stream, x.shape())?;
-            let call = CollectiveCall::all_reduce(x.buffer().view(), out.buffer().view(), op);
+            let call =
+                CollectiveCall::all_reduce(elements("all_reduce", x)?, out.buffer().view(), op);
             collective(stream, comm.comm(), &[call])?;
             Ok(out)
         })
@@ -156,7 +179,7 @@ pub fn all_reduce_in_place<'a, T: CollectiveType>(
     from_fn(move |ctx: &mut ExecutionContext| {
         check_on("all_reduce", comm, x)?;
         on_comm(ctx, comm, |stream| {
-            let v = x.buffer().view();
+            let v = elements("all_reduce", x)?;
             collective(stream, comm.comm(), &[CollectiveCall::all_reduce(v, v, op)])
         })
     })
@@ -180,7 +203,7 @@ pub fn all_gather<T: CollectiveType, X: TensorInput<T>>(
         check_on("all_gather", &comm, x)?;
         on_comm(ctx, &comm, |stream| {
             let out = alloc::<T>(stream, &gathered(x.shape(), comm.world_size()))?;
-            let call = CollectiveCall::all_gather(x.buffer().view(), out.buffer().view());
+            let call = CollectiveCall::all_gather(elements("all_gather", x)?, out.buffer().view());
             collective(stream, comm.comm(), &[call])?;
             Ok(out)
         })
@@ -223,7 +246,11 @@ pub fn reduce_scatter<T: CollectiveType, X: TensorInput<T>>(
         };
         on_comm(ctx, &comm, |stream| {
             let out = alloc::<T>(stream, &shape)?;
-            let call = CollectiveCall::reduce_scatter(x.buffer().view(), out.buffer().view(), op);
+            let call = CollectiveCall::reduce_scatter(
+                elements("reduce_scatter", x)?,
+                out.buffer().view(),
+                op,
+            );
             collective(stream, comm.comm(), &[call])?;
             Ok(out)
         })
@@ -249,7 +276,8 @@ pub fn broadcast<T: CollectiveType, X: TensorInput<T>>(
         check_on("broadcast", &comm, x)?;
         on_comm(ctx, &comm, |stream| {
             let out = alloc::<T>(stream, x.shape())?;
-            let call = CollectiveCall::broadcast(x.buffer().view(), out.buffer().view(), root);
+            let call =
+                CollectiveCall::broadcast(elements("broadcast", x)?, out.buffer().view(), root);
             collective(stream, comm.comm(), &[call])?;
             Ok(out)
         })
@@ -273,7 +301,7 @@ pub fn send<T: CollectiveType, X: TensorInput<T>>(
         let x = x.execute(ctx)?;
         check_on("send", &comm, x.tensor())?;
         on_comm(ctx, &comm, |stream| {
-            let call = CollectiveCall::send(x.tensor().buffer().view(), peer);
+            let call = CollectiveCall::send(elements("send", x.tensor())?, peer);
             collective(stream, comm.comm(), &[call])
         })?;
         Ok(x)
@@ -404,27 +432,31 @@ pub fn group<T: CollectiveType>(
                     GroupCall::Recv(shape, _) => alloc(stream, shape)?,
                 });
             }
-            let runtime_calls: Vec<CollectiveCall<'_>> = calls
+            let runtime_calls = calls
                 .iter()
                 .zip(&outs)
                 .map(|(call, out)| {
                     let o = out.buffer().view();
-                    match call {
+                    Ok(match call {
                         GroupCall::AllReduce(t, op) => {
-                            CollectiveCall::all_reduce(t.buffer().view(), o, *op)
+                            CollectiveCall::all_reduce(elements("all_reduce", t)?, o, *op)
                         }
-                        GroupCall::AllGather(t) => CollectiveCall::all_gather(t.buffer().view(), o),
+                        GroupCall::AllGather(t) => {
+                            CollectiveCall::all_gather(elements("all_gather", t)?, o)
+                        }
                         GroupCall::ReduceScatter(t, op) => {
-                            CollectiveCall::reduce_scatter(t.buffer().view(), o, *op)
+                            CollectiveCall::reduce_scatter(elements("reduce_scatter", t)?, o, *op)
                         }
                         GroupCall::Broadcast(t, root) => {
-                            CollectiveCall::broadcast(t.buffer().view(), o, *root)
+                            CollectiveCall::broadcast(elements("broadcast", t)?, o, *root)
                         }
-                        GroupCall::Send(t, peer) => CollectiveCall::send(t.buffer().view(), *peer),
+                        GroupCall::Send(t, peer) => {
+                            CollectiveCall::send(elements("send", t)?, *peer)
+                        }
                         GroupCall::Recv(_, peer) => CollectiveCall::recv(o, *peer),
-                    }
+                    })
                 })
-                .collect();
+                .collect::<Result<Vec<CollectiveCall<'_>>, DeviceError>>()?;
             collective(stream, comm.comm(), &runtime_calls)?;
             Ok(outs)
         })
