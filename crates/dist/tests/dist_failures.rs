@@ -109,3 +109,58 @@ fn one_rank_alone_reduces_to_its_own_input() {
         .unwrap();
     assert_eq!(got, data);
 }
+
+#[test]
+fn a_communicator_dropped_while_its_collective_waits_still_completes_it() {
+    let Some(mut comms) = host_communicators(2) else {
+        return;
+    };
+    let c1 = comms.pop().unwrap();
+    let c0 = comms.pop().unwrap();
+    let stream = c0.stream().clone();
+    let x = cuflow_runtime::DeviceBuffer::from_host(&stream, &[1.0f32, 2.0]).unwrap();
+    let y = cuflow_runtime::DeviceBuffer::<f32>::alloc(&stream, 2).unwrap();
+    let call = cuflow_runtime::CollectiveCall::all_reduce(x.view(), y.view(), ReduceOp::Sum);
+    cuflow_runtime::collective(&stream, c0.comm(), &[call]).unwrap();
+    // Rank 0's communicator goes while its all_reduce waits for rank 1.
+    drop(c0);
+    let x1 = tensor(&c1, &[10.0, 20.0]).unwrap();
+    let got1 = all_reduce(&c1, x1, ReduceOp::Sum)
+        .sync_on(c1.stream())
+        .unwrap();
+    assert_eq!(got1.to_host_vec().unwrap(), vec![11.0, 22.0]);
+    assert_eq!(y.to_host_vec(&stream).unwrap(), vec![11.0, 22.0]);
+}
+
+#[test]
+fn a_graph_replayed_on_one_rank_only_times_out_there() {
+    use cuflow_graph_capture::GraphCaptureExt;
+    let Some(comms) = host_communicators(2) else {
+        return;
+    };
+    let got = on_every_rank(&comms, |c| {
+        let x = tensor(c, &[c.rank() as f32 + 1.0; 4])?;
+        let mut graph = all_reduce(c, x, ReduceOp::Sum).graph_on(c.stream().clone())?;
+        let out = graph
+            .take_output()
+            .ok_or_else(|| DeviceError::usage("no output"))?;
+        graph.replay_and_wait()?;
+        let first = out.to_host_vec()?;
+        // Rank 0 replays once more, alone.
+        let again = if c.rank() == 0 {
+            Some(graph.replay_and_wait())
+        } else {
+            None
+        };
+        Ok((first, again))
+    });
+    for (rank, r) in got.into_iter().enumerate() {
+        let (first, again) = r.unwrap();
+        assert_eq!(first, vec![3.0; 4], "rank {rank}");
+        if let Some(again) = again {
+            let e = again.expect_err("a replay on one rank alone succeeded");
+            assert!(matches!(e, DeviceError::Timeout { .. }), "{e}");
+            assert!(e.to_string().contains("same order"), "{e}");
+        }
+    }
+}

@@ -1,0 +1,70 @@
+//! The TCP rendezvous against strangers and misconfigured ranks: clear errors before the
+//! deadline, never a panic or a hang. Ranks run on threads of this process, on host devices.
+
+use std::io::Write;
+use std::net::{TcpListener, TcpStream};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use cuflow_dist::{Communicator, DistConfig};
+use cuflow_runtime::{Device, DeviceError};
+
+const SHORT: Duration = Duration::from_millis(1500);
+
+/// Rank 0 of a world of `world`, serving on a fresh port: the port and rank 0's result.
+fn rank_0(world: usize) -> (u16, JoinHandle<Result<Communicator, DeviceError>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let handle = std::thread::spawn(move || {
+        let config = DistConfig::new(0, world, "127.0.0.1", port).with_timeout(SHORT);
+        Communicator::serve(&Device::host(), &config, listener)
+    });
+    (port, handle)
+}
+
+fn join_as(rank: usize, world: usize, port: u16) -> JoinHandle<Result<Communicator, DeviceError>> {
+    std::thread::spawn(move || {
+        let config = DistConfig::new(rank, world, "127.0.0.1", port).with_timeout(SHORT);
+        Communicator::connect(&Device::host_numbered(rank), &config)
+    })
+}
+
+#[test]
+fn garbage_on_rank_0s_port_is_a_clear_error() {
+    let (port, rank0) = rank_0(2);
+    let mut stranger = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stranger
+        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let e = rank0.join().unwrap().unwrap_err();
+    assert!(
+        matches!(&e, DeviceError::Collective { reason, .. } if reason.contains("not a cuflow rank")),
+        "{e}"
+    );
+}
+
+#[test]
+fn two_processes_claiming_one_rank_fail_every_rank() {
+    let (port, rank0) = rank_0(3);
+    let first = join_as(1, 3, port);
+    let second = join_as(1, 3, port);
+    let e = rank0.join().unwrap().unwrap_err();
+    assert!(
+        e.to_string().contains("two processes say they are rank 1"),
+        "{e}"
+    );
+    for claimant in [first, second] {
+        claimant.join().unwrap().unwrap_err();
+    }
+}
+
+#[test]
+fn a_rank_of_another_world_size_is_named() {
+    let (port, rank0) = rank_0(2);
+    let stray = join_as(1, 3, port);
+    let e = rank0.join().unwrap().unwrap_err();
+    assert!(e.to_string().contains("check RANK and WORLD_SIZE"), "{e}");
+    stray.join().unwrap().unwrap_err();
+    let e = join_as(2, 2, port).join().unwrap().unwrap_err();
+    assert!(matches!(e, DeviceError::Usage { .. }), "{e}");
+}
