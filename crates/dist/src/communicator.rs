@@ -83,7 +83,8 @@ impl Communicator {
     ///
     /// # Errors
     ///
-    /// [`DeviceError::Usage`] when `devices` is empty, mixes backends or names a device twice;
+    /// [`DeviceError::Usage`] when `devices` is empty, mixes backends or names a device twice,
+    /// or the timeout is 0;
     /// on CUDA, [`DeviceError::NoNccl`] when libnccl cannot be loaded and [`DeviceError::Nccl`]
     /// when NCCL refuses.
     pub fn local(devices: &[Device]) -> Result<Vec<Communicator>, DeviceError> {
@@ -104,6 +105,7 @@ impl Communicator {
                 "Communicator::local needs at least one device",
             ));
         };
+        check_timeout(timeout)?;
         for (i, d) in devices.iter().enumerate() {
             if d.kind() != first.kind() {
                 return Err(DeviceError::usage(format!(
@@ -146,6 +148,7 @@ impl Communicator {
     ///
     /// # Errors
     ///
+    /// [`DeviceError::Usage`] for a rank outside the world or a timeout of 0;
     /// [`DeviceError::Timeout`] when a rank does not arrive within `config.timeout`;
     /// [`DeviceError::Collective`] when the ranks disagree (world size, a rank taken twice) or
     /// a connection fails; on CUDA, the errors of NCCL as for [`Communicator::local`].
@@ -179,6 +182,7 @@ impl Communicator {
         config: &DistConfig,
         listener: Option<TcpListener>,
     ) -> Result<Communicator, DeviceError> {
+        check_timeout(config.timeout)?;
         if config.world_size == 0 || config.rank >= config.world_size {
             return Err(DeviceError::usage(format!(
                 "rank {} is outside a world of {} ranks",
@@ -228,4 +232,15 @@ impl Communicator {
     pub fn comm(&self) -> &Comm {
         &self.inner.comm
     }
+}
+
+/// A deadline of 0 would fail every wait for a peer at once.
+fn check_timeout(timeout: Duration) -> Result<(), DeviceError> {
+    if timeout.is_zero() {
+        return Err(DeviceError::usage(
+            "a timeout of 0 fails every wait for a peer; give the ranks time to meet (seconds \
+             or more)",
+        ));
+    }
+    Ok(())
 }

@@ -68,3 +68,13 @@ fn a_rank_of_another_world_size_is_named() {
     let e = join_as(2, 2, port).join().unwrap().unwrap_err();
     assert!(matches!(e, DeviceError::Usage { .. }), "{e}");
 }
+
+#[test]
+fn a_zero_timeout_is_refused_up_front() {
+    let e = Communicator::local_with_timeout(&[Device::host()], Duration::ZERO).unwrap_err();
+    assert!(matches!(e, DeviceError::Usage { .. }), "{e}");
+    assert!(e.to_string().contains("timeout of 0"), "{e}");
+    let config = DistConfig::new(1, 2, "127.0.0.1", 1).with_timeout(Duration::ZERO);
+    let e = Communicator::connect(&Device::host(), &config).unwrap_err();
+    assert!(e.to_string().contains("timeout of 0"), "{e}");
+}
