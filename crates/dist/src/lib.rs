@@ -20,7 +20,9 @@
 //! [`DistConfig::timeout`] (`CUFLOW_DIST_TIMEOUT_MS`, 300 s by default); a peer whose
 //! connection broke is an error at once. A failed exchange leaves the ranks out of step, so
 //! on the host backend every later collective of that communicator fails at once, saying so:
-//! make a new communicator. NCCL's own waits on the GPU have no deadline, as in
+//! make a new communicator. The failing rank tells its peers, whose collectives with it fail
+//! at once too (never taking its part of the failed collective for a later one's). NCCL's own
+//! waits on the GPU have no deadline, as in
 //! every NCCL program.
 //!
 //! ```

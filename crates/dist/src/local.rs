@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use cuflow_runtime::{DeviceError, HostTransport};
 
-use crate::mailbox::Mailbox;
+use crate::mailbox::{Mailbox, ABORT_TAG};
 
 /// One rank of an in-process group.
 pub(crate) struct LocalTransport {
@@ -58,6 +58,14 @@ impl HostTransport for LocalTransport {
                 Ok(())
             }
             None => Err(DeviceError::internal("a send to a rank outside the world")),
+        }
+    }
+
+    fn abort(&self, reason: &str) {
+        for (peer, mailbox) in self.mailboxes.iter().enumerate() {
+            if peer != self.rank {
+                mailbox.deliver(self.rank, ABORT_TAG, reason.as_bytes().to_vec());
+            }
         }
     }
 

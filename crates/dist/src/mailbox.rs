@@ -5,7 +5,9 @@
 //! broke is marked closed: a receive from it fails at once instead of waiting out its deadline.
 //! A receive that failed leaves the ranks out of step (a late message would be taken for the
 //! next collective's), so the mailbox is then broken for good: every later receive fails at
-//! once, saying why, and the program makes a new communicator.
+//! once, saying why, and the program makes a new communicator. A sender whose communicator
+//! broke so says with a message of [`ABORT_TAG`]: its messages still queued here (its part of
+//! the collective that failed there among them) are dropped, and receives from it fail at once.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -18,6 +20,10 @@ struct Slot {
     queue: VecDeque<(u64, Vec<u8>)>,
     closed: Option<String>,
 }
+
+/// The tag of the message a rank sends its peers when its communicator broke (the runtime's
+/// tags never reach it); its bytes say why.
+pub(crate) const ABORT_TAG: u64 = u64::MAX;
 
 /// The messages sent to one rank.
 pub(crate) struct Mailbox {
@@ -38,10 +44,20 @@ impl Mailbox {
         }
     }
 
-    /// Queues a message from rank `from`.
+    /// Queues a message from rank `from`; one of [`ABORT_TAG`] drops the queue and fails
+    /// every later receive from `from`.
     pub(crate) fn deliver(&self, from: usize, tag: u64, data: Vec<u8>) {
         if let Some(slot) = self.slots.lock().get_mut(from) {
-            slot.queue.push_back((tag, data));
+            if tag == ABORT_TAG {
+                slot.queue.clear();
+                let why = String::from_utf8_lossy(&data);
+                slot.closed = Some(format!(
+                    "a collective failed there ({why}), which left the ranks out of step; make \
+                     a new communicator"
+                ));
+            } else {
+                slot.queue.push_back((tag, data));
+            }
         }
         self.arrived.notify_all();
     }
@@ -96,7 +112,7 @@ impl Mailbox {
                 return Err(DeviceError::Collective {
                     op: "receive",
                     rank: self.rank,
-                    reason: format!("rank {from} is gone: {reason}"),
+                    reason: format!("rank {from}: {reason}"),
                 });
             }
             if self.arrived.wait_until(&mut slots, deadline).timed_out() {

@@ -13,7 +13,7 @@ use std::time::Duration;
 use cuflow_runtime::{DeviceError, HostTransport};
 use parking_lot::Mutex;
 
-use crate::mailbox::Mailbox;
+use crate::mailbox::{Mailbox, ABORT_TAG};
 
 /// One rank's connections to the others.
 pub(crate) struct TcpTransport {
@@ -131,6 +131,14 @@ impl HostTransport for TcpTransport {
                 rank: self.rank,
                 reason: format!("sending to rank {peer}: {e}"),
             })
+    }
+
+    fn abort(&self, reason: &str) {
+        for peer in (0..self.writers.len()).filter(|&p| p != self.rank) {
+            if let Err(e) = self.send(peer, ABORT_TAG, reason.as_bytes().to_vec()) {
+                tracing::debug!(peer, error = %e, "telling a peer of a failed collective");
+            }
+        }
     }
 
     fn recv(&self, peer: usize, tag: u64) -> Result<Vec<u8>, DeviceError> {

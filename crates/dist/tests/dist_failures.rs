@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use common::{communicators, on_every_rank};
 use cuflow_device_op::DeviceOpExt;
-use cuflow_dist::{all_gather, all_reduce, Communicator, ReduceOp};
+use cuflow_dist::{all_gather, all_reduce, reduce_scatter, Communicator, ReduceOp};
 use cuflow_runtime::{BackendKind, DeviceError};
 use cuflow_tensor::{api, Tensor};
 use cuflow_testing::rng::{fresh_seed, random_f32, seeded_rng};
@@ -72,7 +72,7 @@ fn a_length_mismatch_leaves_no_stale_message_for_the_next_collective() {
 }
 
 #[test]
-fn ranks_calling_different_collectives_time_out_on_every_rank() {
+fn ranks_calling_different_collectives_fail_on_every_rank_naming_the_order() {
     let Some(comms) = host_communicators(2) else {
         return;
     };
@@ -88,7 +88,14 @@ fn ranks_calling_different_collectives_time_out_on_every_rank() {
     });
     for (rank, r) in got.iter().enumerate() {
         let e = r.as_ref().expect_err("disagreeing ranks succeeded");
-        assert!(matches!(e, DeviceError::Timeout { .. }), "rank {rank}: {e}");
+        // The first rank to time out tells the other, which fails at once with its reason.
+        assert!(
+            matches!(
+                e,
+                DeviceError::Timeout { .. } | DeviceError::Collective { .. }
+            ),
+            "rank {rank}: {e}"
+        );
         assert!(
             e.to_string().contains("in the same order"),
             "rank {rank}: {e}"
@@ -163,4 +170,39 @@ fn a_graph_replayed_on_one_rank_only_times_out_there() {
             assert!(e.to_string().contains("same order"), "{e}");
         }
     }
+}
+
+#[test]
+fn a_rank_that_retries_after_its_peer_failed_gets_an_error_not_stale_data() {
+    let Some(comms) = host_communicators(2) else {
+        return;
+    };
+    // Rank 0's reduce_scatter is refused before it sends anything; rank 1's times out.
+    let first = on_every_rank(&comms, |c| {
+        let len = if c.rank() == 0 { 3 } else { 4 };
+        let x = tensor(c, &vec![c.rank() as f32 + 1.0; len])?;
+        reduce_scatter(c, x, ReduceOp::Sum)
+            .sync_on(c.stream())?
+            .to_host_vec()
+    });
+    assert!(
+        matches!(first[0], Err(DeviceError::InvalidShape { .. })),
+        "{:?}",
+        first[0]
+    );
+    assert!(
+        matches!(first[1], Err(DeviceError::Timeout { .. })),
+        "{:?}",
+        first[1]
+    );
+    // Rank 0 fixes its input and tries again; rank 1 is long gone from that reduce_scatter,
+    // so its part still waiting at rank 0 must not be taken for this one's.
+    let c = &comms[0];
+    let x = tensor(c, &[5.0; 4]).unwrap();
+    let got = reduce_scatter(c, x, ReduceOp::Sum)
+        .sync_on(c.stream())
+        .and_then(|t| t.to_host_vec());
+    let e = got.expect_err("rank 0 reduced rank 1's part of a collective that failed there");
+    assert!(e.to_string().contains("rank 1"), "{e}");
+    assert!(e.to_string().contains("make a new communicator"), "{e}");
 }

@@ -19,7 +19,8 @@
 //!   [`DeviceError::Timeout`] instead of a hang. A failed exchange (a timeout, a peer gone, a
 //!   peer's part of the wrong length) may leave messages behind that a later collective would
 //!   take for its own, so it breaks the communicator for good: every later collective of it
-//!   fails at once with [`DeviceError::Collective`], saying to make a new communicator.
+//!   fails at once with [`DeviceError::Collective`], saying to make a new communicator, and
+//!   the rank tells its peers ([`HostTransport::abort`]), whose collectives with it fail too.
 //!   Reductions fold the ranks' contributions in rank order, so every rank gets bit-identical
 //!   results.
 //! - **cuda**: NCCL, loaded at run time (`$CUFLOW_NCCL_LIB`, the loader's path, or the
@@ -73,6 +74,15 @@ pub trait HostTransport: Send + Sync + fmt::Debug {
     /// [`DeviceError::Timeout`] when none arrives in time; [`DeviceError::Collective`] when
     /// `peer` is gone.
     fn recv(&self, peer: usize, tag: u64) -> Result<Vec<u8>>;
+
+    /// Tells every peer that this rank's communicator failed (`reason` says how), once, at its
+    /// first failed collective: from then on their receives from this rank fail at once,
+    /// instead of taking this rank's messages of the failed collective for a later one's.
+    /// Must not wait for the peers. The default tells no one: peers then find out by their
+    /// own timeouts, and may take a stale message for a later collective's.
+    fn abort(&self, reason: &str) {
+        let _ = reason;
+    }
 }
 
 /// One rank's handle on a communicator, at the runtime level: its device, rank and world size,

@@ -14,7 +14,8 @@
 //!
 //! A group that failed may leave messages behind (a peer's part that was never taken, after
 //! another peer's part was refused), which a later group would take for its own: so the first
-//! failure breaks the communicator for good, and every later group fails at once, saying why.
+//! failure breaks the communicator for good, and every later group fails at once, saying why;
+//! the transport tells the peers ([`HostTransport::abort`]), so that theirs break too.
 
 use std::sync::Arc;
 
@@ -121,7 +122,15 @@ impl HostComm {
         }
         let result = run_group(&*self.transport, rank, calls);
         if let Err(e) = &result {
-            self.failed.lock().get_or_insert_with(|| e.clone());
+            let first = {
+                let mut failed = self.failed.lock();
+                let first = failed.is_none();
+                failed.get_or_insert_with(|| e.clone());
+                first
+            };
+            if first {
+                self.transport.abort(&e.to_string());
+            }
         }
         result
     }
