@@ -215,8 +215,21 @@ pub(crate) fn rendezvous(
     if config.rank == 0 {
         let listener = match listener {
             Some(l) => l,
-            None => TcpListener::bind(config.master_addr())
-                .map_err(|e| err(0, format!("listening at {}: {e}", config.master_addr())))?,
+            None => TcpListener::bind(config.master_addr()).map_err(|e| {
+                let hint = match e.kind() {
+                    ErrorKind::AddrInUse => {
+                        "; another program listens there: give every rank a free MASTER_PORT"
+                    }
+                    ErrorKind::AddrNotAvailable => {
+                        "; rank 0 listens at MASTER_ADDR, which must be an address of its machine"
+                    }
+                    _ => "",
+                };
+                err(
+                    0,
+                    format!("listening at {}: {e}{hint}", config.master_addr()),
+                )
+            })?,
         };
         serve(config, &listener, payload, mesh, &deadline)
     } else {

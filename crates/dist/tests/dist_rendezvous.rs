@@ -78,3 +78,14 @@ fn a_zero_timeout_is_refused_up_front() {
     let e = Communicator::connect(&Device::host(), &config).unwrap_err();
     assert!(e.to_string().contains("timeout of 0"), "{e}");
 }
+
+#[test]
+fn a_master_port_already_taken_says_to_pick_another() {
+    let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let config = DistConfig::new(0, 2, "127.0.0.1", port).with_timeout(SHORT);
+    let e = Communicator::connect(&Device::host(), &config).unwrap_err();
+    let text = e.to_string();
+    assert!(text.contains(&format!("127.0.0.1:{port}")), "{e}");
+    assert!(text.contains("MASTER_PORT"), "{e}");
+}
