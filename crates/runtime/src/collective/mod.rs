@@ -11,7 +11,10 @@
 //!
 //! Every rank must enqueue the same collectives in the same order (within a group, calls of the
 //! same kind in the same order), as with NCCL. A call returns once enqueued; it completes when
-//! every rank reached it.
+//! every rank reached it. The collectives of one communicator must also run in that order: enqueue
+//! them on one stream (as `cuflow-dist`'s ops do, on the communicator's stream), or order their
+//! streams with events. Two of them running at once on two streams can take each other's
+//! messages on the host backend, and can deadlock under NCCL.
 //!
 //! - **host**: the ranks exchange bytes through a [`HostTransport`] (in one process, or over TCP
 //!   across processes: see the `cuflow-dist` crate). The stream's worker thread runs the
