@@ -43,22 +43,21 @@ impl CudaGraphHandle {
     }
 
     /// The graph in Graphviz DOT, as the driver prints it (`cuGraphDebugDotPrint`, verbose:
-    /// kernel names and launch parameters, copy and memset parameters), through a temporary
-    /// file.
+    /// kernel names and launch parameters, copy and memset parameters), through a file in a
+    /// directory of its own: made fresh (never one that exists, so no other user's link is
+    /// followed), readable by this user only, removed afterwards.
     pub(crate) fn debug_dot(&self) -> Result<String> {
-        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let path =
-            std::env::temp_dir().join(format!("cuflow-graph-{}-{n}.dot", std::process::id()));
+        let dir = private_temp_dir()?;
+        let path = dir.join("graph.dot");
         let io = |e: std::io::Error| {
             crate::error::DeviceError::usage(format!(
                 "Graph::to_dot: the driver's dump could not go through {}: {e}",
                 path.display()
             ))
         };
-        let c_path = std::ffi::CString::new(path.to_string_lossy().as_bytes())
-            .map_err(|e| io(std::io::Error::other(e)))?;
-        {
+        let dot = (|| {
+            let c_path = std::ffi::CString::new(path.to_string_lossy().as_bytes())
+                .map_err(|e| io(std::io::Error::other(e)))?;
             let _bound = self.shared.bind()?;
             // SAFETY: the graph is alive; `c_path` is a NUL-terminated path alive for the
             // call; the driver only writes that file.
@@ -71,9 +70,9 @@ impl CudaGraphHandle {
             }
             .result()
             .map_err(|e| driver_err("cuGraphDebugDotPrint", e))?;
-        }
-        let dot = std::fs::read_to_string(&path).map_err(io);
-        let _ = std::fs::remove_file(&path);
+            std::fs::read_to_string(&path).map_err(io)
+        })();
+        let _ = std::fs::remove_dir_all(&dir);
         dot
     }
 
@@ -215,5 +214,54 @@ impl Drop for CudaGraphExecHandle {
                 );
             }
         });
+    }
+}
+
+/// A new directory under the system's temporary directory that did not exist before (creating
+/// one fails rather than reuse a path someone else made), readable by this user only.
+fn private_temp_dir() -> Result<std::path::PathBuf> {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let mut builder = std::fs::DirBuilder::new();
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+    let mut last = None;
+    for _ in 0..16 {
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let dir = std::env::temp_dir().join(format!(
+            "cuflow-graph-{}-{n}-{nanos:08x}",
+            std::process::id()
+        ));
+        match builder.create(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(crate::error::DeviceError::usage(format!(
+        "Graph::to_dot: no private directory could be made under {} for the driver's dump: {}",
+        std::env::temp_dir().display(),
+        last.map_or_else(|| "unknown error".to_string(), |e| e.to_string())
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::private_temp_dir;
+
+    #[test]
+    fn each_dump_directory_is_new_and_private() {
+        let (a, b) = (private_temp_dir().unwrap(), private_temp_dir().unwrap());
+        assert_ne!(a, b);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(&a).unwrap().permissions().mode();
+            assert_eq!(mode & 0o077, 0, "group and others have no access: {mode:o}");
+        }
+        for d in [a, b] {
+            std::fs::remove_dir(d).unwrap();
+        }
     }
 }
