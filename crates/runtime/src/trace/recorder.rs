@@ -475,7 +475,7 @@ struct ActiveSpan {
     id: u64,
     parent: Option<u64>,
     start: Instant,
-    nvtx: bool,
+    nvtx: Option<u64>,
 }
 
 /// Opens an op span named `name` on the calling thread, until the returned guard is dropped:
@@ -510,7 +510,7 @@ pub fn op_span(name: impl Into<Cow<'static, str>>) -> OpSpan {
         s.push(id);
         parent
     });
-    let nvtx = crate::backend::nvtx_push(&name);
+    let nvtx = crate::backend::nvtx_start(&name);
     OpSpan {
         active: Some(ActiveSpan {
             name,
@@ -533,8 +533,8 @@ impl Drop for OpSpan {
                 s.truncate(pos);
             }
         });
-        if span.nvtx {
-            crate::backend::nvtx_pop();
+        if let Some(range) = span.nvtx {
+            crate::backend::nvtx_end(range);
         }
         push_host_span(EntryKind::Op, span.name, span.id, span.parent, span.start);
     }

@@ -34,7 +34,7 @@ pub(crate) use memory::{CudaMemory, CudaPinned};
 pub(crate) use nccl::{nccl_unique_id, NcclComm};
 pub(crate) use peer::copy_staged;
 pub(crate) use stream::{CudaEventHandle, CudaStreamHandle};
-pub(crate) use tools::{at_exit, nvtx_pop, nvtx_push};
+pub(crate) use tools::{at_exit, nvtx_end, nvtx_start};
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

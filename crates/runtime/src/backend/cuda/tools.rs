@@ -4,18 +4,19 @@
 //!
 //! Invariants: the NVTX library is loaded once, on the first range, and never unloaded (the
 //! `Library` lives in a `static`), so the function pointers taken from it stay valid for the
-//! life of the process. A missing library makes every range a no-op. Ranges are pushed and
-//! popped on the same thread (the op span guard that pushes is dropped on it).
+//! life of the process. A missing library makes every range a no-op. Ranges are start/end
+//! ranges (`nvtxRangeStartA` / `nvtxRangeEnd`), which may end on another thread than the one
+//! that started them, as an op span moved across threads does.
 
 use std::ffi::{c_char, c_int, CString};
 use std::sync::OnceLock;
 
-type PushFn = unsafe extern "C" fn(*const c_char) -> c_int;
-type PopFn = unsafe extern "C" fn() -> c_int;
+type StartFn = unsafe extern "C" fn(*const c_char) -> u64;
+type EndFn = unsafe extern "C" fn(u64);
 
 struct Nvtx {
-    push: PushFn,
-    pop: PopFn,
+    start: StartFn,
+    end: EndFn,
     /// Keeps the library loaded for as long as the pointers above are used (forever).
     _lib: libloading::Library,
 }
@@ -37,18 +38,19 @@ fn nvtx() -> Option<&'static Nvtx> {
                 continue;
             };
             // SAFETY: the symbols have these C signatures in every NVTX release
-            // (`int nvtxRangePushA(const char*)`, `int nvtxRangePop(void)`); the pointers are
-            // used only while `lib` is alive, which is forever (module docs).
+            // (`nvtxRangeId_t nvtxRangeStartA(const char*)`, `void nvtxRangeEnd(nvtxRangeId_t)`,
+            // `nvtxRangeId_t` being `uint64_t`); the pointers are used only while `lib` is
+            // alive, which is forever (module docs).
             let fns = unsafe {
-                let push = lib.get::<PushFn>(b"nvtxRangePushA\0").map(|s| *s);
-                let pop = lib.get::<PopFn>(b"nvtxRangePop\0").map(|s| *s);
-                push.and_then(|push| pop.map(|pop| (push, pop)))
+                let start = lib.get::<StartFn>(b"nvtxRangeStartA\0").map(|s| *s);
+                let end = lib.get::<EndFn>(b"nvtxRangeEnd\0").map(|s| *s);
+                start.and_then(|start| end.map(|end| (start, end)))
             };
-            if let Ok((push, pop)) = fns {
+            if let Ok((start, end)) = fns {
                 tracing::debug!("NVTX ranges through {name}");
                 return Some(Nvtx {
-                    push,
-                    pop,
+                    start,
+                    end,
                     _lib: lib,
                 });
             }
@@ -58,27 +60,22 @@ fn nvtx() -> Option<&'static Nvtx> {
     .as_ref()
 }
 
-/// Pushes an NVTX range named `name` on this thread; false (nothing pushed) when NVTX is not
+/// Starts an NVTX range named `name`; its id, or `None` (nothing started) when NVTX is not
 /// available.
-pub(crate) fn nvtx_push(name: &str) -> bool {
-    let Some(nvtx) = nvtx() else {
-        return false;
-    };
-    let Ok(message) = CString::new(name.replace('\0', " ")) else {
-        return false;
-    };
+pub(crate) fn nvtx_start(name: &str) -> Option<u64> {
+    let nvtx = nvtx()?;
+    let message = CString::new(name.replace('\0', " ")).ok()?;
     // SAFETY: `message` is a NUL-terminated string alive for the call (NVTX copies it); the
     // pointer is valid (module invariants).
-    unsafe { (nvtx.push)(message.as_ptr()) };
-    true
+    Some(unsafe { (nvtx.start)(message.as_ptr()) })
 }
 
-/// Pops the NVTX range this thread pushed last.
-pub(crate) fn nvtx_pop() {
+/// Ends the NVTX range `id` that [`nvtx_start`] returned, from any thread.
+pub(crate) fn nvtx_end(id: u64) {
     if let Some(nvtx) = nvtx() {
-        // SAFETY: called only after a successful `nvtx_push` on this thread (the op span
-        // remembers it); the pointer is valid (module invariants).
-        unsafe { (nvtx.pop)() };
+        // SAFETY: `id` came from `nvtxRangeStartA` of this library (the op span keeps it and
+        // ends it once); the pointer is valid (module invariants).
+        unsafe { (nvtx.end)(id) };
     }
 }
 
