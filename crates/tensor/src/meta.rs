@@ -30,9 +30,11 @@ impl<T: DType> Tensor<T> {
         self.shape().len()
     }
 
-    /// The bytes the tensor's elements take: `numel() × size_of::<T>()`.
+    /// The bytes the tensor's elements take: `numel() × size_of::<T>()` (as a dense copy;
+    /// an [expanded](Tensor::expand) view may take more than its buffer holds), saturating at
+    /// `usize::MAX`.
     pub fn size_bytes(&self) -> usize {
-        self.numel() * std::mem::size_of::<T>()
+        self.numel().saturating_mul(std::mem::size_of::<T>())
     }
 
     /// The element type's name: `"f32"`, `"bf16"`, `"i64"`, ...

@@ -30,3 +30,15 @@ fn metadata_of_tensors_of_several_shapes() -> Result<(), DeviceError> {
     assert_eq!(reshaped.size_bytes(), 210);
     Ok(())
 }
+
+/// A view expanded past `usize::MAX` bytes (but not elements) reports its size saturated.
+#[test]
+fn size_bytes_of_a_huge_expanded_view_saturates() -> Result<(), DeviceError> {
+    let s = stream();
+    let x = api::zeros::<f32>(&[1]).sync_on(&s)?;
+    let big = x.expand(&[1 << 62])?;
+    assert_eq!((big.numel(), big.size_bytes()), (1 << 62, usize::MAX));
+    let fits = x.expand(&[1 << 40])?;
+    assert_eq!(fits.size_bytes(), 4 << 40);
+    Ok(())
+}
