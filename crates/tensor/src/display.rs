@@ -35,10 +35,12 @@ fn shown(len: usize, elide: bool) -> Vec<Option<usize>> {
     }
 }
 
-/// How the elements of one tensor print: their text by flat (row-major) index, padded to the
-/// width of the widest element shown.
+/// How the elements of one tensor print: their text by index into `data` (the part of the
+/// buffer the tensor covers, read through `strides`), padded to the width of the widest
+/// element shown.
 struct Cells<'a, T> {
     data: &'a [T],
+    strides: &'a [usize],
     precision: usize,
     elide: bool,
     width: usize,
@@ -55,26 +57,26 @@ impl<T: DType> Cells<'_, T> {
         }
     }
 
-    /// Calls `f` with the flat index of every element shown.
+    /// Calls `f` with the index in `data` of every element shown.
     fn visit(&self, shape: &[usize], base: usize, f: &mut impl FnMut(usize)) {
         let Some((&len, rest)) = shape.split_first() else {
             f(base);
             return;
         };
-        let step: usize = rest.iter().product();
+        let step = self.strides[self.strides.len() - shape.len()];
         for i in shown(len, self.elide).into_iter().flatten() {
             self.visit(rest, base + i * step, f);
         }
     }
 
-    /// Writes the elements under `shape` from flat index `base`, nested lines indented by
-    /// `indent` columns.
+    /// Writes the elements under `shape` from index `base` of `data`, nested lines indented
+    /// by `indent` columns.
     fn render(&self, out: &mut String, shape: &[usize], base: usize, indent: usize) {
         let Some((&len, rest)) = shape.split_first() else {
             out.push_str(&format!("{:>w$}", self.text(base), w = self.width));
             return;
         };
-        let step: usize = rest.iter().product();
+        let step = self.strides[self.strides.len() - shape.len()];
         out.push('[');
         for (k, item) in shown(len, self.elide).into_iter().enumerate() {
             if k > 0 {
@@ -95,16 +97,19 @@ impl<T: DType> Cells<'_, T> {
     }
 }
 
-/// The body of a tensor's printout (the part between `tensor(` and the shape), from its
-/// elements in row-major order.
-fn body<T: DType>(data: &[T], shape: &[usize], precision: usize) -> String {
+/// The body of a tensor's printout (the part between `tensor(` and the shape), from the part
+/// of the buffer it covers (`data`, from its first element) and its strides. Only the
+/// elements shown are read, so a large [expanded](Tensor::expand) view prints without being
+/// gathered.
+fn body<T: DType>(data: &[T], shape: &[usize], strides: &[usize], precision: usize) -> String {
     if shape.contains(&0) {
         return "[]".to_string();
     }
     let mut cells = Cells {
         data,
+        strides,
         precision,
-        elide: data.len() > ELIDE_ABOVE,
+        elide: shape.iter().product::<usize>() > ELIDE_ABOVE,
         width: 0,
     };
     let mut width = 0;
@@ -127,8 +132,9 @@ fn body<T: DType>(data: &[T], shape: &[usize], precision: usize) -> String {
 /// last 3 entries of each longer axis, with `...` between.
 ///
 /// **Printing reads the tensor back from its device**: it waits for every piece of queued work
-/// that used the tensor, then copies it to the host, like [`Tensor::to_host_vec`]. If that
-/// readback fails (e.g. the work writing the tensor failed), the elements are replaced by
+/// that used the tensor, then copies the part of its buffer it covers to the host, like
+/// [`Tensor::to_host_vec`] (a large [expanded](Tensor::expand) view is not gathered: only the
+/// elements shown are looked up). If that readback fails (e.g. the work writing the tensor failed), the elements are replaced by
 /// `<readback failed: ...>` naming the error; printing never panics.
 ///
 /// # Examples
@@ -147,19 +153,32 @@ fn body<T: DType>(data: &[T], shape: &[usize], precision: usize) -> String {
 /// ```
 impl<T: DType> fmt::Display for Tensor<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        printout(f, self.to_host_vec(), self.shape(), self.device())
+        // The part of the buffer the tensor covers, read as `to_host_vec` reads it.
+        let readback = match self.buffer().last_stream() {
+            Some(s) => Ok(s),
+            None => self.device().new_stream(),
+        }
+        .and_then(|stream| self.span_host_vec(&stream));
+        printout(f, readback, self.shape(), self.strides(), self.device())
     }
 }
 
-/// Writes the printout of a tensor of `shape` on `device` from its readback.
+/// Writes the printout of a tensor of `shape` and `strides` on `device` from the readback of
+/// the part of its buffer it covers.
 fn printout<T: DType>(
     f: &mut fmt::Formatter<'_>,
     readback: Result<Vec<T>, DeviceError>,
     shape: &[usize],
+    strides: &[usize],
     device: &dyn fmt::Display,
 ) -> fmt::Result {
     let body = match readback {
-        Ok(data) => body(&data, shape, f.precision().unwrap_or(DEFAULT_PRECISION)),
+        Ok(data) => body(
+            &data,
+            shape,
+            strides,
+            f.precision().unwrap_or(DEFAULT_PRECISION),
+        ),
         Err(e) => format!("<readback failed: {e}>"),
     };
     write!(
@@ -175,7 +194,7 @@ mod tests {
 
     #[test]
     fn scalars_print_bare() {
-        assert_eq!(body(&[2.5f32], &[], 4), "2.5000");
+        assert_eq!(body(&[2.5f32], &[], &[], 4), "2.5000");
     }
 
     /// A tensor whose readback fails prints the error in place of its elements.
@@ -187,7 +206,7 @@ mod tests {
                 op: "test",
                 reason: "no data".to_string(),
             };
-            printout::<f32>(f, Err(err), &[2, 3], &"host")
+            printout::<f32>(f, Err(err), &[2, 3], &[3, 1], &"host")
         }
     }
 
@@ -205,7 +224,7 @@ mod tests {
     #[test]
     fn short_axes_are_not_elided() {
         let data: Vec<i32> = (0..1000).collect();
-        let text = body(&data, &[1000], 4);
+        let text = body(&data, &[1000], &[1], 4);
         assert!(!text.contains("..."));
         assert!(text.ends_with("998, 999]"));
     }

@@ -259,13 +259,35 @@ impl<T: DType> Tensor<T> {
             return Ok(Vec::new());
         }
         // A strided view: read the span it covers and gather its elements in row-major order.
-        let span = crate::view::span(&self.shape, &self.strides);
-        let data = self
-            .buf
-            .slice(self.offset..self.offset + span)?
-            .to_host_vec(stream)?;
+        // An expanded view may have far more elements than its buffer: its host vector is
+        // reserved fallibly, so that one too large for host memory is an error, not an abort.
+        let data = self.span_host_vec(stream)?;
+        let mut out = Vec::new();
+        if out.try_reserve_exact(self.len()).is_err() {
+            return Err(DeviceError::OutOfMemory {
+                bytes: self.size_bytes(),
+                device: format!(
+                    "the host (reading back a {:?} view with strides {:?})",
+                    self.shape, self.strides
+                ),
+            });
+        }
         let layout = crate::view::Strided::new(&self.shape, &self.strides, 0);
-        Ok(layout.offsets().map(|i| data[i]).collect())
+        out.extend(layout.offsets().map(|i| data[i]));
+        Ok(out)
+    }
+
+    /// The part of the buffer the tensor covers, from its first element to its last, read
+    /// back on `stream` after all queued work that used it: element `i` of the tensor is at
+    /// `Σ iₖ · strides[k]` of it. Empty for a tensor without elements.
+    pub(crate) fn span_host_vec(&self, stream: &Stream) -> Result<Vec<T>, DeviceError> {
+        let span = crate::view::span(&self.shape, &self.strides);
+        if span == 0 {
+            return Ok(Vec::new());
+        }
+        self.buf
+            .slice(self.offset..self.offset + span)?
+            .to_host_vec(stream)
     }
 
     /// The same elements under another shape with the same element count (sharing memory).

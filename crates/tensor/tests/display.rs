@@ -121,3 +121,52 @@ fn printing_waits_for_the_work_writing_the_tensor() -> Result<(), DeviceError> {
     );
     Ok(())
 }
+
+/// An expanded view of far more elements than host memory holds prints its edges from the
+/// buffer it covers, without being gathered, and `to_host_vec` of it is an error.
+#[test]
+fn a_huge_expanded_view_prints_without_being_gathered() -> Result<(), DeviceError> {
+    let s = stream();
+    let base = api::from_vec((0..30u32).map(|v| v * 7 + 1).collect(), &[30]).sync_on(&s)?;
+    let t = base.expand(&[1 << 40, 30])?;
+    let v = |i: u32| i * 7 + 1;
+    let row = format!(
+        "[{:>3}, {:>3}, {:>3}, ..., {:>3}, {:>3}, {:>3}]",
+        v(0),
+        v(1),
+        v(2),
+        v(27),
+        v(28),
+        v(29)
+    );
+    let sep = ",\n        ";
+    let rows = [&row; 3].map(String::as_str).join(sep);
+    let want = format!("tensor([{rows}{sep}...{sep}{rows}], {})", tail(&t, "u32"));
+    assert_eq!(t.to_string(), want);
+
+    let err = base.expand(&[1 << 58, 30])?.to_host_vec().unwrap_err();
+    assert!(matches!(err, DeviceError::OutOfMemory { .. }), "{err}");
+    let err = base
+        .narrow(0, 0, 1)?
+        .expand(&[1 << 62])?
+        .to_host_vec()
+        .unwrap_err();
+    assert!(matches!(err, DeviceError::OutOfMemory { .. }), "{err}");
+    Ok(())
+}
+
+/// A transposed, narrowed view prints its elements in its own row-major order.
+#[test]
+fn views_print_their_own_elements() -> Result<(), DeviceError> {
+    let s = stream();
+    let x = api::from_vec((0..12i32).collect(), &[3, 4]).sync_on(&s)?;
+    let t = x.narrow(1, 1, 2)?.transpose(0, 1)?;
+    assert_eq!(
+        t.to_string(),
+        format!(
+            "tensor([[ 1,  5,  9],\n        [ 2,  6, 10]], {})",
+            tail(&t, "i32")
+        )
+    );
+    Ok(())
+}
