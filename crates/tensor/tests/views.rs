@@ -441,3 +441,51 @@ fn bad_axes_and_ranges_name_the_axis() -> Result<(), DeviceError> {
     assert!(err.to_string().contains("contiguous"), "{err}");
     Ok(())
 }
+
+/// A view of more axes than the strided kernel indexes (none of them mergeable) is still
+/// copied densely, and kernels that read dense rows take it.
+#[test]
+fn views_of_more_than_eight_unmergeable_axes_are_copied() -> Result<(), DeviceError> {
+    let s = stream();
+    let mut rng = seeded_rng(21);
+    for (shape, order) in [
+        (
+            vec![2usize, 3, 2, 2, 3, 2, 2, 2, 3],
+            vec![8usize, 7, 6, 5, 4, 3, 2, 1, 0],
+        ),
+        (
+            vec![3, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2],
+            vec![10, 0, 9, 1, 8, 2, 7, 3, 6, 4, 5],
+        ),
+    ] {
+        let n: usize = shape.iter().product();
+        let data: Vec<f32> = random(&mut rng, n);
+        let base = upload(&s, &data, &shape);
+        let out: Vec<usize> = order.iter().map(|&a| shape[a]).collect();
+        let view = base.permute(&order)?;
+        let want = reference(&data, &shape, &out, |idx| {
+            let mut b = vec![0; shape.len()];
+            for (k, &a) in order.iter().enumerate() {
+                b[a] = idx[k];
+            }
+            b
+        });
+        check(&view, &out, &want, &format!("permute {order:?}"))?;
+        let relu = read(&kernels::relu(&view).sync_on(&s)?);
+        let want_relu: Vec<f32> = want.iter().map(|v| v.max(0.0)).collect();
+        assert_exact(&relu, &want_relu, "relu of the view");
+        // Summed over its first axis, the view leaves more axes than the reduction indexes.
+        let sum = read(&kernels::sum_axis(&view, 0, false).sync_on(&s)?);
+        let inner = n / out[0];
+        let want_sum: Vec<f64> = (0..inner)
+            .map(|j| (0..out[0]).map(|i| f64::from(want[i * inner + j])).sum())
+            .collect();
+        assert_dtype_close(
+            &sum,
+            &want_sum,
+            f32::TRANS_TOL,
+            "sum over axis 0 of the view",
+        );
+    }
+    Ok(())
+}

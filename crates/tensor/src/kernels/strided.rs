@@ -325,6 +325,31 @@ fn copy_ew() -> StridedEw {
 /// A dense copy of `x` on `stream`.
 pub(crate) fn gather<T: DType>(stream: &Stream, x: &Tensor<T>) -> TensorResult<T> {
     let out = alloc::<T>(stream, x.shape())?;
+    copy_into(stream, out.view("contiguous")?, x)?;
+    Ok(out)
+}
+
+/// Copies `x` into `out` (dense, `x.len()` elements). A view whose axes merge to more than
+/// [`MAX_DIMS`] is copied one index of its first axis at a time (each a view of one axis
+/// fewer), so that any view has a dense copy.
+fn copy_into<T: DType>(
+    stream: &Stream,
+    out: BufferView<'_, T>,
+    x: &Tensor<T>,
+) -> Result<(), DeviceError> {
+    let dense = crate::tensor::contiguous_strides("contiguous", x.shape())?;
+    let (dims, _) = collapse(x.shape(), [&dense, x.strides()]);
+    if dims.len() > MAX_DIMS {
+        let inner = x.len() / x.shape()[0];
+        for i in 0..x.shape()[0] {
+            copy_into(
+                stream,
+                out.slice(i * inner..(i + 1) * inner)?,
+                &x.select(0, i)?,
+            )?;
+        }
+        return Ok(());
+    }
     let kernel = copy_ew().kernel::<T>(|args, layout| {
         let x = args.input::<T>(1)?;
         let out = args.output::<T>(0)?;
@@ -339,7 +364,7 @@ pub(crate) fn gather<T: DType>(stream: &Stream, x: &Tensor<T>) -> TensorResult<T
         stream,
         &kernel,
         "contiguous",
-        out.view("contiguous")?,
+        out,
         x.shape(),
         &[&input.strides],
         |a| {
@@ -347,8 +372,7 @@ pub(crate) fn gather<T: DType>(stream: &Stream, x: &Tensor<T>) -> TensorResult<T
         },
         T::default(),
         T::default(),
-    )?;
-    Ok(out)
+    )
 }
 
 /// `x` itself when kernels read it where it lies (contiguous, its first element at a 16-byte
