@@ -82,14 +82,16 @@ where
 
     fn execute(self, ctx: &mut ExecutionContext) -> Result<Tensor<T>, DeviceError> {
         let value = self.input.execute(ctx)?;
-        // A strided view is packed on its own device first (where the executing stream runs
-        // when the input was made by the same op), so that the copy moves one range.
+        // A strided view is packed on its own device first (on the executing stream when it
+        // is of that device, else on a stream of the view's device joined with it, as the
+        // copy below is), so that the copy moves one range.
         let src = if value.tensor().is_contiguous() {
             std::borrow::Cow::Borrowed(value.tensor())
         } else {
-            let stream = ctx.stream()?;
-            crate::kernels::check_device("to_device", stream, value.tensor())?;
-            crate::kernels::dense("to_device", stream, value.tensor())?
+            let x = value.tensor();
+            std::borrow::Cow::Owned(ctx.on_device(x.device(), |stream| {
+                Ok(crate::kernels::dense("to_device", stream, x)?.into_owned())
+            })?)
         };
         ctx.on_device(&self.device, |stream| {
             let out = alloc::<T>(stream, src.shape())?;

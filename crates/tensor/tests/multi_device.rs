@@ -271,3 +271,31 @@ fn softmax_on_every_device_matches_the_host() -> Result<(), DeviceError> {
     }
     Ok(())
 }
+
+/// A strided view copied to another device, run on a stream of either device: the view is
+/// packed on its own device first, then moved.
+#[test]
+fn to_device_copies_views_from_a_stream_of_either_device() -> Result<(), DeviceError> {
+    let Some(devices) = two_devices() else {
+        return Ok(());
+    };
+    let mut rng = rng();
+    let (a, b) = (&devices[0], &devices[1]);
+    let data: Vec<f32> = random(&mut rng, 5 * 7);
+    let x = upload(a, &data, &[5, 7])?;
+    let view = x.narrow(1, 1, 4)?.transpose(0, 1)?;
+    let want: Vec<f32> = (0..4)
+        .flat_map(|c| (0..5).map(move |r| (r, c + 1)))
+        .map(|(r, c)| data[r * 7 + c])
+        .collect();
+    for stream in [a.new_stream()?, b.new_stream()?] {
+        let y = (&view).to_device(b).sync_on(&stream)?;
+        assert_eq!((y.device(), y.shape()), (b, &[4, 5][..]));
+        assert!(
+            y.to_host_vec()? == want,
+            "view to {b} on {}",
+            stream.device()
+        );
+    }
+    Ok(())
+}
