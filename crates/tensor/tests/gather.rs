@@ -263,3 +263,26 @@ fn shape_errors_name_the_axis_and_the_sizes() -> Result<(), DeviceError> {
     assert!(t.contains("1 axes") && t.contains("has 2"), "{t}");
     Ok(())
 }
+
+/// Indices at the extremes of their types (negative, past the end, the largest) select zeros,
+/// never a wrapped-around element, and are not an error.
+#[test]
+fn extreme_indices_select_zeros() -> Result<(), DeviceError> {
+    let s = stream();
+    let mut rng = seeded_rng(40);
+    let (xh, x) = random_tensor::<f32>(&mut rng, &[3, 4]);
+    let ids = upload(&s, &[i64::MIN, -1, 3, 4, i64::MAX, 0], &[6]);
+    let got = read(&kernels::index_select(&x, 1, &ids).sync_on(&s)?);
+    for r in 0..3 {
+        let row = &got[r * 6..(r + 1) * 6];
+        assert_eq!(
+            row,
+            &[0.0, 0.0, xh[r * 4 + 3], 0.0, 0.0, xh[r * 4]],
+            "row {r}"
+        );
+    }
+    let ids = upload(&s, &[u32::MAX, 2, 3, 1 << 31], &[1, 4]);
+    let got = read(&kernels::gather(&x, 0, &ids).sync_on(&s)?);
+    assert_eq!(got, vec![0.0, xh[2 * 4 + 1], 0.0, 0.0]);
+    Ok(())
+}

@@ -6,8 +6,9 @@
 //!   the output (a plain copy where `outer` is 1);
 //! - `index_select` / `gather` read `x[o, id, i]` for the index `id` of each output element
 //!   (one index per `[outer, n, inner]` row position for `index_select`, one per element for
-//!   `gather`). An index outside `0..len` gives zero, on both backends: the check runs on the
-//!   device, so the ops stay capturable, as [`embedding`](super::embedding) does.
+//!   `gather`). An index outside `0..len` (negative ones included) gives zero, on both
+//!   backends, and is not an error: the check runs on the device, so the ops stay lazy and
+//!   capturable, as [`embedding`](super::embedding) does.
 //!
 //! Views are accepted: an input that is not contiguous (or not at a 16-byte boundary) is
 //! copied to a dense tensor on the executing stream first.
@@ -385,7 +386,16 @@ fn run_indexed<T: DType, I: IndexDType, X: TensorInput<T>, J: TensorInput<I>>(
 
 /// The entries of `x` at positions `indices` (1-D, any [`IndexDType`]) along `axis`: the
 /// output is `x`'s shape with `axis` of length `indices.len()`, and
-/// `out[.., j, ..] = x[.., indices[j], ..]`. An index outside `0..x.shape[axis]` gives zeros.
+/// `out[.., j, ..] = x[.., indices[j], ..]`.
+///
+/// # Out-of-range indices
+///
+/// **An index outside `0..x.shape[axis]` is not an error: it gives zeros** in its slot of the
+/// output, on both backends. Negative indices count as out of range (they do not count from
+/// the end as in NumPy). The indices live on the device, often written by an earlier kernel,
+/// so checking them would mean waiting for the device and reading them back; the op stays
+/// lazy and capturable instead. Check indices of uncertain origin before the op (e.g. with
+/// [`kernels::ge`](crate::kernels::ge) and [`kernels::max_axis`](crate::kernels::max_axis)).
 ///
 /// # Errors
 ///
@@ -429,7 +439,12 @@ pub fn index_select<T: DType, I: IndexDType, X: TensorInput<T>, J: TensorInput<I
 
 /// PyTorch's `gather`: `out[i][j][k] = x[i][index[i][j][k]][k]` for `axis = 1` (likewise on
 /// any axis). `index` has `x`'s rank and `x`'s lengths on every axis but `axis`; the output
-/// has `index`'s shape. An index outside `0..x.shape[axis]` gives zero.
+/// has `index`'s shape.
+///
+/// # Out-of-range indices
+///
+/// **An index outside `0..x.shape[axis]` (negative ones included) is not an error: its output
+/// element is zero**, on both backends, as for [`index_select`].
 ///
 /// # Errors
 ///
