@@ -131,21 +131,32 @@ fn iota<T: DType>(
 ///
 /// # Errors
 ///
-/// [`DeviceError::InvalidShape`] (when run) for a zero or non-finite step.
+/// [`DeviceError::InvalidShape`] (when run) for a zero or non-finite step, a bound that is
+/// not finite, or more values than a tensor can hold.
 pub fn arange<T: DType>(
     start: f64,
     end: f64,
     step: f64,
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
-    let n = if step != 0.0 && step.is_finite() && start.is_finite() && end.is_finite() {
-        Ok(((end - start) / step).ceil().max(0.0) as usize)
+    let invalid = |reason: String| DeviceError::InvalidShape {
+        op: "arange",
+        reason,
+    };
+    let count = ((end - start) / step).ceil().max(0.0);
+    let n = if !start.is_finite() || !end.is_finite() {
+        Err(invalid(format!(
+            "the start and the end must be finite, got start {start} and end {end}"
+        )))
+    } else if step == 0.0 || !step.is_finite() {
+        Err(invalid(format!(
+            "the step must be finite and non-zero, got {step} (from {start} to {end})"
+        )))
+    } else if count >= usize::MAX as f64 {
+        Err(invalid(format!(
+            "from {start} to {end} by {step} is {count:e} values, more than a tensor can hold"
+        )))
     } else {
-        Err(DeviceError::InvalidShape {
-            op: "arange",
-            reason: format!(
-                "the step must be finite and non-zero, got {step} (from {start} to {end})"
-            ),
-        })
+        Ok(count as usize)
     };
     let inner = iota::<T>(
         Shape::from_slice(&[n.as_ref().copied().unwrap_or(0)]),

@@ -194,6 +194,17 @@ fn arange_needs_a_finite_nonzero_step() -> Result<(), DeviceError> {
             .unwrap_err();
         assert_invalid_shape(err, "arange");
     }
+    // The reason names what is wrong: the bound that is not finite, or a count too large.
+    let err = api::arange::<f32>(0.0, f64::NAN, 1.0)
+        .sync_on(&s)
+        .unwrap_err();
+    let text = assert_invalid_shape(err, "arange");
+    assert!(text.contains("end") && text.contains("NaN"), "{text}");
+    let err = api::arange::<f32>(0.0, 1e30, 1e-30)
+        .sync_on(&s)
+        .unwrap_err();
+    let text = assert_invalid_shape(err, "arange");
+    assert!(text.contains("values"), "{text}");
     Ok(())
 }
 
