@@ -295,3 +295,68 @@ fn incompatible_shapes_name_the_axis() -> Result<(), DeviceError> {
     }
     Ok(())
 }
+
+/// Reference of `x + y` broadcast to `[2; rank]`, for `x` and `y` whose axes are 1 or 2.
+fn add_ref(xh: &[f32], xs: &[usize], yh: &[f32], ys: &[usize]) -> Vec<f64> {
+    let rank = xs.len();
+    let at = |h: &[f32], shape: &[usize], i: usize| {
+        let bit = |a: usize| (i >> (rank - 1 - a)) & 1;
+        let k = (0..rank).fold(0, |p, a| if shape[a] == 2 { p * 2 + bit(a) } else { p });
+        f64::from(h[k])
+    };
+    (0..1usize << rank)
+        .map(|i| at(xh, xs, i) + at(yh, ys, i))
+        .collect()
+}
+
+/// Operands broadcast along alternating axes, more of them than the strided kernel indexes,
+/// are read from copies broadcast to the full shape; where only the operands together have
+/// too many axes, the error names the shape and the way out, and that way works.
+#[test]
+fn broadcasts_along_more_than_eight_axes() -> Result<(), DeviceError> {
+    let s = stream();
+    let mut rng = seeded_rng(30);
+    let (xs, ys) = ([2, 1, 2, 1, 2, 1, 2, 1, 2], [1, 2, 1, 2, 1, 2, 1, 2, 1]);
+    let (xh, yh): (Vec<f32>, Vec<f32>) = (
+        signed(&mut rng, 32, 0.5, 2.0),
+        signed(&mut rng, 16, 0.5, 2.0),
+    );
+    let (x, y) = (upload(&s, &xh, &xs), upload(&s, &yh, &ys));
+    let got = read(&kernels::add(&x, &y).sync_on(&s)?);
+    assert_dtype_close(
+        &got,
+        &add_ref(&xh, &xs, &yh, &ys),
+        f32::ARITH_TOL,
+        "alternating",
+    );
+
+    // Each operand alone merges to 8 axes, but together they break at 9 places.
+    let (xs, ys) = (
+        [1, 1, 2, 1, 2, 1, 2, 1, 2, 2],
+        [2, 2, 1, 2, 1, 2, 1, 2, 2, 1],
+    );
+    let (xh, yh): (Vec<f32>, Vec<f32>) = (
+        signed(&mut rng, 32, 0.5, 2.0),
+        signed(&mut rng, 64, 0.5, 2.0),
+    );
+    let (x, y) = (upload(&s, &xh, &xs), upload(&s, &yh, &ys));
+    let err = kernels::add(&x, &y).sync_on(&s).unwrap_err();
+    let text = err.to_string();
+    assert!(
+        matches!(err, DeviceError::InvalidShape { op: "add", .. }),
+        "{text}"
+    );
+    assert!(text.contains("[2, 2, 2, 2, 2, 2, 2, 2, 2, 2]"), "{text}");
+    assert!(text.contains("contiguous(x.expand(shape))"), "{text}");
+    let full = [2; 10];
+    let wide_x = kernels::contiguous(x.expand(&full)?).sync_on(&s)?;
+    let wide_y = kernels::contiguous(y.expand(&full)?).sync_on(&s)?;
+    let got = read(&kernels::add(&wide_x, &wide_y).sync_on(&s)?);
+    assert_dtype_close(
+        &got,
+        &add_ref(&xh, &xs, &yh, &ys),
+        f32::ARITH_TOL,
+        "after the copies",
+    );
+    Ok(())
+}

@@ -443,7 +443,8 @@ fn bad_axes_and_ranges_name_the_axis() -> Result<(), DeviceError> {
 }
 
 /// A view of more axes than the strided kernel indexes (none of them mergeable) is still
-/// copied densely, and kernels that read dense rows take it.
+/// copied densely, and every kind of kernel takes it: those that read dense rows, the axis
+/// reductions and the strided elementwise kernels.
 #[test]
 fn views_of_more_than_eight_unmergeable_axes_are_copied() -> Result<(), DeviceError> {
     let s = stream();
@@ -486,6 +487,19 @@ fn views_of_more_than_eight_unmergeable_axes_are_copied() -> Result<(), DeviceEr
             f32::TRANS_TOL,
             "sum over axis 0 of the view",
         );
+        // The strided kernels read it from a dense copy.
+        let doubled = read(&kernels::add(&view, &view).sync_on(&s)?);
+        let want_doubled: Vec<f32> = want.iter().map(|v| v + v).collect();
+        assert_exact(&doubled, &want_doubled, "the view added to itself");
+        let zero = api::zeros::<f32>(&[1]).sync_on(&s)?;
+        let mask = kernels::gt(&view, &zero).sync_on(&s)?;
+        let want_mask: Vec<u8> = want.iter().map(|v| u8::from(*v > 0.0)).collect();
+        assert_exact(&read(&mask), &want_mask, "the view compared with 0");
+        let kept = read(&kernels::where_(&mask, &view, &zero).sync_on(&s)?);
+        assert_exact(&kept, &want_relu, "where over the view");
+        let clamped = read(&kernels::clamp(&view, -0.5, 0.5).sync_on(&s)?);
+        let want_clamped: Vec<f32> = want.iter().map(|v| v.clamp(-0.5, 0.5)).collect();
+        assert_exact(&clamped, &want_clamped, "the view clamped");
     }
     Ok(())
 }

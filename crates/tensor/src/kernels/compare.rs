@@ -40,7 +40,10 @@ fn compare<T: DType, X: TensorInput<T>, Y: TensorInput<T>>(
             }
             Ok(())
         });
-        let (xo, yo) = (Operand::broadcast(x, &shape), Operand::broadcast(y, &shape));
+        let (xo, yo) = (
+            Operand::broadcast(stream, x, &shape)?,
+            Operand::broadcast(stream, y, &shape)?,
+        );
         let (xv, yv) = (xo.view(&shape)?, yo.view(&shape)?);
         strided::launch(
             stream,
@@ -153,8 +156,11 @@ pub fn where_<T: DType, M: TensorInput<u8>, A: TensorInput<T>, B: TensorInput<T>
             }
             Ok(())
         });
-        let mo = Operand::broadcast(m, &shape);
-        let (ao, bo) = (Operand::broadcast(a, &shape), Operand::broadcast(b, &shape));
+        let mo = Operand::broadcast(stream, m, &shape)?;
+        let (ao, bo) = (
+            Operand::broadcast(stream, a, &shape)?,
+            Operand::broadcast(stream, b, &shape)?,
+        );
         let (mv, av, bv) = (mo.view(&shape)?, ao.view(&shape)?, bo.view(&shape)?);
         strided::launch(
             stream,
@@ -212,7 +218,7 @@ pub fn clamp<T: DType, X: TensorInput<T>>(
             }
             Ok(())
         });
-        let xo = Operand::whole(x);
+        let xo = Operand::broadcast(stream, x, x.shape())?;
         let xv = xo.view(x.shape())?;
         strided::launch(
             stream,

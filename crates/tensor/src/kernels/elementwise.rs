@@ -319,7 +319,10 @@ pub(crate) fn binary<T: DType, X: TensorInput<T>, Y: TensorInput<T>>(
             }
             Ok(())
         });
-        let (xo, yo) = (Operand::broadcast(x, &shape), Operand::broadcast(y, &shape));
+        let (xo, yo) = (
+            Operand::broadcast(stream, x, &shape)?,
+            Operand::broadcast(stream, y, &shape)?,
+        );
         let (xv, yv) = (xo.view(&shape)?, yo.view(&shape)?);
         strided::launch(
             stream,

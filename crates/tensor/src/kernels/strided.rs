@@ -197,8 +197,8 @@ impl HostLayout {
 }
 
 /// One input of a strided launch: a tensor read through `strides` (over the output's shape).
-pub(crate) struct Operand<'a, U> {
-    pub(crate) tensor: &'a Tensor<U>,
+pub(crate) struct Operand<'a, U: Clone> {
+    pub(crate) tensor: Cow<'a, Tensor<U>>,
     pub(crate) strides: Shape,
 }
 
@@ -206,22 +206,37 @@ impl<'a, U: DType> Operand<'a, U> {
     /// `tensor` read as it is (its shape is the output's).
     pub(crate) fn whole(tensor: &'a Tensor<U>) -> Self {
         Operand {
-            tensor,
+            tensor: Cow::Borrowed(tensor),
             strides: tensor.strides().into(),
         }
     }
 
-    /// `tensor` broadcast to `shape` (checked by the caller).
-    pub(crate) fn broadcast(tensor: &'a Tensor<U>, shape: &[usize]) -> Self {
-        Operand {
-            tensor,
-            strides: crate::view::broadcast_strides(tensor.shape(), tensor.strides(), shape),
+    /// `tensor` broadcast to `shape` (checked by the caller). An operand whose axes merge to
+    /// more than [`MAX_DIMS`] over `shape` (a view permuted over many axes, or one broadcast
+    /// along alternating axes) is read from a dense copy of it broadcast to `shape`, made on
+    /// `stream`, whose axes merge.
+    pub(crate) fn broadcast(
+        stream: &Stream,
+        tensor: &'a Tensor<U>,
+        shape: &[usize],
+    ) -> Result<Self, DeviceError> {
+        let strides = crate::view::broadcast_strides(tensor.shape(), tensor.strides(), shape);
+        let dense = crate::tensor::contiguous_strides("broadcast", shape)?;
+        if collapse(shape, [&dense, &strides]).0.len() <= MAX_DIMS {
+            return Ok(Operand {
+                tensor: Cow::Borrowed(tensor),
+                strides,
+            });
         }
+        Ok(Operand {
+            tensor: Cow::Owned(gather(stream, &tensor.expand(shape)?)?),
+            strides: dense,
+        })
     }
 
     /// The part of the buffer the operand reads, from its first element.
-    pub(crate) fn view(&self, shape: &[usize]) -> Result<BufferView<'a, U>, DeviceError> {
-        let t = self.tensor;
+    pub(crate) fn view(&self, shape: &[usize]) -> Result<BufferView<'_, U>, DeviceError> {
+        let t = &*self.tensor;
         let n = span(shape, &self.strides);
         if n == 0 {
             return t.buffer().slice(0..0);
@@ -270,8 +285,9 @@ pub(crate) fn launch<'a, T: DType, O: DType>(
         return Err(DeviceError::InvalidShape {
             op: name,
             reason: format!(
-                "{shape:?} indexes more than {MAX_DIMS} axes that cannot be merged; make the \
-                 inputs contiguous first"
+                "{shape:?} indexes more than {MAX_DIMS} axes that cannot be merged (operands \
+                 broadcast along different axes); copy the broadcast operands to the full \
+                 shape first with `kernels::contiguous(x.expand(shape))`"
             ),
         });
     }
