@@ -263,3 +263,46 @@ fn pinned_transfers_of_the_wrong_length_are_refused() -> Result<(), DeviceError>
     assert_eq!(dev.to_host_vec(&stream)?, vec![0; 10]);
     Ok(())
 }
+
+/// A copy between overlapping ranges of one allocation (through one buffer, or two buffers
+/// sharing it by `reinterpret`) is refused before anything is enqueued: its result would
+/// depend on the order the driver copies in. A copy of a range onto itself changes nothing.
+#[test]
+fn copies_between_overlapping_ranges_of_one_allocation_are_refused() -> Result<(), DeviceError> {
+    let stream = stream();
+    let mut rng = rng();
+    let data: Vec<u32> = random_vec(&mut rng, 64);
+    let buf = DeviceBuffer::from_host(&stream, &data)?;
+    let twin = buf.reinterpret::<u32>()?;
+    let bytes = buf.reinterpret::<u8>()?;
+    for (what, result) in [
+        (
+            "one buffer",
+            buf.slice(8..24)?.copy_from(&stream, buf.slice(0..16)?),
+        ),
+        (
+            "a reinterpreted twin",
+            buf.slice(0..16)?.copy_from(&stream, twin.slice(15..31)?),
+        ),
+        (
+            "bytes of one element",
+            bytes.slice(1..5)?.copy_from(&stream, bytes.slice(2..6)?),
+        ),
+    ] {
+        let err = result.expect_err(what);
+        assert!(
+            matches!(
+                err,
+                DeviceError::InvalidShape {
+                    op: "copy_from",
+                    ..
+                }
+            ),
+            "{what}: {err}"
+        );
+        assert!(err.to_string().contains("overlap"), "{what}: {err}");
+    }
+    buf.slice(4..20)?.copy_from(&stream, twin.slice(4..20)?)?;
+    assert!(buf.to_host_vec(&stream)? == data, "the data changed");
+    Ok(())
+}

@@ -543,3 +543,26 @@ fn overlapping_views_written_on_two_streams_lose_no_update() -> Result<(), Devic
     assert_dtype_close(&read(&base), &want, 1e-5, "rows after both writers");
     Ok(())
 }
+
+/// Two tensors sharing memory through `reinterpret` are two buffers of one allocation: a
+/// memcpy between overlapping ranges of them is refused like one within a single tensor.
+#[test]
+fn memcpy_between_overlapping_reinterpreted_tensors_is_refused() -> Result<(), DeviceError> {
+    let s = stream();
+    let mut rng = seeded_rng(23);
+    let data: Vec<f32> = random(&mut rng, 4 * 4);
+    let base = upload(&s, &data, &[4, 4]);
+    let (a, b) = (base.reinterpret::<u32>()?, base.reinterpret::<u32>()?);
+    let mut dst = a.narrow(0, 1, 2)?;
+    let err = api::memcpy(&mut dst, b.narrow(0, 0, 2)?)
+        .sync_on(&s)
+        .unwrap_err();
+    assert!(err.to_string().contains("overlap"), "{err}");
+    assert_exact(&read(&base), &data, "base after a refused copy");
+    let mut dst = a.narrow(0, 2, 2)?;
+    api::memcpy(&mut dst, b.narrow(0, 0, 2)?).sync_on(&s)?;
+    let mut want = data.clone();
+    want.copy_within(0..8, 8);
+    assert_exact(&read(&base), &want, "rows 0..2 copied over rows 2..4");
+    Ok(())
+}

@@ -169,12 +169,31 @@ impl<'a, T: DeviceCopy> BufferView<'a, T> {
     /// # Errors
     ///
     /// [`DeviceError::LengthMismatch`] when lengths differ, [`DeviceError::DeviceMismatch`]
-    /// when the views live on different devices.
+    /// when the views live on different devices, [`DeviceError::InvalidShape`] when they are
+    /// different but overlapping ranges of one allocation (the result would depend on the
+    /// order the bytes are copied in; a view onto itself is fine, and copies nothing).
     pub fn copy_from(&self, stream: &Stream, src: BufferView<'_, T>) -> Result<()> {
         self.mem
             .check_device(stream, "copy_from", "the destination")?;
         src.mem.check_device(stream, "copy_from", "the source")?;
         check_len("copy_from", self.len, src.len)?;
+        if Arc::ptr_eq(self.mem, src.mem) {
+            let (d, s, n) = (self.byte_offset(), src.byte_offset(), self.byte_len());
+            if d == s {
+                return Ok(());
+            }
+            if d < s + n && s < d + n {
+                return Err(DeviceError::InvalidShape {
+                    op: "copy_from",
+                    reason: format!(
+                        "the destination (bytes {d}..{}) and the source (bytes {s}..{}) overlap \
+                         in one allocation; copy the source to other memory first",
+                        d + n,
+                        s + n
+                    ),
+                });
+            }
+        }
         let accesses: Accesses<'_> = smallvec![(self.mem, Access::Write), (src.mem, Access::Read)];
         ordered_copy(stream, "copy_from", self.region().len, accesses, || {
             stream.backend().copy_device(src.region(), self.region())
