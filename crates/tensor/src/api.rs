@@ -481,6 +481,18 @@ pub fn memcpy<'a, T: DType, S: TensorInput<T> + 'a>(
         } else {
             std::borrow::Cow::Owned(crate::kernels::gather_copy(stream, src)?)
         };
+        if !dst.is_contiguous() {
+            return Err(DeviceError::InvalidShape {
+                op: "memcpy",
+                reason: format!(
+                    "the destination must be contiguous: a view of shape {:?} with strides \
+                     {:?} is not (its elements are scattered, or repeated), and a copy of it \
+                     would not be the tensor written",
+                    dst.shape(),
+                    dst.strides()
+                ),
+            });
+        }
         let (d, s) = (dst.range("memcpy")?, src.range("memcpy")?);
         let (d0, s0, n) = (d.offset(), s.offset(), d.len());
         if Arc::ptr_eq(dst.buffer(), src.buffer()) && d0 != s0 && d0 < s0 + n && s0 < d0 + n {

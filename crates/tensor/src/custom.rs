@@ -157,7 +157,7 @@ impl<T: DType, P: TensorMut<T>> DeviceOp for Launch<'_, T, P> {
         let stream = ctx.stream()?;
         let out = self.out.get().tensor();
         check_device("Launch", stream, out)?;
-        out.view("Launch")?;
+        out.out_view("Launch")?;
         let t = tiling("Launch", out.shape(), self.out.tile())?;
         for a in &self.args {
             if let Arg::Input(i) = a {

@@ -8,7 +8,7 @@
 
 use std::ops::{Bound, Range, RangeBounds};
 
-use cuflow_runtime::DeviceError;
+use cuflow_runtime::{BufferView, DeviceError};
 use smallvec::SmallVec;
 
 use crate::dtype::DType;
@@ -549,6 +549,29 @@ impl<T: DType> Tensor<T> {
         shape.insert(axis, 1);
         strides.insert(axis, stride);
         Ok(self.with_layout(shape, strides, self.offset))
+    }
+
+    /// [`view`](Tensor::view) of an output a kernel writes in place, whose errors say how to
+    /// proceed without a copy (writing into a copy would leave this tensor unchanged).
+    pub(crate) fn out_view(&self, op: &'static str) -> Result<BufferView<'_, T>, DeviceError> {
+        let reason = if !self.is_contiguous() {
+            format!(
+                "writes its output in place, which must be contiguous: a view of shape {:?} \
+                 with strides {:?} is not (its elements are scattered, or repeated); write a \
+                 dense tensor instead",
+                self.shape, self.strides
+            )
+        } else if !self.is_kernel_ready() {
+            format!(
+                "writes its output in 16-byte vectors, so it must start at a 16-byte boundary \
+                 of its buffer; a view of shape {:?} starts at element {}: write a dense \
+                 tensor and copy it into the view with `api::memcpy`",
+                self.shape, self.offset
+            )
+        } else {
+            return self.view(op);
+        };
+        Err(DeviceError::InvalidShape { op, reason })
     }
 }
 

@@ -230,6 +230,15 @@ fn memcpy_between_views_of_one_buffer() -> Result<(), DeviceError> {
     );
     assert!(err.to_string().contains("overlap"), "{err}");
     assert_exact(&read(&base), &data, "base after a refused copy");
+    let mut col = base.narrow(1, 0, 1)?;
+    let err = api::memcpy(&mut col, api::zeros::<f32>(&[4, 1]))
+        .sync_on(&s)
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("destination must be contiguous"),
+        "{err}"
+    );
+    assert_exact(&read(&base), &data, "base after a refused copy");
     let mut dst = base.narrow(0, 2, 2)?;
     api::memcpy(&mut dst, base.narrow(0, 0, 2)?).sync_on(&s)?;
     let mut want = data.clone();
@@ -259,8 +268,19 @@ fn in_place_kernels_write_contiguous_views_only() -> Result<(), DeviceError> {
         matches!(err, DeviceError::InvalidShape { op: "saxpy", .. }),
         "{err}"
     );
-    assert!(err.to_string().contains("contiguous"), "{err}");
+    // Writing into a copy would leave the base unchanged: the advice is a dense output.
+    let text = err.to_string();
+    assert!(
+        text.contains("output") && text.contains("contiguous"),
+        "{text}"
+    );
+    assert!(!text.contains("dense copy"), "{text}");
     assert_exact(&read(&base), &want, "base after a refused write");
+    let mut spread = x.narrow(0, 0, 1)?.expand(&[4, 2])?;
+    let err = kernels::saxpy((&mut spread).partition([4, 2]), 2.0, &x)
+        .sync_on(&s)
+        .unwrap_err();
+    assert!(err.to_string().contains("output"), "{err}");
 
     // Rows 1..3 of [4, 6] f32 start 24 bytes in: kernels write 16-byte vectors, so such an
     // output is refused; as an input it is copied first.
@@ -274,7 +294,11 @@ fn in_place_kernels_write_contiguous_views_only() -> Result<(), DeviceError> {
         matches!(err, DeviceError::InvalidShape { op: "saxpy", .. }),
         "{err}"
     );
-    assert!(err.to_string().contains("16-byte"), "{err}");
+    let text = err.to_string();
+    assert!(
+        text.contains("16-byte") && text.contains("memcpy"),
+        "{text}"
+    );
     let got = read(&kernels::mul_scalar(&rows, 2.0).sync_on(&s)?);
     let doubled: Vec<f32> = want[6..18].iter().map(|v| v * 2.0).collect();
     assert_exact(&got, &doubled, "a misaligned view read through a copy");

@@ -367,11 +367,12 @@ pub(crate) fn into_partition<T: DType, P: TensorMut<T>, X: TensorInput<T>>(
                     xt.shape(),
                 ));
             }
+            o.out_view(ew.name)?;
             let t = tiling(ew.name, o.shape(), out.tile())?;
             let xd = super::dense(ew.name, stream, xt)?;
             ew.launch(
                 stream,
-                o.view(ew.name)?,
+                o.out_view(ew.name)?,
                 Some(xd.view(ew.name)?),
                 None,
                 s,
