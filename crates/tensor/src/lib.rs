@@ -36,6 +36,7 @@ mod lazy;
 mod meta;
 mod methods;
 mod op;
+mod partition;
 mod tensor;
 mod to_device;
 mod view;
