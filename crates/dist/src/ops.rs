@@ -101,6 +101,49 @@ fn gathered(shape: &[usize], world: usize) -> Vec<usize> {
     }
 }
 
+/// The op of a collective whose output is a fresh tensor: runs `x`, checks it is on `comm`'s
+/// device, allocates the output (of the shape `out_shape` gives for `x`'s shape and the world
+/// size) and enqueues the one call `call` makes of the input's and the output's elements.
+fn out_of_place<T: CollectiveType, X: TensorInput<T>>(
+    name: &'static str,
+    comm: &Communicator,
+    x: X,
+    out_shape: impl FnOnce(&[usize], usize) -> Result<Vec<usize>, DeviceError> + Send,
+    call: impl for<'b> FnOnce(BufferView<'b, T>, BufferView<'b, T>) -> CollectiveCall<'b> + Send,
+) -> CollectiveOp<impl FnOnce(&mut ExecutionContext) -> Result<Tensor<T>, DeviceError> + Send> {
+    let comm = comm.clone();
+    let x = x.into_op();
+    from_fn(move |ctx: &mut ExecutionContext| {
+        let x = x.execute(ctx)?;
+        let x = x.tensor();
+        check_on(name, &comm, x)?;
+        let shape = out_shape(x.shape(), comm.world_size())?;
+        on_comm(ctx, &comm, |stream| {
+            let out = alloc::<T>(stream, &shape)?;
+            let call = call(elements(name, x)?, out.buffer().view());
+            collective(stream, comm.comm(), &[call])?;
+            Ok(out)
+        })
+    })
+}
+
+/// The shape of `reduce_scatter`'s output: axis 0 divided by `world`; an
+/// [`DeviceError::InvalidShape`] where it does not divide (or there is no axis 0).
+fn scattered(shape: &[usize], world: usize) -> Result<Vec<usize>, DeviceError> {
+    match shape.split_first() {
+        Some((&first, rest)) if first % world == 0 => Ok(std::iter::once(first / world)
+            .chain(rest.iter().copied())
+            .collect()),
+        _ => Err(DeviceError::InvalidShape {
+            op: "reduce_scatter",
+            reason: format!(
+                "splits axis 0 into world_size = {world} parts; {shape:?} has no axis 0 \
+                 divisible by {world}"
+            ),
+        }),
+    }
+}
+
 /// The element-wise reduction `op` of every rank's `x`, on every rank (`x` is read, a new
 /// tensor of its shape holds the result).
 ///
@@ -128,20 +171,13 @@ pub fn all_reduce<T: CollectiveType, X: TensorInput<T>>(
     x: X,
     op: ReduceOp,
 ) -> CollectiveOp<impl FnOnce(&mut ExecutionContext) -> Result<Tensor<T>, DeviceError> + Send> {
-    let comm = comm.clone();
-    let x = x.into_op();
-    from_fn(move |ctx: &mut ExecutionContext| {
-        let x = x.execute(ctx)?;
-        let x = x.tensor();
-        check_on("all_reduce", &comm, x)?;
-        on_comm(ctx, &comm, |stream| {
-            let out = alloc::<T>(stream, x.shape())?;
-            let call =
-                CollectiveCall::all_reduce(elements("all_reduce", x)?, out.buffer().view(), op);
-            collective(stream, comm.comm(), &[call])?;
-            Ok(out)
-        })
-    })
+    out_of_place(
+        "all_reduce",
+        comm,
+        x,
+        |shape, _| Ok(shape.to_vec()),
+        move |x, out| CollectiveCall::all_reduce(x, out, op),
+    )
 }
 
 /// [`all_reduce`] in place: `x` itself becomes the reduction `op` of every rank's `x`. Allocates
@@ -195,19 +231,13 @@ pub fn all_gather<T: CollectiveType, X: TensorInput<T>>(
     comm: &Communicator,
     x: X,
 ) -> CollectiveOp<impl FnOnce(&mut ExecutionContext) -> Result<Tensor<T>, DeviceError> + Send> {
-    let comm = comm.clone();
-    let x = x.into_op();
-    from_fn(move |ctx: &mut ExecutionContext| {
-        let x = x.execute(ctx)?;
-        let x = x.tensor();
-        check_on("all_gather", &comm, x)?;
-        on_comm(ctx, &comm, |stream| {
-            let out = alloc::<T>(stream, &gathered(x.shape(), comm.world_size()))?;
-            let call = CollectiveCall::all_gather(elements("all_gather", x)?, out.buffer().view());
-            collective(stream, comm.comm(), &[call])?;
-            Ok(out)
-        })
-    })
+    out_of_place(
+        "all_gather",
+        comm,
+        x,
+        |shape, world| Ok(gathered(shape, world)),
+        |x, out| CollectiveCall::all_gather(x, out),
+    )
 }
 
 /// The reduction `op` of every rank's `x`, split along axis 0 into `world_size` parts: rank `r`
@@ -222,38 +252,8 @@ pub fn reduce_scatter<T: CollectiveType, X: TensorInput<T>>(
     x: X,
     op: ReduceOp,
 ) -> CollectiveOp<impl FnOnce(&mut ExecutionContext) -> Result<Tensor<T>, DeviceError> + Send> {
-    let comm = comm.clone();
-    let x = x.into_op();
-    from_fn(move |ctx: &mut ExecutionContext| {
-        let x = x.execute(ctx)?;
-        let x = x.tensor();
-        check_on("reduce_scatter", &comm, x)?;
-        let world = comm.world_size();
-        let shape = match x.shape().split_first() {
-            Some((&first, rest)) if first % world == 0 => std::iter::once(first / world)
-                .chain(rest.iter().copied())
-                .collect::<Vec<_>>(),
-            _ => {
-                return Err(DeviceError::InvalidShape {
-                    op: "reduce_scatter",
-                    reason: format!(
-                        "splits axis 0 into world_size = {world} parts; {:?} has no axis 0 \
-                         divisible by {world}",
-                        x.shape()
-                    ),
-                })
-            }
-        };
-        on_comm(ctx, &comm, |stream| {
-            let out = alloc::<T>(stream, &shape)?;
-            let call = CollectiveCall::reduce_scatter(
-                elements("reduce_scatter", x)?,
-                out.buffer().view(),
-                op,
-            );
-            collective(stream, comm.comm(), &[call])?;
-            Ok(out)
-        })
+    out_of_place("reduce_scatter", comm, x, scattered, move |x, out| {
+        CollectiveCall::reduce_scatter(x, out, op)
     })
 }
 
@@ -268,20 +268,13 @@ pub fn broadcast<T: CollectiveType, X: TensorInput<T>>(
     x: X,
     root: usize,
 ) -> CollectiveOp<impl FnOnce(&mut ExecutionContext) -> Result<Tensor<T>, DeviceError> + Send> {
-    let comm = comm.clone();
-    let x = x.into_op();
-    from_fn(move |ctx: &mut ExecutionContext| {
-        let x = x.execute(ctx)?;
-        let x = x.tensor();
-        check_on("broadcast", &comm, x)?;
-        on_comm(ctx, &comm, |stream| {
-            let out = alloc::<T>(stream, x.shape())?;
-            let call =
-                CollectiveCall::broadcast(elements("broadcast", x)?, out.buffer().view(), root);
-            collective(stream, comm.comm(), &[call])?;
-            Ok(out)
-        })
-    })
+    out_of_place(
+        "broadcast",
+        comm,
+        x,
+        |shape, _| Ok(shape.to_vec()),
+        move |x, out| CollectiveCall::broadcast(x, out, root),
+    )
 }
 
 /// Sends `x` to rank `peer`, which runs a matching [`recv`]; gives `x` back.
