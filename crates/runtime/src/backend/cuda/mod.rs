@@ -19,6 +19,7 @@
 
 mod blas;
 mod capture;
+mod dylib;
 mod kernel;
 mod memory;
 mod nccl;

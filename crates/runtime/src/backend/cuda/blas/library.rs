@@ -19,6 +19,7 @@ use std::sync::OnceLock;
 use cudarc::cublas::sys as cublas_sys;
 use libloading::Library;
 
+use crate::backend::cuda::dylib::{not_found, not_loaded, symbol};
 use crate::error::{DeviceError, Result};
 
 pub(super) type Handle = cublas_sys::cublasHandle_t;
@@ -126,10 +127,6 @@ fn open(path: &str) -> std::result::Result<Library, String> {
     unsafe { Library::new(path) }.map_err(|e| e.to_string())
 }
 
-fn not_found(message: &str) -> bool {
-    message.contains("No such file") || message.contains("cannot open shared object")
-}
-
 /// The toolkit library directories that exist, in search order, without repeats.
 fn toolkit_lib_dirs() -> Vec<PathBuf> {
     let mut roots: Vec<PathBuf> = ["CUDA_PATH", "CUDA_HOME", "CUDA_ROOT"]
@@ -195,36 +192,14 @@ fn load() -> std::result::Result<Cublas, DeviceError> {
         }
     }
     let names = SUFFIXES.map(|s| format!("libcublas{s}")).join(", ");
-    let searched = if dirs.is_empty() {
+    let reason = not_loaded(
+        &format!("none of {names} is on the dynamic loader's search path"),
+        &dirs,
         "no CUDA toolkit directory exists ($CUDA_PATH, $CUDA_HOME, $CUDA_ROOT, /usr/local/cuda, \
-         /opt/cuda)"
-            .to_string()
-    } else {
-        format!(
-            "nor in {}",
-            dirs.iter()
-                .map(|d| d.display().to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        )
-    };
-    let mut reason = format!("none of {names} is on the dynamic loader's search path, {searched}");
-    if !failures.is_empty() {
-        reason.push_str(&format!("; found but unusable: {}", failures.join("; ")));
-    }
+         /opt/cuda)",
+        &failures,
+    );
     Err(DeviceError::NoBlas { reason })
-}
-
-/// Resolves `name` in `lib` as a `T`.
-///
-/// # Safety
-///
-/// `T` must be the function pointer type of `name`'s C declaration.
-unsafe fn symbol<T: Copy>(lib: &Library, name: &str, path: &str) -> std::result::Result<T, String> {
-    // SAFETY: the caller names the symbol's true type.
-    unsafe { lib.get::<T>(name) }
-        .map(|s| *s)
-        .map_err(|e| format!("{path} has no {name}: {e}"))
 }
 
 impl Cublas {

@@ -16,6 +16,7 @@ use std::sync::OnceLock;
 
 use libloading::Library;
 
+use crate::backend::cuda::dylib::{not_found, not_loaded, symbol};
 use crate::error::{DeviceError, Result};
 
 /// An `ncclComm_t`.
@@ -118,10 +119,6 @@ fn open(path: &str) -> std::result::Result<Library, String> {
     })
 }
 
-fn not_found(message: &str) -> bool {
-    message.contains("No such file") || message.contains("cannot open shared object")
-}
-
 /// The `nvidia/nccl/lib` directories of the Python environments in sight, and conda's `lib`.
 fn wheel_dirs() -> Vec<PathBuf> {
     let env = |k: &str| {
@@ -199,36 +196,13 @@ fn load() -> std::result::Result<Nccl, DeviceError> {
             Err(e) => failures.push(e),
         }
     }
-    let searched = if dirs.is_empty() {
-        "and no Python environment in sight has the nvidia-nccl wheel".to_string()
-    } else {
-        format!(
-            "nor in {}",
-            dirs.iter()
-                .map(|d| d.display().to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        )
-    };
-    let mut reason = format!(
-        "neither libnccl.so.2 nor libnccl.so is on the dynamic loader's search path, {searched}"
+    let reason = not_loaded(
+        "neither libnccl.so.2 nor libnccl.so is on the dynamic loader's search path",
+        &dirs,
+        "and no Python environment in sight has the nvidia-nccl wheel",
+        &failures,
     );
-    if !failures.is_empty() {
-        reason.push_str(&format!("; found but unusable: {}", failures.join("; ")));
-    }
     Err(DeviceError::NoNccl { reason })
-}
-
-/// Resolves `name` in `lib` as a `T`.
-///
-/// # Safety
-///
-/// `T` must be the function pointer type of `name`'s C declaration.
-unsafe fn symbol<T: Copy>(lib: &Library, name: &str, path: &str) -> std::result::Result<T, String> {
-    // SAFETY: the caller names the symbol's true type.
-    unsafe { lib.get::<T>(name) }
-        .map(|s| *s)
-        .map_err(|e| format!("{path} has no {name}: {e}"))
 }
 
 impl Nccl {
