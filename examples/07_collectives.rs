@@ -51,7 +51,16 @@ fn run_rank(comm: &Communicator) -> Result<String, DeviceError> {
     ))
 }
 
-fn main() -> Result<(), DeviceError> {
+/// Prints an error with its `Display` form, which says what went wrong and how to fix it, and
+/// exits with status 1.
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Result<(), DeviceError> {
     let auto = Device::auto()?;
     let on_device = |i: usize| match auto.kind() {
         BackendKind::Cuda => Device::cuda(i),

@@ -33,7 +33,16 @@ fn write(dir: &Path, name: &str, trace: &Trace) -> Result<(), Box<dyn std::error
     Ok(())
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// Prints an error with its `Display` form, which says what went wrong and how to fix it, and
+/// exits with status 1.
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
     let dir = PathBuf::from(std::env::args().nth(1).unwrap_or("target/timeline".into()));
     std::fs::create_dir_all(&dir)?;
     let device = Device::auto()?;
