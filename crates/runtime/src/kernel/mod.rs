@@ -262,43 +262,43 @@ impl fmt::Debug for Kernel {
 /// launch writes: threads writing one while others read or write the other would race. Reads
 /// may overlap in allocations the launch only reads. The host backend carves the same ranges
 /// out of each allocation, so both backends refuse the same launches.
+///
+/// On the launch path, so it allocates nothing: a pairwise scan over the few arguments of a
+/// launch, where distinct allocations cost one pointer comparison a pair.
 fn check_disjoint(kernel: &str, args: &[KernelArg<&Arc<Memory>>]) -> Result<()> {
-    let buffers: Vec<(usize, &Arc<Memory>, usize, usize, bool)> = args
-        .iter()
-        .enumerate()
-        .filter_map(|(i, a)| match a {
+    fn range<'m>(a: &KernelArg<&'m Arc<Memory>>) -> Option<(&'m Arc<Memory>, usize, usize)> {
+        match a {
             KernelArg::Buffer {
                 mem,
                 byte_offset,
                 byte_len,
-                writable,
                 ..
-            } => Some((i, *mem, *byte_offset, *byte_len, *writable)),
+            } => Some((*mem, *byte_offset, byte_offset.saturating_add(*byte_len))),
             KernelArg::Scalar { .. } => None,
-        })
-        .collect();
-    for &(_, mem, _, _, writable) in &buffers {
-        if !writable {
-            continue;
         }
-        let mut members: Vec<(usize, usize, usize)> = buffers
-            .iter()
-            .filter(|b| Arc::ptr_eq(b.1, mem))
-            .map(|&(i, _, off, len, _)| (i, off, len))
-            .collect();
-        members.sort_by_key(|&(_, off, _)| off);
-        let mut end = 0usize;
-        for (k, &(i, off, len)) in members.iter().enumerate() {
-            if k > 0 && off < end {
+    }
+    let written = |mem: &Arc<Memory>| {
+        args.iter().any(|a| {
+            matches!(a, KernelArg::Buffer { mem: m, writable: true, .. } if Arc::ptr_eq(m, mem))
+        })
+    };
+    for (j, b) in args.iter().enumerate() {
+        let Some((mem_b, start_b, end_b)) = range(b) else {
+            continue;
+        };
+        for a in &args[..j] {
+            let Some((mem_a, start_a, end_a)) = range(a) else {
+                continue;
+            };
+            if Arc::ptr_eq(mem_a, mem_b) && start_a < end_b && start_b < end_a && written(mem_a) {
                 return Err(DeviceError::InvalidArgument {
                     kernel: kernel.to_string(),
-                    index: i,
+                    index: j,
                     reason: "overlaps another argument of the same buffer that the kernel \
                              writes"
                         .into(),
                 });
             }
-            end = end.max(off + len);
         }
     }
     Ok(())
