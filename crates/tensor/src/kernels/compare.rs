@@ -22,42 +22,9 @@ fn compare<T: DType, X: TensorInput<T>, Y: TensorInput<T>>(
     strided_op2(name, (x, y), move |stream, x, y| {
         let shape = broadcast_shapes(name, x.shape(), y.shape())?;
         let out = alloc::<u8>(stream, &shape)?;
-        let kernel = StridedEw {
-            name,
-            expr,
-            inputs: &[Elem::T, Elem::T],
-            out: Elem::Mask,
-        }
-        .kernel::<T>(move |args, layout| {
-            let (a, b) = (args.input::<T>(1)?, args.input::<T>(2)?);
-            for ((o, i), j) in args
-                .output::<u8>(0)?
-                .iter_mut()
-                .zip(layout.offsets(0))
-                .zip(layout.offsets(1))
-            {
-                *o = u8::from(host(&a[i], &b[j]));
-            }
-            Ok(())
-        });
-        let (xo, yo) = (
-            Operand::broadcast(stream, x, &shape)?,
-            Operand::broadcast(stream, y, &shape)?,
-        );
-        let (xv, yv) = (xo.view(&shape)?, yo.view(&shape)?);
-        strided::launch(
-            stream,
-            &kernel,
-            name,
-            out.view(name)?,
-            &shape,
-            &[&xo.strides, &yo.strides],
-            |a| {
-                a.input(xv).input(yv);
-            },
-            T::default(),
-            T::default(),
-        )?;
+        strided::broadcast2(stream, name, expr, Elem::Mask, x, y, &out, move |a, b| {
+            u8::from(host(&a, &b))
+        })?;
         Ok(out)
     })
 }

@@ -16,7 +16,7 @@ use cuflow_runtime::{
     BufferView, DeviceBuffer, DeviceError, Kernel, KernelArgs, LaunchConfig, Stream,
 };
 
-use super::strided::{self, Elem, Operand, StridedEw};
+use super::strided::{self, Elem};
 use crate::dtype::{cuda_prelude, DType};
 use crate::op::{cached_kernel, kernel_op, strided_op2, TensorOp};
 use crate::tensor::{tiling, Partition, Tensor, TensorInput, TensorMut, TensorRef, Tiling};
@@ -300,42 +300,16 @@ pub(crate) fn binary<T: DType, X: TensorInput<T>, Y: TensorInput<T>>(
             return Ok(out);
         }
         let host = ew.host;
-        let kernel = StridedEw {
-            name: ew.name,
-            expr: ew.expr,
-            inputs: &[Elem::T, Elem::T],
-            out: Elem::T,
-        }
-        .kernel::<T>(move |args, layout| {
-            let (a, b) = (args.input::<T>(1)?, args.input::<T>(2)?);
-            let zero = T::default();
-            for ((o, i), j) in args
-                .output::<T>(0)?
-                .iter_mut()
-                .zip(layout.offsets(0))
-                .zip(layout.offsets(1))
-            {
-                *o = host(zero, a[i], b[j], zero);
-            }
-            Ok(())
-        });
-        let (xo, yo) = (
-            Operand::broadcast(stream, x, &shape)?,
-            Operand::broadcast(stream, y, &shape)?,
-        );
-        let (xv, yv) = (xo.view(&shape)?, yo.view(&shape)?);
-        strided::launch(
+        let zero = T::default();
+        strided::broadcast2(
             stream,
-            &kernel,
             ew.name,
-            out.view(ew.name)?,
-            &shape,
-            &[&xo.strides, &yo.strides],
-            |a| {
-                a.input(xv).input(yv);
-            },
-            T::default(),
-            T::default(),
+            ew.expr,
+            Elem::T,
+            x,
+            y,
+            &out,
+            move |a, b| host(zero, a, b, zero),
         )?;
         Ok(out)
     })

@@ -245,6 +245,59 @@ impl<'a, U: DType> Operand<'a, U> {
     }
 }
 
+/// Writes `host(x, y)` of `x` and `y` broadcast to `shape` into `out` (dense, of `shape`,
+/// elements of kind `out_elem`): the two-input strided launch that the arithmetic and the
+/// comparisons share. `expr` is the CUDA expression of the element, `name` the kernel's.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn broadcast2<T: DType, O: DType>(
+    stream: &Stream,
+    name: &'static str,
+    expr: &'static str,
+    out_elem: Elem,
+    x: &Tensor<T>,
+    y: &Tensor<T>,
+    out: &Tensor<O>,
+    host: impl Fn(T, T) -> O + Send + Sync + 'static,
+) -> Result<(), DeviceError> {
+    let shape = out.shape();
+    let kernel = StridedEw {
+        name,
+        expr,
+        inputs: &[Elem::T, Elem::T],
+        out: out_elem,
+    }
+    .kernel::<T>(move |args, layout| {
+        let (a, b) = (args.input::<T>(1)?, args.input::<T>(2)?);
+        for ((o, i), j) in args
+            .output::<O>(0)?
+            .iter_mut()
+            .zip(layout.offsets(0))
+            .zip(layout.offsets(1))
+        {
+            *o = host(a[i], b[j]);
+        }
+        Ok(())
+    });
+    let (xo, yo) = (
+        Operand::broadcast(stream, x, shape)?,
+        Operand::broadcast(stream, y, shape)?,
+    );
+    let (xv, yv) = (xo.view(shape)?, yo.view(shape)?);
+    launch(
+        stream,
+        &kernel,
+        name,
+        out.view(name)?,
+        shape,
+        &[&xo.strides, &yo.strides],
+        |a| {
+            a.input(xv).input(yv);
+        },
+        T::default(),
+        T::default(),
+    )
+}
+
 /// Enqueues `kernel` writing `out` (dense, of `shape`) from `inputs` read through their
 /// strides, with scalars `s` and `t`. `push` adds the inputs' views to the arguments in order;
 /// `strides` are their strides over `shape`.
