@@ -26,12 +26,17 @@ fn run_rank(comm: &Communicator) -> Result<String, DeviceError> {
         .to_host_vec()?;
     let want = (n * (n + 1) / 2) as f32;
     let gathered = all_gather(comm, &mine).sync_on(s)?.to_host_vec()?;
-    // Each rank sends to the next and receives from the previous, in one group.
-    let calls = vec![
-        GroupCall::Send(mine.clone(), (rank + 1) % n),
-        GroupCall::Recv(vec![4], (rank + n - 1) % n),
-    ];
-    let from_left = group(comm, calls).sync_on(s)?[1].to_host_vec()?;
+    // Each rank sends to the next and receives from the previous, in one group. One rank has
+    // no neighbour (a send to itself is refused: that is a copy), so it keeps its own values.
+    let from_left = if n > 1 {
+        let calls = vec![
+            GroupCall::Send(mine.clone(), (rank + 1) % n),
+            GroupCall::Recv(vec![4], (rank + n - 1) % n),
+        ];
+        group(comm, calls).sync_on(s)?[1].to_host_vec()?
+    } else {
+        mine.to_host_vec()?
+    };
     let left = ((rank + n - 1) % n) as f32 + 1.0;
     let ok = sum.iter().all(|&v| v == want)
         && gathered

@@ -5,8 +5,9 @@
 //! cuflow runs one rank per visible GPU in this process (`Communicator::local`), each rank on
 //! its own thread; PyTorch one process per GPU. Both reduce float32 buffers in place, time
 //! `iters` all-reduces enqueued back to back after a warm-up, and report the bus bandwidth of
-//! nccl-tests: `bytes / time · 2 (n − 1) / n` (with one rank, the algorithm bandwidth
-//! `bytes / time`). The goal is 0.95× PyTorch at every size of at least 1 MiB.
+//! nccl-tests: `bytes / time · 2 (n − 1) / n`. The goal is 0.95× PyTorch at every size of at
+//! least 1 MiB. With one rank nothing moves, so the rows are the time per call instead (the
+//! cost of enqueueing a collective), without a goal.
 //!
 //! With `CUFLOW_DEVICE=host` it runs on two host devices instead, over sizes up to 4 MiB and
 //! without a baseline: a smoke check of the program and of the host backend.
@@ -109,11 +110,7 @@ pub(crate) fn run(device: &Device, iters: usize) -> Result<Results, BenchError> 
         }
         ours.push((bytes, worst));
     }
-    let factor = if n > 1 {
-        2.0 * (n - 1) as f64 / n as f64
-    } else {
-        1.0
-    };
+    let factor = 2.0 * n.saturating_sub(1) as f64 / n.max(1) as f64;
     let bandwidth = |bytes: usize, seconds: f64| bytes as f64 / seconds * factor / 1e9;
 
     let mut notes = vec![format!(
@@ -128,7 +125,7 @@ pub(crate) fn run(device: &Device, iters: usize) -> Result<Results, BenchError> 
         if n > 1 {
             "bus bandwidth = bytes / time · 2(n−1)/n"
         } else {
-            "one rank: algorithm bandwidth = bytes / time"
+            "one rank: time per call"
         }
     )];
     let torch = if host {
@@ -151,9 +148,16 @@ pub(crate) fn run(device: &Device, iters: usize) -> Result<Results, BenchError> 
             }
         }
     };
+    if n == 1 {
+        notes.push(
+            "one rank moves no data (NCCL's in-place all-reduce over one rank is the identity): \
+             each row is the time per call, what it costs to enqueue the collective, and has no \
+             goal; the bandwidth goal needs 2 or more GPUs"
+                .into(),
+        );
+    }
     let mut rows = Vec::new();
     for (bytes, seconds) in ours {
-        let figure = format!("all-reduce {}, bus bandwidth", human(bytes));
         let theirs = torch.as_ref().and_then(|t| {
             t["sizes"]
                 .as_array()?
@@ -161,6 +165,15 @@ pub(crate) fn run(device: &Device, iters: usize) -> Result<Results, BenchError> 
                 .find(|r| r["bytes"].as_u64() == Some(bytes as u64))?["seconds"]
                 .as_f64()
         });
+        if n == 1 {
+            let figure = format!("all-reduce {}, one rank, per call", human(bytes));
+            rows.push(match theirs {
+                Some(t) => Row::derived(figure, "us", seconds * 1e6, "PyTorch NCCL", t * 1e6),
+                None => Row::without_baseline(figure, "us", &[seconds * 1e6], "PyTorch NCCL"),
+            });
+            continue;
+        }
+        let figure = format!("all-reduce {}, bus bandwidth", human(bytes));
         let value = bandwidth(bytes, seconds);
         let row = match theirs {
             Some(t) => Row::derived(figure, "GB/s", value, "PyTorch NCCL", bandwidth(bytes, t)),
