@@ -33,7 +33,10 @@ use crate::tensor::Tensor;
 /// Threads per block (eight warps).
 const THREADS: u32 = 256;
 /// Resident blocks per multiprocessor the grid is sized for (and the kernel's launch bound).
-const BLOCKS_PER_SM: usize = 4;
+/// Two, not four: over the GEMVs of a 1B-shaped decode step on an H100 (16 layers and the LM
+/// head, `docs/perf/gemv-sweep.txt`), the looser register bound and the smaller grid took the
+/// step from 1194 to 1155 µs; 16-byte loads per row in flight (`UNROLL`) of 4 or 8 were slower.
+const BLOCKS_PER_SM: usize = 2;
 /// Rows a warp computes at once.
 const ROWS_PER_WARP: usize = 4;
 /// 16-byte weight vectors per row a lane loads before it uses them.
