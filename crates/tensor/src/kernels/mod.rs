@@ -29,6 +29,7 @@ mod matmul;
 mod reduce_axis;
 mod rows;
 mod strided;
+mod strided_source;
 
 use cuflow_device_op::ExecutionContext;
 use cuflow_runtime::DeviceError;

@@ -5,156 +5,25 @@
 //! `where_` and `clamp` are all this one kernel with another expression.
 //!
 //! The shape and strides are merged to the fewest axes first (packed neighbours become one
-//! axis), then passed by value as up to [`MAX_DIMS`] lengths and strides per input. Each
-//! thread walks a grid-stride loop and turns its linear index into offsets with one division
-//! per axis, in 32-bit arithmetic when the element count allows.
+//! axis), then passed by value as up to [`MAX_DIMS`] lengths and strides per input. The
+//! launch then picks one of the two walks of [`super::strided_source`] ([`plan`]): tiles
+//! through shared memory where an input is read transposed to the output (unit stride along
+//! an earlier output axis, not along the last), else a grid-stride loop over the output in
+//! which each thread turns its indices into offsets with one division per axis, in 32-bit
+//! arithmetic when the element count allows.
 
 use std::borrow::Cow;
 
 use cuflow_device_op::ExecutionContext;
-use cuflow_runtime::{
-    BufferView, DeviceError, HostKernelArgs, Kernel, KernelArgs, LaunchConfig, Stream,
-};
+use cuflow_runtime::{BufferView, DeviceError, HostKernelArgs, KernelArgs, LaunchConfig, Stream};
 
+pub(crate) use super::strided_source::{Elem, StridedEw, StridedKernel};
+use super::strided_source::{EPT, TILE, TILE_ROWS};
 use super::{alloc, TensorResult};
-use crate::dtype::{cuda_prelude, DType};
-use crate::op::{cached_kernel2, strided_op, TensorOp};
+use crate::dtype::DType;
+use crate::op::{strided_op, TensorOp};
 use crate::tensor::{Shape, Tensor, TensorInput};
 use crate::view::{collapse, span, Strided, MAX_DIMS};
-
-/// The element type of one operand as the kernel source names it.
-#[derive(Clone, Copy)]
-pub(crate) enum Elem {
-    /// The kernel's dtype `T`, loaded to the compute type `A` with `ld`.
-    T,
-    /// A `u8` mask (`unsigned char`), read as it is.
-    Mask,
-}
-
-impl Elem {
-    fn ctype(self) -> &'static str {
-        match self {
-            Elem::T => "T",
-            Elem::Mask => "unsigned char",
-        }
-    }
-}
-
-/// One strided elementwise operation.
-pub(crate) struct StridedEw {
-    /// The kernel's base name; the dtype is appended.
-    pub(crate) name: &'static str,
-    /// The CUDA C expression in `a`, `b`, `c` (the inputs) and `s`, `t` (the scalars, as `A`).
-    pub(crate) expr: &'static str,
-    /// The inputs' element types (1 to 3).
-    pub(crate) inputs: &'static [Elem],
-    /// The output's element type.
-    pub(crate) out: Elem,
-}
-
-impl StridedEw {
-    fn source<T: DType>(&self, fname: &str) -> String {
-        let names = ["a", "b", "c"];
-        let mut params = String::new();
-        let mut strides = String::new();
-        let mut setup = String::new();
-        let mut offs = String::new();
-        let mut step = String::new();
-        let mut loads = String::new();
-        for (k, e) in self.inputs.iter().enumerate() {
-            params += &format!(", const {}* __restrict__ x{k}", e.ctype());
-            let list: Vec<String> = (0..MAX_DIMS).map(|d| format!("u64 s{k}_{d}")).collect();
-            strides += &format!(", {}", list.join(", "));
-            let vals: Vec<String> = (0..MAX_DIMS).map(|d| format!("s{k}_{d}")).collect();
-            setup += &format!("  const u64 st{k}[{MAX_DIMS}] = {{{}}};\n", vals.join(", "));
-            offs += &format!("u64 o{k} = 0; ");
-            step += &format!("o{k} += c * st{k}[d]; ");
-            let load = match e {
-                Elem::T => format!("ld(x{k}[o{k}])"),
-                Elem::Mask => format!("x{k}[o{k}]"),
-            };
-            loads += &format!("{} {} = {load}; ", e_type(*e), names[k]);
-        }
-        let dims: Vec<String> = (0..MAX_DIMS)
-            .map(|d| format!("u64 d{d}"))
-            .chain((0..MAX_DIMS).map(|d| format!("u64 m{d}")))
-            .collect();
-        let dim_vals: Vec<String> = (0..MAX_DIMS).map(|d| format!("d{d}")).collect();
-        let magic_vals: Vec<String> = (0..MAX_DIMS).map(|d| format!("m{d}")).collect();
-        let store = match self.out {
-            Elem::T => "st((A)(EXPR_))",
-            Elem::Mask => "(unsigned char)((EXPR_) ? 1 : 0)",
-        };
-        format!(
-            r#"{prelude}
-typedef unsigned long long u64;
-#define EXPR_ ({expr})
-// Below 2^31 elements, r / dims[d] is a multiply-high and a shift by the magic numbers of
-// mg[d] (the multiplier in the low 32 bits, the shift above them).
-#define DIVMOD_MAGIC \
-  unsigned q = (__umulhi(r, (unsigned)mg[d]) + r) >> (unsigned)(mg[d] >> 32); \
-  u64 c = (u64)(r - q * (unsigned)dims[d]); r = q;
-#define DIVMOD_WIDE u64 c = r % dims[d]; r /= dims[d];
-#define WALK(IT, DIVMOD) \
-  for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)blockDim.x * gridDim.x) {{ \
-    IT r = (IT)i; {offs} \
-    _Pragma("unroll") \
-    for (int d = {last}; d >= 0; --d) {{ \
-      if (d < rank) {{ DIVMOD {step} }} \
-    }} \
-    {loads} \
-    out[i] = {store}; \
-  }}
-extern "C" __global__ void {fname}({out_t}* __restrict__ out{params}, T s_, T t_, u64 n, int rank,
-                                   {dims}{strides}) {{
-  A s = ld(s_), t = ld(t_);
-  (void)s; (void)t;
-  const u64 dims[{MAX_DIMS}] = {{{dim_vals}}};
-  const u64 mg[{MAX_DIMS}] = {{{magic_vals}}};
-{setup}  if (n <= 0x7fffffffull) {{
-    WALK(unsigned, DIVMOD_MAGIC)
-  }} else {{
-    WALK(u64, DIVMOD_WIDE)
-  }}
-}}
-"#,
-            prelude = cuda_prelude::<T>(),
-            expr = self.expr,
-            last = MAX_DIMS - 1,
-            out_t = self.out.ctype(),
-            dims = dims.join(", "),
-            dim_vals = dim_vals.join(", "),
-            magic_vals = magic_vals.join(", "),
-        )
-    }
-
-    /// The kernel for dtype `T`, with `host` as its host implementation over the inputs'
-    /// element offsets (one per input, in `HostView` order).
-    pub(crate) fn kernel<T: DType>(
-        &self,
-        host: impl Fn(&mut HostKernelArgs<'_>, &HostLayout) -> Result<(), DeviceError>
-            + Send
-            + Sync
-            + 'static,
-    ) -> Kernel {
-        let inputs = self.inputs.len();
-        cached_kernel2(self.name, T::NAME, "strided", || {
-            let fname = format!("{}_strided_{}", self.name, T::NAME);
-            let source = self.source::<T>(&fname);
-            crate::op::builtin_kernel(fname, source).with_host(move |args| {
-                let layout = HostLayout::read(args, inputs)?;
-                host(args, &layout)
-            })
-        })
-    }
-}
-
-fn e_type(e: Elem) -> &'static str {
-    match e {
-        Elem::T => "A",
-        Elem::Mask => "unsigned char",
-    }
-}
 
 /// The layout a host implementation of a strided kernel reads from its arguments: the merged
 /// shape and each input's strides.
@@ -166,10 +35,14 @@ pub(crate) struct HostLayout {
 }
 
 impl HostLayout {
-    fn read(args: &HostKernelArgs<'_>, inputs: usize) -> Result<HostLayout, DeviceError> {
+    pub(crate) fn read(
+        args: &HostKernelArgs<'_>,
+        inputs: usize,
+    ) -> Result<HostLayout, DeviceError> {
         let base = 1 + inputs;
         let rank = args.scalar::<i32>(base + 3)? as usize;
-        let dims = base + 4;
+        // The merged axes are the last `rank` of the `MAX_DIMS` passed.
+        let dims = base + 4 + MAX_DIMS.saturating_sub(rank);
         let shape = (0..rank)
             .map(|d| args.scalar::<u64>(dims + d).map(|v| v as usize))
             .collect::<Result<Vec<_>, _>>()?;
@@ -304,7 +177,7 @@ pub(crate) fn broadcast2<T: DType, O: DType>(
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn launch<'a, T: DType, O: DType>(
     stream: &Stream,
-    kernel: &Kernel,
+    kernel: &StridedKernel,
     name: &'static str,
     out: BufferView<'a, O>,
     shape: &[usize],
@@ -317,7 +190,62 @@ pub(crate) fn launch<'a, T: DType, O: DType>(
     if n == 0 {
         return Ok(());
     }
-    // Merge axes over the output's (dense) strides and every input's.
+    let (dims, strides) = merged(name, shape, inputs)?;
+    let mut args = KernelArgs::new();
+    args.output(out);
+    push(&mut args);
+    args.scalar(s)
+        .scalar(t)
+        .scalar(n as u64)
+        .scalar(dims.len() as i32);
+    // The merged axes are passed as the last `rank` of `MAX_DIMS`, after axes of length 1,
+    // so that the innermost is always the last and the kernels' loops over the axes, from
+    // the innermost, stop after `rank`.
+    let pad = MAX_DIMS - dims.len();
+    let aligned = |v: &[usize], fill: usize, d: usize| d.checked_sub(pad).map_or(fill, |d| v[d]);
+    for d in 0..MAX_DIMS {
+        args.scalar(aligned(&dims, 1, d) as u64);
+    }
+    for d in 0..MAX_DIMS {
+        args.scalar(magic(aligned(&dims, 1, d)));
+    }
+    for st in &strides {
+        for d in 0..MAX_DIMS {
+            args.scalar(aligned(st, 0, d) as u64);
+        }
+    }
+    match plan(&dims, &strides) {
+        Walk::Tiled { axis, staged } => {
+            let (dp, dl) = (dims[axis], dims[dims.len() - 1]);
+            let batch = n / (dp * dl);
+            // `plan` keeps the tiles along the last axis within the grid's first dimension;
+            // the others are walked in grid-stride loops.
+            let grid = (
+                dl.div_ceil(TILE) as u32,
+                dp.div_ceil(TILE).min(GRID_YZ) as u32,
+                batch.min(GRID_YZ) as u32,
+            );
+            args.scalar((pad + axis) as i32).scalar(staged as i32);
+            let config = LaunchConfig::new(grid, (TILE as u32, TILE_ROWS as u32, 1));
+            kernel.tiled.launch(stream, config, &args)
+        }
+        Walk::Linear => {
+            let sms = stream.device().limits().multiprocessor_count.max(1) as usize;
+            let grid = n.div_ceil(256 * EPT).clamp(1, sms * 32) as u32;
+            kernel
+                .linear
+                .launch(stream, LaunchConfig::linear(grid, 256), &args)
+        }
+    }
+}
+
+/// `shape` and the inputs' `strides` over it merged to the fewest axes, over the output's
+/// (dense) strides and every input's.
+fn merged(
+    name: &'static str,
+    shape: &[usize],
+    inputs: &[&[usize]],
+) -> Result<(Shape, Vec<Shape>), DeviceError> {
     let out_strides = crate::tensor::contiguous_strides(name, shape)?;
     let (dims, strides) = match inputs.len() {
         1 => {
@@ -344,27 +272,53 @@ pub(crate) fn launch<'a, T: DType, O: DType>(
             ),
         });
     }
-    let mut args = KernelArgs::new();
-    args.output(out);
-    push(&mut args);
-    args.scalar(s)
-        .scalar(t)
-        .scalar(n as u64)
-        .scalar(dims.len() as i32);
-    for d in 0..MAX_DIMS {
-        args.scalar(dims.get(d).copied().unwrap_or(1) as u64);
+    Ok((dims, strides))
+}
+
+/// The most blocks along a launch's second and third grid dimensions.
+const GRID_YZ: usize = 65_535;
+
+/// The shortest axes (after merging) a tiled walk is taken for: below them most of a tile's
+/// threads would idle, and a strided read wastes little.
+const MIN_TILED_AXIS: usize = 16;
+
+/// How a launch walks its output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Walk {
+    /// The grid-stride loop over the output in row-major order.
+    Linear,
+    /// Tiles over the merged axis `axis` and the last, the inputs whose bit is set in
+    /// `staged` read through shared memory.
+    Tiled { axis: usize, staged: u32 },
+}
+
+/// The walk for merged lengths `dims` and the inputs' `strides` over them: tiled when an input
+/// is read transposed to the output, that is with a stride other than 0 or 1 along the last
+/// axis and a unit stride along an earlier one, both axes at least [`MIN_TILED_AXIS`] long.
+/// The inputs read transposed along that same axis are staged; the others (dense, broadcast)
+/// are read directly.
+fn plan(dims: &[usize], strides: &[Shape]) -> Walk {
+    let Some(last) = dims.len().checked_sub(1) else {
+        return Walk::Linear;
+    };
+    let transposed = |st: &Shape, axis: usize| st[axis] == 1 && st[last] > 1;
+    let axis = strides.iter().find_map(|st| {
+        (0..last)
+            .rev()
+            .find(|&axis| transposed(st, axis) && dims[axis] >= MIN_TILED_AXIS)
+    });
+    let Some(axis) = axis else {
+        return Walk::Linear;
+    };
+    if dims[last] < MIN_TILED_AXIS || dims[last].div_ceil(TILE) > i32::MAX as usize {
+        return Walk::Linear;
     }
-    for d in 0..MAX_DIMS {
-        args.scalar(magic(dims.get(d).copied().unwrap_or(1)));
-    }
-    for st in &strides {
-        for d in 0..MAX_DIMS {
-            args.scalar(st.get(d).copied().unwrap_or(0) as u64);
-        }
-    }
-    let sms = stream.device().limits().multiprocessor_count.max(1) as usize;
-    let grid = n.div_ceil(256 * 4).clamp(1, sms * 32) as u32;
-    kernel.launch(stream, LaunchConfig::linear(grid, 256), &args)
+    let staged = strides
+        .iter()
+        .enumerate()
+        .filter(|(_, st)| transposed(st, axis))
+        .fold(0, |bits, (k, _)| bits | 1 << k);
+    Walk::Tiled { axis, staged }
 }
 
 /// The magic numbers that divide an index below 2^31 by `d` with a multiply-high and a shift
@@ -492,7 +446,51 @@ pub fn contiguous<T: DType, X: TensorInput<T>>(
 
 #[cfg(test)]
 mod tests {
-    use super::magic;
+    use super::{magic, merged, plan, Walk};
+
+    /// The walk a launch over `shape` with inputs of `strides` takes.
+    fn walk(shape: &[usize], strides: &[&[usize]]) -> Walk {
+        let (dims, st) = merged("test", shape, strides).unwrap();
+        plan(&dims, &st)
+    }
+
+    #[test]
+    fn transposed_operands_take_the_tiled_walk() {
+        let n = 8192;
+        // x.t() + y: x staged, y read directly.
+        let tiled = Walk::Tiled { axis: 0, staged: 1 };
+        assert_eq!(walk(&[n, n], &[&[1, n], &[n, 1]]), tiled);
+        // y + x.t(), and the copy of a transpose.
+        let second = Walk::Tiled { axis: 0, staged: 2 };
+        assert_eq!(walk(&[n, n], &[&[n, 1], &[1, n]]), second);
+        assert_eq!(walk(&[65, 33], &[&[1, 65]]), tiled);
+        // Both transposed, beside a broadcast column.
+        let both = Walk::Tiled { axis: 0, staged: 3 };
+        assert_eq!(walk(&[70, 35], &[&[1, 70], &[1, 70], &[1, 0]]), both);
+        // A batched permute [b, m, n] -> [b, n, m]: the batch axis before the tile's.
+        let batched = Walk::Tiled { axis: 1, staged: 1 };
+        assert_eq!(walk(&[3, 65, 33], &[&[65 * 33, 1, 65]]), batched);
+        // [a, b, c] -> [c, b, a]: the batch axis between the tile's.
+        let outer = Walk::Tiled { axis: 0, staged: 1 };
+        assert_eq!(walk(&[40, 3, 65], &[&[1, 40, 120]]), outer);
+    }
+
+    #[test]
+    fn other_operands_take_the_linear_walk() {
+        let n = 8192;
+        // x + col: both read along the last axis (the column broadcast along it).
+        assert_eq!(walk(&[n, n], &[&[n, 1], &[1, 0]]), Walk::Linear);
+        // Dense, and a permute that keeps the last axis.
+        assert_eq!(walk(&[n, n], &[&[n, 1], &[n, 1]]), Walk::Linear);
+        assert_eq!(walk(&[33, 3, 65], &[&[65, 33 * 65, 1]]), Walk::Linear);
+        // Axes too short to tile, vectors, and no unit stride anywhere.
+        assert_eq!(walk(&[200, 5], &[&[1, 200]]), Walk::Linear);
+        assert_eq!(walk(&[5, 200], &[&[1, 5]]), Walk::Linear);
+        assert_eq!(walk(&[65, 33, 3], &[&[1, 65, 65 * 33]]), Walk::Linear);
+        assert_eq!(walk(&[1000, 1], &[&[1, 1000]]), Walk::Linear);
+        assert_eq!(walk(&[64, 64], &[&[2, 128]]), Walk::Linear);
+        assert_eq!(walk(&[], &[&[]]), Walk::Linear);
+    }
 
     /// The device's quotient by the magic numbers, computed as the CUDA C computes it.
     fn magic_div(r: u32, m: u64) -> u32 {
