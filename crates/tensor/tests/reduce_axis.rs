@@ -356,3 +356,122 @@ fn last_axis_forms_agree() -> Result<(), DeviceError> {
     let _ = DType::to_f64(1.0f32);
     Ok(())
 }
+
+/// The launch shapes of the strided kernel and the row kernels: many outputs over a short
+/// axis (32 threads per output on a large device), fewer outputs over a long axis (the axis
+/// split over blocks), odd sizes (rows not a whole number of 16-byte vectors, nor starting on
+/// one), an axis of length 1, a single output, a transposed view, long rows of a short
+/// tensor, all against the float64 references.
+fn launch_shapes<T: Float>(seed: u64) -> Result<(), DeviceError> {
+    let s = stream();
+    let mut rng = seeded_rng(seed);
+    for (shape, axes) in [
+        (&[8191usize, 37][..], &[0usize, 1][..]),
+        (&[64, 9000], &[0]),
+        (&[2048, 600], &[0]),
+        (&[1, 1000], &[0, 1]),
+        (&[1000, 1], &[0, 1]),
+        (&[2, 70001], &[1]),
+        (&[3, 4099, 5], &[1]),
+    ] {
+        let data: Vec<T> = uniform(&mut rng, shape.iter().product(), -2.0, 2.0);
+        let x = upload(&s, &data, shape);
+        for &axis in axes {
+            check_reductions(&x, &data, shape, axis, &format!("{shape:?}"))?;
+        }
+    }
+    let data: Vec<T> = uniform(&mut rng, 37 * 8191, -2.0, 2.0);
+    let t = upload(&s, &data, &[37, 8191]).transpose(0, 1)?;
+    let dense = read(&t);
+    for axis in 0..2 {
+        check_reductions(&t, &dense, &[8191, 37], axis, "transposed [37, 8191]")?;
+    }
+    let n = upload(&s, &data, &[8191, 37]).narrow(1, 1, 35)?;
+    let dense = read(&n);
+    for axis in 0..2 {
+        check_reductions(&n, &dense, &[8191, 35], axis, "narrowed [8191, 37]")?;
+    }
+    Ok(())
+}
+
+test_cases! {
+    launch_shapes_f32 => launch_shapes::<f32>(12),
+    launch_shapes_f64 => launch_shapes::<f64>(13),
+    launch_shapes_bf16 => launch_shapes::<bf16>(14),
+}
+
+/// The same input gives the same bits, the axis split over blocks or not.
+#[test]
+fn reductions_are_deterministic() -> Result<(), DeviceError> {
+    let s = stream();
+    let mut rng = seeded_rng(15);
+    for (shape, axis) in [([4096usize, 40], 0), ([8191, 37], 1), ([64, 9000], 0)] {
+        let data: Vec<f32> = uniform(&mut rng, shape.iter().product(), -1.0, 1.0);
+        let x = upload(&s, &data, &shape);
+        let a = read(&kernels::sum_axis(&x, axis, false).sync_on(&s)?);
+        let b = read(&kernels::sum_axis(&x, axis, false).sync_on(&s)?);
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<u32>>();
+        assert_exact(&bits(&a), &bits(&b), &format!("sum {shape:?} axis {axis}"));
+    }
+    Ok(())
+}
+
+/// Integer reductions on the split and the vectorized paths: `i64` sums wrap, `u8` maxima and
+/// first-index arg-reductions are exact, with many ties.
+#[test]
+fn integer_reductions_on_long_axes() -> Result<(), DeviceError> {
+    use rand::Rng;
+    let s = stream();
+    let mut rng = seeded_rng(16);
+    let shape = [3000usize, 5];
+    let big: Vec<i64> = (0..15_000)
+        .map(|_| rng.gen_range(i64::MIN / 2..i64::MAX / 2))
+        .collect();
+    let x = upload(&s, &big, &shape);
+    let small: Vec<u8> = (0..15_000).map(|_| rng.gen_range(0..40)).collect();
+    let y = upload(&s, &small, &shape);
+    for axis in 0..2 {
+        let ls = lanes(&big, &shape, axis);
+        let sums: Vec<i64> = ls
+            .iter()
+            .map(|l| l.iter().fold(0i64, |a, v| a.wrapping_add(*v)))
+            .collect();
+        let got = read(&kernels::sum_axis(&x, axis, false).sync_on(&s)?);
+        assert_exact(&got, &sums, &format!("i64 sum axis {axis}"));
+        let am: Vec<u32> = ls.iter().map(|l| arg(l, true)).collect();
+        let got = read(&kernels::argmax_axis(&x, axis, false).sync_on(&s)?);
+        assert_exact(&got, &am, &format!("i64 argmax axis {axis}"));
+        let ls = lanes(&small, &shape, axis);
+        let maxes: Vec<u8> = ls.iter().map(|l| *l.iter().max().unwrap()).collect();
+        let got = read(&kernels::max_axis(&y, axis, false).sync_on(&s)?);
+        assert_exact(&got, &maxes, &format!("u8 max axis {axis}"));
+        for max in [true, false] {
+            let want: Vec<u32> = ls.iter().map(|l| arg(l, max)).collect();
+            let got = if max {
+                kernels::argmax_axis(&y, axis, false).sync_on(&s)?
+            } else {
+                kernels::argmin_axis(&y, axis, false).sync_on(&s)?
+            };
+            assert_exact(
+                &read(&got),
+                &want,
+                &format!("u8 arg (max {max}) axis {axis}"),
+            );
+        }
+    }
+    // Rows of u8: 16 elements a vector, rows starting off a vector boundary.
+    let rows: Vec<u8> = (0..3 * 1001).map(|_| rng.gen_range(0..200)).collect();
+    let r = upload(&s, &rows, &[3, 1001]);
+    let want: Vec<u32> = rows.chunks(1001).map(|l| arg(l, true)).collect();
+    assert_exact(
+        &read(&kernels::argmax(&r).sync_on(&s)?),
+        &want,
+        "u8 row argmax",
+    );
+    let want: Vec<u8> = rows
+        .chunks(1001)
+        .map(|l| l.iter().fold(0u8, |a, v| a.wrapping_add(*v)))
+        .collect();
+    assert_exact(&read(&kernels::sum(&r).sync_on(&s)?), &want, "u8 row sum");
+    Ok(())
+}

@@ -27,6 +27,8 @@ mod gather;
 mod layout;
 mod matmul;
 mod reduce_axis;
+mod reduce_strided;
+mod row_reduce;
 mod rows;
 mod strided;
 mod strided_source;
@@ -43,7 +45,8 @@ pub use reduce_axis::{
     argmax_axis, argmin_axis, log_softmax_axis, max_axis, mean_axis, min_axis, softmax_axis,
     sum_axis,
 };
-pub use rows::{argmax, layer_norm, max, rms_norm, softmax, sum};
+pub use row_reduce::{argmax, max, sum};
+pub use rows::{layer_norm, rms_norm, softmax};
 pub use strided::contiguous;
 pub(crate) use strided::{dense, gather as gather_copy};
 

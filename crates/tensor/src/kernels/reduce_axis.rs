@@ -2,30 +2,32 @@
 //! `min_axis`, `argmax_axis`, `argmin_axis`, and `softmax_axis` / `log_softmax_axis`.
 //!
 //! A reduction over the last axis of a contiguous tensor is the row kernel of
-//! [`super::rows`] (one block per row). Any other axis, or a view, runs the strided reduction
-//! kernel: a block takes up to 256 neighbouring outputs, up to 8 threads per output walking
-//! the reduced axis through its stride (combined in shared memory), so neighbouring threads
-//! read neighbouring elements wherever the axes after the reduced one are packed, and nothing
-//! is copied. Few outputs over a long axis instead copy the tensor with
+//! [`super::row_reduce`] (one block per row). Any other axis, or a view, runs the strided
+//! reduction kernel of [`super::reduce_strided`], which reads the input in place through its
+//! strides, splitting a long axis over several blocks when there are too few outputs to fill
+//! the device. Few outputs over a long axis whose elements are adjacent in memory (stride 1,
+//! where the strided kernel's warps could not read whole lines) instead copy the tensor with
 //! the reduced axis last and take the row kernel, which spreads each row over a block.
 //! Softmax along an axis other than the last of a contiguous tensor runs the row kernel over
 //! such a copy and copies the result back to the input's axis order.
 
 use cuflow_device_op::ExecutionContext;
-use cuflow_runtime::{DeviceError, Kernel, KernelArgs, LaunchConfig, Stream};
+use cuflow_runtime::{DeviceError, Stream};
 use smallvec::SmallVec;
 
-use super::rows::{arg_kernel, launch_rows, norm_kernel, reduce_kernel, LOG_SOFTMAX_BODY};
+use super::reduce_strided::launch_strided;
+use super::row_reduce::{arg_kernel, launch_reduce_rows, reduce_kernel};
+use super::rows::{launch_rows, norm_kernel, LOG_SOFTMAX_BODY};
 use super::strided::gather;
 use super::{alloc, TensorResult};
-use crate::dtype::{cuda_prelude, DType, FloatDType};
-use crate::op::{cached_kernel, strided_op, TensorOp};
+use crate::dtype::{DType, FloatDType};
+use crate::op::{strided_op, TensorOp};
 use crate::tensor::{contiguous_strides, Shape, Tensor, TensorInput};
-use crate::view::{check_axis, collapse, Strided, MAX_DIMS};
+use crate::view::{check_axis, collapse, MAX_DIMS};
 
 /// One reduction: its name (`sum`, `mean`, `max`, `min`, `argmax`, `argmin`).
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Red {
+pub(super) enum Red {
     Sum,
     Mean,
     Max,
@@ -35,7 +37,7 @@ enum Red {
 }
 
 impl Red {
-    fn name(self) -> &'static str {
+    pub(super) fn name(self) -> &'static str {
         match self {
             Red::Sum => "sum",
             Red::Mean => "mean",
@@ -46,8 +48,13 @@ impl Red {
         }
     }
 
+    /// Whether it yields indices.
+    pub(super) fn is_arg(self) -> bool {
+        matches!(self, Red::ArgMax | Red::ArgMin)
+    }
+
     /// Folds `v` (at index `vi`) into `acc` (at index `bi`). Ties keep the lower index.
-    fn step(self) -> &'static str {
+    pub(super) fn step(self) -> &'static str {
         match self {
             Red::Sum | Red::Mean => "acc += v;",
             Red::Max => "if (v > acc) acc = v;",
@@ -57,7 +64,8 @@ impl Red {
         }
     }
 
-    fn finish(self) -> &'static str {
+    /// The value an output gets, in CUDA C (`acc`, its index `bi`, the axis length `K`).
+    pub(super) fn finish(self) -> &'static str {
         match self {
             Red::Sum | Red::Max | Red::Min => "st(acc)",
             Red::Mean => "st(acc / (A)K)",
@@ -66,7 +74,7 @@ impl Red {
     }
 
     /// The host reduction of the values `v` (at least one): the value and its index.
-    fn host<T: DType>(self, v: impl Iterator<Item = T>) -> (T, u32) {
+    pub(super) fn host<T: DType>(self, v: impl Iterator<Item = T>) -> (T, u32) {
         let mut it = v.enumerate();
         let Some((_, first)) = it.next() else {
             return (T::default(), 0);
@@ -89,113 +97,6 @@ impl Red {
             _ => (acc, bi),
         }
     }
-}
-
-/// The strided reduction kernel of `red` for dtype `T`, writing values of `T` or `u32` indices.
-fn strided_kernel<T: DType>(red: Red) -> Kernel {
-    let name = match red {
-        Red::Sum => "sum_strided",
-        Red::Mean => "mean_strided",
-        Red::Max => "max_strided",
-        Red::Min => "min_strided",
-        Red::ArgMax => "argmax_strided",
-        Red::ArgMin => "argmin_strided",
-    };
-    cached_kernel(name, T::NAME, || {
-        let fname = format!("{name}_{}", T::NAME);
-        let dims: Vec<String> = (0..MAX_DIMS).map(|d| format!("u64 d{d}")).collect();
-        let strides: Vec<String> = (0..MAX_DIMS).map(|d| format!("u64 s{d}")).collect();
-        let dv: Vec<String> = (0..MAX_DIMS).map(|d| format!("d{d}")).collect();
-        let sv: Vec<String> = (0..MAX_DIMS).map(|d| format!("s{d}")).collect();
-        let source = format!(
-            r#"{prelude}
-typedef unsigned long long u64;
-#define STEP {{ {step} }}
-// Block (bx, by): bx consecutive outputs, each reduced by by threads that take every by-th
-// element of the axis, then combined through shared memory by the first.
-extern "C" __global__ void {fname}({out_t}* __restrict__ out, const T* __restrict__ x, u64 n,
-                                   u64 K, u64 sk, int rank, {dims}, {strides}) {{
-  __shared__ A shv[256];
-  __shared__ unsigned shi[256];
-  const u64 dims[{MAX_DIMS}] = {{{dv}}};
-  const u64 xs[{MAX_DIMS}] = {{{sv}}};
-  const unsigned bx = blockDim.x, by = blockDim.y, tx = threadIdx.x, ty = threadIdx.y;
-  for (u64 base = (u64)blockIdx.x * bx; base < n; base += (u64)gridDim.x * bx) {{
-    u64 i = base + tx;
-    A acc = (A)0;
-    unsigned bi = 0xffffffffu;
-    if (i < n && ty < K) {{
-      u64 r = i, o = 0;
-#pragma unroll
-      for (int d = {last}; d >= 0; --d) {{
-        if (d < rank) {{ u64 c = r % dims[d]; r /= dims[d]; o += c * xs[d]; }}
-      }}
-      const T* p = x + o;
-      acc = ld(p[(u64)ty * sk]);
-      bi = ty;
-#pragma unroll 4
-      for (u64 k = ty + by; k < K; k += by) {{
-        A v = ld(p[k * sk]);
-        unsigned vi = (unsigned)k;
-        (void)vi;
-        STEP
-      }}
-    }}
-    shv[ty * bx + tx] = acc;
-    shi[ty * bx + tx] = bi;
-    __syncthreads();
-    if (ty == 0 && i < n) {{
-      for (unsigned j = 1; j < by; ++j) {{
-        A v = shv[j * bx + tx];
-        unsigned vi = shi[j * bx + tx];
-        if (vi != 0xffffffffu) STEP
-      }}
-      out[i] = {finish};
-    }}
-    __syncthreads();
-  }}
-}}
-"#,
-            prelude = cuda_prelude::<T>(),
-            out_t = if red == Red::ArgMax || red == Red::ArgMin {
-                "unsigned"
-            } else {
-                "T"
-            },
-            dims = dims.join(", "),
-            strides = strides.join(", "),
-            dv = dv.join(", "),
-            sv = sv.join(", "),
-            last = MAX_DIMS - 1,
-            step = red.step(),
-            finish = red.finish(),
-        );
-        crate::op::builtin_kernel(fname, source).with_host(move |args| {
-            let x = args.input::<T>(1)?;
-            let k = args.scalar::<u64>(3)? as usize;
-            let sk = args.scalar::<u64>(4)? as usize;
-            let rank = args.scalar::<i32>(5)? as usize;
-            let read = |i: usize| args.scalar::<u64>(i).map(|v| v as usize);
-            let shape = (0..rank)
-                .map(|d| read(6 + d))
-                .collect::<Result<Vec<_>, _>>()?;
-            let strides = (0..rank)
-                .map(|d| read(6 + MAX_DIMS + d))
-                .collect::<Result<Vec<_>, _>>()?;
-            let offsets = Strided::new(&shape, &strides, 0).offsets();
-            let values = offsets.map(|base| red.host((0..k).map(|j| x[base + j * sk])));
-            if red == Red::ArgMax || red == Red::ArgMin {
-                for (o, (_, i)) in args.output::<u32>(0)?.iter_mut().zip(values) {
-                    *o = i;
-                }
-            } else {
-                for (o, (v, _)) in args.output::<T>(0)?.iter_mut().zip(values) {
-                    *o = v;
-                }
-            }
-            Ok(())
-        })
-    })
 }
 
 /// The shape of a reduction of `shape` over `axis`: without it, or with length 1 there when
@@ -236,7 +137,7 @@ fn reduce_into<T: DType, O: DType>(
     let last = axis + 1 == x.rank();
     let rows = if last && x.is_kernel_ready() {
         Some(x.clone())
-    } else if n_out < 1024 && k >= 4096 {
+    } else if n_out < 1024 && k >= 4096 && x.strides()[axis] == 1 {
         Some(axis_last(stream, x, axis)?)
     } else {
         None
@@ -248,9 +149,8 @@ fn reduce_into<T: DType, O: DType>(
             Red::Max => reduce_kernel::<T>("max", "op_max"),
             Red::Min => reduce_kernel::<T>("min", "op_min"),
         };
-        return launch_rows(stream, kernel, out_shape, &rows, &[], None);
+        return launch_reduce_rows(stream, kernel, out_shape, &rows);
     }
-    let out = alloc::<O>(stream, out_shape)?;
     // The outputs' layout over `x`: every axis but `axis`.
     let mut shape: Shape = x.shape().into();
     let mut strides: Shape = x.strides().into();
@@ -261,32 +161,7 @@ fn reduce_into<T: DType, O: DType>(
     if dims.len() > MAX_DIMS {
         return reduce_into(stream, red, &gather(stream, x)?, axis, out_shape);
     }
-    let span = crate::view::span(x.shape(), x.strides());
-    let view = x.buffer().slice(x.offset()..x.offset() + span)?;
-    {
-        let mut args = KernelArgs::new();
-        args.output(out.view(red.name())?)
-            .input(view)
-            .scalar(n_out as u64)
-            .scalar(k as u64)
-            .scalar(sk as u64)
-            .scalar(dims.len() as i32);
-        for d in 0..MAX_DIMS {
-            args.scalar(dims.get(d).copied().unwrap_or(1) as u64);
-        }
-        for d in 0..MAX_DIMS {
-            args.scalar(st.get(d).copied().unwrap_or(0) as u64);
-        }
-        // Up to 8 threads share an output's axis; the rest of the 256 take neighbouring
-        // outputs.
-        let by = k.next_power_of_two().min(8);
-        let bx = 256 / by;
-        let sms = stream.device().limits().multiprocessor_count.max(1) as usize;
-        let grid = n_out.div_ceil(bx).clamp(1, sms * 32) as u32;
-        let config = LaunchConfig::new((grid, 1, 1), (bx as u32, by as u32, 1));
-        strided_kernel::<T>(red).launch(stream, config, &args)?;
-    }
-    Ok(out)
+    launch_strided(stream, red, x, k, sk, &dims, &st, out_shape)
 }
 
 fn reduce<T: DType, O: DType, X: TensorInput<T>>(

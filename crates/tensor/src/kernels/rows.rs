@@ -1,4 +1,5 @@
-//! Kernels over the last axis: `sum`, `max`, `argmax`, `softmax`, `rms_norm`, `layer_norm`.
+//! Kernels over the last axis: `softmax`, `rms_norm`, `layer_norm`, and the launch and block
+//! reductions they share with the row reductions of [`super::row_reduce`].
 //!
 //! On CUDA one block handles one row: each thread keeps up to 16 of the row's elements in
 //! registers (rows of up to 16 × 1024 elements are read from memory once), and the block
@@ -14,7 +15,7 @@ use crate::op::{cached_kernel, kernel_op, kernel_op2, kernel_op3, TensorOp};
 use crate::tensor::{Tensor, TensorInput};
 
 /// Device code shared by the row kernels: block reductions and the row loop macros.
-const ROW_COMMON: &str = r#"
+pub(super) const ROW_COMMON: &str = r#"
 typedef unsigned long long u64;
 #define SLOTS 16
 template <typename V> __device__ __forceinline__ V shfl_x(V v, int o) {
@@ -58,7 +59,10 @@ fn row_launch(rows: usize, cols: usize) -> Result<LaunchConfig, DeviceError> {
     Ok(LaunchConfig::linear(grid, block))
 }
 
-fn rows_of<T: DType>(op: &'static str, x: &Tensor<T>) -> Result<(usize, usize), DeviceError> {
+pub(super) fn rows_of<T: DType>(
+    op: &'static str,
+    x: &Tensor<T>,
+) -> Result<(usize, usize), DeviceError> {
     if x.rank() == 0 {
         return Err(DeviceError::InvalidShape {
             op,
@@ -69,7 +73,7 @@ fn rows_of<T: DType>(op: &'static str, x: &Tensor<T>) -> Result<(usize, usize), 
 }
 
 /// The shape without the last axis (`[1]` for a 1-D input).
-fn reduced_shape(shape: &[usize]) -> Vec<usize> {
+pub(super) fn reduced_shape(shape: &[usize]) -> Vec<usize> {
     if shape.len() <= 1 {
         vec![1]
     } else {
@@ -88,6 +92,19 @@ pub(super) fn launch_rows<O: DType, T: DType>(
     params: &[&Tensor<T>],
     eps: Option<f32>,
 ) -> TensorResult<O> {
+    launch_rows_by(stream, kernel, out_shape, x, params, eps, row_launch)
+}
+
+/// [`launch_rows`] with the launch of `rows` rows of `cols` chosen by `launch`.
+pub(super) fn launch_rows_by<O: DType, T: DType>(
+    stream: &Stream,
+    kernel: impl FnOnce() -> Kernel,
+    out_shape: &[usize],
+    x: &Tensor<T>,
+    params: &[&Tensor<T>],
+    eps: Option<f32>,
+    launch: impl FnOnce(usize, usize) -> Result<LaunchConfig, DeviceError>,
+) -> TensorResult<O> {
     let (rows, cols) = x.rows_cols();
     let out = alloc::<O>(stream, out_shape)?;
     if rows > 0 && cols > 0 {
@@ -100,213 +117,9 @@ pub(super) fn launch_rows<O: DType, T: DType>(
         if let Some(eps) = eps {
             args.scalar(eps);
         }
-        kernel().launch(stream, row_launch(rows, cols)?, args.scalar(cols as u64))?;
+        kernel().launch(stream, launch(rows, cols)?, args.scalar(cols as u64))?;
     }
     Ok(out)
-}
-
-// ---------------------------------------------------------------------------------------------
-// sum, max
-// ---------------------------------------------------------------------------------------------
-
-/// The row reduction `name` by `op` (`op_sum`, `op_max`, `op_min`); `mean` divides the sum by
-/// the row length.
-pub(super) fn reduce_kernel<T: DType>(name: &'static str, op: &'static str) -> Kernel {
-    cached_kernel(name, T::NAME, || {
-        let fname = format!("{name}_{}", T::NAME);
-        let source = format!(
-            r#"{prelude}{common}
-extern "C" __global__ void {fname}(T* out, const T* x, u64 cols) {{
-  __shared__ A sh[32];
-  const T* xr = x + (u64)blockIdx.x * cols;
-  A acc = ld(xr[0]);
-  bool first = true;
-  for (u64 i = threadIdx.x; i < cols; i += blockDim.x) {{
-    A v = ld(xr[i]);
-    acc = first ? v : {op}<A>(acc, v);
-    first = false;
-  }}
-  if (first) acc = {identity};
-  BLOCK_REDUCE(A, acc, {op}<A>, sh, {block_id})
-  if (threadIdx.x == 0) out[blockIdx.x] = st({finish});
-}}
-"#,
-            prelude = cuda_prelude::<T>(),
-            common = ROW_COMMON,
-            identity = if op == "op_sum" { "(A)0" } else { "ld(xr[0])" },
-            block_id = if op == "op_sum" { "(A)0" } else { "sh[0]" },
-            finish = if name == "mean" {
-                "acc / (A)cols"
-            } else {
-                "acc"
-            },
-        );
-        let is_sum = op == "op_sum";
-        let is_min = op == "op_min";
-        let is_mean = name == "mean";
-        crate::op::builtin_kernel(fname, source).with_host(move |args| {
-            let x = args.input::<T>(1)?;
-            let cols = args.scalar::<u64>(2)? as usize;
-            for (o, row) in args.output::<T>(0)?.iter_mut().zip(x.chunks(cols.max(1))) {
-                *o = if is_mean {
-                    T::from_f64(row.iter().map(|v| v.to_f64()).sum::<f64>() / row.len() as f64)
-                } else if is_sum {
-                    if T::IS_FLOAT {
-                        T::from_f64(row.iter().map(|v| v.to_f64()).sum())
-                    } else {
-                        row.iter().fold(T::default(), |a, v| a.add(*v))
-                    }
-                } else if is_min {
-                    row.iter()
-                        .copied()
-                        .fold(row[0], |a, v| if v < a { v } else { a })
-                } else {
-                    row.iter()
-                        .copied()
-                        .fold(row[0], |a, v| if v > a { v } else { a })
-                };
-            }
-            Ok(())
-        })
-    })
-}
-
-fn reduce<T: DType, X: TensorInput<T>>(
-    name: &'static str,
-    op: &'static str,
-    x: X,
-) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
-    kernel_op(name, x, move |stream, x| {
-        let (_, cols) = rows_of(name, x)?;
-        if cols == 0 {
-            return Err(DeviceError::InvalidShape {
-                op: name,
-                reason: format!("cannot reduce an empty last axis of {:?}", x.shape()),
-            });
-        }
-        let kernel = || reduce_kernel::<T>(name, op);
-        launch_rows(stream, kernel, &reduced_shape(x.shape()), x, &[], None)
-    })
-}
-
-/// The sum over the last axis: `[.., n] → [..]` (`[n] → [1]`). Floats accumulate in `float`
-/// (`double` for `f64`); integers wrap.
-///
-/// # Errors
-///
-/// [`DeviceError::InvalidShape`] for a scalar or an empty last axis.
-pub fn sum<T: DType, X: TensorInput<T>>(
-    x: X,
-) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
-    reduce("sum", "op_sum", x)
-}
-
-/// The maximum over the last axis: `[.., n] → [..]` (`[n] → [1]`).
-///
-/// # Errors
-///
-/// [`DeviceError::InvalidShape`] for a scalar or an empty last axis.
-pub fn max<T: DType, X: TensorInput<T>>(
-    x: X,
-) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
-    reduce("max", "op_max", x)
-}
-
-// ---------------------------------------------------------------------------------------------
-// argmax
-// ---------------------------------------------------------------------------------------------
-
-/// The row arg-reduction `name`: `argmax` (`cmp` is `>`) or `argmin` (`<`).
-pub(super) fn arg_kernel<T: DType>(name: &'static str) -> Kernel {
-    let cmp = if name == "argmin" { "<" } else { ">" };
-    cached_kernel(name, T::NAME, || {
-        let fname = format!("{name}_{}", T::NAME);
-        let source = format!(
-            r#"{prelude}{common}
-extern "C" __global__ void {fname}(unsigned* out, const T* x, u64 cols) {{
-  __shared__ A shv[32];
-  __shared__ unsigned shi[32];
-  const T* xr = x + (u64)blockIdx.x * cols;
-  A best = ld(xr[0]);
-  unsigned bi = 0xffffffffu;
-  for (u64 i = threadIdx.x; i < cols; i += blockDim.x) {{
-    A v = ld(xr[i]);
-    if (bi == 0xffffffffu || v {cmp} best) {{ best = v; bi = (unsigned)i; }}
-  }}
-  for (int o = 16; o > 0; o >>= 1) {{
-    A ov = shfl_x<A>(best, o);
-    unsigned oi = __shfl_xor_sync(0xffffffffu, bi, o);
-    if (oi != 0xffffffffu && (bi == 0xffffffffu || ov {cmp} best || (ov == best && oi < bi))) {{
-      best = ov; bi = oi;
-    }}
-  }}
-  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-  if (lane == 0) {{ shv[warp] = best; shi[warp] = bi; }}
-  __syncthreads();
-  if (warp == 0) {{
-    best = lane < nw ? shv[lane] : shv[0];
-    bi = lane < nw ? shi[lane] : 0xffffffffu;
-    for (int o = 16; o > 0; o >>= 1) {{
-      A ov = shfl_x<A>(best, o);
-      unsigned oi = __shfl_xor_sync(0xffffffffu, bi, o);
-      if (oi != 0xffffffffu && (bi == 0xffffffffu || ov {cmp} best || (ov == best && oi < bi))) {{
-        best = ov; bi = oi;
-      }}
-    }}
-    if (lane == 0) out[blockIdx.x] = bi;
-  }}
-}}
-"#,
-            prelude = cuda_prelude::<T>(),
-            common = ROW_COMMON,
-        );
-        let min = name == "argmin";
-        crate::op::builtin_kernel(fname, source).with_host(move |args| {
-            let x = args.input::<T>(1)?;
-            let cols = args.scalar::<u64>(2)? as usize;
-            for (o, row) in args.output::<u32>(0)?.iter_mut().zip(x.chunks(cols.max(1))) {
-                let mut best = 0usize;
-                for (i, v) in row.iter().enumerate() {
-                    if (min && *v < row[best]) || (!min && *v > row[best]) {
-                        best = i;
-                    }
-                }
-                *o = best as u32;
-            }
-            Ok(())
-        })
-    })
-}
-
-/// The index of the maximum over the last axis, as `u32`: `[.., n] → [..]` (`[n] → [1]`).
-/// Ties go to the first index. NaN values are never chosen unless a row is all NaN.
-///
-/// # Errors
-///
-/// [`DeviceError::InvalidShape`] for a scalar, an empty last axis, or one longer than `u32`.
-pub fn argmax<T: DType, X: TensorInput<T>>(
-    x: X,
-) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<u32> + Send> {
-    kernel_op("argmax", x, move |stream, x| {
-        let (_, cols) = rows_of("argmax", x)?;
-        if cols == 0 || cols > u32::MAX as usize {
-            return Err(DeviceError::InvalidShape {
-                op: "argmax",
-                reason: format!(
-                    "the last axis of {:?} must hold 1 to 2^32 - 1 elements",
-                    x.shape()
-                ),
-            });
-        }
-        launch_rows(
-            stream,
-            || arg_kernel::<T>("argmax"),
-            &reduced_shape(x.shape()),
-            x,
-            &[],
-            None,
-        )
-    })
 }
 
 // ---------------------------------------------------------------------------------------------
