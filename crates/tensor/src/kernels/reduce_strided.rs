@@ -1,6 +1,7 @@
 //! The strided reduction along any axis, reading the input in place through its strides.
 //!
-//! A block takes `bx` neighbouring outputs, each reduced by `by` threads (up to 32) that take
+//! A block of up to 512 threads takes `bx` neighbouring outputs (at least 16 where there are
+//! as many), each reduced by `by` threads (up to 32) that take
 //! every `by`-th element of the axis through its stride and are combined in shared memory, so
 //! that the threads of a warp read neighbouring elements wherever the axes after the reduced
 //! one are packed. `by` is as large as filling the device needs (about 2048 threads per
@@ -22,6 +23,9 @@ use crate::view::{Strided, MAX_DIMS};
 
 /// Resident threads per multiprocessor the launch aims for.
 const THREADS_PER_SM: usize = 2048;
+
+/// Threads per block of the strided kernel (at most; fewer when there are few outputs).
+const BLOCK: usize = 512;
 
 /// Loads each thread issues before folding them: 32 bytes' worth, at least 4.
 fn unroll<T: DType>() -> usize {
@@ -113,10 +117,10 @@ typedef unsigned long long u64;
 // Block (bx, by): bx consecutive outputs, each reduced by by threads that take every by-th
 // element of the block's part [k0, k1) of the axis (the whole axis unless split over
 // gridDim.y), then combined through shared memory by the first.
-extern "C" __global__ void __launch_bounds__(1024) {fname}({outs}, const T* __restrict__ x,
+extern "C" __global__ void __launch_bounds__({block}, 2) {fname}({outs}, const T* __restrict__ x,
     u64 n, u64 K, u64 sk, u64 chunk, int rank, {dims}, {strides}) {{
-  __shared__ A shv[1024];
-  __shared__ unsigned shi[1024];
+  __shared__ A shv[{block}];
+  __shared__ unsigned shi[{block}];
   const u64 dims[{MAX_DIMS}] = {{{dv}}};
   const u64 xs[{MAX_DIMS}] = {{{sv}}};
   const unsigned bx = blockDim.x, by = blockDim.y, tx = threadIdx.x, ty = threadIdx.y;
@@ -137,10 +141,12 @@ extern "C" __global__ void __launch_bounds__(1024) {fname}({outs}, const T* __re
       acc = ld(p[k * sk]);
       bi = (unsigned)k;
       // UNROLL loads in flight, then folded in index order.
-      for (k += by; k + (u64)(UNROLL - 1) * by < k1; k += (u64)UNROLL * by) {{
+      const u64 step = (u64)by * sk;
+      const T* q = p + (k + by) * sk;
+      for (k += by; k + (u64)(UNROLL - 1) * by < k1; k += (u64)UNROLL * by, q += UNROLL * step) {{
         A vals[UNROLL];
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) vals[u] = ld(p[(k + (u64)u * by) * sk]);
+        for (int u = 0; u < UNROLL; ++u) vals[u] = ld(q[u * step]);
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {{
           A v = vals[u];
@@ -179,6 +185,7 @@ extern "C" __global__ void __launch_bounds__(1024) {fname}({outs}, const T* __re
             last = MAX_DIMS - 1,
             step = red.step(),
             unroll = unroll::<T>(),
+            block = BLOCK,
         );
         crate::op::builtin_kernel(fname, source).with_host(move |args| {
             let b = usize::from(split); // a split has two outputs
@@ -295,15 +302,16 @@ extern "C" __global__ void {fname}({out_t}* __restrict__ out, const A* __restric
 /// `(bx, by, splits, chunk)`.
 pub(super) fn strided_shape(n_out: usize, k: usize, sms: usize) -> (usize, usize, usize, usize) {
     let target = sms * THREADS_PER_SM;
-    // Threads per output: enough to fill the device, at most 32 (a warp's 128-byte line is
-    // then 32 outputs of one row) and no more than the axis has elements.
+    // Threads per output: enough to fill the device, at most 32 (so that a block still spans
+    // 16 neighbouring outputs) and no more than the axis has elements.
     let by = target
         .div_ceil(n_out)
         .next_power_of_two()
         .clamp(1, 32)
         .min(k.next_power_of_two());
-    // Blocks of at least 256 threads, warps of 32 neighbouring outputs where there are as many.
-    let bx = (256 / by).max(32).min(n_out.next_power_of_two());
+    // Blocks of 512 threads (several resident per multiprocessor), of at least 16 neighbouring
+    // outputs: a warp reads whole 32-byte sectors of 4-byte elements, 64 bytes of each row.
+    let bx = (BLOCK / by).max(16).min(n_out.next_power_of_two());
     let threads = n_out.div_ceil(bx) * bx * by;
     // Split the axis when the outputs fill under half the device, keeping 16 elements per
     // thread and split at least.
@@ -390,16 +398,16 @@ mod tests {
     use super::strided_shape;
 
     /// On 132 multiprocessors: 8192 columns of 8192 take 32 threads each in blocks of
-    /// 32 × 32 (256 blocks, 262144 threads, no split); 37 columns of 8191 split the axis.
+    /// 16 × 32 (512 blocks, 262144 threads, no split); 37 columns of 8191 split the axis.
     #[test]
     fn launch_shapes_fill_the_device() {
-        assert_eq!(strided_shape(8192, 8192, 132), (32, 32, 1, 8192));
+        assert_eq!(strided_shape(8192, 8192, 132), (16, 32, 1, 8192));
         let (bx, by, splits, chunk) = strided_shape(37, 8191, 132);
-        assert_eq!((bx, by), (32, 32));
+        assert_eq!((bx, by), (16, 32));
         assert_eq!(splits, 16);
         assert!(splits * chunk >= 8191 && (splits - 1) * chunk < 8191);
         // Many outputs over a short axis: fewer threads per output, never more than the axis.
-        assert_eq!(strided_shape(1 << 20, 3, 132), (256, 1, 1, 3));
+        assert_eq!(strided_shape(1 << 20, 3, 132), (512, 1, 1, 3));
         assert_eq!(strided_shape(5, 1, 132), (8, 1, 1, 1));
     }
 }
