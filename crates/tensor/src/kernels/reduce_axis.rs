@@ -4,12 +4,10 @@
 //! A reduction over the last axis of a contiguous tensor is the row kernel of
 //! [`super::row_reduce`] (one block per row). Any other axis, or a view, runs the strided
 //! reduction kernel of [`super::reduce_strided`], which reads the input in place through its
-//! strides, splitting a long axis over several blocks when there are too few outputs to fill
-//! the device. Few outputs over a long axis whose elements are adjacent in memory (stride 1,
-//! where the strided kernel's warps could not read whole lines) instead copy the tensor with
-//! the reduced axis last and take the row kernel, which spreads each row over a block.
-//! Softmax along an axis other than the last of a contiguous tensor runs the row kernel over
-//! such a copy and copies the result back to the input's axis order.
+//! strides (nothing is copied), splitting a long axis over several blocks when there are too
+//! few outputs to fill the device. Softmax along an axis other than the last of a contiguous
+//! tensor runs the row kernel over a copy with that axis last and copies the result back to
+//! the input's axis order.
 
 use cuflow_device_op::ExecutionContext;
 use cuflow_runtime::{DeviceError, Stream};
@@ -133,23 +131,14 @@ fn reduce_into<T: DType, O: DType>(
     out_shape: &[usize],
 ) -> TensorResult<O> {
     let k = x.shape()[axis];
-    let n_out: usize = out_shape.iter().product();
-    let last = axis + 1 == x.rank();
-    let rows = if last && x.is_kernel_ready() {
-        Some(x.clone())
-    } else if n_out < 1024 && k >= 4096 && x.strides()[axis] == 1 {
-        Some(axis_last(stream, x, axis)?)
-    } else {
-        None
-    };
-    if let Some(rows) = rows {
+    if axis + 1 == x.rank() && x.is_kernel_ready() {
         let kernel = || match red {
             Red::ArgMax | Red::ArgMin => arg_kernel::<T>(red.name()),
             Red::Sum | Red::Mean => reduce_kernel::<T>(red.name(), "op_sum"),
             Red::Max => reduce_kernel::<T>("max", "op_max"),
             Red::Min => reduce_kernel::<T>("min", "op_min"),
         };
-        return launch_reduce_rows(stream, kernel, out_shape, &rows);
+        return launch_reduce_rows(stream, kernel, out_shape, x);
     }
     // The outputs' layout over `x`: every axis but `axis`.
     let mut shape: Shape = x.shape().into();

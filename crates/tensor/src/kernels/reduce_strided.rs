@@ -7,6 +7,9 @@
 //! one are packed. `by` is as large as filling the device needs (about 2048 threads per
 //! multiprocessor), and each thread issues [`unroll`] loads before it folds them.
 //!
+//! When the axis is packed (stride 1), the threads of an output are the lanes of a warp
+//! instead, reading 128-byte lines of the axis.
+//!
 //! When even 32 threads per output leave the device half idle (few outputs over a long axis),
 //! the axis is split over `grid.y` blocks: each writes its partial result (value and index) to
 //! a scratch buffer, and a second small kernel combines the splits of each output in order.
@@ -118,12 +121,15 @@ typedef unsigned long long u64;
 // element of the block's part [k0, k1) of the axis (the whole axis unless split over
 // gridDim.y), then combined through shared memory by the first.
 extern "C" __global__ void __launch_bounds__({block}, 2) {fname}({outs}, const T* __restrict__ x,
-    u64 n, u64 K, u64 sk, u64 chunk, int rank, {dims}, {strides}) {{
+    u64 n, u64 K, u64 sk, u64 chunk, int rank, {dims}, {strides}, int axis_lanes) {{
   __shared__ A shv[{block}];
   __shared__ unsigned shi[{block}];
   const u64 dims[{MAX_DIMS}] = {{{dv}}};
   const u64 xs[{MAX_DIMS}] = {{{sv}}};
-  const unsigned bx = blockDim.x, by = blockDim.y, tx = threadIdx.x, ty = threadIdx.y;
+  // (tx, ty) = (threadIdx.x, threadIdx.y), or swapped when the axis is packed (stride 1), so
+  // that the lanes of a warp then read neighbouring elements of the axis.
+  const unsigned bx = axis_lanes ? blockDim.y : blockDim.x, by = axis_lanes ? blockDim.x : blockDim.y;
+  const unsigned tx = axis_lanes ? threadIdx.y : threadIdx.x, ty = axis_lanes ? threadIdx.x : threadIdx.y;
   const u64 k0 = (u64)blockIdx.y * chunk;
   const u64 k1 = K - k0 < chunk ? K : k0 + chunk;
   for (u64 base = (u64)blockIdx.x * bx; base < n; base += (u64)gridDim.x * bx) {{
@@ -299,16 +305,24 @@ extern "C" __global__ void {fname}({out_t}* __restrict__ out, const A* __restric
 }
 
 /// The launch shape for `n_out` outputs over an axis of `k` on `sms` multiprocessors:
-/// `(bx, by, splits, chunk)`.
-pub(super) fn strided_shape(n_out: usize, k: usize, sms: usize) -> (usize, usize, usize, usize) {
+/// `(bx, by, splits, chunk)`. `axis_lanes`: the axis is packed (stride 1) and runs along the
+/// lanes of a warp.
+pub(super) fn strided_shape(
+    n_out: usize,
+    k: usize,
+    sms: usize,
+    axis_lanes: bool,
+) -> (usize, usize, usize, usize) {
     let target = sms * THREADS_PER_SM;
-    // Threads per output: enough to fill the device, at most 32 (so that a block still spans
-    // 16 neighbouring outputs) and no more than the axis has elements.
-    let by = target
-        .div_ceil(n_out)
-        .next_power_of_two()
-        .clamp(1, 32)
-        .min(k.next_power_of_two());
+    // Threads per output: enough to fill the device (a warp, for a packed axis), at most 32
+    // (so that a block still spans 16 neighbouring outputs) and no more than the axis has
+    // elements.
+    let fill = if axis_lanes {
+        32
+    } else {
+        target.div_ceil(n_out).next_power_of_two()
+    };
+    let by = fill.clamp(1, 32).min(k.next_power_of_two());
     // Blocks of 512 threads (several resident per multiprocessor), of at least 16 neighbouring
     // outputs: a warp reads whole 32-byte sectors of 4-byte elements, 64 bytes of each row.
     let bx = (BLOCK / by).max(16).min(n_out.next_power_of_two());
@@ -343,9 +357,14 @@ pub(super) fn launch_strided<T: DType, O: DType>(
     let span = crate::view::span(x.shape(), x.strides());
     let view = x.buffer().slice(x.offset()..x.offset() + span)?;
     let sms = stream.device().limits().multiprocessor_count.max(1) as usize;
-    let (bx, by, splits, chunk) = strided_shape(n_out, k, sms);
+    let axis_lanes = sk == 1 && k > 1;
+    let (bx, by, splits, chunk) = strided_shape(n_out, k, sms, axis_lanes);
     let grid = n_out.div_ceil(bx).clamp(1, sms * 32) as u32;
-    let config = LaunchConfig::new((grid, splits as u32, 1), (bx as u32, by as u32, 1));
+    let block = if axis_lanes { (by, bx) } else { (bx, by) };
+    let config = LaunchConfig::new(
+        (grid, splits as u32, 1),
+        (block.0 as u32, block.1 as u32, 1),
+    );
     let tail = |args: &mut KernelArgs<'_>| {
         args.scalar(n_out as u64)
             .scalar(k as u64)
@@ -358,6 +377,7 @@ pub(super) fn launch_strided<T: DType, O: DType>(
         for d in 0..MAX_DIMS {
             args.scalar(strides.get(d).copied().unwrap_or(0) as u64);
         }
+        args.scalar(i32::from(axis_lanes));
     };
     if splits == 1 {
         {
@@ -401,13 +421,17 @@ mod tests {
     /// 16 × 32 (512 blocks, 262144 threads, no split); 37 columns of 8191 split the axis.
     #[test]
     fn launch_shapes_fill_the_device() {
-        assert_eq!(strided_shape(8192, 8192, 132), (16, 32, 1, 8192));
-        let (bx, by, splits, chunk) = strided_shape(37, 8191, 132);
+        assert_eq!(strided_shape(8192, 8192, 132, false), (16, 32, 1, 8192));
+        let (bx, by, splits, chunk) = strided_shape(37, 8191, 132, false);
         assert_eq!((bx, by), (16, 32));
         assert_eq!(splits, 16);
         assert!(splits * chunk >= 8191 && (splits - 1) * chunk < 8191);
         // Many outputs over a short axis: fewer threads per output, never more than the axis.
-        assert_eq!(strided_shape(1 << 20, 3, 132), (512, 1, 1, 3));
-        assert_eq!(strided_shape(5, 1, 132), (8, 1, 1, 1));
+        assert_eq!(strided_shape(1 << 20, 3, 132, false), (512, 1, 1, 3));
+        assert_eq!(strided_shape(5, 1, 132, false), (8, 1, 1, 1));
+        // A packed axis: a warp per output, however many outputs.
+        assert_eq!(strided_shape(1 << 20, 8192, 132, true), (16, 32, 1, 8192));
+        let (bx, by, splits, _) = strided_shape(8, 100_000, 132, true);
+        assert_eq!((bx, by, splits), (8, 32, 196));
     }
 }
