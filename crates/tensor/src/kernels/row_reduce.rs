@@ -55,7 +55,7 @@ union RedVec { uint4 u; T v[16 / sizeof(T)]; };
 
 /// The launch of the row reductions for `rows` rows of `cols` elements of `elem` bytes on a
 /// device of `sms` multiprocessors: one block per row, of 256 threads (fewer for short rows,
-/// up to 1024 when fewer than two rows per multiprocessor leave it idle otherwise).
+/// up to 1024 when there are too few rows to fill the device otherwise).
 fn reduce_launch(
     rows: usize,
     cols: usize,
@@ -64,7 +64,11 @@ fn reduce_launch(
 ) -> Result<LaunchConfig, DeviceError> {
     // One unrolled step of a thread: UNROLL vectors of 16 bytes.
     let step = UNROLL * (16 / elem).max(1);
-    let most = if rows < 2 * sms { 1024 } else { 256 };
+    // Up to 1024 threads a row where 256 would leave the device short of 2048 a multiprocessor.
+    let most = (sms * 2048)
+        .div_ceil(rows.max(1))
+        .next_power_of_two()
+        .clamp(256, 1024);
     let block = cols.div_ceil(step).next_power_of_two().clamp(32, most) as u32;
     let grid = u32::try_from(rows).map_err(|_| DeviceError::InvalidShape {
         op: "row reduction",
@@ -279,4 +283,22 @@ pub fn argmax<T: DType, X: TensorInput<T>>(
             x,
         )
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::reduce_launch;
+
+    /// On 132 multiprocessors: 8192 rows of 8192 `f32` take blocks of 256 threads, each
+    /// thread 8 vectors of 16 bytes in two steps of 4; two rows take 1024 threads each; short
+    /// rows a warp.
+    #[test]
+    fn row_launches() {
+        let c = reduce_launch(8192, 8192, 4, 132).unwrap();
+        assert_eq!((c.grid, c.block), ((8192, 1, 1), (256, 1, 1)));
+        let c = reduce_launch(2, 70_001, 4, 132).unwrap();
+        assert_eq!(c.block, (1024, 1, 1));
+        let c = reduce_launch(8191, 37, 4, 132).unwrap();
+        assert_eq!(c.block, (32, 1, 1));
+    }
 }
