@@ -6,15 +6,18 @@
 //! cargo run --release --example 06_llama -- --checkpoint path/to/Llama-3.2-1B --tokens 128
 //! cargo run --release --example 06_llama -- --synthetic 1b --sample --temperature 0.8 --top-k 40
 //! cargo run --release --example 06_llama -- --synthetic 1b --tp 2     # 2 ranks in this process
+//! cargo run --release --example 06_llama -- --checkpoint path/to/Llama-3.2-1B --tp 2
 //! torchrun --nproc-per-node 2 target/release/examples/06_llama --synthetic 1b   # 1 rank per process
+//! torchrun --nproc-per-node 2 target/release/examples/06_llama --checkpoint path/to/Llama-3.2-1B
 //! ```
 //!
 //! Prints the generated ids and the tokens per second of both loops (prefill included, the
 //! first run of each excluded); with greedy decoding it fails unless the replayed ids equal
 //! the eager ones. Runs on CUDA device 0 when one is usable, else on the host backend
 //! (`CUFLOW_DEVICE=host|cuda|cuda:N` chooses explicitly). With `--tp N`, or under `torchrun`
-//! (when `RANK` is set), the synthetic model is split tensor-parallel over the ranks (devices
-//! `0..N` of that backend, or each process's `LOCAL_RANK`), and rank 0 reports.
+//! (when `RANK` is set), the model (synthetic or loaded from the checkpoint, each rank reading
+//! its slice) is split tensor-parallel over the ranks (devices `0..N` of that backend, or each
+//! process's `LOCAL_RANK`), and rank 0 reports.
 
 use std::time::Instant;
 
@@ -95,10 +98,8 @@ fn parse_args() -> Result<Args, DeviceError> {
     if args.tokens == 0 {
         return Err(bad("--tokens must be positive".into()));
     }
-    if args.tp == 0 || (args.checkpoint.is_some() && args.tp > 1) {
-        return Err(bad(
-            "--tp needs a positive count, and --synthetic weights".into()
-        ));
+    if args.tp == 0 {
+        return Err(bad("--tp needs a positive count of ranks".into()));
     }
     Ok(args)
 }
@@ -130,52 +131,46 @@ fn run() -> Result<(), DeviceError> {
         BackendKind::Cuda => Device::cuda(i),
         _ => Ok(Device::host_numbered(i)),
     };
-    if let Some(name) = args.synthetic.as_deref() {
-        if std::env::var_os("RANK").is_some() {
-            // One rank of a torchrun group.
-            let config = DistConfig::from_env()?;
-            let comm = Communicator::connect(&device_of(config.local_rank)?, &config)?;
-            let model = Llama::synthetic_tp(&comm, synthetic_config(name)?, 1)?;
-            let report = decode(&model, comm.stream(), &args)?;
-            if comm.rank() == 0 {
-                println!(
-                    "rank 0 of {} (one per process)\n{report}",
-                    comm.world_size()
-                );
-            }
-            return Ok(());
-        }
-        if args.tp > 1 {
-            let devices = (0..args.tp).map(device_of).collect::<Result<Vec<_>, _>>()?;
-            let comms = Communicator::local(&devices)?;
-            let reports = std::thread::scope(|s| {
-                let ranks: Vec<_> = comms
-                    .iter()
-                    .map(|c| {
-                        let args = &args;
-                        s.spawn(move || {
-                            let model = Llama::synthetic_tp(c, synthetic_config(name)?, 1)?;
-                            decode(&model, c.stream(), args)
-                        })
-                    })
-                    .collect();
-                ranks
-                    .into_iter()
-                    .map(|h| {
-                        h.join()
-                            .unwrap_or_else(|_| Err(DeviceError::usage("a rank panicked")))
-                    })
-                    .collect::<Result<Vec<_>, _>>()
-            })?;
-            let names: Vec<String> = devices.iter().map(Device::to_string).collect();
+    if std::env::var_os("RANK").is_some() {
+        // One rank of a torchrun group.
+        let config = DistConfig::from_env()?;
+        let comm = Communicator::connect(&device_of(config.local_rank)?, &config)?;
+        let report = decode_rank(&comm, &args)?;
+        if comm.rank() == 0 {
             println!(
-                "rank 0 of {}, tensor parallel over {}",
-                args.tp,
-                names.join(", ")
+                "rank 0 of {} (one per process)\n{report}",
+                comm.world_size()
             );
-            println!("{}", reports[0]);
-            return Ok(());
         }
+        return Ok(());
+    }
+    if args.tp > 1 {
+        let devices = (0..args.tp).map(device_of).collect::<Result<Vec<_>, _>>()?;
+        let comms = Communicator::local(&devices)?;
+        let reports = std::thread::scope(|s| {
+            let ranks: Vec<_> = comms
+                .iter()
+                .map(|c| {
+                    let args = &args;
+                    s.spawn(move || decode_rank(c, args))
+                })
+                .collect();
+            ranks
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(DeviceError::usage("a rank panicked")))
+                })
+                .collect::<Result<Vec<_>, _>>()
+        })?;
+        let names: Vec<String> = devices.iter().map(Device::to_string).collect();
+        println!(
+            "rank 0 of {}, tensor parallel over {}",
+            args.tp,
+            names.join(", ")
+        );
+        println!("{}", reports[0]);
+        return Ok(());
     }
     let device = auto;
     println!("device: {device}");
@@ -183,14 +178,7 @@ fn run() -> Result<(), DeviceError> {
     let model = match (&args.checkpoint, args.synthetic.as_deref()) {
         (Some(dir), _) => {
             let model = Llama::load(&device, dir)?;
-            if let Some(s) = model.load_stats() {
-                println!(
-                    "loaded {dir}: {:.2} GB in {:.2} s, {:.2} GB/s",
-                    s.bytes as f64 / 1e9,
-                    s.seconds,
-                    s.gb_per_s()
-                );
-            }
+            println!("{}", load_report(&model, dir));
             model
         }
         (None, Some(name)) => Llama::synthetic(&device, synthetic_config(name)?, 1)?,
@@ -198,6 +186,37 @@ fn run() -> Result<(), DeviceError> {
     };
     println!("{}", decode(&model, &stream, &args)?);
     Ok(())
+}
+
+/// What loading `dir` took, or nothing for synthetic weights.
+fn load_report(model: &Llama, dir: &str) -> String {
+    match model.load_stats() {
+        Some(s) => format!(
+            "loaded {dir}: {:.2} GB in {:.2} s, {:.2} GB/s",
+            s.bytes as f64 / 1e9,
+            s.seconds,
+            s.gb_per_s()
+        ),
+        None => String::new(),
+    }
+}
+
+/// One rank's slice of the model the arguments name, loaded or synthetic, decoded as
+/// [`decode`] does; the report says how the slice loaded.
+fn decode_rank(comm: &Communicator, args: &Args) -> Result<String, DeviceError> {
+    let (model, loaded) = match (&args.checkpoint, args.synthetic.as_deref()) {
+        (Some(dir), _) => {
+            let model = Llama::load_tp(comm, dir)?;
+            let report = load_report(&model, dir);
+            (model, format!("{report} (this rank's slice)\n"))
+        }
+        (None, Some(name)) => (
+            Llama::synthetic_tp(comm, synthetic_config(name)?, 1)?,
+            String::new(),
+        ),
+        (None, None) => return Err(DeviceError::usage(USAGE)),
+    };
+    Ok(loaded + &decode(&model, comm.stream(), args)?)
 }
 
 /// Generates eagerly and replayed, checks that they agree, and says how fast each ran.

@@ -5,6 +5,8 @@
 //! - [`Llama::load`] reads a Hugging Face checkpoint folder (`config.json` +
 //!   `*.safetensors`, `f32`/`f16`/`bf16`), [`Llama::synthetic`] makes seeded random weights
 //!   of any [`LlamaConfig`]. Weights live on the device as `bf16`.
+//! - [`Llama::load_tp`] and [`Llama::synthetic_tp`] make one rank's slice of either, split
+//!   tensor-parallel (Megatron-style) over the ranks of a `Communicator`.
 //! - [`Llama::generate`] runs eagerly: the prompt is prefilled with matrix products (one
 //!   GEMM per projection over all prompt rows), then one decode step op per token.
 //! - [`Llama::capture`] records the decode step once into a graph; [`LlamaStep::generate`]

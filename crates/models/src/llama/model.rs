@@ -16,7 +16,7 @@ use super::config::LlamaConfig;
 use super::loader::{Checkpoint, Source, Stager};
 use super::options::GenerateOptions;
 use super::step::{LlamaStep, State};
-use super::tensor_parallel::{local_config, shard};
+use super::tensor_parallel::Split;
 use super::testing::synthetic_map;
 use super::weights::{build, Weights};
 
@@ -228,7 +228,7 @@ pub struct Llama {
     /// The whole model's config (the core holds this rank's slice's).
     config: LlamaConfig,
     device: Device,
-    load: Option<LoadStats>,
+    pub(super) load: Option<LoadStats>,
 }
 
 impl Llama {
@@ -242,7 +242,7 @@ impl Llama {
 
     /// A model whose weights on `device` are those of `local` (the whole model `config`, or
     /// one rank's slice of it under the tensor parallelism of `tp`).
-    fn new_slice(
+    pub(super) fn new_slice(
         device: &Device,
         config: LlamaConfig,
         cfg: LlamaConfig,
@@ -251,7 +251,7 @@ impl Llama {
     ) -> Result<(Llama, usize), DeviceError> {
         cfg.validate()?;
         let stream = device.new_stream()?;
-        let mut stager = Stager::new(&stream, source)?;
+        let mut stager = Stager::new(&stream, source, tp.as_ref().map(Split::of))?;
         let weights = build(&stream, &cfg, &mut stager)?;
         let inv_freq: Vec<f32> = cfg.inv_freq().iter().map(|&f| f as f32).collect();
         let n = inv_freq.len();
@@ -323,49 +323,6 @@ impl Llama {
         Ok(Llama::new(device, cfg, Source::Memory(&tensors))?.0)
     }
 
-    /// Rank `comm.rank()`'s slice of the model of `cfg` with seeded random weights (those of
-    /// [`Llama::synthetic`] for the same config and seed), split Megatron-style over the
-    /// `comm.world_size()` ranks of `comm`, on `comm`'s device: query, key/value and MLP rows
-    /// column-parallel, the output and down projections row-parallel, one all-reduce after
-    /// each of those. Every rank runs the same calls (`generate`, `capture`, ...) at once, each
-    /// on its own thread, and gets the same tokens.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use cuflow_dist::Communicator;
-    /// use cuflow_models::llama::{GenerateOptions, Llama, LlamaConfig};
-    /// use cuflow_runtime::Device;
-    /// # fn main() -> Result<(), cuflow_runtime::DeviceError> {
-    /// let comms = Communicator::local(&[Device::host_numbered(0), Device::host_numbered(1)])?;
-    /// let tokens = std::thread::scope(|s| {
-    ///     let ranks: Vec<_> = comms.iter().map(|c| s.spawn(move || {
-    ///         let model = Llama::synthetic_tp(c, LlamaConfig::tiny(), 3)?;
-    ///         model.generate(c.stream(), &[5, 17, 42], 4, &GenerateOptions::greedy())
-    ///     })).collect();
-    ///     ranks.into_iter().map(|h| h.join().unwrap()).collect::<Result<Vec<_>, _>>()
-    /// })?;
-    /// assert_eq!(tokens[0], tokens[1]);
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// [`DeviceError::Usage`] for an unsupported config, or one whose query heads, key/value
-    /// heads or MLP width do not divide by the world size; device and collective errors.
-    pub fn synthetic_tp(
-        comm: &Communicator,
-        cfg: LlamaConfig,
-        seed: u64,
-    ) -> Result<Llama, DeviceError> {
-        cfg.validate()?;
-        let tp = comm.world_size();
-        let local = local_config(&cfg, tp)?;
-        let tensors = shard(&synthetic_map(&cfg, seed), &cfg, comm.rank(), tp)?;
-        let source = Source::Memory(&tensors);
-        Ok(Llama::new_slice(comm.device(), cfg, local, source, Some(comm.clone()))?.0)
-    }
-
     /// The model's config (of the whole model, under tensor parallelism too).
     pub fn config(&self) -> &LlamaConfig {
         &self.config
@@ -381,7 +338,7 @@ impl Llama {
         self.core.weights.bytes()
     }
 
-    /// How [`Llama::load`] went; `None` for synthetic models.
+    /// How [`Llama::load`] (or [`Llama::load_tp`]) went; `None` for synthetic models.
     pub fn load_stats(&self) -> Option<LoadStats> {
         self.load
     }

@@ -11,13 +11,21 @@
 //! unchanged on them, but for its two residual adds: rank 0 adds its partial product to the
 //! residual stream, the other ranks store theirs, and the all-reduce leaves the sum of the
 //! stream and every partial on every rank.
+//!
+//! One [`Split`] says which part of each checkpoint tensor a rank holds, and the loader's
+//! staging reads that part (from a checkpoint's files for [`Llama::load_tp`], from the seeded
+//! tensors in memory for [`Llama::synthetic_tp`]), so both build a rank's slice the same way.
 
-use std::collections::HashMap;
+use std::path::Path;
+use std::time::Instant;
 
+use cuflow_dist::Communicator;
 use cuflow_runtime::DeviceError;
 
 use super::config::LlamaConfig;
-use super::testing::CheckpointTensor;
+use super::loader::{Checkpoint, Part, Source};
+use super::model::{Llama, LoadStats};
+use super::testing::synthetic_map;
 
 /// The config of one rank's slice of `cfg` split over `tp` ranks.
 ///
@@ -50,55 +58,140 @@ pub(crate) fn local_config(cfg: &LlamaConfig, tp: usize) -> Result<LlamaConfig, 
     Ok(local)
 }
 
-/// Rows `rows` of a row-major `[_, cols]` matrix of 2-byte elements.
-fn rows(t: &CheckpointTensor, range: std::ops::Range<usize>, cols: usize) -> Vec<u8> {
-    t.data[range.start * cols * 2..range.end * cols * 2].to_vec()
+/// Which slice of the checkpoint a rank reads: rank `rank` of `tp`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Split {
+    pub(crate) rank: usize,
+    pub(crate) tp: usize,
 }
 
-/// Columns `range` of a row-major `[rows, cols]` matrix of 2-byte elements.
-fn columns(t: &CheckpointTensor, range: std::ops::Range<usize>, cols: usize) -> Vec<u8> {
-    t.data
-        .chunks_exact(cols * 2)
-        .flat_map(|row| &row[range.start * 2..range.end * 2])
-        .copied()
-        .collect()
-}
-
-/// Rank `rank`'s slice (of `tp`) of the `bf16` checkpoint tensors `full` of `cfg`.
-pub(crate) fn shard(
-    full: &HashMap<String, CheckpointTensor>,
-    cfg: &LlamaConfig,
-    rank: usize,
-    tp: usize,
-) -> Result<HashMap<String, CheckpointTensor>, DeviceError> {
-    let local = local_config(cfg, tp)?;
-    let (d, hd) = (cfg.hidden_size, cfg.head_dim());
-    let (q, kv, i) = (
-        local.num_attention_heads * hd,
-        local.kv_heads() * hd,
-        local.intermediate_size,
-    );
-    let (q_all, i_all) = (cfg.num_attention_heads * hd, cfg.intermediate_size);
-    let mut out = HashMap::with_capacity(full.len());
-    for (name, t) in full {
-        let kind = name.rsplit('.').nth(1).unwrap_or("");
-        let (shape, data) = match kind {
-            "q_proj" => (vec![q, d], rows(t, rank * q..(rank + 1) * q, d)),
-            "k_proj" | "v_proj" => (vec![kv, d], rows(t, rank * kv..(rank + 1) * kv, d)),
-            "o_proj" => (vec![d, q], columns(t, rank * q..(rank + 1) * q, q_all)),
-            "gate_proj" | "up_proj" => (vec![i, d], rows(t, rank * i..(rank + 1) * i, d)),
-            "down_proj" => (vec![d, i], columns(t, rank * i..(rank + 1) * i, i_all)),
-            _ => (t.shape.clone(), t.data.clone()),
-        };
-        out.insert(
-            name.clone(),
-            CheckpointTensor {
-                name: name.clone(),
-                dtype: t.dtype,
-                shape,
-                data,
-            },
-        );
+impl Split {
+    /// The rank of `comm` among its ranks.
+    pub(crate) fn of(comm: &Communicator) -> Split {
+        Split {
+            rank: comm.rank(),
+            tp: comm.world_size(),
+        }
     }
-    Ok(out)
+
+    /// The shape in the checkpoint of tensor `name`, whose slice on this rank has shape
+    /// `local` (the shape the local config gives it), and which part of it that slice is:
+    /// rows of the query, key, value, gate and up projections, columns of the output and
+    /// down projections, all of every other tensor.
+    pub(crate) fn part(&self, name: &str, local: &[usize]) -> (Vec<usize>, Part) {
+        let (rank, tp) = (self.rank, self.tp);
+        let kind = name.rsplit('.').nth(1).unwrap_or("");
+        match (kind, local) {
+            ("q_proj" | "k_proj" | "v_proj" | "gate_proj" | "up_proj", &[n, d]) => {
+                (vec![n * tp, d], Part::Rows(rank * n..(rank + 1) * n))
+            }
+            ("o_proj" | "down_proj", &[d, n]) => {
+                (vec![d, n * tp], Part::Columns(rank * n..(rank + 1) * n))
+            }
+            _ => (local.to_vec(), Part::Whole),
+        }
+    }
+}
+
+impl Llama {
+    /// Rank `comm.rank()`'s slice of the model of `cfg` with seeded random weights (those of
+    /// [`Llama::synthetic`] for the same config and seed), split Megatron-style over the
+    /// `comm.world_size()` ranks of `comm`, on `comm`'s device: query, key/value and MLP rows
+    /// column-parallel, the output and down projections row-parallel, one all-reduce after
+    /// each of those. Every rank runs the same calls (`generate`, `capture`, ...) at once, each
+    /// on its own thread, and gets the same tokens.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cuflow_dist::Communicator;
+    /// use cuflow_models::llama::{GenerateOptions, Llama, LlamaConfig};
+    /// use cuflow_runtime::Device;
+    /// # fn main() -> Result<(), cuflow_runtime::DeviceError> {
+    /// let comms = Communicator::local(&[Device::host_numbered(0), Device::host_numbered(1)])?;
+    /// let tokens = std::thread::scope(|s| {
+    ///     let ranks: Vec<_> = comms.iter().map(|c| s.spawn(move || {
+    ///         let model = Llama::synthetic_tp(c, LlamaConfig::tiny(), 3)?;
+    ///         model.generate(c.stream(), &[5, 17, 42], 4, &GenerateOptions::greedy())
+    ///     })).collect();
+    ///     ranks.into_iter().map(|h| h.join().unwrap()).collect::<Result<Vec<_>, _>>()
+    /// })?;
+    /// assert_eq!(tokens[0], tokens[1]);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceError::Usage`] for an unsupported config, or one whose query heads, key/value
+    /// heads or MLP width do not divide by the world size; device and collective errors.
+    pub fn synthetic_tp(
+        comm: &Communicator,
+        cfg: LlamaConfig,
+        seed: u64,
+    ) -> Result<Llama, DeviceError> {
+        cfg.validate()?;
+        let local = local_config(&cfg, comm.world_size())?;
+        let tensors = synthetic_map(&cfg, seed);
+        let source = Source::Memory(&tensors);
+        Ok(Llama::new_slice(comm.device(), cfg, local, source, Some(comm.clone()))?.0)
+    }
+
+    /// Rank `comm.rank()`'s slice of the Hugging Face checkpoint folder `path` (as
+    /// [`Llama::load`] reads it), split over the `comm.world_size()` ranks of `comm` as
+    /// [`Llama::synthetic_tp`] splits its weights, on `comm`'s device: the same slice, bit
+    /// for bit, that `synthetic_tp` makes of the same weights. Every rank calls it at once
+    /// (each on its own thread or process) and then runs the same calls.
+    ///
+    /// Each rank reads only what its slice needs, but for the row-parallel output and down
+    /// projections: their slices are columns, so a rank reads the whole rows that each 16 MiB
+    /// staging chunk of its slice covers and picks the columns out on the host. Each rank
+    /// thus reads the embeddings, norms and head, `1/tp` of the query, key, value, gate and up
+    /// projections, and all of the output and down projections, and holds at most about `tp`
+    /// staging chunks of the file's bytes (`tp · 16 MiB` of `bf16`, twice that of `f32`) in
+    /// host memory beyond its two 16 MiB pinned staging buffers. [`Llama::load_stats`] counts
+    /// the bytes each rank read.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cuflow_dist::Communicator;
+    /// use cuflow_models::llama::{testing, GenerateOptions, Llama, LlamaConfig};
+    /// use cuflow_runtime::Device;
+    /// # fn main() -> Result<(), cuflow_runtime::DeviceError> {
+    /// let dir = std::env::temp_dir().join(format!("cuflow-doc-load-tp-{}", std::process::id()));
+    /// testing::write_tiny_checkpoint(&dir, &LlamaConfig::tiny(), 3)?;
+    /// let comms = Communicator::local(&[Device::host_numbered(0), Device::host_numbered(1)])?;
+    /// let tokens = std::thread::scope(|s| {
+    ///     let ranks: Vec<_> = comms.iter().map(|c| s.spawn(|| {
+    ///         let model = Llama::load_tp(c, &dir)?;
+    ///         model.generate(c.stream(), &[5, 17, 42], 4, &GenerateOptions::greedy())
+    ///     })).collect();
+    ///     ranks.into_iter().map(|h| h.join().unwrap()).collect::<Result<Vec<_>, _>>()
+    /// })?;
+    /// assert_eq!(tokens[0], tokens[1]);
+    /// # std::fs::remove_dir_all(&dir).ok();
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`Llama::load`] (naming the file or the tensor, with the whole tensor's shape), and
+    /// [`DeviceError::Usage`] when the config's query heads, key/value heads or MLP width do
+    /// not divide by the world size; device and collective errors.
+    pub fn load_tp(comm: &Communicator, path: impl AsRef<Path>) -> Result<Llama, DeviceError> {
+        let start = Instant::now();
+        let dir = path.as_ref();
+        let cfg = LlamaConfig::from_file(&dir.join("config.json"))?;
+        cfg.validate()?;
+        let local = local_config(&cfg, comm.world_size())?;
+        let checkpoint = Checkpoint::open(dir)?;
+        let source = Source::Files(&checkpoint);
+        let (mut model, bytes) =
+            Llama::new_slice(comm.device(), cfg, local, source, Some(comm.clone()))?;
+        model.load = Some(LoadStats {
+            bytes,
+            seconds: start.elapsed().as_secs_f64(),
+        });
+        Ok(model)
+    }
 }
