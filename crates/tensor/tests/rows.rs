@@ -196,10 +196,19 @@ fn row_kernels_refuse_bad_shapes() -> Result<(), DeviceError> {
         matches!(err, DeviceError::InvalidShape { op: "softmax", .. }),
         "{err}"
     );
+    // The sum over an empty axis is 0 (as `sum_axis` and PyTorch), written over poison; the
+    // maximum of nothing is an error naming the op.
     let empty = api::ones::<f32>(&[3, 0]).sync_on(&s)?;
-    let err = kernels::sum(&empty).sync_on(&s).unwrap_err();
+    let zeros = kernels::sum(&empty).sync_on(&s)?;
+    assert_eq!(zeros.shape(), &[3]);
+    assert_eq!(read(&zeros), vec![0.0; 3]);
+    assert_eq!(
+        read(&kernels::sum(&empty).sync_on(&s)?),
+        read(&kernels::sum_axis(&empty, 1, false).sync_on(&s)?)
+    );
+    let err = kernels::max(&empty).sync_on(&s).unwrap_err();
     assert!(
-        matches!(err, DeviceError::InvalidShape { op: "sum", .. }),
+        matches!(err, DeviceError::InvalidShape { op: "max", .. }),
         "{err}"
     );
     // Nothing was left broken: the stream still runs the kernels.

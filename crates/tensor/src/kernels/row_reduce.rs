@@ -12,7 +12,7 @@ use cuflow_device_op::ExecutionContext;
 use cuflow_runtime::{DeviceError, Kernel, LaunchConfig};
 
 use super::rows::{launch_rows_by, reduced_shape, rows_of, ROW_COMMON};
-use super::TensorResult;
+use super::{alloc, TensorResult};
 use crate::dtype::{cuda_prelude, DType};
 use crate::op::{cached_kernel, kernel_op, TensorOp};
 use crate::tensor::TensorInput;
@@ -159,9 +159,18 @@ fn reduce<T: DType, X: TensorInput<T>>(
     kernel_op(name, x, move |stream, x| {
         let (_, cols) = rows_of(name, x)?;
         if cols == 0 {
+            if name == "sum" {
+                // The sum of nothing is 0, as `sum_axis` gives.
+                let out = alloc::<T>(stream, &reduced_shape(x.shape()))?;
+                out.view(name)?.fill_bytes(stream, 0)?;
+                return Ok(out);
+            }
             return Err(DeviceError::InvalidShape {
                 op: name,
-                reason: format!("cannot reduce an empty last axis of {:?}", x.shape()),
+                reason: format!(
+                    "cannot take the {name} of an empty last axis of {:?}: it is undefined",
+                    x.shape()
+                ),
             });
         }
         let kernel = || reduce_kernel::<T>(name, op);
@@ -169,12 +178,12 @@ fn reduce<T: DType, X: TensorInput<T>>(
     })
 }
 
-/// The sum over the last axis: `[.., n] → [..]` (`[n] → [1]`). Floats accumulate in `float`
-/// (`double` for `f64`); integers wrap.
+/// The sum over the last axis: `[.., n] → [..]` (`[n] → [1]`), 0 over an empty one. Floats
+/// accumulate in `float` (`double` for `f64`); integers wrap.
 ///
 /// # Errors
 ///
-/// [`DeviceError::InvalidShape`] for a scalar or an empty last axis.
+/// [`DeviceError::InvalidShape`] for a scalar.
 pub fn sum<T: DType, X: TensorInput<T>>(
     x: X,
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
