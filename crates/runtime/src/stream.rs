@@ -414,7 +414,10 @@ impl Stream {
 
     /// Enqueues a host closure that runs on this stream, in order with its device work.
     /// On CUDA it becomes a host function node (`cuLaunchHostFunc`), so it may not call into
-    /// the device; keep it short.
+    /// the device; keep it short. It must not wait for something the program does only later:
+    /// while it blocks, its stream stalls, and so do the driver calls that wait for the
+    /// device's work in flight (loading a kernel's module at its first launch, freeing
+    /// page-locked memory), on any thread.
     ///
     /// # Errors
     ///

@@ -280,8 +280,9 @@ pub(crate) struct CudaDeviceShared {
     event_pool: Mutex<Vec<RawEvent>>,
     /// Every kernel loaded on this device, by (name, source, options). Modules stay loaded
     /// while the device lives: a captured graph keeps the functions it launches, and a
-    /// `Kernel` declared again with the same source reuses the compiled module.
-    modules: Mutex<HashMap<ModuleKey, Arc<CompiledKernel>>>,
+    /// `Kernel` declared again with the same source reuses the compiled module. A slot is
+    /// filled once (see [`CudaDevice::compile`]).
+    modules: Mutex<HashMap<ModuleKey, ModuleSlot>>,
     /// Idle cuBLAS handles of this device; a GEMM takes one for the length of its call.
     blas_handles: Mutex<Vec<blas::RawBlasHandle>>,
     /// Whether a cuBLAS handle was ever created here (then captures reserve GEMM workspaces).
@@ -299,6 +300,10 @@ pub(crate) struct CudaDeviceShared {
 
 /// What identifies a compiled kernel on one device.
 type ModuleKey = (String, String, Vec<String>);
+
+/// A kernel's module on one device: empty while the first thread to need it compiles it, then
+/// the compiled kernel or the error (an error is removed from the map once handed out).
+type ModuleSlot = Arc<OnceLock<Result<Arc<CompiledKernel>>>>;
 
 impl CudaDeviceShared {
     /// Binds the device's context to this thread for the driver calls that follow, which are
@@ -493,19 +498,31 @@ impl CudaDevice {
         options: &[String],
     ) -> Result<Arc<CompiledKernel>> {
         let key: ModuleKey = (name.to_owned(), source.to_owned(), options.to_vec());
-        if let Some(k) = self.shared.modules.lock().get(&key) {
-            return Ok(k.clone());
-        }
-        // Compiled outside the lock: NVRTC takes milliseconds and other kernels may load
-        // meanwhile. Two threads racing on one key both compile; the first insert wins.
-        let compiled = Arc::new(kernel::compile(&self.shared, name, source, options)?);
-        Ok(self
+        // One compile per kernel: a thread that finds another compiling the same kernel waits
+        // for it rather than loading a second module. NVRTC takes milliseconds, and loading a
+        // module waits for the device's work in flight, so a duplicate load racing with a
+        // stream held by a host function would stall this thread until that function returns.
+        // The slot is filled outside the map's lock: other kernels load meanwhile.
+        let slot = self
             .shared
             .modules
             .lock()
-            .entry(key)
-            .or_insert(compiled)
-            .clone())
+            .entry(key.clone())
+            .or_default()
+            .clone();
+        match slot
+            .get_or_init(|| kernel::compile(&self.shared, name, source, options).map(Arc::new))
+        {
+            Ok(compiled) => Ok(compiled.clone()),
+            Err(e) => {
+                // Not kept: a later launch compiles again (the cause may pass, e.g. memory).
+                let mut modules = self.shared.modules.lock();
+                if modules.get(&key).is_some_and(|s| Arc::ptr_eq(s, &slot)) {
+                    modules.remove(&key);
+                }
+                Err(e.clone())
+            }
+        }
     }
 
     /// Whether this device can read `peer`'s memory directly.
