@@ -47,6 +47,8 @@ fn a_zip_of_four_branches_runs_on_four_stream_lanes_inside_nested_op_spans(
 ) -> Result<(), DeviceError> {
     let _serial = trace::tests_serial();
     let device = device();
+    // A first launch loads the kernel's module, which waits for the spins in flight.
+    compile_kernels(&device)?;
     let policy = StreamPoolRoundRobin::new(&device, 4)?;
     let bufs = buffers(&[0.0; 4]);
     let branch = |i: usize| spin_then_write(&bufs[i], i as f32 + 1.0, SPIN).named(format!("b{i}"));

@@ -286,6 +286,28 @@ pub fn assert_events(stats: &ExecutionStats, recorded: usize, waits: usize) {
 // Gates: streams held back until the test lets them go.
 // ---------------------------------------------------------------------------------------------
 
+/// Compiles every kernel of these ops for `device` now. Loading a kernel's module at its first
+/// launch waits for the device's work in flight: a test that needs work to run concurrently
+/// (or a stream held by a gate) compiles first.
+///
+/// # Errors
+///
+/// A compile error.
+pub fn compile_kernels(device: &Device) -> Result<(), DeviceError> {
+    for k in [
+        kernels::fill(),
+        kernels::add_scalar(),
+        kernels::mul_scalar(),
+        kernels::copy(),
+        kernels::add(),
+        kernels::accumulate(),
+        kernels::spin(),
+    ] {
+        k.compile(device)?;
+    }
+    Ok(())
+}
+
 /// A stream blocked by a host function until [`Gate::open`] (or drop), with an event after
 /// it. Work that waits on [`Gate::event`] cannot finish while the gate is closed, which
 /// makes "still in flight" a certainty rather than a matter of timing.
@@ -305,17 +327,7 @@ impl Gate {
     /// Every test kernel is compiled first: loading a module waits for the device's work in
     /// flight, the gate's blocked host function included.
     pub fn closed(device: &Device) -> Result<Gate, DeviceError> {
-        for k in [
-            kernels::fill(),
-            kernels::add_scalar(),
-            kernels::mul_scalar(),
-            kernels::copy(),
-            kernels::add(),
-            kernels::accumulate(),
-            kernels::spin(),
-        ] {
-            k.compile(device)?;
-        }
+        compile_kernels(device)?;
         let stream = device.new_stream()?;
         let (release, held) = mpsc::channel::<()>();
         // Returns when the sender is dropped.
