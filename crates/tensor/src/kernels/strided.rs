@@ -220,11 +220,16 @@ pub(crate) fn launch<'a, T: DType, O: DType>(
             let batch = n / (dp * dl);
             // `plan` keeps the tiles along the last axis within the grid's first dimension;
             // the others are walked in grid-stride loops.
-            let grid = (
-                dl.div_ceil(TILE) as u32,
-                dp.div_ceil(TILE).min(GRID_YZ) as u32,
-                batch.min(GRID_YZ) as u32,
-            );
+            // About 8 blocks per multiprocessor: each block walks many tiles along `axis`,
+            // so its setup (the batch offsets) is paid once per block, not once per tile (on
+            // an H100, 8192² in 256 x 256 blocks ran at 0.54 TB/s, in 256 x 4 at 1.31).
+            let sms = stream.device().limits().multiprocessor_count.max(1) as usize;
+            let (gx, gz) = (dl.div_ceil(TILE), batch.min(GRID_YZ));
+            let gy = dp
+                .div_ceil(TILE)
+                .min(GRID_YZ)
+                .min((8 * sms).div_ceil(gx * gz).max(1));
+            let grid = (gx as u32, gy as u32, gz as u32);
             args.scalar((pad + axis) as i32).scalar(staged as i32);
             let config = LaunchConfig::new(grid, (TILE as u32, TILE_ROWS as u32, 1));
             kernel.tiled.launch(stream, config, &args)

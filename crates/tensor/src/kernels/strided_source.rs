@@ -309,8 +309,9 @@ extern "C" __global__ void {fname}({out_t}* __restrict__ out{params}, T s_, T t_
     u64 r = bt, ob = 0{b};
 #pragma unroll
     for (int d = {top} - 1; d >= 0; --d) {{
-      if (d < lo) break;
-      if (d != tp) {{
+      // A predicate, not a `break`: the loop unrolls with constant indices, so the axis
+      // arrays stay in registers (with `break` they went to a 256-byte stack frame).
+      if (d >= lo && d != tp) {{
         u64 c;
         if (narrow) {{
           const unsigned r32 = (unsigned)r;
