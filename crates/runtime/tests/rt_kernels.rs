@@ -9,7 +9,7 @@ use cuflow_runtime::{
 use cuflow_testing::{
     device::{device, stream},
     kernels::{launch_add_one, prefix, prefix_mut, saxpy},
-    measure::{assert_close_in_norm, rel_err_in_norm},
+    measure::{assert_close_in_norm, assert_close_to_magnitude, rel_err_in_norm},
     rng::{random_f32, rng},
     ODD_SIZES, POISON, POISON_U32,
 };
@@ -169,10 +169,17 @@ fn a_two_dimensional_launch_matches_the_host_backend_and_a_float64_reference(
         let row_scale = random_f32(&mut rng, rows);
         let col_bias = random_f32(&mut rng, cols);
         let mut want = vec![0f64; rows * cols];
+        // The size of each element's terms: mixed signs may cancel (the 1x1 case can land
+        // near 0), and rounding errs relative to the terms, not to their sum.
+        let mut terms = vec![0f64; rows * cols];
         for r in 0..rows {
             for c in 0..cols {
-                want[r * cols + c] =
-                    x[r * cols + c] as f64 * row_scale[r] as f64 + col_bias[c] as f64;
+                let (xs, b) = (
+                    x[r * cols + c] as f64 * row_scale[r] as f64,
+                    col_bias[c] as f64,
+                );
+                want[r * cols + c] = xs + b;
+                terms[r * cols + c] = xs.abs() + b.abs();
             }
         }
         let block = (16u32, 8u32, 1u32);
@@ -187,15 +194,13 @@ fn a_two_dimensional_launch_matches_the_host_backend_and_a_float64_reference(
         let on_device = run_2d(&device, &x, &row_scale, &col_bias, config)?;
         let on_host = run_2d(&host, &x, &row_scale, &col_bias, config)?;
         let what = format!("{rows}x{cols}");
-        assert_close_in_norm(&format!("{what} on {device}"), &on_device, &want, TOL);
-        assert_close_in_norm(&format!("{what} on the host"), &on_host, &want, TOL);
+        let close = |label: String, got: &[f32], want: &[f64]| {
+            assert_close_to_magnitude(&label, got, want, &terms, TOL)
+        };
+        close(format!("{what} on {device}"), &on_device, &want);
+        close(format!("{what} on the host"), &on_host, &want);
         let host_ref: Vec<f64> = on_host.iter().map(|v| *v as f64).collect();
-        assert_close_in_norm(
-            &format!("{what}, {device} vs host"),
-            &on_device,
-            &host_ref,
-            TOL,
-        );
+        close(format!("{what}, {device} vs host"), &on_device, &host_ref);
 
         // A grid one block short along y leaves the last rows' poison in place.
         if rows > block.1 as usize {
@@ -206,7 +211,13 @@ fn a_two_dimensional_launch_matches_the_host_backend_and_a_float64_reference(
                 run_2d(&device, &x, &row_scale, &col_bias, short)?,
                 run_2d(&host, &x, &row_scale, &col_bias, short)?,
             ] {
-                assert_close_in_norm(&what, &got[..covered], &want[..covered], TOL);
+                assert_close_to_magnitude(
+                    &what,
+                    &got[..covered],
+                    &want[..covered],
+                    &terms[..covered],
+                    TOL,
+                );
                 assert!(
                     got[covered..].iter().all(|v| v.to_bits() == POISON_U32),
                     "{what}: rows outside the grid were written"

@@ -43,6 +43,41 @@ pub fn assert_close_in_norm<T: Copy + Into<f64> + Debug>(
     );
 }
 
+/// Asserts that `got` matches `want` within `tol` times the 2-norm of `magnitude`, the sizes of
+/// the terms each element sums (`|a·x| + |y|` for `a·x + y`). Rounding errs relative to the
+/// terms, not to their sum: where they cancel, the sum is small and its relative error large
+/// (one element of `x·s + b` near 0 is wrong by 1e-6 of itself after two roundings), so a
+/// check relative to `want` fails on correct results for some random inputs.
+#[track_caller]
+pub fn assert_close_to_magnitude<T: Copy + Into<f64> + Debug>(
+    what: &str,
+    got: &[T],
+    want: &[f64],
+    magnitude: &[f64],
+    tol: f64,
+) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths differ");
+    let err: f64 = got
+        .iter()
+        .zip(want)
+        .map(|(g, w)| ((*g).into() - w).powi(2))
+        .sum::<f64>()
+        .sqrt();
+    let scale = magnitude.iter().map(|m| m * m).sum::<f64>().sqrt();
+    let rel = if err == 0.0 {
+        0.0
+    } else {
+        err / scale.max(f64::MIN_POSITIVE)
+    };
+    assert!(
+        rel <= tol,
+        "{what}: error {err:e} is {rel:e} of the terms' size, above {tol:e} (first elements: got \
+         {:?}, want {:?})",
+        &got[..got.len().min(4)],
+        &want[..want.len().min(4)]
+    );
+}
+
 /// The largest elementwise relative error `|got - want| / max(|want|, floor)`, and the element
 /// where it is. An element equal to its reference has no error (infinities included); a NaN
 /// counts as an infinite error. Panics when the lengths differ.
