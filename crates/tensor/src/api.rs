@@ -93,7 +93,7 @@ extern "C" __global__ void {name}(T* out, double a0, double d, unsigned long lon
 }
 
 fn grid_for(stream: &Stream, n: usize) -> LaunchConfig {
-    let sms = stream.device().limits().multiprocessor_count.max(1) as usize;
+    let sms = crate::kernels::multiprocessors(stream);
     LaunchConfig::linear(n.div_ceil(256).clamp(1, sms * 32) as u32, 256)
 }
 

@@ -206,7 +206,7 @@ extern "C" __global__ void {fname}(T* __restrict__ out{x_param}{y_param}, T s_, 
             }
             None => {
                 let v = (16 / std::mem::size_of::<T>()).max(1);
-                let sms = stream.device().limits().multiprocessor_count.max(1) as usize;
+                let sms = crate::kernels::multiprocessors(stream);
                 let grid = n.div_ceil(v * 256).clamp(1, sms * 32) as u32;
                 (LaunchConfig::linear(grid, 256), 0, 0)
             }

@@ -66,7 +66,7 @@ fn around(shape: &[usize], axis: usize) -> (usize, usize, usize) {
 }
 
 fn grid(stream: &Stream, n: usize) -> LaunchConfig {
-    let sms = stream.device().limits().multiprocessor_count.max(1) as usize;
+    let sms = crate::kernels::multiprocessors(stream);
     LaunchConfig::linear(n.div_ceil(256).clamp(1, sms * 32) as u32, 256)
 }
 

@@ -34,7 +34,7 @@ mod strided;
 mod strided_source;
 
 use cuflow_device_op::ExecutionContext;
-use cuflow_runtime::DeviceError;
+use cuflow_runtime::{DeviceError, Stream};
 
 pub use compare::{clamp, eq, ge, gt, le, lt, ne, where_};
 pub(crate) use elementwise::{alloc, check_device, fill, Ew};
@@ -265,6 +265,11 @@ pub fn saxpy<T: DType, P: TensorMut<T>, X: TensorInput<T>>(
 /// The error function for the host GELU: the Chebyshev fit of `erfc` from Numerical Recipes
 /// (`erfcc`), with a fractional error below 1.2e-7 everywhere, so host and CUDA GELU agree to
 /// about that relative precision (within every dtype's tolerance except exact `f64` equality).
+/// The multiprocessors of `stream`'s device (at least 1): what grids are sized by.
+pub(crate) fn multiprocessors(stream: &Stream) -> usize {
+    stream.device().limits().multiprocessor_count.max(1) as usize
+}
+
 pub(crate) fn erf(x: f64) -> f64 {
     let z = x.abs();
     let t = 1.0 / (1.0 + 0.5 * z);

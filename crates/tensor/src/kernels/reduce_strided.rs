@@ -356,7 +356,7 @@ pub(super) fn launch_strided<T: DType, O: DType>(
     let out = alloc::<O>(stream, out_shape)?;
     let span = crate::view::span(x.shape(), x.strides());
     let view = x.buffer().slice(x.offset()..x.offset() + span)?;
-    let sms = stream.device().limits().multiprocessor_count.max(1) as usize;
+    let sms = crate::kernels::multiprocessors(stream);
     let axis_lanes = sk == 1 && k > 1;
     let (bx, by, splits, chunk) = strided_shape(n_out, k, sms, axis_lanes);
     let grid = n_out.div_ceil(bx).clamp(1, sms * 32) as u32;

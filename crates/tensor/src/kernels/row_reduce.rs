@@ -84,7 +84,7 @@ pub(super) fn launch_reduce_rows<O: DType, T: DType>(
     out_shape: &[usize],
     x: &crate::tensor::Tensor<T>,
 ) -> TensorResult<O> {
-    let sms = stream.device().limits().multiprocessor_count.max(1) as usize;
+    let sms = crate::kernels::multiprocessors(stream);
     let launch = |rows, cols| reduce_launch(rows, cols, std::mem::size_of::<T>(), sms);
     launch_rows_by(stream, kernel, out_shape, x, &[], None, launch)
 }

@@ -447,7 +447,7 @@ fn launch(
     } else {
         n.div_ceil(ROWS_PER_WARP)
     };
-    let sms = stream.device().limits().multiprocessor_count.max(1) as usize;
+    let sms = crate::kernels::multiprocessors(stream);
     let split = ksplit(units, k / 8, sms);
     let blocks = units.div_ceil((THREADS / 32) as usize / split);
     // Blocks loop over units: as few rounds as the resident blocks allow, evenly spread.

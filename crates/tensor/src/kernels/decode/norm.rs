@@ -350,7 +350,7 @@ pub fn silu_mul<'a>(
         }
         let rows = out.len() / inter;
         check_len("silu_mul", "gate_up", gate_up, 2 * out.len())?;
-        let sms = stream.device().limits().multiprocessor_count.max(1) as usize;
+        let sms = crate::kernels::multiprocessors(stream);
         let grid = out.len().div_ceil(256).clamp(1, sms * 16);
         silu_mul_kernel().launch(
             stream,
