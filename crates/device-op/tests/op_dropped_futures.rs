@@ -6,14 +6,12 @@ use std::future::Future;
 
 use cuflow_device_op::{DeviceError, DeviceOpExt};
 use cuflow_scheduler::StreamPoolRoundRobin;
-use cuflow_testing::{device::device, kernels, ops::*};
+use cuflow_testing::{device::device, ops::*};
 
 #[test]
 fn dropping_in_flight_futures_returns_memory_to_its_baseline() -> Result<(), DeviceError> {
     let device = device();
-    for k in [kernels::spin(), kernels::fill()] {
-        k.compile(&device)?;
-    }
+    compile_kernels(&device)?;
     let policy = StreamPoolRoundRobin::new(&device, 4)?;
     let len = 1 << 16;
     let baseline = device.bytes_in_use();

@@ -9,7 +9,7 @@ use cuflow_tensor::{api, bf16, f16, kernels, DType, Tensor};
 use cuflow_testing::{
     device::stream,
     rng::seeded_rng,
-    tensor::{assert_dtype_close, assert_exact, read, signed, upload, Float, Int},
+    tensor::{assert_dtype_close, assert_exact, few_values, read, signed, upload, Float, Int},
     test_cases,
 };
 
@@ -182,15 +182,8 @@ test_cases! {
 fn comparisons_where_clamp<T: DType>(seed: u64) -> Result<(), DeviceError> {
     let s = stream();
     let mut rng = seeded_rng(seed);
-    // Few distinct values, so that equal pairs occur.
-    let small = |rng: &mut rand::rngs::StdRng, n: usize| -> Vec<T> {
-        use rand::Rng;
-        (0..n)
-            .map(|_| T::from_f64(rng.gen_range(0..4) as f64))
-            .collect()
-    };
     let (sa, sb) = (&[3usize, 1, 4][..], &[2usize, 4][..]);
-    let (a, b) = (small(&mut rng, 12), small(&mut rng, 8));
+    let (a, b) = (few_values::<T>(&mut rng, 12), few_values::<T>(&mut rng, 8));
     let (x, y) = (upload(&s, &a, sa), upload(&s, &b, sb));
     let cmps: [Case<u8, CmpRef<T>>; 6] = [
         ("eq", kernels::eq(&x, &y).sync_on(&s)?, PartialEq::eq),
@@ -211,7 +204,7 @@ fn comparisons_where_clamp<T: DType>(seed: u64) -> Result<(), DeviceError> {
     let got = kernels::where_(&mask, &x, &y).sync_on(&s)?;
     let want = bc_ref(&a, sa, &b, sb, |p, q| if p < q { p } else { q });
     assert_exact(&read(&got), &want, "where_ (minimum)");
-    let col = upload(&s, &small(&mut rng, 3), &[3, 1, 1]);
+    let col = upload(&s, &few_values::<T>(&mut rng, 3), &[3, 1, 1]);
     let got = kernels::where_(&mask, &col, &y).sync_on(&s)?;
     let colh = read(&col);
     let mh = read(&mask);

@@ -12,7 +12,7 @@ use cuflow_tensor::{bf16, f16, kernels, DType, Tensor};
 use cuflow_testing::{
     device::stream,
     rng::seeded_rng,
-    tensor::{assert_dtype_close, assert_exact, read, signed, uniform, upload, Float},
+    tensor::{assert_dtype_close, assert_exact, few_values, read, signed, uniform, upload, Float},
     test_cases,
 };
 
@@ -188,19 +188,12 @@ test_cases! {
 fn transposed_compare_where<T: DType>(seed: u64) -> Result<(), DeviceError> {
     let s = stream();
     let mut rng = seeded_rng(seed);
-    // Few distinct values, so that equal pairs occur.
-    let small = |rng: &mut rand::rngs::StdRng, n: usize| -> Vec<T> {
-        use rand::Rng;
-        (0..n)
-            .map(|_| T::from_f64(rng.gen_range(0..4) as f64))
-            .collect()
-    };
     for &(r, c) in SIZES {
         let (a, b, colh, wh) = (
-            small(&mut rng, r * c),
-            small(&mut rng, r * c),
-            small(&mut rng, c),
-            small(&mut rng, r * c),
+            few_values::<T>(&mut rng, r * c),
+            few_values::<T>(&mut rng, r * c),
+            few_values::<T>(&mut rng, c),
+            few_values::<T>(&mut rng, r * c),
         );
         let x = upload(&s, &a, &[r, c]);
         let (y, col) = (upload(&s, &b, &[c, r]), upload(&s, &colh, &[c, 1]));

@@ -74,6 +74,14 @@ pub fn signed<T: DType>(rng: &mut StdRng, n: usize, lo: f64, hi: f64) -> Vec<T> 
         .collect()
 }
 
+/// `n` values drawn from 0, 1, 2 and 3: few distinct values, so that comparisons meet equal
+/// pairs.
+pub fn few_values<T: DType>(rng: &mut StdRng, n: usize) -> Vec<T> {
+    (0..n)
+        .map(|_| T::from_f64(rng.gen_range(0..4) as f64))
+        .collect()
+}
+
 /// The values of `v` as `f64`.
 pub fn f64s<T: DType>(v: &[T]) -> Vec<f64> {
     v.iter().map(|x| x.to_f64()).collect()
