@@ -64,6 +64,17 @@ fn reference(q: &[f32], cache: &[bf16], start: usize, shape: AttentionShape) -> 
 }
 
 fn check(s: &Stream, rng: &mut StdRng, shape: AttentionShape, rows: usize) {
+    check_with(s, rng, shape, rows, CHUNK, CONTEXTS);
+}
+
+fn check_with(
+    s: &Stream,
+    rng: &mut StdRng,
+    shape: AttentionShape,
+    rows: usize,
+    chunk: usize,
+    contexts: &[usize],
+) {
     let AttentionShape {
         heads,
         kv_heads,
@@ -75,7 +86,7 @@ fn check(s: &Stream, rng: &mut StdRng, shape: AttentionShape, rows: usize) {
         .map(bf16::from_f32)
         .collect();
     let cache = upload(s, &cache_h, &[shape.cache_len()]);
-    let parts = decode::attention_partitions(max_seq, CHUNK);
+    let parts = decode::attention_partitions(max_seq, chunk);
     let width = rows * heads * hd;
     let scratch_len = rows * heads * parts * (hd + 2);
     let mut scratch = upload(
@@ -86,7 +97,7 @@ fn check(s: &Stream, rng: &mut StdRng, shape: AttentionShape, rows: usize) {
     let mut counts = decode::AttentionCounters::zeroed(rows, kv_heads)
         .sync_on(s)
         .expect("counters");
-    for &ctx in CONTEXTS {
+    for &ctx in contexts {
         let start = ctx - 1;
         let q_h = random_f32(rng, width, 1.5);
         let q = upload(s, &q_h, &[rows, heads * hd]);
@@ -133,6 +144,39 @@ fn split_attention_matches_float64() {
         max_seq: 300,
     };
     check(&s, &mut rng, wide, 1);
+}
+
+/// Every head width the kernel is built for (16 to 256), groups of 1 to 8 query heads per
+/// key/value head (the kernel has its own code for some widths and groups), and partitions longer than the block has threads (as prefill uses).
+#[test]
+fn split_attention_matches_float64_for_every_head_width_and_group() {
+    let s = stream();
+    let mut rng = rng(0xa77f);
+    for (heads, kv_heads, head_dim) in [
+        (8, 1, 16),
+        (6, 2, 32),
+        (3, 3, 64),
+        (16, 2, 64),
+        (6, 1, 64),
+        (8, 2, 128),
+        (4, 2, 128),
+        (2, 1, 256),
+    ] {
+        let shape = AttentionShape {
+            heads,
+            kv_heads,
+            head_dim,
+            max_seq: 320,
+        };
+        check(&s, &mut rng, shape, 1);
+    }
+    let long = AttentionShape {
+        heads: 4,
+        kv_heads: 1,
+        head_dim: 64,
+        max_seq: 1200,
+    };
+    check_with(&s, &mut rng, long, 3, 512, &[1, 200, 512, 513, 1100]);
 }
 
 #[test]

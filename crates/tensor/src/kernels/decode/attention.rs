@@ -31,7 +31,7 @@ use crate::op::{cached_kernel, TensorOp};
 use crate::tensor::Tensor;
 
 /// Threads per block of the partial kernel.
-const PARTIAL_THREADS: usize = 128;
+const PARTIAL_THREADS: usize = 256;
 /// The largest partition the partial kernel holds scores for.
 const MAX_CHUNK: usize = 1024;
 /// The most query heads that share one key/value head.
@@ -91,173 +91,286 @@ pub fn attention_partitions(max_seq: usize, chunk: usize) -> usize {
 
 pub(super) fn kernel() -> Kernel {
     cached_kernel("decode_attention_split", "bf16", || {
-        let source = format!(
-            r#"{defs}
-#define MAX_GROUP {max_group}
-__device__ __forceinline__ float bf_lo(unsigned v) {{ return __uint_as_float(v << 16); }}
-__device__ __forceinline__ float bf_hi(unsigned v) {{ return __uint_as_float(v & 0xffff0000u); }}
-extern "C" __global__ void decode_attention_split(
+        let source = SOURCE
+            .replace("@DEFS@", &bf16_defs())
+            .replace("@MAX_GROUP@", &MAX_GROUP.to_string())
+            .replace("@THREADS@", &PARTIAL_THREADS.to_string());
+        crate::op::builtin_kernel("decode_attention_split", source).with_host(host_attention)
+    })
+}
+
+/// Dynamic shared memory of one block, in bytes: the scaled queries of the group
+/// (`g · head_dim`), the scores of the partition (`g · chunk`), and one partial weighted sum
+/// of values per warp (`warps · g · head_dim`).
+fn shared_bytes(g: usize, head_dim: usize, chunk: usize) -> usize {
+    (g * head_dim + g * chunk + PARTIAL_THREADS / 32 * g * head_dim) * std::mem::size_of::<f32>()
+}
+
+/// The CUDA C of the kernel. A block of 256 threads handles one partition of one key/value
+/// head. At the short contexts of decoding the kernel is latency-bound (a few blocks, a chain
+/// of dependent loads and barriers), so the code is shaped to issue its loads early and to
+/// run no instruction it does not need:
+///
+/// - The head width, and for the common widths (64, 128) the group size, are template
+///   parameters: the loops over a row's 16-byte vectors and over the group's query heads are
+///   unrolled, every load of a key or value row is issued before any of them is used, and no
+///   instruction is spent on heads past the group (a run-time width or group made each warp
+///   wait out one load latency per vector and run the code of eight heads).
+/// - Each thread's first key and value rows are loaded before the queries are waited for.
+/// - Scores: `TPP` threads share a position, each loading at most four vectors of its key
+///   row, and sum their dot products with shuffles.
+/// - Values: `HD / 8` threads cover a row, a vector each; rows are summed with shuffles
+///   within a warp, then across warps in shared memory.
+const SOURCE: &str = r#"@DEFS@
+#define MAX_GROUP @MAX_GROUP@
+#define THREADS @THREADS@
+__device__ __forceinline__ float bf_lo(unsigned v) { return __uint_as_float(v << 16); }
+__device__ __forceinline__ float bf_hi(unsigned v) { return __uint_as_float(v & 0xffff0000u); }
+__device__ __forceinline__ void unpack8(uint4 w, float* f) {
+  f[0] = bf_lo(w.x); f[1] = bf_hi(w.x); f[2] = bf_lo(w.y); f[3] = bf_hi(w.y);
+  f[4] = bf_lo(w.z); f[5] = bf_hi(w.z); f[6] = bf_lo(w.w); f[7] = bf_hi(w.w);
+}
+
+template <int HD, int G>
+__device__ __forceinline__ void attend(
     float* out, float* part, unsigned* counts, const float* q, const T_bf16* cache,
-    const unsigned* pos, unsigned heads, unsigned kv_heads, unsigned head_dim, unsigned max_seq,
-    unsigned parts, unsigned chunk, float scale) {{
-  extern __shared__ float sm[];
+    unsigned heads, unsigned kv_heads, unsigned max_seq, unsigned parts, unsigned chunk,
+    float scale, unsigned row, unsigned kvh, unsigned pi, unsigned n, float* sm) {
+  constexpr int V8 = HD / 8;                        // 16-byte vectors per row
+  constexpr int NG = G > 0 ? G : MAX_GROUP;        // query heads the loops unroll over
+  constexpr int TPP = V8 / 4 > 4 ? V8 / 4 : (V8 < 4 ? V8 : 4);  // threads per score
+  constexpr int PER = V8 / TPP;                     // vectors each of them loads
+  constexpr int RG = THREADS / V8;                  // rows the value pass covers at once
+  constexpr int U = 4;                              // value rows a thread loads at once
   __shared__ float s_m[MAX_GROUP], s_l[MAX_GROUP];
   __shared__ unsigned s_last;
-  const unsigned g = heads / kv_heads, hd = head_dim, W = hd + 2;
+  const unsigned g = G > 0 ? G : heads / kv_heads, W = HD + 2;
+  const unsigned t0 = pi * chunk;
+  const unsigned live = (n + chunk - 1) / chunk;
+  const unsigned t1 = t0 + chunk < n ? t0 + chunk : n;
+  const unsigned len = t1 - t0;
+  const unsigned long long head0 = (unsigned long long)row * heads + (unsigned long long)kvh * g;
+  float* outp = part + head0 * parts * W;
+  float* outr = out + head0 * HD;
+  float* qs = sm;                 // [g][HD], pre-scaled
+  float* s = qs + g * HD;         // [g][chunk]
+  float* red = s + g * chunk;     // [warps][g][HD]
+  const unsigned lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const uint4* K = (const uint4*)(cache + ((unsigned long long)kvh * max_seq + t0) * HD);
+  const uint4* V = (const uint4*)(cache + ((unsigned long long)(kv_heads + kvh) * max_seq + t0) * HD);
+  // The first key and value rows of each thread are loaded before the queries are waited
+  // for: the three loads depend only on the position, and overlap.
+  const unsigned sub = threadIdx.x % TPP, first_t = threadIdx.x / TPP;
+  const unsigned cv = threadIdx.x % V8, rg = threadIdx.x / V8;
+  uint4 w[PER];
+#pragma unroll
+  for (int c = 0; c < PER; ++c)
+    w[c] = first_t < len ? K[(unsigned long long)first_t * V8 + sub + c * TPP] : make_uint4(0u, 0u, 0u, 0u);
+  uint4 vw[U];
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const unsigned tt = rg + u * RG;
+    vw[u] = tt < len ? V[(unsigned long long)tt * V8 + cv] : make_uint4(0u, 0u, 0u, 0u);
+  }
+  const float* qrow = q + head0 * HD;
+  for (unsigned i = threadIdx.x; i < g * HD; i += THREADS) qs[i] = qrow[i] * scale;
+  __syncthreads();
+
+  // Scores of the partition's positions against the group's queries.
+  const unsigned mask = TPP == 32 ? 0xffffffffu : (((1u << TPP) - 1u) << (lane & ~(unsigned)(TPP - 1)));
+  for (unsigned t = first_t; t < len; t += THREADS / TPP) {
+    if (t != first_t) {
+#pragma unroll
+      for (int c = 0; c < PER; ++c) w[c] = K[(unsigned long long)t * V8 + sub + c * TPP];
+    }
+    float acc[NG];
+#pragma unroll
+    for (int j = 0; j < NG; ++j) acc[j] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < PER; ++c) {
+      float kf[8];
+      unpack8(w[c], kf);
+      const unsigned base = (sub + c * TPP) * 8;
+#pragma unroll
+      for (int j = 0; j < NG; ++j) {
+        if (G > 0 || j < (int)g) {
+          const float* qj = qs + j * HD + base;
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[j] = fmaf(qj[e], kf[e], acc[j]);
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < NG; ++j) {
+#pragma unroll
+      for (int o = TPP / 2; o > 0; o >>= 1) acc[j] += __shfl_xor_sync(mask, acc[j], o);
+    }
+    if (sub == 0) {
+#pragma unroll
+      for (int j = 0; j < NG; ++j) if (G > 0 || j < (int)g) s[j * chunk + t] = acc[j];
+    }
+  }
+  __syncthreads();
+
+  // Softmax of each head's scores: a warp per head.
+  for (unsigned j = warp; j < g; j += THREADS / 32) {
+    float m = -__int_as_float(0x7f800000);
+    for (unsigned t = lane; t < len; t += 32) m = fmaxf(m, s[j * chunk + t]);
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    float l = 0.0f;
+    for (unsigned t = lane; t < len; t += 32) {
+      const float e = expf(s[j * chunk + t] - m);
+      s[j * chunk + t] = e;
+      l += e;
+    }
+    for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
+    if (lane == 0) {
+      s_l[j] = l;
+      if (live > 1) {
+        float* o = outp + ((unsigned long long)j * parts + pi) * W;
+        o[HD] = m;
+        o[HD + 1] = l;
+      }
+    }
+  }
+  __syncthreads();
+
+  // The weighted sum of the value rows.
+  float a[NG][8];
+#pragma unroll
+  for (int j = 0; j < NG; ++j) {
+#pragma unroll
+    for (int d = 0; d < 8; ++d) a[j][d] = 0.0f;
+  }
+  for (unsigned t = rg; t < len; t += RG * U) {
+    if (t != rg) {
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const unsigned tt = t + u * RG;
+        vw[u] = tt < len ? V[(unsigned long long)tt * V8 + cv] : make_uint4(0u, 0u, 0u, 0u);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const unsigned tt = t + u * RG;
+      if (tt < len) {
+        float vf[8];
+        unpack8(vw[u], vf);
+#pragma unroll
+        for (int j = 0; j < NG; ++j) {
+          if (G > 0 || j < (int)g) {
+            const float e = s[j * chunk + tt];
+#pragma unroll
+            for (int d = 0; d < 8; ++d) a[j][d] = fmaf(e, vf[d], a[j][d]);
+          }
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < NG; ++j) {
+    if (G > 0 || j < (int)g) {
+#pragma unroll
+      for (int d = 0; d < 8; ++d) {
+#pragma unroll
+        for (int o = V8; o < 32; o <<= 1) a[j][d] += __shfl_xor_sync(0xffffffffu, a[j][d], o);
+        if (lane < V8) red[(warp * g + j) * HD + cv * 8 + d] = a[j][d];
+      }
+    }
+  }
+  __syncthreads();
+  if (live == 1) {
+    // One partition covers the context: it is the result, normalized here.
+    for (unsigned i = threadIdx.x; i < g * HD; i += THREADS) {
+      const unsigned j = i / HD, c = i % HD;
+      float v = 0.0f;
+#pragma unroll
+      for (int r = 0; r < THREADS / 32; ++r) v += red[(r * g + j) * HD + c];
+      outr[i] = v / s_l[j];
+    }
+    return;
+  }
+  for (unsigned i = threadIdx.x; i < g * HD; i += THREADS) {
+    const unsigned j = i / HD, c = i % HD;
+    float v = 0.0f;
+#pragma unroll
+    for (int r = 0; r < THREADS / 32; ++r) v += red[(r * g + j) * HD + c];
+    outp[((unsigned long long)j * parts + pi) * W + c] = v;
+  }
+  // Publish this partition, then count it; the block that counts the last live partition
+  // of this (row, key/value head) combines them all and resets the counter for the next
+  // launch.
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const unsigned k = row * kv_heads + kvh;
+    const unsigned done = atomicAdd(counts + k, 1u) + 1u;
+    s_last = done == live;
+    if (done == live) counts[k] = 0u;
+    __threadfence();
+  }
+  __syncthreads();
+  if (!s_last) return;
+  for (unsigned j = warp; j < g; j += THREADS / 32) {
+    const float* p = outp + (unsigned long long)j * parts * W;
+    float m = -__int_as_float(0x7f800000);
+    for (unsigned i = lane; i < live; i += 32) m = fmaxf(m, __ldcg(p + i * W + HD));
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    float l = 0.0f;
+    for (unsigned i = lane; i < live; i += 32)
+      l += expf(__ldcg(p + i * W + HD) - m) * __ldcg(p + i * W + HD + 1);
+    for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
+    if (lane == 0) {
+      s_m[j] = m;
+      s_l[j] = 1.0f / l;
+    }
+  }
+  __syncthreads();
+  for (unsigned i = threadIdx.x; i < g * HD; i += THREADS) {
+    const unsigned j = i / HD, c = i % HD;
+    const float* p = outp + (unsigned long long)j * parts * W;
+    const float m = s_m[j];
+    float acc = 0.0f;
+#pragma unroll 4
+    for (unsigned pj = 0; pj < live; ++pj)
+      acc += expf(__ldcg(p + pj * W + HD) - m) * __ldcg(p + pj * W + c);
+    outr[i] = acc * s_l[j];
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS) decode_attention_split(
+    float* out, float* part, unsigned* counts, const float* q, const T_bf16* cache,
+    const unsigned* pos, unsigned heads, unsigned kv_heads, unsigned head_dim, unsigned max_seq,
+    unsigned parts, unsigned chunk, float scale) {
+  extern __shared__ float sm[];
   unsigned b = blockIdx.x;
   const unsigned pi = b % parts; b /= parts;
   const unsigned kvh = b % kv_heads;
   const unsigned row = b / kv_heads;
   unsigned qp = pos[0] + row;
   if (qp >= max_seq) qp = max_seq - 1;
-  const unsigned n = qp + 1, t0 = pi * chunk;
-  // Partitions past the row's last position do nothing: only the `live` ones count.
-  if (t0 >= n) return;
-  const unsigned live = (n + chunk - 1) / chunk;
-  const unsigned t1 = t0 + chunk < n ? t0 + chunk : n;
-  const unsigned long long head0 = (unsigned long long)row * heads + (unsigned long long)kvh * g;
-  float* outp = part + head0 * parts * W;
-  float* outr = out + head0 * hd;
-  const unsigned len = t1 - t0;
-  float* qs = sm;                 // [g][hd], pre-scaled
-  float* s = qs + g * hd;         // [g][chunk]
-  float* red = s + g * chunk;     // [groups][g][hd]
-  const float* qrow = q + head0 * hd;
-  for (unsigned i = threadIdx.x; i < g * hd; i += blockDim.x) qs[i] = qrow[i] * scale;
-  __syncthreads();
-  const T_bf16* K = cache + (unsigned long long)kvh * max_seq * hd;
-  const T_bf16* V = cache + (unsigned long long)(kv_heads + kvh) * max_seq * hd;
-  for (unsigned t = threadIdx.x; t < len; t += blockDim.x) {{
-    const uint4* k4 = (const uint4*)(K + (unsigned long long)(t0 + t) * hd);
-    float acc[MAX_GROUP];
-#pragma unroll
-    for (int j = 0; j < MAX_GROUP; ++j) acc[j] = 0.0f;
-    for (unsigned c = 0; c < hd / 8; ++c) {{
-      const uint4 w = k4[c];
-      const float kf[8] = {{bf_lo(w.x), bf_hi(w.x), bf_lo(w.y), bf_hi(w.y),
-                           bf_lo(w.z), bf_hi(w.z), bf_lo(w.w), bf_hi(w.w)}};
-#pragma unroll
-      for (int j = 0; j < MAX_GROUP; ++j) {{
-        if (j < (int)g) {{
-          const float* qj = qs + j * hd + c * 8;
-#pragma unroll
-          for (int e = 0; e < 8; ++e) acc[j] = fmaf(qj[e], kf[e], acc[j]);
-        }}
-      }}
-    }}
-#pragma unroll
-    for (int j = 0; j < MAX_GROUP; ++j) if (j < (int)g) s[j * chunk + t] = acc[j];
-  }}
-  __syncthreads();
-  const unsigned lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  for (unsigned j = warp; j < g; j += warps) {{
-    float m = -__int_as_float(0x7f800000);
-    for (unsigned t = lane; t < len; t += 32) m = fmaxf(m, s[j * chunk + t]);
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    float l = 0.0f;
-    for (unsigned t = lane; t < len; t += 32) {{
-      const float e = expf(s[j * chunk + t] - m);
-      s[j * chunk + t] = e;
-      l += e;
-    }}
-    for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
-    if (lane == 0) {{
-      s_l[j] = l;
-      if (live > 1) {{
-        float* o = outp + ((unsigned long long)j * parts + pi) * W;
-        o[hd] = m;
-        o[hd + 1] = l;
-      }}
-    }}
-  }}
-  __syncthreads();
-  const unsigned pair_threads = hd / 2, groups = blockDim.x / pair_threads;
-  const unsigned rg = threadIdx.x / pair_threads, cp = threadIdx.x % pair_threads;
-  float acc0[MAX_GROUP], acc1[MAX_GROUP];
-#pragma unroll
-  for (int j = 0; j < MAX_GROUP; ++j) {{ acc0[j] = 0.0f; acc1[j] = 0.0f; }}
-  for (unsigned t = rg; t < len; t += groups) {{
-    const unsigned v2 = ((const unsigned*)(V + (unsigned long long)(t0 + t) * hd))[cp];
-    const float va = bf_lo(v2), vb = bf_hi(v2);
-#pragma unroll
-    for (int j = 0; j < MAX_GROUP; ++j) {{
-      if (j < (int)g) {{
-        const float e = s[j * chunk + t];
-        acc0[j] = fmaf(e, va, acc0[j]);
-        acc1[j] = fmaf(e, vb, acc1[j]);
-      }}
-    }}
-  }}
-#pragma unroll
-  for (int j = 0; j < MAX_GROUP; ++j) {{
-    if (j < (int)g) {{
-      red[(rg * g + j) * hd + 2 * cp] = acc0[j];
-      red[(rg * g + j) * hd + 2 * cp + 1] = acc1[j];
-    }}
-  }}
-  __syncthreads();
-  if (live == 1) {{
-    // One partition covers the context: it is the result, normalized here.
-    for (unsigned i = threadIdx.x; i < g * hd; i += blockDim.x) {{
-      const unsigned j = i / hd, c = i % hd;
-      float v = 0.0f;
-      for (unsigned r = 0; r < groups; ++r) v += red[(r * g + j) * hd + c];
-      outr[i] = v / s_l[j];
-    }}
-    return;
-  }}
-  for (unsigned i = threadIdx.x; i < g * hd; i += blockDim.x) {{
-    const unsigned j = i / hd, c = i % hd;
-    float v = 0.0f;
-    for (unsigned r = 0; r < groups; ++r) v += red[(r * g + j) * hd + c];
-    outp[((unsigned long long)j * parts + pi) * W + c] = v;
-  }}
-  // Publish this partition, then count it; the block that counts the last live partition
-  // of this (row, key/value head) combines them all and resets the counter for the next
-  // launch.
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {{
-    const unsigned k = row * kv_heads + kvh;
-    const unsigned done = atomicAdd(counts + k, 1u) + 1u;
-    s_last = done == live;
-    if (done == live) counts[k] = 0u;
-    __threadfence();
-  }}
-  __syncthreads();
-  if (!s_last) return;
-  for (unsigned j = warp; j < g; j += warps) {{
-    const float* p = outp + (unsigned long long)j * parts * W;
-    float m = -__int_as_float(0x7f800000);
-    for (unsigned i = lane; i < live; i += 32) m = fmaxf(m, __ldcg(p + i * W + hd));
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    float l = 0.0f;
-    for (unsigned i = lane; i < live; i += 32)
-      l += expf(__ldcg(p + i * W + hd) - m) * __ldcg(p + i * W + hd + 1);
-    for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
-    if (lane == 0) {{
-      s_m[j] = m;
-      s_l[j] = 1.0f / l;
-    }}
-  }}
-  __syncthreads();
-  for (unsigned i = threadIdx.x; i < g * hd; i += blockDim.x) {{
-    const unsigned j = i / hd, c = i % hd;
-    const float* p = outp + (unsigned long long)j * parts * W;
-    const float m = s_m[j];
-    float acc = 0.0f;
-    for (unsigned pj = 0; pj < live; ++pj)
-      acc += expf(__ldcg(p + pj * W + hd) - m) * __ldcg(p + pj * W + c);
-    outr[i] = acc * s_l[j];
-  }}
-}}
-"#,
-            defs = bf16_defs(),
-            max_group = MAX_GROUP,
-        );
-        crate::op::builtin_kernel("decode_attention_split", source).with_host(host_attention)
-    })
+  const unsigned n = qp + 1;
+  // Partitions past the row's last position do nothing: only the live ones count.
+  if (pi * chunk >= n) return;
+  const unsigned g = heads / kv_heads;
+#define ATTEND(HD, G) attend<HD, G>(out, part, counts, q, cache, heads, kv_heads, max_seq, parts, \
+                                    chunk, scale, row, kvh, pi, n, sm)
+  switch (head_dim) {
+    case 16: ATTEND(16, 0); break;
+    case 32: ATTEND(32, 0); break;
+    case 64:
+      if (g == 1) ATTEND(64, 1); else if (g == 2) ATTEND(64, 2);
+      else if (g == 4) ATTEND(64, 4); else if (g == 8) ATTEND(64, 8); else ATTEND(64, 0);
+      break;
+    case 128:
+      if (g == 1) ATTEND(128, 1); else if (g == 2) ATTEND(128, 2);
+      else if (g == 4) ATTEND(128, 4); else if (g == 8) ATTEND(128, 8); else ATTEND(128, 0);
+      break;
+    case 256: ATTEND(256, 0); break;
+    default: break;
+  }
 }
+"#;
 
 /// The kernel on the host: the same partitions, the same arithmetic in `f32`, then their
 /// combination (the counters stay zero).
@@ -455,8 +568,7 @@ pub fn attention<'a>(
         if rows == 0 {
             return Ok(());
         }
-        let groups = PARTIAL_THREADS / (hd / 2);
-        let shared = (g * hd + g * chunk + groups * g * hd) * std::mem::size_of::<f32>();
+        let shared = shared_bytes(g, hd, chunk);
         let blocks = rows * shape.kv_heads * parts;
         kernel().launch(
             stream,
