@@ -103,6 +103,19 @@ impl ExecutionContext {
     ///
     /// The error of recording or waiting on the fork event.
     pub fn stream(&mut self) -> Result<&Stream, DeviceError> {
+        if self.counted && self.pending_forks.is_empty() && self.fork_cache.is_none() {
+            // Every op after the first of a context: no fork to wait on, no fork point to
+            // retire, the stream counted already.
+            self.touched = true;
+            return Ok(&self.stream);
+        }
+        self.claim_stream()
+    }
+
+    /// The first claim of this context's stream, or one after a fork: waits on the pending
+    /// forks, retires the fork point, counts the stream.
+    #[inline(never)]
+    fn claim_stream(&mut self) -> Result<&Stream, DeviceError> {
         for fork in std::mem::take(&mut self.pending_forks) {
             let event = {
                 let mut slot = fork.event.lock();
