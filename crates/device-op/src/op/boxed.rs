@@ -28,7 +28,11 @@ impl<O: DeviceOp> DynDeviceOp for O {
         self: Box<Self>,
         ctx: &mut ExecutionContext,
     ) -> Result<O::Output, DeviceError> {
-        (*self).execute(ctx)
+        // The box is freed before the op runs, not when it returns: a chain of boxed ops
+        // frees its levels on the way in, so no free is left to interleave with the work
+        // each level enqueues on the way out.
+        let op: O = *{ self };
+        op.execute(ctx)
     }
     fn describe_boxed(&self, dag: &mut DagBuilder) -> Described {
         self.describe_into(dag)
