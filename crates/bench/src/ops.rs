@@ -1,6 +1,7 @@
 //! `ops`: the cost of composing through cuflow's ops. A 1,000-kernel dependent chain built with
-//! `then` against the same 1,000 raw cudarc launches; and `.await` of one tiny op against a
-//! `.sync_on` round trip.
+//! `then` against the same 1,000 raw cudarc launches, and against the same launches made
+//! directly through `Kernel::launch` (what the chain itself adds); and `.await` of one tiny op
+//! against a `.sync_on` round trip.
 
 use std::time::Instant;
 
@@ -34,12 +35,20 @@ pub(crate) fn run(device: &Device, iters: usize) -> Result<Results, BenchError> 
     raw.launch_n(n)?;
 
     let trials = iters.clamp(5, 51);
-    let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+    let (mut ours, mut theirs, mut direct) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..trials {
         let t = Instant::now();
         chain(&kernel, n).sync_on(&stream)?;
         ours.push(t.elapsed().as_secs_f64() * 1e6 / n as f64);
         theirs.push(raw.launch_n(n)?.as_secs_f64() * 1e6 / n as f64);
+        // The same launches made directly through `Kernel::launch`: what the chain adds to
+        // the launch path.
+        let t = Instant::now();
+        for _ in 0..n {
+            kernel.launch(&stream, LaunchConfig::linear(1, 1), &KernelArgs::new())?;
+        }
+        stream.synchronize()?;
+        direct.push(t.elapsed().as_secs_f64() * 1e6 / n as f64);
     }
 
     // One tiny op: `.await` (default policy, completion reactor) vs `.sync_on`.
@@ -67,7 +76,8 @@ pub(crate) fn run(device: &Device, iters: usize) -> Result<Results, BenchError> 
             format!(
                 "chain: µs per op of a {n}-kernel dependent chain built with `then` (boxed ops, \
                  build + enqueue + sync), median of {trials} trials; raw: {n} launches of the \
-                 same empty kernel + sync"
+                 same empty kernel + sync; direct: the same {n} launches through \
+                 Kernel::launch + sync, in the same trials"
             ),
             format!("round trip: µs per op, median of 7 trials of {rounds} one-kernel ops"),
         ],
@@ -80,6 +90,13 @@ pub(crate) fn run(device: &Device, iters: usize) -> Result<Results, BenchError> 
                 &theirs,
             )
             .with_goal(Goal::AtMost(1.05)),
+            Row::from_trials(
+                "then-chain of 1000 empty kernels",
+                "us/op",
+                &ours,
+                "the same launches through Kernel::launch",
+                &direct,
+            ),
             Row::from_trials(
                 ".await of one tiny op",
                 "us",
