@@ -13,7 +13,7 @@ use cuflow_testing::tensor::{read, upload};
 use rand::rngs::StdRng;
 use rand::Rng;
 
-/// Positions per partition, as the decoder uses.
+/// Positions per partition: several partitions cover the longer contexts below.
 const CHUNK: usize = 64;
 /// Contexts (positions attended by the first row).
 const CONTEXTS: &[usize] = &[1, 63, 64, 65, 300];
