@@ -49,6 +49,9 @@ pub struct ExecutionContext {
     depth: usize,
     /// Whether branches forked from here must stay on this context's device.
     same_device: bool,
+    /// The boxed levels this context and the contexts it was forked from have entered
+    /// (wrapping), for the stack checks of deep chains (see `op/boxed.rs`).
+    boxed_levels: u32,
     stats: Arc<Mutex<ExecutionStats>>,
     /// The streams that received device work, shared by the whole execution.
     used: Arc<Mutex<Vec<Stream>>>,
@@ -74,6 +77,7 @@ impl ExecutionContext {
             priority: PriorityLevel::Normal,
             depth: 0,
             same_device: false,
+            boxed_levels: 0,
             stats: Arc::new(Mutex::new(ExecutionStats::default())),
             used: Arc::new(Mutex::new(Vec::new())),
         }
@@ -267,9 +271,21 @@ impl ExecutionContext {
             priority: self.priority,
             depth: self.depth + 1,
             same_device: self.same_device,
+            boxed_levels: self.boxed_levels,
             stats: self.stats.clone(),
             used: self.used.clone(),
         })
+    }
+
+    /// Every how many nested boxed levels an execution checks its stack.
+    pub(crate) const BOXED_CHECK_EVERY: u32 = 16;
+
+    /// Counts a boxed level entered with this context; whether it is one that checks the
+    /// stack. Branches start from their parent's count, so any run of
+    /// [`Self::BOXED_CHECK_EVERY`] nested levels, across `zip!` branches too, holds a check.
+    pub(crate) fn enter_boxed_level(&mut self) -> bool {
+        self.boxed_levels = self.boxed_levels.wrapping_add(1);
+        self.boxed_levels.is_multiple_of(Self::BOXED_CHECK_EVERY)
     }
 
     fn fork_point(&mut self) -> Arc<ForkPoint> {

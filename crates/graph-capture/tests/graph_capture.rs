@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use cuflow_device_op::{from_fn, zip, DeviceOp, DeviceOpExt};
+use cuflow_device_op::{from_fn, value, zip, DeviceOp, DeviceOpExt};
 use cuflow_graph_capture::{CudaGraph, GraphCaptureExt, RecaptureOutcome};
 use cuflow_runtime::{DeviceBuffer, DeviceError, Stream};
 use cuflow_scheduler::StreamPoolRoundRobin;
@@ -165,4 +165,52 @@ fn cuda_graph_is_send_and_replays_on_another_thread() -> Result<(), DeviceError>
         .expect("replay thread")?;
     assert_eq!(x.to_host_vec(&stream)?, vec![2.0; 32]);
     Ok(())
+}
+
+#[test]
+fn a_chain_deeper_than_the_stack_captures_and_replays() -> Result<(), DeviceError> {
+    // A boxed `then` chain built in a loop nests one level per link, far more levels than a
+    // thread's stack holds frames; capturing it (on a small stack, too) must still work.
+    const DEPTH: usize = 200_000;
+    const AFFINE_EVERY: usize = 50_000;
+    let run = || -> Result<(), DeviceError> {
+        let stream = stream();
+        let n = 257;
+        let init = random_f32(&mut rng(), n);
+        let x = Arc::new(DeviceBuffer::from_host(&stream, &init)?);
+        let mut op = affine(&x, 1.0, 0.5).boxed();
+        for i in 1..=DEPTH {
+            op = if i % AFFINE_EVERY == 0 {
+                op.then(|b| affine(&b, 1.0, 0.5)).boxed()
+            } else {
+                op.then(value).boxed()
+            };
+        }
+        let mut graph = op.graph_on(stream.clone())?;
+        let replays = 2;
+        for _ in 0..replays {
+            graph.launch()?;
+        }
+        graph.synchronize()?;
+        let affines = 1 + DEPTH / AFFINE_EVERY;
+        let want: Vec<f64> = init
+            .iter()
+            .map(|v| *v as f64 + 0.5 * (affines * replays) as f64)
+            .collect();
+        assert_close_elementwise(
+            "deep chain replays",
+            &x.to_host_vec(&stream)?,
+            &want,
+            1.0,
+            1e-5,
+        );
+        Ok(())
+    };
+    run()?;
+    std::thread::Builder::new()
+        .stack_size(256 * 1024)
+        .spawn(run)
+        .expect("spawn a small-stack thread")
+        .join()
+        .expect("the small-stack thread finished without panicking")
 }

@@ -5,7 +5,7 @@
 
 use std::ops::RangeBounds;
 
-use cuflow_device_op::{from_fn, DeviceOp, ExecutionContext};
+use cuflow_device_op::{from_fn, BoxedOp, DeviceOp, DeviceOpExt, ExecutionContext};
 use cuflow_runtime::DeviceError;
 
 use crate::dtype::{DType, FloatDType};
@@ -218,11 +218,14 @@ macro_rules! tensor_methods {
 pub type ViewOp<T> =
     TensorOp<Box<dyn FnOnce(&mut ExecutionContext) -> Result<Tensor<T>, DeviceError> + Send>>;
 
-/// The op yielding `view` of `op`'s tensor.
+/// The op yielding `view` of `op`'s tensor. `op` is held as a [`BoxedOp`]: a loop can chain
+/// views (`v = v.transpose(0, 1)`) to any depth, and a boxed op executes and drops at any depth
+/// without exhausting the thread's stack.
 fn view_op<T: DType, O: DeviceOp<Output = Tensor<T>> + Send + 'static>(
     op: O,
     view: impl FnOnce(&Tensor<T>) -> Result<Tensor<T>, DeviceError> + Send + 'static,
 ) -> ViewOp<T> {
+    let op: BoxedOp<'static, Tensor<T>> = op.boxed();
     from_fn(Box::new(move |ctx: &mut ExecutionContext| {
         view(&op.execute(ctx)?)
     }))

@@ -115,3 +115,35 @@ fn methods_on_lazy_ops_are_static_and_match() -> Result<(), DeviceError> {
     assert_exact(&read(&e), &[1.0, 2.0, 1.0, 2.0], "expand ... slice_axis");
     Ok(())
 }
+
+#[test]
+fn a_view_chain_deeper_than_the_stack_runs_and_drops() -> Result<(), DeviceError> {
+    // View methods on lazy ops return one op type, so a loop can chain them: 200,000 levels,
+    // far more than a thread's stack holds frames, run (and drop unrun) on a small stack too.
+    const DEPTH: usize = 200_000;
+    let run = || -> Result<(), DeviceError> {
+        let s = stream();
+        let data: Vec<f32> = random(&mut seeded_rng(7), 6);
+        let x = upload(&s, &data, &[2, 3]);
+        let chain = || {
+            let mut view = x.transpose(0, 1)?.contiguous().transpose(0, 1);
+            for _ in 0..DEPTH {
+                view = view.transpose(0, 1);
+            }
+            Ok::<_, DeviceError>(view)
+        };
+        // DEPTH + 1 transposes of the [3, 2] copy: an odd number, so the [2, 3] view of it.
+        let t = chain()?.sync_on(&s)?;
+        assert_eq!(t.shape(), &[2, 3]);
+        assert_exact(&read(&t), &data, "a deep view chain");
+        drop(chain()?);
+        Ok(())
+    };
+    run()?;
+    std::thread::Builder::new()
+        .stack_size(256 * 1024)
+        .spawn(run)
+        .expect("spawn a small-stack thread")
+        .join()
+        .expect("the small-stack thread finished without panicking")
+}

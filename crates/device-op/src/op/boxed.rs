@@ -1,12 +1,48 @@
 //! `boxed`: type-erased ops.
+//!
+//! A chain built in a loop (`op = op.then(f).boxed()`) nests one box per level, and executing,
+//! describing or dropping it recurses once per level. So that its depth is limited by memory
+//! and not by the thread's stack, each boxed level runs on a stack grown on demand with
+//! [`stacker`] (the crate rustc grows its own stack with): while more than [`RED_ZONE`] bytes
+//! of stack are left, a check costs one stack-pointer comparison; below that, the next levels
+//! run on a fresh [`STACK_SEGMENT`]-byte segment, freed when they return. Executing checks at
+//! every [`ExecutionContext::BOXED_CHECK_EVERY`]th boxed level only (counted in the context,
+//! which its branches inherit, so every run of that many nested levels holds a check): a level
+//! that does not check costs one increment. Describing and dropping an unexecuted chain check
+//! at every level; an executed level has nothing left to drop.
 
 use cuflow_runtime::DeviceError;
 
 use super::DeviceOp;
 use crate::context::ExecutionContext;
-use crate::describe::{DagBuilder, Described};
+use crate::describe::{DagBuilder, Described, NodeKind};
 
-/// Object-safe form of [`DeviceOp`], implemented for every op.
+/// The stack a boxed level leaves for the levels and ops up to the next check before it
+/// switches to a new segment: up to [`ExecutionContext::BOXED_CHECK_EVERY`] levels and the op's
+/// own execution (its closures, a kernel launch) run within it.
+const RED_ZONE: usize = 128 * 1024;
+
+/// The size of each stack segment a deep chain grows.
+const STACK_SEGMENT: usize = 1024 * 1024;
+
+/// Runs `f` with at least [`RED_ZONE`] bytes of stack, on a new segment when fewer are left.
+fn with_stack<R>(f: impl FnOnce() -> R) -> R {
+    stacker::maybe_grow(RED_ZONE, STACK_SEGMENT, f)
+}
+
+/// Executes one boxed level, checking the stack at every
+/// [`ExecutionContext::BOXED_CHECK_EVERY`]th level of the execution. Out of line and cold, so
+/// that the levels that do not check stay small.
+#[cold]
+#[inline(never)]
+fn execute_checked<T: Send>(
+    inner: Box<dyn DynDeviceOp<Output = T> + '_>,
+    ctx: &mut ExecutionContext,
+) -> Result<T, DeviceError> {
+    with_stack(|| inner.execute_boxed(ctx))
+}
+
+/// Object-safe form of [`DeviceOp`], implemented for the [`Level`] every boxed op holds.
 pub(crate) trait DynDeviceOp: Send {
     /// What the op produces.
     type Output: Send;
@@ -22,7 +58,10 @@ pub(crate) trait DynDeviceOp: Send {
     fn describe_boxed(&self, dag: &mut DagBuilder) -> Described;
 }
 
-impl<O: DeviceOp> DynDeviceOp for O {
+/// What a [`BoxedOp`] boxes: the op, `None` once it was taken to run.
+struct Level<O>(Option<O>);
+
+impl<O: DeviceOp> DynDeviceOp for Level<O> {
     type Output = O::Output;
     fn execute_boxed(
         self: Box<Self>,
@@ -31,15 +70,36 @@ impl<O: DeviceOp> DynDeviceOp for O {
         // The box is freed before the op runs, not when it returns: a chain of boxed ops
         // frees its levels on the way in, so no free is left to interleave with the work
         // each level enqueues on the way out.
-        let op: O = *{ self };
-        op.execute(ctx)
+        let mut level = *self;
+        let op = level.0.take();
+        // Emptied: nothing is left to drop.
+        std::mem::forget(level);
+        match op {
+            Some(op) => op.execute(ctx),
+            None => Err(DeviceError::internal("a boxed op was executed twice")),
+        }
     }
     fn describe_boxed(&self, dag: &mut DagBuilder) -> Described {
-        self.describe_into(dag)
+        match &self.0 {
+            Some(op) => op.describe_into(dag),
+            None => dag.node(NodeKind::Opaque, "executed boxed op"),
+        }
+    }
+}
+
+impl<O> Drop for Level<O> {
+    /// An unexecuted chain frees its levels on a stack grown as it goes, too.
+    fn drop(&mut self) {
+        if let Some(op) = self.0.take() {
+            with_stack(|| drop(op));
+        }
     }
 }
 
 /// A type-erased op yielding `T`, from [`DeviceOpExt::boxed`](super::DeviceOpExt::boxed).
+///
+/// Boxed ops nest to any depth: a chain of boxed levels executes, describes itself and drops
+/// on a stack grown as it goes, so its depth is limited only by memory, on any thread.
 #[must_use = "device ops do nothing until synced or awaited"]
 pub struct BoxedOp<'a, T> {
     inner: Box<dyn DynDeviceOp<Output = T> + 'a>,
@@ -48,7 +108,7 @@ pub struct BoxedOp<'a, T> {
 impl<'a, T: Send> BoxedOp<'a, T> {
     pub(crate) fn new(op: impl DeviceOp<Output = T> + 'a) -> Self {
         BoxedOp {
-            inner: Box::new(op),
+            inner: Box::new(Level(Some(op))),
         }
     }
 }
@@ -57,11 +117,15 @@ impl<T: Send> DeviceOp for BoxedOp<'_, T> {
     type Output = T;
 
     fn execute(self, ctx: &mut ExecutionContext) -> Result<T, DeviceError> {
-        self.inner.execute_boxed(ctx)
+        if ctx.enter_boxed_level() {
+            execute_checked(self.inner, ctx)
+        } else {
+            self.inner.execute_boxed(ctx)
+        }
     }
 
     fn describe_into(&self, dag: &mut DagBuilder) -> Described {
-        self.inner.describe_boxed(dag)
+        with_stack(|| self.inner.describe_boxed(dag))
     }
 }
 

@@ -75,6 +75,10 @@ pub trait DeviceOpExt: DeviceOp + Sized {
     /// Runs `f` on this op's output and then the op it returns, on the same stream, after this
     /// op's work.
     ///
+    /// A chain built in a loop (`op = op.then(f).boxed()`) may be as deep as memory allows:
+    /// executing, awaiting, sharing, capturing, describing or dropping it never exhausts the
+    /// thread's stack (see [`boxed`](DeviceOpExt::boxed)).
+    ///
     /// # Examples
     ///
     /// ```
@@ -208,7 +212,13 @@ pub trait DeviceOpExt: DeviceOp + Sized {
         dag.finish()
     }
 
-    /// Erases the op's type, e.g. to keep ops of different types in one `Vec`.
+    /// Erases the op's type, e.g. to keep ops of different types in one `Vec`, or to build a
+    /// chain in a loop.
+    ///
+    /// Boxed ops nest to any depth: a chain's depth is limited only by memory. Each boxed
+    /// level nests one call when the chain executes, describes itself or is dropped, so a
+    /// deep chain runs on a stack grown on demand (a 1 MiB segment at a time, on any thread,
+    /// whatever its own stack size) instead of overflowing the thread's stack.
     ///
     /// # Examples
     ///
@@ -216,6 +226,16 @@ pub trait DeviceOpExt: DeviceOp + Sized {
     /// use cuflow_device_op::{join_all, value, BoxedOp, DeviceOpExt};
     /// let ops: Vec<BoxedOp<'static, i32>> = vec![value(1).boxed(), value(2).map(|x| x * 10).boxed()];
     /// assert_eq!(join_all(ops).sync()?, vec![1, 20]);
+    ///
+    /// // A chain 300,000 levels deep, on a thread with a 256 KiB stack.
+    /// let n = std::thread::Builder::new().stack_size(256 * 1024).spawn(|| {
+    ///     let mut op = value(0u64).boxed();
+    ///     for _ in 0..300_000 {
+    ///         op = op.then(|v| value(v + 1)).boxed();
+    ///     }
+    ///     op.sync()
+    /// }).unwrap().join().unwrap()?;
+    /// assert_eq!(n, 300_000);
     /// # Ok::<(), cuflow_runtime::DeviceError>(())
     /// ```
     fn boxed<'a>(self) -> BoxedOp<'a, Self::Output>
