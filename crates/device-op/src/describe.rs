@@ -253,7 +253,7 @@ impl DagDump {
         let mut out = String::from(
             "digraph cuflow_op {\n  rankdir=TB;\n  node [shape=box, fontname=\"monospace\"];\n",
         );
-        self.write_group(&mut out, None, 1);
+        self.write_groups(&mut out);
         for e in &self.edges {
             let style = match e.kind {
                 EdgeKind::Then => "",
@@ -272,40 +272,68 @@ impl DagDump {
         out
     }
 
-    fn write_group(&self, out: &mut String, group: Option<usize>, depth: usize) {
-        let pad = "  ".repeat(depth);
-        for (i, n) in self
-            .nodes
-            .iter()
-            .enumerate()
-            .filter(|(_, n)| n.group == group)
-        {
-            let shape = match n.kind {
-                NodeKind::Fork | NodeKind::Join => "shape=diamond, ",
-                NodeKind::Continuation => "shape=ellipse, style=dashed, ",
-                NodeKind::Shared => "shape=doubleoctagon, ",
-                NodeKind::Value => "shape=ellipse, ",
-                NodeKind::Work | NodeKind::Opaque => "",
-            };
-            let label = n.label.replace('\\', "\\\\").replace('"', "\\\"");
-            let _ = writeln!(out, "{pad}n{i} [{shape}label=\"{label}\"];");
+    /// Writes the nodes and the nested clusters of the named groups. Iterative, with the
+    /// children of each group listed once, so that a chain of ten thousands of nested named
+    /// ops neither recurses once per level nor rescans every group at each; indentation stops
+    /// growing past [`MAX_INDENT`] levels.
+    fn write_groups(&self, out: &mut String) {
+        // Slot 0 is the top level, slot g + 1 group g.
+        let slot = |group: Option<usize>| group.map_or(0, |g| g + 1);
+        let mut nodes_of: Vec<Vec<usize>> = vec![Vec::new(); self.groups.len() + 1];
+        for (i, n) in self.nodes.iter().enumerate() {
+            nodes_of[slot(n.group)].push(i);
         }
-        for (g, grp) in self
-            .groups
-            .iter()
-            .enumerate()
-            .filter(|(_, g)| g.parent == group)
-        {
-            let name = grp.name.replace('\\', "\\\\").replace('"', "\\\"");
-            let _ = writeln!(
-                out,
-                "{pad}subgraph cluster_{g} {{\n{pad}  label=\"{name}\";"
-            );
-            self.write_group(out, Some(g), depth + 1);
-            let _ = writeln!(out, "{pad}}}");
+        let mut children: Vec<Vec<usize>> = vec![Vec::new(); self.groups.len() + 1];
+        for (g, grp) in self.groups.iter().enumerate() {
+            children[slot(grp.parent)].push(g);
+        }
+        let pad = |depth: usize| "  ".repeat(depth.min(MAX_INDENT));
+        enum Step {
+            /// Group `.0`'s header at depth `.1`, its nodes and children one deeper.
+            Open(Option<usize>, usize),
+            /// The closing brace of a cluster at depth `.0`.
+            Close(usize),
+        }
+        let mut steps = vec![Step::Open(None, 0)];
+        while let Some(step) = steps.pop() {
+            let (group, depth) = match step {
+                Step::Close(depth) => {
+                    let _ = writeln!(out, "{}}}", pad(depth));
+                    continue;
+                }
+                Step::Open(group, depth) => (group, depth),
+            };
+            if let Some(g) = group {
+                let name = self.groups[g]
+                    .name
+                    .replace('\\', "\\\\")
+                    .replace('"', "\\\"");
+                let p = pad(depth);
+                let _ = writeln!(out, "{p}subgraph cluster_{g} {{\n{p}  label=\"{name}\";");
+            }
+            let inner = pad(depth + 1);
+            for &i in &nodes_of[slot(group)] {
+                let n = &self.nodes[i];
+                let shape = match n.kind {
+                    NodeKind::Fork | NodeKind::Join => "shape=diamond, ",
+                    NodeKind::Continuation => "shape=ellipse, style=dashed, ",
+                    NodeKind::Shared => "shape=doubleoctagon, ",
+                    NodeKind::Value => "shape=ellipse, ",
+                    NodeKind::Work | NodeKind::Opaque => "",
+                };
+                let label = n.label.replace('\\', "\\\\").replace('"', "\\\"");
+                let _ = writeln!(out, "{inner}n{i} [{shape}label=\"{label}\"];");
+            }
+            for &c in children[slot(group)].iter().rev() {
+                steps.push(Step::Close(depth + 1));
+                steps.push(Step::Open(Some(c), depth + 1));
+            }
         }
     }
 }
+
+/// The deepest indentation of [`DagDump::to_dot`]'s nested clusters.
+const MAX_INDENT: usize = 32;
 
 /// One line per node (`n3 [fork] zip (2 branches)  in: sum`), then one per edge.
 impl fmt::Display for DagDump {

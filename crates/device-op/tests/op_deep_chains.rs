@@ -246,3 +246,28 @@ fn a_panic_deep_in_a_chain_is_an_error_and_the_thread_stays_usable() {
         );
     });
 }
+
+#[test]
+fn a_deep_chain_of_named_ops_draws_as_dot() {
+    on_small_stack(|| {
+        let levels = 20_000;
+        let mut op = value(0u64).boxed();
+        for _ in 0..levels {
+            op = op.named("level").boxed();
+        }
+        let dag = op.describe();
+        assert_eq!(dag.groups.len(), levels, "one group per named level");
+        let dot = dag.to_dot();
+        assert_eq!(
+            dot.matches("subgraph cluster_").count(),
+            levels,
+            "one cluster per named level"
+        );
+        assert_eq!(
+            dot.matches('{').count(),
+            dot.matches('}').count(),
+            "the clusters are closed"
+        );
+        assert_eq!(op.sync().expect("runs"), 0);
+    });
+}
