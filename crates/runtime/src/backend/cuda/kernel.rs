@@ -149,27 +149,8 @@ fn compile_err(kernel: &str, log: impl Into<String>) -> DeviceError {
     }
 }
 
-/// The stack NVRTC and the driver's module loader are given: at least this much is left when
-/// they start, on a new segment if the calling thread has less.
-const COMPILE_STACK: usize = 8 * 1024 * 1024;
-
 /// Compiles `source` for `shared`'s architecture and loads the function `name`.
-///
-/// A compiler needs a deep stack, and the first launch of a kernel may come from a thread
-/// with a small one (a spawned thread, or deep inside a long chain of ops): the compile and
-/// the load run on a stack segment of their own when less than [`COMPILE_STACK`] is left.
 pub(crate) fn compile(
-    shared: &CudaDeviceShared,
-    name: &str,
-    source: &str,
-    extra: &[String],
-) -> Result<CompiledKernel> {
-    stacker::maybe_grow(COMPILE_STACK, 2 * COMPILE_STACK, || {
-        compile_here(shared, name, source, extra)
-    })
-}
-
-fn compile_here(
     shared: &CudaDeviceShared,
     name: &str,
     source: &str,

@@ -397,17 +397,7 @@ impl CudaDevice {
         &self.shared
     }
 
-    /// Opens device `ordinal`: initializes the driver and retains the primary context. The
-    /// driver's initialization may need a deep stack, and the first use of a device may come
-    /// from a thread with a small one, so it runs on a segment of its own when needed (as a
-    /// kernel's compile does, see `kernel::compile`).
     pub(crate) fn open(ordinal: usize) -> Result<(CudaDevice, String, DeviceLimits)> {
-        stacker::maybe_grow(4 * 1024 * 1024, 8 * 1024 * 1024, || {
-            Self::open_here(ordinal)
-        })
-    }
-
-    fn open_here(ordinal: usize) -> Result<(CudaDevice, String, DeviceLimits)> {
         let count = device_count().map_err(|e| match e {
             DeviceError::NoDevice { .. } => DeviceError::NoDevice { ordinal, count: 0 },
             other => other,
