@@ -10,6 +10,7 @@ use cuflow_scheduler::{default_policy, StreamPoolRoundRobin};
 use cuflow_testing::{
     device::{device, stream},
     ops::*,
+    thread::on_small_stack,
 };
 
 /// Far deeper than any thread's stack holds one recursion level per link.
@@ -17,9 +18,6 @@ const DEPTH: u64 = 200_000;
 
 /// Every how many levels the chain adds one to its buffer on the device.
 const DEVICE_EVERY: u64 = 10_000;
-
-/// The stack of the small threads the chains also run on.
-const SMALL_STACK: usize = 256 * 1024;
 
 /// `value(0)` followed by `depth` boxed `then` levels, each adding one to the count; every
 /// `DEVICE_EVERY`th level also adds one to `buf` on the device, so the chain's device work is
@@ -55,16 +53,6 @@ fn check(n: u64, buf: &Buf, depth: u64) {
         (depth / DEVICE_EVERY) as f32,
         "the chain's device work, in order",
     );
-}
-
-/// Runs `f` on a thread with a 256 KiB stack and returns its result.
-fn on_small_stack<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
-    std::thread::Builder::new()
-        .stack_size(SMALL_STACK)
-        .spawn(f)
-        .expect("spawn a small-stack thread")
-        .join()
-        .expect("the small-stack thread finished without panicking")
 }
 
 fn sync_runs(depth: u64) -> Result<(), DeviceError> {

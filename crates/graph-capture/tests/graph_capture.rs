@@ -207,10 +207,5 @@ fn a_chain_deeper_than_the_stack_captures_and_replays() -> Result<(), DeviceErro
         Ok(())
     };
     run()?;
-    std::thread::Builder::new()
-        .stack_size(256 * 1024)
-        .spawn(run)
-        .expect("spawn a small-stack thread")
-        .join()
-        .expect("the small-stack thread finished without panicking")
+    cuflow_testing::thread::on_small_stack(run)
 }

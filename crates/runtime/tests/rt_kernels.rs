@@ -8,7 +8,7 @@ use cuflow_runtime::{
 };
 use cuflow_testing::{
     device::{device, stream},
-    kernels::{launch_add_one, prefix, prefix_mut, reviewed_kernel, saxpy},
+    kernels::{launch_add_one, prefix, prefix_mut, saxpy},
     measure::{assert_close_in_norm, assert_close_to_magnitude, rel_err_in_norm},
     rng::{random_f32, rng},
     ODD_SIZES, POISON, POISON_U32,
@@ -321,45 +321,5 @@ fn kernels_describe_themselves_and_compile_ahead_of_launch() -> Result<(), Devic
     )?;
     let want: Vec<f64> = x.iter().map(|v| 2.0 * *v as f64).collect();
     assert!(rel_err_in_norm(&yb.to_host_vec(&s)?, &want) <= TOL);
-    Ok(())
-}
-
-/// A kernel's first launch compiles it (NVRTC, then the driver's module loader); from a thread
-/// with a 128 KiB stack that works too.
-#[test]
-fn a_first_launch_from_a_thread_with_a_small_stack_compiles_and_runs() -> Result<(), DeviceError> {
-    let s = stream();
-    let x0 = random_f32(&mut rng(), 1000);
-    let x = DeviceBuffer::from_host(&s, &x0)?;
-    s.synchronize()?;
-    let worker = std::thread::Builder::new()
-        .stack_size(128 * 1024)
-        .spawn(move || -> Result<Vec<f32>, DeviceError> {
-            // A source no other test declares, so this launch is its first anywhere.
-            let k = reviewed_kernel(
-                "small_stack_twice",
-                r#"extern "C" __global__ void small_stack_twice(float* x, unsigned n) {
-                    unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
-                    if (i < n) x[i] *= 2.0f;
-                }"#,
-            )
-            .with_host(|args| {
-                let n = args.scalar::<u32>(1)? as usize;
-                for v in prefix_mut("small_stack_twice", args.output::<f32>(0)?, n)? {
-                    *v *= 2.0;
-                }
-                Ok(())
-            });
-            k.launch(
-                &s,
-                LaunchConfig::for_num_elems(x.len()),
-                KernelArgs::new().output(&x).scalar(x.len() as u32),
-            )?;
-            x.to_host_vec(&s)
-        })
-        .expect("spawn a thread");
-    let got = worker.join().expect("the thread does not crash")?;
-    let want: Vec<f32> = x0.iter().map(|v| v * 2.0).collect();
-    assert_eq!(got, want);
     Ok(())
 }

@@ -4,40 +4,35 @@
 
 use cuflow_runtime::{Device, DeviceBuffer, DeviceError, KernelArgs, LaunchConfig};
 use cuflow_testing::kernels::{prefix_mut, reviewed_kernel};
+use cuflow_testing::thread::on_stack_of;
 
 #[test]
 fn a_device_first_opened_from_a_thread_with_a_small_stack_works() {
-    let worker = std::thread::Builder::new()
-        .stack_size(128 * 1024)
-        .spawn(|| -> Result<Vec<f32>, DeviceError> {
-            let device = Device::auto()?;
-            let s = device.new_stream()?;
-            let x = DeviceBuffer::from_host(&s, &[1.0f32, -2.0, 3.5])?;
-            let k = reviewed_kernel(
-                "small_stack_negate",
-                r#"extern "C" __global__ void small_stack_negate(float* x, unsigned n) {
+    let got = on_stack_of(128 * 1024, || -> Result<Vec<f32>, DeviceError> {
+        let device = Device::auto()?;
+        let s = device.new_stream()?;
+        let x = DeviceBuffer::from_host(&s, &[1.0f32, -2.0, 3.5])?;
+        let k = reviewed_kernel(
+            "small_stack_negate",
+            r#"extern "C" __global__ void small_stack_negate(float* x, unsigned n) {
                     unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
                     if (i < n) x[i] = -x[i];
                 }"#,
-            )
-            .with_host(|args| {
-                let n = args.scalar::<u32>(1)? as usize;
-                for v in prefix_mut("small_stack_negate", args.output::<f32>(0)?, n)? {
-                    *v = -*v;
-                }
-                Ok(())
-            });
-            k.launch(
-                &s,
-                LaunchConfig::for_num_elems(3),
-                KernelArgs::new().output(&x).scalar(3u32),
-            )?;
-            x.to_host_vec(&s)
-        })
-        .expect("spawn a thread");
-    let got = worker
-        .join()
-        .expect("the thread does not crash")
-        .expect("the device works");
+        )
+        .with_host(|args| {
+            let n = args.scalar::<u32>(1)? as usize;
+            for v in prefix_mut("small_stack_negate", args.output::<f32>(0)?, n)? {
+                *v = -*v;
+            }
+            Ok(())
+        });
+        k.launch(
+            &s,
+            LaunchConfig::for_num_elems(3),
+            KernelArgs::new().output(&x).scalar(3u32),
+        )?;
+        x.to_host_vec(&s)
+    })
+    .expect("the device works");
     assert_eq!(got, vec![-1.0, 2.0, -3.5]);
 }

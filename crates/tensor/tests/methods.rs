@@ -140,10 +140,5 @@ fn a_view_chain_deeper_than_the_stack_runs_and_drops() -> Result<(), DeviceError
         Ok(())
     };
     run()?;
-    std::thread::Builder::new()
-        .stack_size(256 * 1024)
-        .spawn(run)
-        .expect("spawn a small-stack thread")
-        .join()
-        .expect("the small-stack thread finished without panicking")
+    cuflow_testing::thread::on_small_stack(run)
 }

@@ -16,6 +16,7 @@
 //!   and uploading and reading back tensors.
 //! - `model` (feature `model`): the small decoder-only transformer of the `04_inference_loop`
 //!   example, shared by the example, its test and the benchmark program.
+//! - [`thread`]: running test code on a thread with a small stack.
 //! - [`test_cases!`]: one `#[test]` per line, for tests that differ only in their arguments or
 //!   type parameters.
 //!
@@ -38,6 +39,7 @@ pub mod ops;
 pub mod rng;
 #[cfg(feature = "tensor")]
 pub mod tensor;
+pub mod thread;
 
 /// A byte pattern written over outputs before a test, so that an element that was not written
 /// shows (as `0xABABABAB` integers, or a tiny negative float).
