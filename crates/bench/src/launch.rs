@@ -43,7 +43,7 @@ const GOAL: Goal = Goal::AtMost(1.05);
 
 /// Launches `kernel` `n` times on `stream` (with `buffer` as its one argument, if any), then
 /// synchronizes; returns the wall time of the whole, synchronize included.
-fn cuflow_launches(
+pub(crate) fn cuflow_launches(
     stream: &Stream,
     kernel: &Kernel,
     buffer: Option<&DeviceBuffer<f32>>,

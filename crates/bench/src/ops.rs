@@ -43,12 +43,8 @@ pub(crate) fn run(device: &Device, iters: usize) -> Result<Results, BenchError> 
         theirs.push(raw.launch_n(n)?.as_secs_f64() * 1e6 / n as f64);
         // The same launches made directly through `Kernel::launch`: what the chain adds to
         // the launch path.
-        let t = Instant::now();
-        for _ in 0..n {
-            kernel.launch(&stream, LaunchConfig::linear(1, 1), &KernelArgs::new())?;
-        }
-        stream.synchronize()?;
-        direct.push(t.elapsed().as_secs_f64() * 1e6 / n as f64);
+        let elapsed = crate::launch::cuflow_launches(&stream, &kernel, None, n)?;
+        direct.push(elapsed.as_secs_f64() * 1e6 / n as f64);
     }
 
     // One tiny op: `.await` (default policy, completion reactor) vs `.sync_on`.
