@@ -104,7 +104,7 @@ impl Core {
     /// (appending to the caches), computes the logits and samples the next token, which the
     /// sampling kernel feeds back (`token`, `generated[pos + 1]`, `pos + 1`). The norms are
     /// fused into the GEMVs that read them, the residual adds and SwiGLU into the GEMVs that
-    /// produce them: six kernels per layer.
+    /// produce them, RoPE and the cache append into attention: five kernels per layer.
     pub(crate) fn step<'a>(
         &'a self,
         s: &'a mut State,
@@ -119,15 +119,14 @@ impl Core {
                 // the one that last added to it.
                 decode::gemv_fused(&mut s.qkv, &lw.wqkv, &s.x, norm(&lw.attn_norm), Store)
                     .execute(ctx)?;
-                let cache = &mut s.caches[l];
-                decode::rope_kv_append(&mut s.q, cache, &s.qkv, &self.inv_freq, &s.pos, shape)
-                    .execute(ctx)?;
-                decode::attention(
+                // RoPE, the cache append and attention: one kernel.
+                decode::rope_attention(
                     &mut s.attn,
                     &mut s.scratch,
                     &mut s.attn_counts,
-                    &s.q,
-                    cache,
+                    &mut s.caches[l],
+                    &s.qkv,
+                    &self.inv_freq,
                     &s.pos,
                     shape,
                 )

@@ -37,7 +37,6 @@ pub(crate) struct State {
     pub(crate) sample_scratch: Tensor<u32>,
     pub(crate) x: Tensor<f32>,
     pub(crate) qkv: Tensor<f32>,
-    pub(crate) q: Tensor<f32>,
     pub(crate) attn: Tensor<f32>,
     pub(crate) scratch: Tensor<f32>,
     /// The attention kernel's finished-partition counters, zero between launches.
@@ -66,7 +65,6 @@ impl State {
             sample_scratch: api::zeros::<u32>(&[decode::SAMPLE_SCRATCH_LEN]).sync_on(stream)?,
             x: f(&[1, d])?,
             qkv: f(&[1, cfg.qkv_rows()])?,
-            q: f(&[1, qd])?,
             attn: f(&[1, qd])?,
             scratch: f(&[1, cfg.num_attention_heads, parts, cfg.head_dim() + 2])?,
             attn_counts: decode::AttentionCounters::zeroed(1, cfg.kv_heads()).sync_on(stream)?,

@@ -15,6 +15,9 @@
 //! key/value head and all the query heads that share it. Query row `r` sits at position
 //! `pos[0] + r` and attends positions `0..=pos[0] + r` (causal), clamped to the cache.
 //!
+//! [`rope_attention`] is the same kernel for the one query row of a decode step with RoPE and
+//! the cache append of `rope_kv_append` folded in: one launch instead of two per layer.
+//!
 //! The partial results live in a scratch tensor the caller allocates once,
 //! `[rows, heads, parts, head_dim + 2]` `f32`; partitions past a row's last position are
 //! neither written nor read (their blocks exit at once), and when one partition covers the
@@ -99,6 +102,16 @@ pub(super) fn kernel() -> Kernel {
     })
 }
 
+pub(super) fn rope_kernel() -> Kernel {
+    cached_kernel("decode_rope_attention", "bf16", || {
+        let source = SOURCE
+            .replace("@DEFS@", &bf16_defs())
+            .replace("@MAX_GROUP@", &MAX_GROUP.to_string())
+            .replace("@THREADS@", &PARTIAL_THREADS.to_string());
+        crate::op::builtin_kernel("decode_rope_attention", source).with_host(host_rope_attention)
+    })
+}
+
 /// Dynamic shared memory of one block, in bytes: the scaled queries of the group
 /// (`g · head_dim`), the scores of the partition (`g · chunk`), and one partial weighted sum
 /// of values per warp (`warps · g · head_dim`).
@@ -131,11 +144,16 @@ __device__ __forceinline__ void unpack8(uint4 w, float* f) {
   f[4] = bf_lo(w.z); f[5] = bf_hi(w.z); f[6] = bf_lo(w.w); f[7] = bf_hi(w.w);
 }
 
-template <int HD, int G>
+// ROPE: the queries and this position's key and value come unrotated from the QKV row
+// `qkv` (one query row); the block whose partition holds the position (`owner`) rotates the
+// key, appends both rows to the cache at `p_rope`, and hands them to its own first loads
+// through shared memory (no thread of it reads that row of the cache before the barrier).
+template <int HD, int G, bool ROPE>
 __device__ __forceinline__ void attend(
     float* out, float* part, unsigned* counts, const float* q, const T_bf16* cache,
     unsigned heads, unsigned kv_heads, unsigned max_seq, unsigned parts, unsigned chunk,
-    float scale, unsigned row, unsigned kvh, unsigned pi, unsigned n, float* sm) {
+    float scale, unsigned row, unsigned kvh, unsigned pi, unsigned n, float* sm,
+    const float* qkv, const float* inv_freq, T_bf16* cache_w, unsigned p_rope, bool owner) {
   constexpr int V8 = HD / 8;                        // 16-byte vectors per row
   constexpr int NG = G > 0 ? G : MAX_GROUP;        // query heads the loops unroll over
   constexpr int TPP = V8 / 4 > 4 ? V8 / 4 : (V8 < 4 ? V8 : 4);  // threads per score
@@ -162,19 +180,65 @@ __device__ __forceinline__ void attend(
   // for: the three loads depend only on the position, and overlap.
   const unsigned sub = threadIdx.x % TPP, first_t = threadIdx.x / TPP;
   const unsigned cv = threadIdx.x % V8, rg = threadIdx.x / V8;
+  // Rows the first loads may read from the cache: with ROPE, the owner's last row is written
+  // by this block below and reaches its first loads through shared memory instead.
+  const unsigned plen = ROPE && owner ? len - 1 : len;
   uint4 w[PER];
 #pragma unroll
   for (int c = 0; c < PER; ++c)
-    w[c] = first_t < len ? K[(unsigned long long)first_t * V8 + sub + c * TPP] : make_uint4(0u, 0u, 0u, 0u);
+    w[c] = first_t < plen ? K[(unsigned long long)first_t * V8 + sub + c * TPP] : make_uint4(0u, 0u, 0u, 0u);
   uint4 vw[U];
 #pragma unroll
   for (int u = 0; u < U; ++u) {
     const unsigned tt = rg + u * RG;
-    vw[u] = tt < len ? V[(unsigned long long)tt * V8 + cv] : make_uint4(0u, 0u, 0u, 0u);
+    vw[u] = tt < plen ? V[(unsigned long long)tt * V8 + cv] : make_uint4(0u, 0u, 0u, 0u);
   }
-  const float* qrow = q + head0 * HD;
-  for (unsigned i = threadIdx.x; i < g * HD; i += THREADS) qs[i] = qrow[i] * scale;
+  __shared__ uint4 s_new4[ROPE ? HD / 4 : 1];       // the new key and value rows
+  T_bf16* s_new = (T_bf16*)s_new4;
+  if (ROPE) {
+    constexpr int H2 = HD / 2;
+    const float pf = (float)p_rope;
+    const float* src = qkv + (unsigned long long)kvh * g * HD;
+    for (unsigned i = threadIdx.x; i < g * H2; i += THREADS) {
+      const unsigned j = i / H2, d = i % H2;
+      float sn, cs;
+      sincosf(pf * inv_freq[d], &sn, &cs);
+      const float a = src[j * HD + d], b = src[j * HD + d + H2];
+      const float r0 = a * cs - b * sn, r1 = b * cs + a * sn;
+      qs[j * HD + d] = r0 * scale;
+      qs[j * HD + d + H2] = r1 * scale;
+    }
+    if (owner) {
+      const float* k = qkv + (unsigned long long)(heads + kvh) * HD;
+      const float* v = qkv + (unsigned long long)(heads + kv_heads + kvh) * HD;
+      T_bf16* kd = cache_w + ((unsigned long long)kvh * max_seq + p_rope) * HD;
+      T_bf16* vd = cache_w + ((unsigned long long)(kv_heads + kvh) * max_seq + p_rope) * HD;
+      for (unsigned d = threadIdx.x; d < H2; d += THREADS) {
+        float sn, cs;
+        sincosf(pf * inv_freq[d], &sn, &cs);
+        const float a = k[d], b = k[d + H2];
+        const T_bf16 k0 = st_bf16(a * cs - b * sn), k1 = st_bf16(b * cs + a * sn);
+        const T_bf16 v0 = st_bf16(v[d]), v1 = st_bf16(v[d + H2]);
+        kd[d] = k0; kd[d + H2] = k1; vd[d] = v0; vd[d + H2] = v1;
+        s_new[d] = k0; s_new[d + H2] = k1; s_new[HD + d] = v0; s_new[HD + d + H2] = v1;
+      }
+    }
+  } else {
+    const float* qrow = q + head0 * HD;
+    for (unsigned i = threadIdx.x; i < g * HD; i += THREADS) qs[i] = qrow[i] * scale;
+  }
   __syncthreads();
+  if (ROPE && owner) {
+    // The block's own new rows: the cache writes above are visible to the later loads of
+    // this block after the barrier, and the first loads take them from shared memory.
+    const uint4* nk = s_new4;
+    if (first_t == len - 1) {
+#pragma unroll
+      for (int c = 0; c < PER; ++c) w[c] = nk[sub + c * TPP];
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) if (rg + u * RG == len - 1) vw[u] = nk[V8 + cv];
+  }
 
   // Scores of the partition's positions against the group's queries.
   const unsigned mask = TPP == 32 ? 0xffffffffu : (((1u << TPP) - 1u) << (lane & ~(unsigned)(TPP - 1)));
@@ -338,23 +402,16 @@ __device__ __forceinline__ void attend(
   }
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS) decode_attention_split(
+template <bool ROPE>
+__device__ __forceinline__ void dispatch(
     float* out, float* part, unsigned* counts, const float* q, const T_bf16* cache,
-    const unsigned* pos, unsigned heads, unsigned kv_heads, unsigned head_dim, unsigned max_seq,
-    unsigned parts, unsigned chunk, float scale) {
-  extern __shared__ float sm[];
-  unsigned b = blockIdx.x;
-  const unsigned pi = b % parts; b /= parts;
-  const unsigned kvh = b % kv_heads;
-  const unsigned row = b / kv_heads;
-  unsigned qp = pos[0] + row;
-  if (qp >= max_seq) qp = max_seq - 1;
-  const unsigned n = qp + 1;
-  // Partitions past the row's last position do nothing: only the live ones count.
-  if (pi * chunk >= n) return;
+    unsigned heads, unsigned kv_heads, unsigned head_dim, unsigned max_seq, unsigned parts,
+    unsigned chunk, float scale, unsigned row, unsigned kvh, unsigned pi, unsigned n, float* sm,
+    const float* qkv, const float* inv_freq, T_bf16* cache_w, unsigned p_rope, bool owner) {
   const unsigned g = heads / kv_heads;
-#define ATTEND(HD, G) attend<HD, G>(out, part, counts, q, cache, heads, kv_heads, max_seq, parts, \
-                                    chunk, scale, row, kvh, pi, n, sm)
+#define ATTEND(HD, G) attend<HD, G, ROPE>(out, part, counts, q, cache, heads, kv_heads, max_seq, \
+                                          parts, chunk, scale, row, kvh, pi, n, sm, qkv, \
+                                          inv_freq, cache_w, p_rope, owner)
   switch (head_dim) {
     case 16: ATTEND(16, 0); break;
     case 32: ATTEND(32, 0); break;
@@ -369,6 +426,43 @@ extern "C" __global__ void __launch_bounds__(THREADS) decode_attention_split(
     case 256: ATTEND(256, 0); break;
     default: break;
   }
+#undef ATTEND
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS) decode_attention_split(
+    float* out, float* part, unsigned* counts, const float* q, const T_bf16* cache,
+    const unsigned* pos, unsigned heads, unsigned kv_heads, unsigned head_dim, unsigned max_seq,
+    unsigned parts, unsigned chunk, float scale) {
+  extern __shared__ float sm[];
+  unsigned b = blockIdx.x;
+  const unsigned pi = b % parts; b /= parts;
+  const unsigned kvh = b % kv_heads;
+  const unsigned row = b / kv_heads;
+  unsigned qp = pos[0] + row;
+  if (qp >= max_seq) qp = max_seq - 1;
+  const unsigned n = qp + 1;
+  // Partitions past the row's last position do nothing: only the live ones count.
+  if (pi * chunk >= n) return;
+  dispatch<false>(out, part, counts, q, cache, heads, kv_heads, head_dim, max_seq, parts, chunk,
+                  scale, row, kvh, pi, n, sm, nullptr, nullptr, nullptr, 0u, false);
+}
+
+// One query row at position pos[0], its queries, key and value unrotated in `qkv`: RoPE, the
+// append of the key and value rows to the cache (when the position is inside it) and the
+// attention in one launch.
+extern "C" __global__ void __launch_bounds__(THREADS) decode_rope_attention(
+    float* out, float* part, unsigned* counts, T_bf16* cache, const float* qkv,
+    const float* inv_freq, const unsigned* pos, unsigned heads, unsigned kv_heads,
+    unsigned head_dim, unsigned max_seq, unsigned parts, unsigned chunk, float scale) {
+  extern __shared__ float sm[];
+  const unsigned pi = blockIdx.x % parts, kvh = blockIdx.x / parts;
+  const unsigned p = pos[0];
+  const unsigned qp = p < max_seq ? p : max_seq - 1;
+  const unsigned n = qp + 1;
+  if (pi * chunk >= n) return;
+  const bool owner = p < max_seq && pi == qp / chunk;
+  dispatch<true>(out, part, counts, nullptr, cache, heads, kv_heads, head_dim, max_seq, parts,
+                 chunk, scale, 0u, kvh, pi, n, sm, qkv, inv_freq, cache, p, owner);
 }
 "#;
 
@@ -378,15 +472,105 @@ fn host_attention(args: &mut cuflow_runtime::HostKernelArgs<'_>) -> Result<(), D
     let q = args.input::<f32>(3)?;
     let cache = args.input::<bf16>(4)?;
     let start = first_index(args.input::<u32>(5)?);
-    let heads = args.scalar::<u32>(6)? as usize;
-    let kv_heads = (args.scalar::<u32>(7)? as usize).max(1);
-    let hd = args.scalar::<u32>(8)? as usize;
-    let max_seq = (args.scalar::<u32>(9)? as usize).max(1);
-    let parts = (args.scalar::<u32>(10)? as usize).max(1);
-    let chunk = (args.scalar::<u32>(11)? as usize).max(1);
-    let scale = args.scalar::<f32>(12)?;
+    let sizes = HostSizes::read(args, 6)?;
     let out = args.output::<f32>(0)?;
     let part = args.output::<f32>(1)?;
+    attend_host(q, cache, start, sizes, out, part);
+    Ok(())
+}
+
+/// The kernel that rotates and appends before attending, on the host: RoPE of the queries
+/// and of the key, the key and value rows appended to the cache, then [`attend_host`].
+fn host_rope_attention(args: &mut cuflow_runtime::HostKernelArgs<'_>) -> Result<(), DeviceError> {
+    let qkv = args.input::<f32>(4)?;
+    let inv_freq = args.input::<f32>(5)?;
+    let p = first_index(args.input::<u32>(6)?);
+    let sizes = HostSizes::read(args, 7)?;
+    let HostSizes {
+        heads,
+        kv_heads,
+        hd,
+        max_seq,
+        ..
+    } = sizes;
+    let half = hd / 2;
+    let rotate = |x: &[f32], out: &mut dyn FnMut(usize, f32)| {
+        for i in 0..half {
+            let (s, c) = (p as f32 * inv_freq[i]).sin_cos();
+            let (a, b) = (x[i], x[i + half]);
+            out(i, a * c - b * s);
+            out(i + half, b * c + a * s);
+        }
+    };
+    let mut q = vec![0f32; heads * hd];
+    for (h, o) in q.chunks_mut(hd.max(1)).enumerate() {
+        rotate(&qkv[h * hd..][..hd], &mut |i, v| o[i] = v);
+    }
+    let cache = args.output::<bf16>(3)?;
+    if p < max_seq {
+        for kh in 0..kv_heads {
+            let kd = (kh * max_seq + p) * hd;
+            rotate(&qkv[(heads + kh) * hd..][..hd], &mut |i, v| {
+                cache[kd + i] = bf16::from_f32(v)
+            });
+            let v = &qkv[(heads + kv_heads + kh) * hd..][..hd];
+            let vd = ((kv_heads + kh) * max_seq + p) * hd;
+            for (d, v) in cache[vd..vd + hd].iter_mut().zip(v) {
+                *d = bf16::from_f32(*v);
+            }
+        }
+    }
+    let out = args.output::<f32>(0)?;
+    let part = args.output::<f32>(1)?;
+    attend_host(&q, cache, p, sizes, out, part);
+    Ok(())
+}
+
+/// The sizes both attention kernels take as their last seven scalars.
+#[derive(Clone, Copy)]
+struct HostSizes {
+    heads: usize,
+    kv_heads: usize,
+    hd: usize,
+    max_seq: usize,
+    parts: usize,
+    chunk: usize,
+    scale: f32,
+}
+
+impl HostSizes {
+    fn read(args: &cuflow_runtime::HostKernelArgs<'_>, first: usize) -> Result<Self, DeviceError> {
+        Ok(HostSizes {
+            heads: args.scalar::<u32>(first)? as usize,
+            kv_heads: (args.scalar::<u32>(first + 1)? as usize).max(1),
+            hd: args.scalar::<u32>(first + 2)? as usize,
+            max_seq: (args.scalar::<u32>(first + 3)? as usize).max(1),
+            parts: (args.scalar::<u32>(first + 4)? as usize).max(1),
+            chunk: (args.scalar::<u32>(first + 5)? as usize).max(1),
+            scale: args.scalar::<f32>(first + 6)?,
+        })
+    }
+}
+
+/// The partitions and their combination over rotated queries `q` (rows at positions
+/// `start..`), in `f32` as the kernel computes them.
+fn attend_host(
+    q: &[f32],
+    cache: &[bf16],
+    start: usize,
+    sizes: HostSizes,
+    out: &mut [f32],
+    part: &mut [f32],
+) {
+    let HostSizes {
+        heads,
+        kv_heads,
+        hd,
+        max_seq,
+        parts,
+        chunk,
+        scale,
+    } = sizes;
     let (g, w) = (heads / kv_heads, hd + 2);
     let rows = q.len() / (heads * hd).max(1);
     let mut scores = vec![0f32; chunk];
@@ -438,7 +622,6 @@ fn host_attention(args: &mut cuflow_runtime::HostKernelArgs<'_>) -> Result<(), D
             }
         }
     }
-    Ok(())
 }
 
 /// The partition counters of [`attention`], one per query row and key/value head.
@@ -540,31 +723,7 @@ pub fn attention<'a>(
         check_len(OP, "cache", cache, shape.cache_len())?;
         check_len(OP, "pos", pos, 1)?;
         check_len(OP, "counts", &counts.0, rows * shape.kv_heads)?;
-        let parts = match *scratch.shape() {
-            [r, h, p, w] if r == rows && h == shape.heads && w == hd + 2 && p > 0 => p,
-            _ => {
-                return Err(DeviceError::InvalidShape {
-                    op: OP,
-                    reason: format!(
-                        "`scratch` must be [{rows}, {}, parts, {}], got {:?}",
-                        shape.heads,
-                        hd + 2,
-                        scratch.shape()
-                    ),
-                })
-            }
-        };
-        let chunk = shape.max_seq.div_ceil(parts);
-        if chunk > MAX_CHUNK {
-            return Err(DeviceError::InvalidShape {
-                op: OP,
-                reason: format!(
-                    "{parts} partitions of {} positions hold {chunk} positions each; at most \
-                     {MAX_CHUNK} (use attention_partitions)",
-                    shape.max_seq
-                ),
-            });
-        }
+        let (parts, chunk) = partitions(OP, scratch, rows, shape)?;
         if rows == 0 {
             return Ok(());
         }
@@ -581,6 +740,159 @@ pub fn attention<'a>(
                 .input(q.view("decode::attention")?)
                 .input(cache.view("decode::attention")?)
                 .input(pos.view("decode::attention")?)
+                .scalar(u32_of(OP, "heads", shape.heads)?)
+                .scalar(u32_of(OP, "kv_heads", shape.kv_heads)?)
+                .scalar(u32_of(OP, "head_dim", hd)?)
+                .scalar(u32_of(OP, "max_seq", shape.max_seq)?)
+                .scalar(u32_of(OP, "parts", parts)?)
+                .scalar(u32_of(OP, "chunk", chunk)?)
+                .scalar(1.0 / (hd as f32).sqrt()),
+        )
+    })
+}
+
+/// The partitions of `scratch` (`[rows, heads, parts, head_dim + 2]`) and the positions each
+/// holds, checked.
+fn partitions(
+    op: &'static str,
+    scratch: &Tensor<f32>,
+    rows: usize,
+    shape: AttentionShape,
+) -> Result<(usize, usize), DeviceError> {
+    let hd = shape.head_dim;
+    let parts = match *scratch.shape() {
+        [r, h, p, w] if r == rows && h == shape.heads && w == hd + 2 && p > 0 => p,
+        _ => {
+            return Err(DeviceError::InvalidShape {
+                op,
+                reason: format!(
+                    "`scratch` must be [{rows}, {}, parts, {}], got {:?}",
+                    shape.heads,
+                    hd + 2,
+                    scratch.shape()
+                ),
+            })
+        }
+    };
+    let chunk = shape.max_seq.div_ceil(parts);
+    if chunk > MAX_CHUNK {
+        return Err(DeviceError::InvalidShape {
+            op,
+            reason: format!(
+                "{parts} partitions of {} positions hold {chunk} positions each; at most \
+                 {MAX_CHUNK} (use attention_partitions)",
+                shape.max_seq
+            ),
+        });
+    }
+    Ok((parts, chunk))
+}
+
+/// One decode step's attention with RoPE and the cache append folded in: what
+/// [`rope_kv_append`](super::rope_kv_append) followed by [`attention`] compute for one query
+/// row, in one launch.
+///
+/// `qkv` (`f32`, `[heads + 2 · kv_heads] · head_dim` elements: the queries, keys and values
+/// of one token, as the QKV projection writes them, unrotated) is at position `pos[0]`. The
+/// queries and the key are rotated with `inv_freq` (`head_dim / 2` elements); the key and
+/// value rows are written into `cache` at that position when it lies inside the cache (as
+/// `rope_kv_append` does); the query row then attends positions `0..=pos[0]` (clamped to the
+/// cache) and the result goes to `out` (`f32`, `heads · head_dim`). `scratch` (`[1, heads,
+/// parts, head_dim + 2]`) and `counts` (one row) are as for [`attention`].
+///
+/// The block whose partition holds the new position writes the cache rows and uses them
+/// itself; no other block reads that row, so one launch needs no ordering between blocks.
+///
+/// # Examples
+///
+/// ```
+/// use cuflow_device_op::DeviceOpExt;
+/// use cuflow_tensor::api::{from_vec, zeros};
+/// use cuflow_tensor::kernels::decode::{
+///     attention_partitions, rope_attention, AttentionCounters, AttentionShape,
+/// };
+/// use half::bf16;
+/// let shape = AttentionShape { heads: 2, kv_heads: 1, head_dim: 16, max_seq: 8 };
+/// let width = (shape.heads + 2 * shape.kv_heads) * shape.head_dim;
+/// let qkv = from_vec((0..width).map(|i| (i as f32 * 0.37).sin()).collect(), &[1, width]).sync()?;
+/// let inv_freq = from_vec(vec![1.0f32; shape.head_dim / 2], &[shape.head_dim / 2]).sync()?;
+/// let pos = from_vec(vec![0u32], &[1]).sync()?;
+/// let mut cache = zeros::<bf16>(&[shape.cache_len()]).sync()?;
+/// let parts = attention_partitions(shape.max_seq, 4);
+/// let mut scratch = zeros::<f32>(&[1, shape.heads, parts, shape.head_dim + 2]).sync()?;
+/// let mut counts = AttentionCounters::zeroed(1, shape.kv_heads).sync()?;
+/// let mut out = zeros::<f32>(&[1, shape.heads * shape.head_dim]).sync()?;
+/// rope_attention(&mut out, &mut scratch, &mut counts, &mut cache, &qkv, &inv_freq, &pos, shape)
+///     .sync()?;
+/// // At position 0 the only key is the token's own, so each head's result is its value row.
+/// let (out, cache) = (out.to_host_vec()?, cache.to_host_vec()?);
+/// let value = &cache[shape.kv_heads * shape.max_seq * shape.head_dim..][..shape.head_dim];
+/// for h in 0..shape.heads {
+///     for (o, v) in out[h * shape.head_dim..][..shape.head_dim].iter().zip(value) {
+///         assert!((o - v.to_f32()).abs() < 1e-6);
+///     }
+/// }
+/// # Ok::<(), cuflow_runtime::DeviceError>(())
+/// ```
+///
+/// # Errors
+///
+/// [`DeviceError::InvalidShape`] naming `rope_attention` when `qkv` is not one row, or a
+/// shape disagrees with `shape`, as for [`attention`].
+#[allow(clippy::too_many_arguments)]
+pub fn rope_attention<'a>(
+    out: &'a mut Tensor<f32>,
+    scratch: &'a mut Tensor<f32>,
+    counts: &'a mut AttentionCounters,
+    cache: &'a mut Tensor<bf16>,
+    qkv: &'a Tensor<f32>,
+    inv_freq: &'a Tensor<f32>,
+    pos: &'a Tensor<u32>,
+    shape: AttentionShape,
+) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> Result<(), DeviceError> + Send + 'a> {
+    from_fn(move |ctx: &mut ExecutionContext| {
+        const OP: &str = "rope_attention";
+        let stream = ctx.stream()?;
+        for t in [&*out, &*scratch, qkv, inv_freq] {
+            check_device(OP, stream, t)?;
+        }
+        check_device(OP, stream, cache)?;
+        check_device(OP, stream, pos)?;
+        check_device(OP, stream, &counts.0)?;
+        shape.check(OP)?;
+        let hd = shape.head_dim;
+        let g = shape.heads / shape.kv_heads;
+        let width = (shape.heads + 2 * shape.kv_heads) * hd;
+        if qkv.len() != width {
+            return Err(DeviceError::InvalidShape {
+                op: OP,
+                reason: format!(
+                    "`qkv` {:?} must be one row of {width} (queries, keys and values of one \
+                     token); for several rows use rope_kv_append and attention",
+                    qkv.shape()
+                ),
+            });
+        }
+        check_len(OP, "out", out, shape.heads * hd)?;
+        check_len(OP, "cache", cache, shape.cache_len())?;
+        check_len(OP, "inv_freq", inv_freq, hd / 2)?;
+        check_len(OP, "pos", pos, 1)?;
+        check_len(OP, "counts", &counts.0, shape.kv_heads)?;
+        let (parts, chunk) = partitions(OP, scratch, 1, shape)?;
+        let shared = shared_bytes(g, hd, chunk);
+        let blocks = shape.kv_heads * parts;
+        rope_kernel().launch(
+            stream,
+            LaunchConfig::linear(u32_of(OP, "blocks", blocks)?, PARTIAL_THREADS as u32)
+                .with_shared_mem(u32_of(OP, "shared memory", shared)?),
+            KernelArgs::new()
+                .output(out.view("decode::rope_attention")?)
+                .output(scratch.view("decode::rope_attention")?)
+                .output(counts.0.view("decode::rope_attention")?)
+                .output(cache.view("decode::rope_attention")?)
+                .input(qkv.view("decode::rope_attention")?)
+                .input(inv_freq.view("decode::rope_attention")?)
+                .input(pos.view("decode::rope_attention")?)
                 .scalar(u32_of(OP, "heads", shape.heads)?)
                 .scalar(u32_of(OP, "kv_heads", shape.kv_heads)?)
                 .scalar(u32_of(OP, "head_dim", hd)?)

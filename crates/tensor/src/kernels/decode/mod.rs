@@ -2,7 +2,8 @@
 //! caches and `f32` activations: a memory-bound GEMV with the RMS norm of its input, the
 //! residual add or SwiGLU fused in, RMS norms fused with a residual add (for prefill),
 //! RoPE fused with the key/value cache append, split-K attention over the cache
-//! (flash-decoding), SiLU·mul, and on-device sampling.
+//! (flash-decoding), the two in one kernel for a decode step's single row, SiLU·mul, and
+//! on-device sampling.
 //!
 //! Every function returns an op that writes into outputs the caller owns (`&mut Tensor`) and
 //! allocates nothing, so a decode step built from them can be captured into a graph and
@@ -33,7 +34,9 @@ mod norm;
 mod rope;
 mod sample;
 
-pub use attention::{attention, attention_partitions, AttentionCounters, AttentionShape};
+pub use attention::{
+    attention, attention_partitions, rope_attention, AttentionCounters, AttentionShape,
+};
 pub use gemv::{gemv, gemv_fused, GemvEpilogue, GemvInput};
 pub use norm::{embed_rows, residual_rms_norm, rms_norm_rows, silu_mul};
 pub use rope::rope_kv_append;
@@ -58,6 +61,7 @@ pub fn compile_all(device: &Device) -> Result<(), DeviceError> {
         norm::silu_mul_kernel(),
         rope::kernel(),
         attention::kernel(),
+        attention::rope_kernel(),
         sample::kernel(),
         sample::argmax_kernel(),
     ]) {
