@@ -192,10 +192,11 @@ fn run() -> Result<(), DeviceError> {
 fn load_report(model: &Llama, dir: &str) -> String {
     match model.load_stats() {
         Some(s) => format!(
-            "loaded {dir}: {:.2} GB in {:.2} s, {:.2} GB/s",
+            "loaded {dir}: {:.2} GB in {:.2} s, {:.2} GB/s (then {:.2} s compiling kernels)",
             s.bytes as f64 / 1e9,
             s.seconds,
-            s.gb_per_s()
+            s.gb_per_s(),
+            s.compile_seconds
         ),
         None => String::new(),
     }

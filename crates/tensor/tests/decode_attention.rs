@@ -206,3 +206,31 @@ fn split_attention_rejects_bad_counters() {
         .expect_err("one counter for two key/value heads");
     assert!(err.to_string().contains("counts"), "{err}");
 }
+
+#[test]
+fn compile_all_refuses_a_shape_the_attention_kernels_do_not_support() {
+    let s = stream();
+    let shape = AttentionShape {
+        heads: 6,
+        kv_heads: 4,
+        head_dim: 64,
+        max_seq: 16,
+    };
+    let err = decode::compile_all(s.device(), shape).expect_err("6 heads over 4 are refused");
+    assert!(
+        matches!(
+            &err,
+            cuflow_runtime::DeviceError::InvalidShape {
+                op: "compile_all",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let good = AttentionShape {
+        heads: 8,
+        kv_heads: 2,
+        ..shape
+    };
+    decode::compile_all(s.device(), good).expect("a supported shape compiles");
+}

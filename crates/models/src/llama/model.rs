@@ -30,12 +30,34 @@ pub struct LoadStats {
     pub bytes: usize,
     /// Seconds from opening the folder until the weights were on the device.
     pub seconds: f64,
+    /// Seconds spent after that compiling the decode kernels for the device (not part of
+    /// `seconds`; about zero on the host backend, and where this process compiled them before).
+    pub compile_seconds: f64,
 }
 
 impl LoadStats {
-    /// Gigabytes (10⁹ bytes) per second.
+    /// Gigabytes (10⁹ bytes) per second of reading the weights onto the device.
     pub fn gb_per_s(&self) -> f64 {
         self.bytes as f64 / self.seconds.max(1e-12) / 1e9
+    }
+}
+
+/// What building a model's weights measured: the bytes read, when they were all on the
+/// device, and how long compiling the kernels took after that.
+pub(super) struct Built {
+    bytes: usize,
+    weights_done: Instant,
+    compile_seconds: f64,
+}
+
+impl Built {
+    /// The load's figures, for a load that began at `start`.
+    pub(super) fn stats(&self, start: Instant) -> LoadStats {
+        LoadStats {
+            bytes: self.bytes,
+            seconds: self.weights_done.duration_since(start).as_secs_f64(),
+            compile_seconds: self.compile_seconds,
+        }
     }
 }
 
@@ -235,7 +257,7 @@ impl Llama {
         device: &Device,
         cfg: LlamaConfig,
         source: Source<'_>,
-    ) -> Result<(Llama, usize), DeviceError> {
+    ) -> Result<(Llama, Built), DeviceError> {
         Llama::new_slice(device, cfg.clone(), cfg, source, None)
     }
 
@@ -247,7 +269,7 @@ impl Llama {
         cfg: LlamaConfig,
         source: Source<'_>,
         tp: Option<Communicator>,
-    ) -> Result<(Llama, usize), DeviceError> {
+    ) -> Result<(Llama, Built), DeviceError> {
         cfg.validate()?;
         let stream = device.new_stream()?;
         let mut stager = Stager::new(&stream, source, tp.as_ref().map(Split::of))?;
@@ -255,19 +277,26 @@ impl Llama {
         let inv_freq: Vec<f32> = cfg.inv_freq().iter().map(|&f| f as f32).collect();
         let n = inv_freq.len();
         let inv_freq = api::from_vec(inv_freq, &[n]).sync_on(&stream)?;
-        decode::compile_all(device)?;
+        let weights_done = Instant::now();
+        let core = Core {
+            cfg,
+            weights,
+            inv_freq,
+            tp,
+        };
+        decode::compile_all(device, core.shape(1))?;
+        let built = Built {
+            bytes: stager.bytes_read,
+            weights_done,
+            compile_seconds: weights_done.elapsed().as_secs_f64(),
+        };
         let model = Llama {
-            core: Arc::new(Core {
-                cfg,
-                weights,
-                inv_freq,
-                tp,
-            }),
+            core: Arc::new(core),
             config,
             device: device.clone(),
             load: None,
         };
-        Ok((model, stager.bytes_read))
+        Ok((model, built))
     }
 
     /// Loads a Hugging Face checkpoint folder: `config.json` and the `*.safetensors` files
@@ -301,11 +330,8 @@ impl Llama {
         let cfg = LlamaConfig::from_file(&dir.join("config.json"))?;
         let checkpoint = Checkpoint::open(dir)?;
         let _ = checkpoint.total_bytes();
-        let (mut model, bytes) = Llama::new(device, cfg, Source::Files(&checkpoint))?;
-        model.load = Some(LoadStats {
-            bytes,
-            seconds: start.elapsed().as_secs_f64(),
-        });
+        let (mut model, built) = Llama::new(device, cfg, Source::Files(&checkpoint))?;
+        model.load = Some(built.stats(start));
         Ok(model)
     }
 

@@ -122,7 +122,7 @@ impl LlamaStep {
         let mut state = State::new(&core, stream, max_seq)?;
         let policy = default_policy(stream.device())?;
         let graph = if capture {
-            decode::compile_all(stream.device())?;
+            decode::compile_all(stream.device(), core.shape(max_seq))?;
             Some(
                 core.step(&mut state, options.sample)
                     .graph_on(stream.clone())?,

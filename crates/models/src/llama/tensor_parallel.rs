@@ -24,7 +24,7 @@ use cuflow_runtime::DeviceError;
 
 use super::config::LlamaConfig;
 use super::loader::{Checkpoint, Part, Source};
-use super::model::{Llama, LoadStats};
+use super::model::Llama;
 use super::testing::synthetic_map;
 
 /// The config of one rank's slice of `cfg` split over `tp` ranks.
@@ -186,12 +186,9 @@ impl Llama {
         let local = local_config(&cfg, comm.world_size())?;
         let checkpoint = Checkpoint::open(dir)?;
         let source = Source::Files(&checkpoint);
-        let (mut model, bytes) =
+        let (mut model, built) =
             Llama::new_slice(comm.device(), cfg, local, source, Some(comm.clone()))?;
-        model.load = Some(LoadStats {
-            bytes,
-            seconds: start.elapsed().as_secs_f64(),
-        });
+        model.load = Some(built.stats(start));
         Ok(model)
     }
 }

@@ -24,13 +24,16 @@
 //! row nothing is written there. The counters, `[rows · kv_heads]` `u32`, must be zero
 //! before the first launch; every launch leaves them zero.
 
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+
 use cuflow_device_op::{from_fn, DeviceOp, ExecutionContext};
 use cuflow_runtime::{DeviceError, Kernel, KernelArgs, LaunchConfig};
 use half::bf16;
 
 use super::{bf16_defs, check_len, first_index, u32_of};
 use crate::kernels::check_device;
-use crate::op::{cached_kernel, TensorOp};
+use crate::op::TensorOp;
 use crate::tensor::Tensor;
 
 /// Threads per block of the partial kernel.
@@ -92,24 +95,56 @@ pub fn attention_partitions(max_seq: usize, chunk: usize) -> usize {
     max_seq.div_ceil(chunk.clamp(1, MAX_CHUNK)).max(1)
 }
 
-pub(super) fn kernel() -> Kernel {
-    cached_kernel("decode_attention_split", "bf16", || {
-        let source = SOURCE
-            .replace("@DEFS@", &bf16_defs())
-            .replace("@MAX_GROUP@", &MAX_GROUP.to_string())
-            .replace("@THREADS@", &PARTIAL_THREADS.to_string());
-        crate::op::builtin_kernel("decode_attention_split", source).with_host(host_attention)
-    })
+/// The template arguments of the kernels for `shape`: the head width, and the group size
+/// where the kernel has code specialized for it (widths 64 and 128, groups of 1, 2, 4 or 8),
+/// else 0 (the group is read at run time). Each variant is compiled on its own, the first
+/// time a shape needs it: compiling all of them at once took some 20 seconds a kernel.
+fn variant(shape: &AttentionShape) -> (usize, usize) {
+    let g = shape.heads / shape.kv_heads.max(1);
+    let g_t = if matches!(shape.head_dim, 64 | 128) && matches!(g, 1 | 2 | 4 | 8) {
+        g
+    } else {
+        0
+    };
+    (shape.head_dim, g_t)
 }
 
-pub(super) fn rope_kernel() -> Kernel {
-    cached_kernel("decode_rope_attention", "bf16", || {
-        let source = SOURCE
-            .replace("@DEFS@", &bf16_defs())
-            .replace("@MAX_GROUP@", &MAX_GROUP.to_string())
-            .replace("@THREADS@", &PARTIAL_THREADS.to_string());
-        crate::op::builtin_kernel("decode_rope_attention", source).with_host(host_rope_attention)
-    })
+/// The attention kernel (`rope`: the one with RoPE and the append folded in) for `shape`,
+/// declared once per process and variant.
+fn variant_kernel(rope: bool, shape: &AttentionShape) -> Kernel {
+    type Variants = Mutex<HashMap<(bool, usize, usize), Kernel>>;
+    static VARIANTS: OnceLock<Variants> = OnceLock::new();
+    let (hd, g) = variant(shape);
+    let mut map = match VARIANTS.get_or_init(Default::default).lock() {
+        Ok(m) => m,
+        Err(poisoned) => poisoned.into_inner(),
+    };
+    map.entry((rope, hd, g))
+        .or_insert_with(|| {
+            let name = if rope {
+                "decode_rope_attention"
+            } else {
+                "decode_attention_split"
+            };
+            let source = SOURCE
+                .replace("@DEFS@", &bf16_defs())
+                .replace("@MAX_GROUP@", &MAX_GROUP.to_string())
+                .replace("@THREADS@", &PARTIAL_THREADS.to_string())
+                .replace("@HD@", &hd.to_string())
+                .replace("@G@", &g.to_string());
+            let kernel = crate::op::builtin_kernel(name, source);
+            if rope {
+                kernel.with_host(host_rope_attention)
+            } else {
+                kernel.with_host(host_attention)
+            }
+        })
+        .clone()
+}
+
+/// Both attention kernels for `shape` (for `compile_all`).
+pub(super) fn kernels(shape: &AttentionShape) -> [Kernel; 2] {
+    [variant_kernel(false, shape), variant_kernel(true, shape)]
 }
 
 /// Dynamic shared memory of one block, in bytes: the scaled queries of the group
@@ -402,31 +437,18 @@ __device__ __forceinline__ void attend(
   }
 }
 
+// The kernel is compiled for one head width and group size (0: the group read at run time),
+// the ones of the shape it is launched for (see `variant`).
+#define HD_T @HD@
+#define G_T @G@
 template <bool ROPE>
 __device__ __forceinline__ void dispatch(
     float* out, float* part, unsigned* counts, const float* q, const T_bf16* cache,
-    unsigned heads, unsigned kv_heads, unsigned head_dim, unsigned max_seq, unsigned parts,
-    unsigned chunk, float scale, unsigned row, unsigned kvh, unsigned pi, unsigned n, float* sm,
+    unsigned heads, unsigned kv_heads, unsigned max_seq, unsigned parts, unsigned chunk,
+    float scale, unsigned row, unsigned kvh, unsigned pi, unsigned n, float* sm,
     const float* qkv, const float* inv_freq, T_bf16* cache_w, unsigned p_rope, bool owner) {
-  const unsigned g = heads / kv_heads;
-#define ATTEND(HD, G) attend<HD, G, ROPE>(out, part, counts, q, cache, heads, kv_heads, max_seq, \
-                                          parts, chunk, scale, row, kvh, pi, n, sm, qkv, \
-                                          inv_freq, cache_w, p_rope, owner)
-  switch (head_dim) {
-    case 16: ATTEND(16, 0); break;
-    case 32: ATTEND(32, 0); break;
-    case 64:
-      if (g == 1) ATTEND(64, 1); else if (g == 2) ATTEND(64, 2);
-      else if (g == 4) ATTEND(64, 4); else if (g == 8) ATTEND(64, 8); else ATTEND(64, 0);
-      break;
-    case 128:
-      if (g == 1) ATTEND(128, 1); else if (g == 2) ATTEND(128, 2);
-      else if (g == 4) ATTEND(128, 4); else if (g == 8) ATTEND(128, 8); else ATTEND(128, 0);
-      break;
-    case 256: ATTEND(256, 0); break;
-    default: break;
-  }
-#undef ATTEND
+  attend<HD_T, G_T, ROPE>(out, part, counts, q, cache, heads, kv_heads, max_seq, parts, chunk,
+                          scale, row, kvh, pi, n, sm, qkv, inv_freq, cache_w, p_rope, owner);
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS) decode_attention_split(
@@ -443,8 +465,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) decode_attention_split(
   const unsigned n = qp + 1;
   // Partitions past the row's last position do nothing: only the live ones count.
   if (pi * chunk >= n) return;
-  dispatch<false>(out, part, counts, q, cache, heads, kv_heads, head_dim, max_seq, parts, chunk,
-                  scale, row, kvh, pi, n, sm, nullptr, nullptr, nullptr, 0u, false);
+  dispatch<false>(out, part, counts, q, cache, heads, kv_heads, max_seq, parts, chunk, scale,
+                  row, kvh, pi, n, sm, nullptr, nullptr, nullptr, 0u, false);
 }
 
 // One query row at position pos[0], its queries, key and value unrotated in `qkv`: RoPE, the
@@ -461,8 +483,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) decode_rope_attention(
   const unsigned n = qp + 1;
   if (pi * chunk >= n) return;
   const bool owner = p < max_seq && pi == qp / chunk;
-  dispatch<true>(out, part, counts, nullptr, cache, heads, kv_heads, head_dim, max_seq, parts,
-                 chunk, scale, 0u, kvh, pi, n, sm, qkv, inv_freq, cache, p, owner);
+  dispatch<true>(out, part, counts, nullptr, cache, heads, kv_heads, max_seq, parts, chunk,
+                 scale, 0u, kvh, pi, n, sm, qkv, inv_freq, cache, p, owner);
 }
 "#;
 
@@ -729,7 +751,7 @@ pub fn attention<'a>(
         }
         let shared = shared_bytes(g, hd, chunk);
         let blocks = rows * shape.kv_heads * parts;
-        kernel().launch(
+        variant_kernel(false, &shape).launch(
             stream,
             LaunchConfig::linear(u32_of(OP, "blocks", blocks)?, PARTIAL_THREADS as u32)
                 .with_shared_mem(u32_of(OP, "shared memory", shared)?),
@@ -881,7 +903,7 @@ pub fn rope_attention<'a>(
         let (parts, chunk) = partitions(OP, scratch, 1, shape)?;
         let shared = shared_bytes(g, hd, chunk);
         let blocks = shape.kv_heads * parts;
-        rope_kernel().launch(
+        variant_kernel(true, &shape).launch(
             stream,
             LaunchConfig::linear(u32_of(OP, "blocks", blocks)?, PARTIAL_THREADS as u32)
                 .with_shared_mem(u32_of(OP, "shared memory", shared)?),

@@ -47,24 +47,30 @@ use cuflow_runtime::{Device, DeviceError};
 use crate::dtype::DType;
 use crate::tensor::Tensor;
 
-/// Compiles every decode kernel for `device` now (a no-op on the host backend), so that a
-/// capture that follows compiles nothing.
+/// Compiles every decode kernel a model with attention of `shape` launches, for `device`, now
+/// (a no-op on the host backend), so that a capture that follows compiles nothing. The
+/// attention kernels are compiled for `shape`'s head width and group size only (`max_seq`
+/// does not matter).
 ///
 /// # Errors
 ///
-/// [`DeviceError::Compile`] with the compiler's log, or [`DeviceError::NoCompiler`].
-pub fn compile_all(device: &Device) -> Result<(), DeviceError> {
-    for k in gemv::kernels().into_iter().chain([
-        norm::residual_kernel(),
-        norm::plain_kernel(),
-        norm::embed_kernel(),
-        norm::silu_mul_kernel(),
-        rope::kernel(),
-        attention::kernel(),
-        attention::rope_kernel(),
-        sample::kernel(),
-        sample::argmax_kernel(),
-    ]) {
+/// [`DeviceError::Compile`] with the compiler's log, or [`DeviceError::NoCompiler`];
+/// [`DeviceError::InvalidShape`] for a shape the attention kernels do not support.
+pub fn compile_all(device: &Device, shape: AttentionShape) -> Result<(), DeviceError> {
+    shape.check("compile_all")?;
+    for k in gemv::kernels()
+        .into_iter()
+        .chain([
+            norm::residual_kernel(),
+            norm::plain_kernel(),
+            norm::embed_kernel(),
+            norm::silu_mul_kernel(),
+            rope::kernel(),
+            sample::kernel(),
+            sample::argmax_kernel(),
+        ])
+        .chain(attention::kernels(&shape))
+    {
         k.compile(device)?;
     }
     Ok(())
