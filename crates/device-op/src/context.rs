@@ -233,7 +233,8 @@ impl ExecutionContext {
     /// # Errors
     ///
     /// The policy's error; [`DeviceError::DeviceMismatch`] when the policy picks a stream of
-    /// another backend than this context's.
+    /// another backend than this context's; [`DeviceError::Capture`] when it picks a stream
+    /// being captured into a graph while this context's stream is not.
     pub fn fork_branch(
         &mut self,
         index: usize,
@@ -244,6 +245,14 @@ impl ExecutionContext {
             .at_depth(self.depth + 1)
             .on_same_device(self.same_device);
         let stream = self.policy.place(&placement)?;
+        if stream.is_capturing() && !self.stream.is_capturing() {
+            // A capture's own branches are placed on streams that join it by waiting on their
+            // fork (and a capturing stream of another capture is refused by that wait).
+            return Err(crate::exec::placed_on_capturing_stream(
+                &format!("branch {index} of {count}"),
+                &stream,
+            ));
+        }
         if stream.device().kind() != self.device.kind() {
             return Err(DeviceError::device_mismatch(
                 "ExecutionContext::fork_branch",
