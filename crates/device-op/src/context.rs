@@ -5,6 +5,13 @@
 //! That wait is made only when the branch first asks for its stream ([`ExecutionContext::stream`]),
 //! so a branch that does no device work adds no events and no waits.
 //!
+//! Every branch with device work is joined back into its execution: by
+//! [`ExecutionContext::join_branch`], or, for a branch an op forked itself and dropped unjoined,
+//! by the execution's end (the root waits for it before the op counts as complete) or by the
+//! `shared` producer it ran in (before the producer's event is recorded). So no entry point
+//! returns, and no future resolves, before a branch's work has finished, and a branch's failure
+//! is its execution's.
+//!
 //! A context's device is the device of its stream. A policy may place a branch on a stream of
 //! another device of the same backend (spreading work over GPUs); the fork and join events then
 //! order the work across devices, as they do across streams.
@@ -53,8 +60,21 @@ pub struct ExecutionContext {
     /// (wrapping), for the stack checks of deep chains (see `op/boxed.rs`).
     boxed_levels: u32,
     stats: Arc<Mutex<ExecutionStats>>,
-    /// The streams that received device work, shared by the whole execution.
-    used: Arc<Mutex<Vec<Stream>>>,
+    /// The streams that received device work, and the branches dropped unjoined, shared by the
+    /// whole execution.
+    streams: Arc<Mutex<ExecutionStreams>>,
+    /// Whether this is a branch not joined back yet (see [`ExecutionContext::join_branch`]).
+    unjoined: bool,
+}
+
+/// The streams of one execution.
+#[derive(Default)]
+struct ExecutionStreams {
+    /// The streams that received device work, in first-use order.
+    used: Vec<Stream>,
+    /// Branches with device work that were dropped without being joined: each one's stream,
+    /// and an event after its work (or the error of recording it).
+    unjoined: Vec<(Stream, Result<Event, DeviceError>)>,
 }
 
 impl ExecutionContext {
@@ -79,7 +99,8 @@ impl ExecutionContext {
             same_device: false,
             boxed_levels: 0,
             stats: Arc::new(Mutex::new(ExecutionStats::default())),
-            used: Arc::new(Mutex::new(Vec::new())),
+            streams: Arc::new(Mutex::new(ExecutionStreams::default())),
+            unjoined: false,
         }
     }
 
@@ -150,7 +171,7 @@ impl ExecutionContext {
         let mut stats = self.stats.lock();
         if !stats.streams.contains(&stream.id()) {
             stats.streams.push(stream.id());
-            self.used.lock().push(stream.clone());
+            self.streams.lock().used.push(stream.clone());
         }
     }
 
@@ -282,7 +303,8 @@ impl ExecutionContext {
             same_device: self.same_device,
             boxed_levels: self.boxed_levels,
             stats: self.stats.clone(),
-            used: self.used.clone(),
+            streams: self.streams.clone(),
+            unjoined: true,
         })
     }
 
@@ -312,10 +334,15 @@ impl ExecutionContext {
     /// Joins a branch back: if it did device work on another stream, this context's stream
     /// waits on the branch's event.
     ///
+    /// A branch dropped without being joined is joined into its execution all the same: the
+    /// execution (or the `shared` producer the branch ran in) completes only after the
+    /// branch's work, later than a join would have made it wait.
+    ///
     /// # Errors
     ///
     /// The error of recording or waiting on the join event.
-    pub fn join_branch(&mut self, branch: ExecutionContext) -> Result<(), DeviceError> {
+    pub fn join_branch(&mut self, mut branch: ExecutionContext) -> Result<(), DeviceError> {
+        branch.unjoined = false;
         if !branch.touched {
             return Ok(());
         }
@@ -329,6 +356,26 @@ impl ExecutionContext {
         let mut stats = self.stats.lock();
         stats.events_recorded += 1;
         stats.event_waits += 1;
+        Ok(())
+    }
+
+    /// Makes this context's stream wait for the branches of the execution that were dropped
+    /// without being joined (see [`ExecutionContext::join_branch`]).
+    ///
+    /// # Errors
+    ///
+    /// The error of recording an unjoined branch's event, or of waiting on it.
+    pub(crate) fn join_dropped_branches(&mut self) -> Result<(), DeviceError> {
+        let unjoined = std::mem::take(&mut self.streams.lock().unjoined);
+        for (stream, event) in unjoined {
+            let event = event?;
+            if stream == self.stream {
+                self.stream()?;
+                continue;
+            }
+            self.stream()?.wait_event(&event)?;
+            self.stats.lock().event_waits += 1;
+        }
         Ok(())
     }
 
@@ -387,7 +434,25 @@ impl ExecutionContext {
 
     /// The streams that received device work in this execution, in first-use order.
     pub(crate) fn used_streams(&self) -> Vec<Stream> {
-        self.used.lock().clone()
+        self.streams.lock().used.clone()
+    }
+}
+
+impl Drop for ExecutionContext {
+    /// A branch with device work dropped without [`ExecutionContext::join_branch`] (an op that
+    /// forked it and did not join it, or a `zip!` left by an error) is handed to its execution,
+    /// which joins it before it completes.
+    fn drop(&mut self) {
+        if self.unjoined && self.touched {
+            let event = self.stream.record_event();
+            if event.is_ok() {
+                self.stats.lock().events_recorded += 1;
+            }
+            self.streams
+                .lock()
+                .unjoined
+                .push((self.stream.clone(), event));
+        }
     }
 }
 

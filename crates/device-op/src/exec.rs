@@ -133,8 +133,15 @@ pub(crate) fn placed_on_capturing_stream(what: &str, stream: &Stream) -> DeviceE
     }
 }
 
+/// Executes `op` with the root context `ctx`, then joins the branches the op dropped unjoined
+/// into the root (see `ExecutionContext::join_branch`).
 fn execute_root<O: DeviceOp>(op: O, ctx: &mut ExecutionContext) -> Result<O::Output, DeviceError> {
-    let result = match catch_unwind(AssertUnwindSafe(|| op.execute(ctx))) {
+    let executed = catch_unwind(AssertUnwindSafe(|| {
+        let out = op.execute(ctx)?;
+        ctx.join_dropped_branches()?;
+        Ok(out)
+    }));
+    let result = match executed {
         Ok(r) => r,
         Err(p) => Err(DeviceError::from_panic("op execution", &*p)),
     };

@@ -2,7 +2,7 @@
 //! streams wait on the producer's event; failures and panics reach every consumer.
 
 use std::future::IntoFuture;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 
 use cuflow_device_op::{value, with_context, zip, BoxedOp, DeviceError, DeviceOpExt};
@@ -353,4 +353,42 @@ fn two_shared_ops_consuming_each_other_from_two_threads_fail_instead_of_deadlock
             .any(|r| matches!(r, Err(DeviceError::Reentrant { .. }))),
         "one side sees the cycle: {outcomes:?}"
     );
+}
+
+#[test]
+fn consumers_of_a_shared_op_wait_for_the_branches_it_dropped_unjoined() -> Result<(), DeviceError> {
+    let policy = StreamPoolRoundRobin::new(&device(), 4)?;
+    let buf = buffer(0.0);
+    let flag = Arc::new(AtomicBool::new(false));
+    // The op forks a branch of its own, writes slowly and sets the flag there, and drops the
+    // branch unjoined: its own stream gets no work.
+    let shared = on_unjoined_branch(spin_then_write(&buf, 4.0, SPIN).then({
+        let flag = flag.clone();
+        move |b| set_flag(&flag).map(move |()| b)
+    }))
+    .shared();
+    // Produced by an execution nobody waits for; consumed by another one.
+    let producing = shared.clone().schedule(&policy)?;
+    let (out, _) = shared.clone().sync_with_policy(&policy)?;
+    assert!(
+        flag.load(Ordering::SeqCst),
+        "a consumer saw the shared output before the work of the producer's branch completed"
+    );
+    assert_all(&out, 4.0, "the consumer's output");
+    futures::executor::block_on(producing)?;
+
+    // The failure of such a branch reaches the consumers of the shared op.
+    let failing = on_unjoined_branch(fill(&buf, 5.0).then(|_| panic_on_stream())).shared();
+    let producing = failing.clone().schedule(&policy)?;
+    let consumed = failing.clone().sync_with_policy(&policy).map(drop);
+    assert!(
+        matches!(consumed, Err(DeviceError::Panicked { .. })),
+        "the consumer of a shared op whose branch failed got {consumed:?}"
+    );
+    let produced = futures::executor::block_on(producing).map(drop);
+    assert!(
+        matches!(produced, Err(DeviceError::Panicked { .. })),
+        "the producer whose branch failed got {produced:?}"
+    );
+    Ok(())
 }

@@ -362,6 +362,8 @@ where
                 let op = inner.op.lock().take();
                 let result = match op {
                     Some(op) => op.execute(ctx).and_then(|output| {
+                        // The event covers the branches the op dropped unjoined too.
+                        ctx.join_dropped_branches()?;
                         let event = if ctx.has_device_work() {
                             Some((ctx.record_event()?, ctx.stream_id()))
                         } else {
