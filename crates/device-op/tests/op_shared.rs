@@ -5,7 +5,7 @@ use std::future::IntoFuture;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 
-use cuflow_device_op::{value, with_context, zip, BoxedOp, DeviceError, DeviceOpExt};
+use cuflow_device_op::{from_fn, value, with_context, zip, BoxedOp, DeviceError, DeviceOpExt};
 use cuflow_scheduler::{SingleStream, StreamPoolRoundRobin};
 use cuflow_testing::{
     device::{device, stream},
@@ -390,5 +390,68 @@ fn consumers_of_a_shared_op_wait_for_the_branches_it_dropped_unjoined() -> Resul
         matches!(produced, Err(DeviceError::Panicked { .. })),
         "the producer whose branch failed got {produced:?}"
     );
+    Ok(())
+}
+
+#[test]
+fn a_failure_beside_a_shared_producer_does_not_reach_its_consumers_elsewhere(
+) -> Result<(), DeviceError> {
+    let policy = StreamPoolRoundRobin::new(&device(), 4)?;
+    let produced = buffer(0.0);
+    let shared = fill(&produced, 5.0).shared();
+    let (failed, after_failure) = std::sync::mpsc::channel::<()>();
+    // Branch 0 fails on its stream, then says so on the host; branch 1 hears it on the host (no
+    // event joins the branches: the shared op does not depend on branch 0) and then produces
+    // the shared op, so that its work completes after branch 0's failure.
+    let producing = zip!(
+        panic_on_stream().then(move |()| from_fn(move |ctx| {
+            ctx.stream()?.enqueue_host_fn(move || {
+                let _ = failed.send(());
+            })
+        })),
+        from_fn(move |ctx| {
+            ctx.stream()?.enqueue_host_fn(move || {
+                let _ = after_failure.recv();
+            })
+        })
+        .then({
+            let shared = shared.clone();
+            move |()| shared
+        })
+    )
+    .schedule(&policy)?;
+    // A consumer in another execution depends on the shared op only.
+    let consumed = shared.clone().sync_with_policy(&policy).map(|(out, _)| out);
+    match consumed {
+        Ok(out) => assert_all(&out, 5.0, "the consumer's output"),
+        Err(e) => panic!("a consumer of the shared op got its sibling's failure: {e}"),
+    }
+    let produced = futures::executor::block_on(producing).map(drop);
+    assert!(
+        matches!(produced, Err(DeviceError::Panicked { .. })),
+        "the execution whose branch failed got {produced:?}"
+    );
+
+    // A shared op produced after failed work that it follows (on its stream, or through the
+    // fork of a branch) depends on it: that failure does reach its consumers elsewhere.
+    for placed in ["on the failed work's stream", "on a branch forked after it"] {
+        let shared = fill(&buffer(0.0), 6.0).shared();
+        let producer = shared.clone();
+        let producing = if placed.starts_with("on the") {
+            panic_on_stream().then(move |()| producer).map(drop).boxed()
+        } else {
+            panic_on_stream()
+                .then(move |()| zip!(value(()), producer))
+                .map(drop)
+                .boxed()
+        }
+        .schedule(&policy)?;
+        let consumed = shared.sync_with_policy(&policy).map(drop);
+        assert!(
+            matches!(consumed, Err(DeviceError::Panicked { .. })),
+            "a consumer of a shared op produced {placed} got {consumed:?}"
+        );
+        assert!(futures::executor::block_on(producing).is_err());
+    }
     Ok(())
 }
