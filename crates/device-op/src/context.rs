@@ -216,7 +216,8 @@ impl ExecutionContext {
     /// # Errors
     ///
     /// As [`ExecutionContext::on_stream`]; the error of creating `device`'s default policy;
-    /// [`DeviceError::Usage`] when that policy places work on another device.
+    /// [`DeviceError::Usage`] when that policy places work on another device;
+    /// [`DeviceError::Capture`] when it places it on a stream being captured.
     pub fn on_device<R>(
         &mut self,
         device: &Device,
@@ -226,7 +227,7 @@ impl ExecutionContext {
             let stream = self.stream()?.clone();
             return f(&stream);
         }
-        let stream = cuflow_scheduler::default_policy(device)?.place(&Placement::root(device))?;
+        let stream = crate::exec::place_root(&*cuflow_scheduler::default_policy(device)?)?;
         if stream.device() != device {
             return Err(DeviceError::usage(format!(
                 "the default policy of {device} placed work on {}; give {device} a default \
