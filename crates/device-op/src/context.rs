@@ -49,6 +49,9 @@ pub struct ExecutionContext {
     /// The fork point shared by branches forked since this context last enqueued work.
     fork_cache: Option<Arc<ForkPoint>>,
     touched: bool,
+    /// Whether device work was enqueued through this context since [`Self::tracking_work`]
+    /// last began (unlike `touched`, not set by the root's prior work).
+    enqueued: bool,
     /// Whether `stream` is already counted among the execution's streams.
     counted: bool,
     priority: PriorityLevel,
@@ -93,6 +96,7 @@ impl ExecutionContext {
             pending_forks: Vec::new(),
             fork_cache: None,
             touched: prior_work,
+            enqueued: false,
             counted: false,
             priority: PriorityLevel::Normal,
             depth: 0,
@@ -132,6 +136,7 @@ impl ExecutionContext {
             // Every op after the first of a context: no fork to wait on, no fork point to
             // retire, the stream counted already.
             self.touched = true;
+            self.enqueued = true;
             return Ok(&self.stream);
         }
         self.claim_stream()
@@ -159,6 +164,7 @@ impl ExecutionContext {
         }
         self.fork_cache = None;
         self.touched = true;
+        self.enqueued = true;
         if !self.counted {
             self.counted = true;
             self.note_used(&self.stream);
@@ -243,6 +249,17 @@ impl ExecutionContext {
         self.touched
     }
 
+    /// Runs `f` with this context, and says whether `f` enqueued device work through it (its
+    /// own work, or a wait that orders the context after other work), whatever the context did
+    /// before.
+    pub(crate) fn tracking_work<R>(&mut self, f: impl FnOnce(&mut Self) -> R) -> (R, bool) {
+        let before = std::mem::replace(&mut self.enqueued, false);
+        let out = f(self);
+        let enqueued = self.enqueued;
+        self.enqueued |= before;
+        (out, enqueued)
+    }
+
     /// The requested priority of this context's work.
     pub fn priority(&self) -> PriorityLevel {
         self.priority
@@ -298,6 +315,7 @@ impl ExecutionContext {
             pending_forks,
             fork_cache: None,
             touched: false,
+            enqueued: false,
             counted: false,
             priority: self.priority,
             depth: self.depth + 1,

@@ -136,6 +136,45 @@ fn a_shared_host_value_adds_no_events() -> Result<(), DeviceError> {
 }
 
 #[test]
+fn a_shared_host_value_produced_after_device_work_stays_a_host_value() -> Result<(), DeviceError> {
+    let device = device();
+    let policy = StreamPoolRoundRobin::new(&device, 4)?;
+    let buf = buffer(0.0);
+    // Produced by a consumer whose context did device work before: the value itself has none,
+    // so its consumers wait on nothing.
+    let shared = value(vec![1, 2, 3]).map(|v| v.len()).shared();
+    let producer = shared.clone();
+    let (n, _) = fill(&buf, 1.0)
+        .then(move |_| producer)
+        .sync_with_policy(&policy)?;
+    assert_eq!(*n, 3);
+    let ((a, b), stats) = zip!(shared.clone(), shared).sync_with_policy(&policy)?;
+    assert_eq!((*a, *b), (3, 3));
+    assert_events(&stats, 0, 0);
+    assert!(stats.streams.is_empty(), "{stats:?}");
+
+    // The same inside a capture: the value is not written by the graph, so it is read outside.
+    let s = device.new_stream()?;
+    let shared = value(7).shared();
+    let producer = shared.clone();
+    s.begin_capture()?;
+    let inside = cuflow_device_op::enqueue_on(
+        fill(&buf, 2.0).then(move |_| producer),
+        &s,
+        Arc::new(SingleStream::on(&s)),
+    );
+    let graph = s.end_capture()?;
+    assert_eq!(*inside?.0, 7);
+    assert_eq!(graph.node_count()?, 1, "the fill alone is recorded");
+    assert_eq!(
+        *shared.sync_on(&s)?,
+        7,
+        "the host value outside the capture"
+    );
+    Ok(())
+}
+
+#[test]
 fn a_failing_shared_op_gives_its_error_to_every_consumer() {
     let runs = Arc::new(AtomicUsize::new(0));
     let failing = counted(&runs, bad_launch(&buffer(0.0))).shared();
