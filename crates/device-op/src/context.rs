@@ -355,7 +355,10 @@ impl ExecutionContext {
     ///
     /// A branch dropped without being joined is joined into its execution all the same: the
     /// execution (or the `shared` producer the branch ran in) completes only after the
-    /// branch's work, later than a join would have made it wait.
+    /// branch's work, and its failure is the execution's. That join comes at the end, though:
+    /// the work this context enqueues after the drop is not ordered after the branch's (but
+    /// for the buffers both use, which are ordered as always), so join every branch whose
+    /// work the rest of the op depends on.
     ///
     /// # Errors
     ///
