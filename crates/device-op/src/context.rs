@@ -5,6 +5,13 @@
 //! That wait is made only when the branch first asks for its stream ([`ExecutionContext::stream`]),
 //! so a branch that does no device work adds no events and no waits.
 //!
+//! Every branch with device work is joined back into its execution: by
+//! [`ExecutionContext::join_branch`], or, for a branch an op forked itself and dropped unjoined,
+//! by the execution's end (the root waits for it before the op counts as complete) or by the
+//! `shared` producer it ran in (before the producer's event is recorded). So no entry point
+//! returns, and no future resolves, before a branch's work has finished, and a branch's failure
+//! is its execution's.
+//!
 //! A context's device is the device of its stream. A policy may place a branch on a stream of
 //! another device of the same backend (spreading work over GPUs); the fork and join events then
 //! order the work across devices, as they do across streams.
@@ -42,6 +49,9 @@ pub struct ExecutionContext {
     /// The fork point shared by branches forked since this context last enqueued work.
     fork_cache: Option<Arc<ForkPoint>>,
     touched: bool,
+    /// Whether device work was enqueued through this context since [`Self::tracking_work`]
+    /// last began (unlike `touched`, not set by the root's prior work).
+    enqueued: bool,
     /// Whether `stream` is already counted among the execution's streams.
     counted: bool,
     priority: PriorityLevel,
@@ -53,8 +63,21 @@ pub struct ExecutionContext {
     /// (wrapping), for the stack checks of deep chains (see `op/boxed.rs`).
     boxed_levels: u32,
     stats: Arc<Mutex<ExecutionStats>>,
-    /// The streams that received device work, shared by the whole execution.
-    used: Arc<Mutex<Vec<Stream>>>,
+    /// The streams that received device work, and the branches dropped unjoined, shared by the
+    /// whole execution.
+    streams: Arc<Mutex<ExecutionStreams>>,
+    /// Whether this is a branch not joined back yet (see [`ExecutionContext::join_branch`]).
+    unjoined: bool,
+}
+
+/// The streams of one execution.
+#[derive(Default)]
+struct ExecutionStreams {
+    /// The streams that received device work, in first-use order.
+    used: Vec<Stream>,
+    /// Branches with device work that were dropped without being joined: each one's stream,
+    /// and an event after its work (or the error of recording it).
+    unjoined: Vec<(Stream, Result<Event, DeviceError>)>,
 }
 
 impl ExecutionContext {
@@ -73,13 +96,15 @@ impl ExecutionContext {
             pending_forks: Vec::new(),
             fork_cache: None,
             touched: prior_work,
+            enqueued: false,
             counted: false,
             priority: PriorityLevel::Normal,
             depth: 0,
             same_device: false,
             boxed_levels: 0,
             stats: Arc::new(Mutex::new(ExecutionStats::default())),
-            used: Arc::new(Mutex::new(Vec::new())),
+            streams: Arc::new(Mutex::new(ExecutionStreams::default())),
+            unjoined: false,
         }
     }
 
@@ -111,6 +136,7 @@ impl ExecutionContext {
             // Every op after the first of a context: no fork to wait on, no fork point to
             // retire, the stream counted already.
             self.touched = true;
+            self.enqueued = true;
             return Ok(&self.stream);
         }
         self.claim_stream()
@@ -138,6 +164,7 @@ impl ExecutionContext {
         }
         self.fork_cache = None;
         self.touched = true;
+        self.enqueued = true;
         if !self.counted {
             self.counted = true;
             self.note_used(&self.stream);
@@ -150,7 +177,7 @@ impl ExecutionContext {
         let mut stats = self.stats.lock();
         if !stats.streams.contains(&stream.id()) {
             stats.streams.push(stream.id());
-            self.used.lock().push(stream.clone());
+            self.streams.lock().used.push(stream.clone());
         }
     }
 
@@ -195,7 +222,8 @@ impl ExecutionContext {
     /// # Errors
     ///
     /// As [`ExecutionContext::on_stream`]; the error of creating `device`'s default policy;
-    /// [`DeviceError::Usage`] when that policy places work on another device.
+    /// [`DeviceError::Usage`] when that policy places work on another device;
+    /// [`DeviceError::Capture`] when it places it on a stream being captured.
     pub fn on_device<R>(
         &mut self,
         device: &Device,
@@ -205,7 +233,7 @@ impl ExecutionContext {
             let stream = self.stream()?.clone();
             return f(&stream);
         }
-        let stream = cuflow_scheduler::default_policy(device)?.place(&Placement::root(device))?;
+        let stream = crate::exec::place_root(&*cuflow_scheduler::default_policy(device)?)?;
         if stream.device() != device {
             return Err(DeviceError::usage(format!(
                 "the default policy of {device} placed work on {}; give {device} a default \
@@ -221,6 +249,17 @@ impl ExecutionContext {
         self.touched
     }
 
+    /// Runs `f` with this context, and says whether `f` enqueued device work through it (its
+    /// own work, or a wait that orders the context after other work), whatever the context did
+    /// before.
+    pub(crate) fn tracking_work<R>(&mut self, f: impl FnOnce(&mut Self) -> R) -> (R, bool) {
+        let before = std::mem::replace(&mut self.enqueued, false);
+        let out = f(self);
+        let enqueued = self.enqueued;
+        self.enqueued |= before;
+        (out, enqueued)
+    }
+
     /// The requested priority of this context's work.
     pub fn priority(&self) -> PriorityLevel {
         self.priority
@@ -233,7 +272,8 @@ impl ExecutionContext {
     /// # Errors
     ///
     /// The policy's error; [`DeviceError::DeviceMismatch`] when the policy picks a stream of
-    /// another backend than this context's.
+    /// another backend than this context's; [`DeviceError::Capture`] when it picks a stream
+    /// being captured into a graph while this context's stream is not.
     pub fn fork_branch(
         &mut self,
         index: usize,
@@ -244,6 +284,14 @@ impl ExecutionContext {
             .at_depth(self.depth + 1)
             .on_same_device(self.same_device);
         let stream = self.policy.place(&placement)?;
+        if stream.is_capturing() && !self.stream.is_capturing() {
+            // A capture's own branches are placed on streams that join it by waiting on their
+            // fork (and a capturing stream of another capture is refused by that wait).
+            return Err(crate::exec::placed_on_capturing_stream(
+                &format!("branch {index} of {count}"),
+                &stream,
+            ));
+        }
         if stream.device().kind() != self.device.kind() {
             return Err(DeviceError::device_mismatch(
                 "ExecutionContext::fork_branch",
@@ -267,13 +315,15 @@ impl ExecutionContext {
             pending_forks,
             fork_cache: None,
             touched: false,
+            enqueued: false,
             counted: false,
             priority: self.priority,
             depth: self.depth + 1,
             same_device: self.same_device,
             boxed_levels: self.boxed_levels,
             stats: self.stats.clone(),
-            used: self.used.clone(),
+            streams: self.streams.clone(),
+            unjoined: true,
         })
     }
 
@@ -303,10 +353,18 @@ impl ExecutionContext {
     /// Joins a branch back: if it did device work on another stream, this context's stream
     /// waits on the branch's event.
     ///
+    /// A branch dropped without being joined is joined into its execution all the same: the
+    /// execution (or the `shared` producer the branch ran in) completes only after the
+    /// branch's work, and its failure is the execution's. That join comes at the end, though:
+    /// the work this context enqueues after the drop is not ordered after the branch's (but
+    /// for the buffers both use, which are ordered as always), so join every branch whose
+    /// work the rest of the op depends on.
+    ///
     /// # Errors
     ///
     /// The error of recording or waiting on the join event.
-    pub fn join_branch(&mut self, branch: ExecutionContext) -> Result<(), DeviceError> {
+    pub fn join_branch(&mut self, mut branch: ExecutionContext) -> Result<(), DeviceError> {
+        branch.unjoined = false;
         if !branch.touched {
             return Ok(());
         }
@@ -320,6 +378,26 @@ impl ExecutionContext {
         let mut stats = self.stats.lock();
         stats.events_recorded += 1;
         stats.event_waits += 1;
+        Ok(())
+    }
+
+    /// Makes this context's stream wait for the branches of the execution that were dropped
+    /// without being joined (see [`ExecutionContext::join_branch`]).
+    ///
+    /// # Errors
+    ///
+    /// The error of recording an unjoined branch's event, or of waiting on it.
+    pub(crate) fn join_dropped_branches(&mut self) -> Result<(), DeviceError> {
+        let unjoined = std::mem::take(&mut self.streams.lock().unjoined);
+        for (stream, event) in unjoined {
+            let event = event?;
+            if stream == self.stream {
+                self.stream()?;
+                continue;
+            }
+            self.stream()?.wait_event(&event)?;
+            self.stats.lock().event_waits += 1;
+        }
         Ok(())
     }
 
@@ -378,7 +456,25 @@ impl ExecutionContext {
 
     /// The streams that received device work in this execution, in first-use order.
     pub(crate) fn used_streams(&self) -> Vec<Stream> {
-        self.used.lock().clone()
+        self.streams.lock().used.clone()
+    }
+}
+
+impl Drop for ExecutionContext {
+    /// A branch with device work dropped without [`ExecutionContext::join_branch`] (an op that
+    /// forked it and did not join it, or a `zip!` left by an error) is handed to its execution,
+    /// which joins it before it completes.
+    fn drop(&mut self) {
+        if self.unjoined && self.touched {
+            let event = self.stream.record_event();
+            if event.is_ok() {
+                self.stats.lock().events_recorded += 1;
+            }
+            self.streams
+                .lock()
+                .unjoined
+                .push((self.stream.clone(), event));
+        }
     }
 }
 

@@ -91,7 +91,8 @@ pub fn default_device() -> Result<Device, DeviceError> {
 ///
 /// # Errors
 ///
-/// The policy's error, or [`DeviceError::Panicked`].
+/// The policy's error; [`DeviceError::Panicked`]; [`DeviceError::Capture`] when the policy
+/// picks a stream that is being captured into a graph.
 ///
 /// # Examples
 ///
@@ -105,16 +106,42 @@ pub fn default_device() -> Result<Device, DeviceError> {
 /// # Ok::<(), cuflow_runtime::DeviceError>(())
 /// ```
 pub fn place_root(policy: &dyn SchedulingPolicy) -> Result<Stream, DeviceError> {
-    match catch_unwind(AssertUnwindSafe(|| {
+    let stream = match catch_unwind(AssertUnwindSafe(|| {
         policy.place(&Placement::root(policy.device()))
     })) {
-        Ok(placed) => placed,
-        Err(p) => Err(DeviceError::from_panic("the scheduling policy", &*p)),
+        Ok(placed) => placed?,
+        Err(p) => return Err(DeviceError::from_panic("the scheduling policy", &*p)),
+    };
+    if stream.is_capturing() {
+        return Err(placed_on_capturing_stream("the root of an op", &stream));
+    }
+    Ok(stream)
+}
+
+/// The error of a policy that placed `what` on `stream`, a stream being captured into a graph:
+/// the work would be recorded into that graph instead of running, and the events that should
+/// tell of its completion would never complete.
+pub(crate) fn placed_on_capturing_stream(what: &str, stream: &Stream) -> DeviceError {
+    DeviceError::Capture {
+        op: "SchedulingPolicy::place".into(),
+        reason: format!(
+            "the scheduling policy placed {what} on stream {}, which is being captured into a \
+             graph: the work would be recorded instead of run; a policy must not hand out a \
+             capturing stream",
+            stream.id()
+        ),
     }
 }
 
+/// Executes `op` with the root context `ctx`, then joins the branches the op dropped unjoined
+/// into the root (see `ExecutionContext::join_branch`).
 fn execute_root<O: DeviceOp>(op: O, ctx: &mut ExecutionContext) -> Result<O::Output, DeviceError> {
-    let result = match catch_unwind(AssertUnwindSafe(|| op.execute(ctx))) {
+    let executed = catch_unwind(AssertUnwindSafe(|| {
+        let out = op.execute(ctx)?;
+        ctx.join_dropped_branches()?;
+        Ok(out)
+    }));
+    let result = match executed {
         Ok(r) => r,
         Err(p) => Err(DeviceError::from_panic("op execution", &*p)),
     };

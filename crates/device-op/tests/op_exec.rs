@@ -146,3 +146,71 @@ fn sync_and_await_run_on_the_default_device() -> Result<(), DeviceError> {
     assert_eq!(seen, device);
     Ok(())
 }
+
+#[test]
+fn a_branch_an_op_forks_and_drops_unjoined_completes_before_the_op() -> Result<(), DeviceError> {
+    let device = device();
+    let policy = StreamPoolRoundRobin::new(&device, 4)?;
+    let stream = device.new_stream()?;
+    let buf = buffer(0.0);
+    // The branch's work: a slow write, then a flag; the op's own stream gets nothing.
+    let op = |v: f32, flag: &Arc<AtomicBool>| on_unjoined_branch(slow_then_flag(&buf, v, flag));
+    type Entry<'a> = Box<dyn Fn(f32, &Arc<AtomicBool>) -> Result<Buf, DeviceError> + 'a>;
+    let entries: Vec<(&str, Entry<'_>)> = vec![
+        ("sync", Box::new(|v, flag| op(v, flag).sync())),
+        ("sync_on", Box::new(|v, flag| op(v, flag).sync_on(&stream))),
+        (
+            "sync_with_policy",
+            Box::new(|v, flag| op(v, flag).sync_with_policy(&policy).map(|(b, _)| b)),
+        ),
+        (
+            "schedule",
+            Box::new(|v, flag| {
+                op(v, flag)
+                    .schedule(&policy)
+                    .and_then(futures::executor::block_on)
+            }),
+        ),
+        (
+            ".await",
+            Box::new(|v, flag| futures::executor::block_on(op(v, flag).into_future())),
+        ),
+    ];
+    for (i, (entry, run)) in entries.iter().enumerate() {
+        let flag = Arc::new(AtomicBool::new(false));
+        let v = i as f32 + 1.0;
+        let out = run(v, &flag)?;
+        assert!(
+            flag.load(Ordering::SeqCst),
+            "{entry} returned before the work of the op's unjoined branch completed"
+        );
+        assert_all(&out, v, entry);
+    }
+    // The branch's failure after it was enqueued is the op's error.
+    let failing = || on_unjoined_branch(fill(&buf, 9.0).then(|_| panic_on_stream()));
+    let outcomes = [
+        ("sync", failing().sync()),
+        ("sync_on", failing().sync_on(&stream)),
+        (
+            "sync_with_policy",
+            failing().sync_with_policy(&policy).map(drop),
+        ),
+        (
+            "schedule",
+            failing()
+                .schedule(&policy)
+                .and_then(futures::executor::block_on),
+        ),
+        (
+            ".await",
+            futures::executor::block_on(failing().into_future()),
+        ),
+    ];
+    for (entry, outcome) in outcomes {
+        assert!(
+            matches!(outcome, Err(DeviceError::Panicked { .. })),
+            "{entry}: the unjoined branch's failure is the op's: {outcome:?}"
+        );
+    }
+    Ok(())
+}

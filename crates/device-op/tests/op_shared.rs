@@ -2,10 +2,10 @@
 //! streams wait on the producer's event; failures and panics reach every consumer.
 
 use std::future::IntoFuture;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 
-use cuflow_device_op::{value, with_context, zip, BoxedOp, DeviceError, DeviceOpExt};
+use cuflow_device_op::{from_fn, value, with_context, zip, BoxedOp, DeviceError, DeviceOpExt};
 use cuflow_scheduler::{SingleStream, StreamPoolRoundRobin};
 use cuflow_testing::{
     device::{device, stream},
@@ -132,6 +132,45 @@ fn a_shared_host_value_adds_no_events() -> Result<(), DeviceError> {
     assert!(Arc::ptr_eq(&a, &b) && Arc::ptr_eq(&b, &c));
     assert_events(&stats, 0, 0);
     assert!(stats.streams.is_empty(), "{stats:?}");
+    Ok(())
+}
+
+#[test]
+fn a_shared_host_value_produced_after_device_work_stays_a_host_value() -> Result<(), DeviceError> {
+    let device = device();
+    let policy = StreamPoolRoundRobin::new(&device, 4)?;
+    let buf = buffer(0.0);
+    // Produced by a consumer whose context did device work before: the value itself has none,
+    // so its consumers wait on nothing.
+    let shared = value(vec![1, 2, 3]).map(|v| v.len()).shared();
+    let producer = shared.clone();
+    let (n, _) = fill(&buf, 1.0)
+        .then(move |_| producer)
+        .sync_with_policy(&policy)?;
+    assert_eq!(*n, 3);
+    let ((a, b), stats) = zip!(shared.clone(), shared).sync_with_policy(&policy)?;
+    assert_eq!((*a, *b), (3, 3));
+    assert_events(&stats, 0, 0);
+    assert!(stats.streams.is_empty(), "{stats:?}");
+
+    // The same inside a capture: the value is not written by the graph, so it is read outside.
+    let s = device.new_stream()?;
+    let shared = value(7).shared();
+    let producer = shared.clone();
+    s.begin_capture()?;
+    let inside = cuflow_device_op::enqueue_on(
+        fill(&buf, 2.0).then(move |_| producer),
+        &s,
+        Arc::new(SingleStream::on(&s)),
+    );
+    let graph = s.end_capture()?;
+    assert_eq!(*inside?.0, 7);
+    assert_eq!(graph.node_count()?, 1, "the fill alone is recorded");
+    assert_eq!(
+        *shared.sync_on(&s)?,
+        7,
+        "the host value outside the capture"
+    );
     Ok(())
 }
 
@@ -353,4 +392,105 @@ fn two_shared_ops_consuming_each_other_from_two_threads_fail_instead_of_deadlock
             .any(|r| matches!(r, Err(DeviceError::Reentrant { .. }))),
         "one side sees the cycle: {outcomes:?}"
     );
+}
+
+#[test]
+fn consumers_of_a_shared_op_wait_for_the_branches_it_dropped_unjoined() -> Result<(), DeviceError> {
+    let policy = StreamPoolRoundRobin::new(&device(), 4)?;
+    let buf = buffer(0.0);
+    let flag = Arc::new(AtomicBool::new(false));
+    // The op forks a branch of its own, writes slowly and sets the flag there, and drops the
+    // branch unjoined: its own stream gets no work.
+    let shared = on_unjoined_branch(spin_then_write(&buf, 4.0, SPIN).then({
+        let flag = flag.clone();
+        move |b| set_flag(&flag).map(move |()| b)
+    }))
+    .shared();
+    // Produced by an execution nobody waits for; consumed by another one.
+    let producing = shared.clone().schedule(&policy)?;
+    let (out, _) = shared.clone().sync_with_policy(&policy)?;
+    assert!(
+        flag.load(Ordering::SeqCst),
+        "a consumer saw the shared output before the work of the producer's branch completed"
+    );
+    assert_all(&out, 4.0, "the consumer's output");
+    futures::executor::block_on(producing)?;
+
+    // The failure of such a branch reaches the consumers of the shared op.
+    let failing = on_unjoined_branch(fill(&buf, 5.0).then(|_| panic_on_stream())).shared();
+    let producing = failing.clone().schedule(&policy)?;
+    let consumed = failing.clone().sync_with_policy(&policy).map(drop);
+    assert!(
+        matches!(consumed, Err(DeviceError::Panicked { .. })),
+        "the consumer of a shared op whose branch failed got {consumed:?}"
+    );
+    let produced = futures::executor::block_on(producing).map(drop);
+    assert!(
+        matches!(produced, Err(DeviceError::Panicked { .. })),
+        "the producer whose branch failed got {produced:?}"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_failure_beside_a_shared_producer_does_not_reach_its_consumers_elsewhere(
+) -> Result<(), DeviceError> {
+    let policy = StreamPoolRoundRobin::new(&device(), 4)?;
+    let produced = buffer(0.0);
+    let shared = fill(&produced, 5.0).shared();
+    let (failed, after_failure) = std::sync::mpsc::channel::<()>();
+    // Branch 0 fails on its stream, then says so on the host; branch 1 hears it on the host (no
+    // event joins the branches: the shared op does not depend on branch 0) and then produces
+    // the shared op, so that its work completes after branch 0's failure.
+    let producing = zip!(
+        panic_on_stream().then(move |()| from_fn(move |ctx| {
+            ctx.stream()?.enqueue_host_fn(move || {
+                let _ = failed.send(());
+            })
+        })),
+        from_fn(move |ctx| {
+            ctx.stream()?.enqueue_host_fn(move || {
+                let _ = after_failure.recv();
+            })
+        })
+        .then({
+            let shared = shared.clone();
+            move |()| shared
+        })
+    )
+    .schedule(&policy)?;
+    // A consumer in another execution depends on the shared op only.
+    let consumed = shared.clone().sync_with_policy(&policy).map(|(out, _)| out);
+    match consumed {
+        Ok(out) => assert_all(&out, 5.0, "the consumer's output"),
+        Err(e) => panic!("a consumer of the shared op got its sibling's failure: {e}"),
+    }
+    let produced = futures::executor::block_on(producing).map(drop);
+    assert!(
+        matches!(produced, Err(DeviceError::Panicked { .. })),
+        "the execution whose branch failed got {produced:?}"
+    );
+
+    // A shared op produced after failed work that it follows (on its stream, or through the
+    // fork of a branch) depends on it: that failure does reach its consumers elsewhere.
+    for placed in ["on the failed work's stream", "on a branch forked after it"] {
+        let shared = fill(&buffer(0.0), 6.0).shared();
+        let producer = shared.clone();
+        let producing = if placed.starts_with("on the") {
+            panic_on_stream().then(move |()| producer).map(drop).boxed()
+        } else {
+            panic_on_stream()
+                .then(move |()| zip!(value(()), producer))
+                .map(drop)
+                .boxed()
+        }
+        .schedule(&policy)?;
+        let consumed = shared.sync_with_policy(&policy).map(drop);
+        assert!(
+            matches!(consumed, Err(DeviceError::Panicked { .. })),
+            "a consumer of a shared op produced {placed} got {consumed:?}"
+        );
+        assert!(futures::executor::block_on(producing).is_err());
+    }
+    Ok(())
 }

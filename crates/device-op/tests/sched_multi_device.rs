@@ -3,8 +3,10 @@
 //! into the op. Placement is the same on every backend, so these run on two host devices.
 
 use cuflow_device_op::{from_fn, value, with_context, zip, DeviceError, DeviceOp, DeviceOpExt};
+use std::sync::Arc;
+
 use cuflow_runtime::{Device, DeviceBuffer};
-use cuflow_scheduler::MultiDevice;
+use cuflow_scheduler::{DevicePolicyExt, MultiDevice, SingleStream, StreamPoolRoundRobin};
 use cuflow_testing::ops::assert_events;
 
 fn devices() -> [Device; 2] {
@@ -61,5 +63,40 @@ fn on_device_orders_work_of_another_device_into_the_op() -> Result<(), DeviceErr
     assert_eq!(out.to_host_vec(&b.new_stream()?)?, vec![1.0, 2.0, 3.0]);
     assert_eq!(stats.streams.len(), 2, "{stats:?}");
     assert_events(&stats, 2, 2);
+    Ok(())
+}
+
+#[test]
+fn on_device_refuses_a_default_policy_that_places_work_on_a_capturing_stream(
+) -> Result<(), DeviceError> {
+    // A device of its own: its default policy is replaced for this test only.
+    let (home, other) = (Device::host(), Device::host_numbered(5));
+    let capturing = other.new_stream()?;
+    capturing.begin_capture()?;
+    other.set_default_policy(Arc::new(SingleStream::on(&capturing)))?;
+    let stream = home.new_stream()?;
+    let src = DeviceBuffer::from_host(&stream, &[1.0f32, 2.0, 3.0])?;
+    let outcome = from_fn({
+        let other = other.clone();
+        move |ctx| {
+            ctx.on_device(&other, |s| {
+                let dst = DeviceBuffer::<f32>::alloc(s, src.len())?;
+                dst.copy_from_device(s, &src)?;
+                Ok(dst)
+            })
+        }
+    })
+    .sync_on(&stream);
+    other.set_default_policy(Arc::new(StreamPoolRoundRobin::new(&other, 4)?))?;
+    match outcome {
+        Err(DeviceError::Capture { reason, .. }) => assert!(
+            reason.contains("scheduling policy") && reason.contains("captured"),
+            "the error names the policy and the capture: {reason}"
+        ),
+        other => panic!("expected a capture error, got {other:?}"),
+    }
+    assert!(!stream.is_capturing(), "the op's stream joined the capture");
+    let graph = capturing.end_capture()?;
+    assert_eq!(graph.node_count()?, 0, "the op's work was recorded");
     Ok(())
 }

@@ -39,8 +39,20 @@ impl Event {
     ///
     /// # Errors
     ///
-    /// The error that work hit, if it failed.
+    /// The error that work hit, if it failed, or [`DeviceError::Capture`] for an event
+    /// recorded during a capture: it stands for captured work, which never runs by itself (the
+    /// host backend would answer "not yet" for ever; the driver refuses to query such an
+    /// event).
     pub fn is_complete(&self) -> Result<bool> {
+        if self.inner.capture.is_some() {
+            return Err(DeviceError::Capture {
+                op: "Event::is_complete".into(),
+                reason: "the event was recorded during a capture: it stands for captured work, \
+                         which runs only when the graph is launched, and never completes by \
+                         itself"
+                    .into(),
+            });
+        }
         self.inner.backend.is_complete()
     }
 

@@ -8,11 +8,18 @@
 //!
 //! An [`ErrorScope`] names one such unit. While a scope is entered on a thread, every piece of
 //! work that thread enqueues is tagged with it, and an asynchronous failure of that work is
-//! stored in the scope instead of the stream. Synchronizing a stream, synchronizing or querying
-//! an event recorded, or reading a buffer back, while the scope is entered, reports the scope's
-//! error (and not other scopes' errors, nor the stream's untagged ones). A scope keeps its first
-//! error until it is dropped: reading it does not clear it, so a unit that observed its error
-//! and carried on still ends in that error.
+//! stored in the scope instead of the stream. Synchronizing a stream, or reading a buffer back,
+//! while the scope is entered, reports the scope's error (and not other scopes' errors, nor the
+//! stream's untagged ones). A scope keeps its first error until it is dropped: reading it does
+//! not clear it, so a unit that observed its error and carried on still ends in that error.
+//!
+//! An event recorded while the scope is entered reports the failures of the work it follows,
+//! and no other: the first failure of the scope's work enqueued before it on its stream (a wait
+//! on an event that failed fails too, so that covers the work of other streams the stream
+//! waited for). A unit's failure thus travels along events to the work that depends on it, in
+//! this unit or in another that waits on its events, but not to another unit that waits on an
+//! event of this unit's work that did not depend on the failed work (on the host backend; a
+//! CUDA event reports device faults only).
 //!
 //! The device-op layer enters one scope per execution (`sync`, `schedule`, `.await`), which is
 //! what makes an op's error reach that op and its dependants only.
@@ -22,7 +29,7 @@
 
 use std::cell::RefCell;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
 
@@ -173,5 +180,47 @@ impl ErrorSink {
             Some(scope) => scope.error(),
             None => self.stream.lock().take(),
         }
+    }
+}
+
+/// The failures of the work run by one stream, per scope: what the stream's events report (see
+/// the [module docs](self)). Kept by the host backend's stream worker, which runs the stream's
+/// work in order, so that an event sees exactly the failures of the work before it.
+#[derive(Default)]
+pub(crate) struct StreamFailures {
+    /// The first failure of each scope's work on this stream; a scope that was dropped is
+    /// forgotten when the next failure is stored.
+    scoped: Vec<(Weak<Mutex<Option<DeviceError>>>, DeviceError)>,
+}
+
+impl StreamFailures {
+    /// Stores the failure of a piece of work enqueued with `sink`: in its scope (or stream),
+    /// and as this stream's failure of that scope.
+    pub(crate) fn record(&mut self, sink: &ErrorSink, error: DeviceError) {
+        if let Some(scope) = &sink.scope {
+            if self.of(scope).is_none() {
+                self.scoped.retain(|(key, _)| key.strong_count() > 0);
+                self.scoped
+                    .push((Arc::downgrade(&scope.error), error.clone()));
+            }
+        }
+        sink.record(error);
+    }
+
+    /// The error an event recorded with `sink` completes with: the first failure of its
+    /// scope's work on this stream so far; for untagged work, the stream's error.
+    pub(crate) fn seen_by(&self, sink: &ErrorSink) -> Option<DeviceError> {
+        match &sink.scope {
+            Some(scope) => self.of(scope).cloned(),
+            None => sink.peek(),
+        }
+    }
+
+    fn of(&self, scope: &ErrorScope) -> Option<&DeviceError> {
+        let key = Arc::as_ptr(&scope.error);
+        self.scoped
+            .iter()
+            .find(|(k, _)| std::ptr::eq(k.as_ptr(), key))
+            .map(|(_, e)| e)
     }
 }

@@ -327,12 +327,22 @@ fn capture_misuse_is_a_capture_error() -> Result<(), DeviceError> {
         in_capture.synchronize(),
         "Event::synchronize of a captured event",
     );
+    // A captured event never completes by itself: polling it is refused too, instead of
+    // answering "not yet" for ever.
+    assert_capture_error(
+        in_capture.is_complete(),
+        "Event::is_complete of a captured event",
+    );
     origin.wait_event(&in_capture)?;
     assert_capture_error(side.end_capture(), "end_capture on a joined stream");
     assert!(origin.is_capturing() && side.is_capturing());
     let graph = origin.end_capture()?;
     assert_eq!(graph.node_count()?, 2);
 
+    assert_capture_error(
+        in_capture.is_complete(),
+        "Event::is_complete of an ended capture's event",
+    );
     // The capture's events order nothing once it has ended.
     assert_capture_error(
         side.wait_event(&in_capture),

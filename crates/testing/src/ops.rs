@@ -234,6 +234,25 @@ pub fn set_flag(flag: &Arc<AtomicBool>) -> FromFn<impl OpFn<()>> {
     })
 }
 
+/// An op that forks a branch of its own ([`ExecutionContext::fork_branch`]), runs `op` on it,
+/// and drops the branch without joining it back: the op itself enqueues nothing on its own
+/// stream. Yields `op`'s output.
+pub fn on_unjoined_branch<O: DeviceOp + 'static>(op: O) -> FromFn<impl OpFn<O::Output>> {
+    from_fn(move |ctx| {
+        let mut branch = ctx.fork_branch(0, 1)?;
+        op.execute(&mut branch)
+    })
+}
+
+/// Panics on the op's stream, in order with its earlier work: the op's work fails after it
+/// was enqueued.
+pub fn panic_on_stream() -> FromFn<impl OpFn<()>> {
+    from_fn(|ctx| {
+        ctx.stream()?
+            .enqueue_host_fn(|| panic!("the op's work fails on the stream"))
+    })
+}
+
 /// Makes the op's stream wait for `event`.
 pub fn wait_event(event: &Event) -> FromFn<impl OpFn<()>> {
     let event = event.clone();

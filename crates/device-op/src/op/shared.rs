@@ -2,8 +2,8 @@
 //!
 //! An explicit state machine, [`RunOnce`], moved by compare-and-swap: `IDLE → RUNNING →
 //! COMPLETE`, or `RUNNING → POISONED` when the op fails or panics (a guard poisons on unwind).
-//! The first consumer to win the CAS runs the op on its own context and, if it did device work,
-//! records an event; consumers on other streams wait on that event, so they never read the
+//! The first consumer to win the CAS runs the op on its own context and, if the op enqueued
+//! device work (the context's earlier work is not the op's), records an event; consumers on other streams wait on that event, so they never read the
 //! output before it is written. A consumer that finds the op running on another thread blocks
 //! until it finishes; one that finds it running on its own thread, or whose wait would close a
 //! cycle of waits across threads (two shared ops consuming each other), gets
@@ -361,14 +361,24 @@ where
                 let _span = trace::op_span("shared producer");
                 let op = inner.op.lock().take();
                 let result = match op {
-                    Some(op) => op.execute(ctx).and_then(|output| {
-                        let event = if ctx.has_device_work() {
-                            Some((ctx.record_event()?, ctx.stream_id()))
-                        } else {
-                            None
-                        };
-                        Ok((output, event))
-                    }),
+                    Some(op) => {
+                        // The event covers the branches the op dropped unjoined too. It is
+                        // recorded only when the op itself enqueued device work: work the
+                        // consumer's context did before is not the shared op's.
+                        let (output, did_work) = ctx.tracking_work(|ctx| {
+                            let output = op.execute(ctx)?;
+                            ctx.join_dropped_branches()?;
+                            Ok(output)
+                        });
+                        output.and_then(|output| {
+                            let event = if did_work {
+                                Some((ctx.record_event()?, ctx.stream_id()))
+                            } else {
+                                None
+                            };
+                            Ok((output, event))
+                        })
+                    }
                     None => Err(DeviceError::internal("shared op ran twice")),
                 };
                 return match result {

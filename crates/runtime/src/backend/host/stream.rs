@@ -14,7 +14,7 @@ use crate::backend::{CaptureBackend, GraphBackend};
 use crate::capture::CaptureSession;
 use crate::error::{DeviceError, Result};
 use crate::memory::Memory;
-use crate::scope::ErrorSink;
+use crate::scope::{ErrorSink, StreamFailures};
 use crate::stream::StreamId;
 
 /// A unit of work on a host stream. `Fn` (not `FnOnce`) so that captured work can be replayed.
@@ -24,6 +24,9 @@ pub(crate) type HostTask = Arc<dyn Fn() -> Result<()> + Send + Sync>;
 enum Msg {
     Run(HostTask, ErrorSink),
     Once(Box<dyn FnOnce() + Send>, ErrorSink),
+    /// An event recorded with the sink: it completes with the failures of the work before it
+    /// (see [`StreamFailures`]).
+    Record(Arc<HostEventShared>, ErrorSink),
 }
 
 thread_local! {
@@ -62,18 +65,21 @@ impl HostStream {
             .name(format!("cuflow-host-stream-{}", id.0))
             .spawn(move || {
                 ON_WORKER.with(|w| w.set(true));
+                let mut failures = StreamFailures::default();
                 for msg in rx {
                     match msg {
                         Msg::Run(task, sink) => {
                             if let Err(e) = run_task(&task) {
-                                sink.record(e);
+                                failures.record(&sink, e);
                             }
                         }
                         Msg::Once(f, sink) => {
                             if let Err(p) = catch_unwind(AssertUnwindSafe(f)) {
-                                sink.record(DeviceError::from_panic("a host function", &*p));
+                                let e = DeviceError::from_panic("a host function", &*p);
+                                failures.record(&sink, e);
                             }
                         }
+                        Msg::Record(event, sink) => event.complete(failures.seen_by(&sink)),
                     }
                 }
             })
@@ -159,13 +165,7 @@ impl HostStream {
             }
         }
         let event = HostEvent::pending(timed);
-        let state = event.state.clone();
-        let sink = self.sink();
-        let observed = sink.clone();
-        self.send(Msg::Once(
-            Box::new(move || state.complete(observed.peek())),
-            sink,
-        ))?;
+        self.send(Msg::Record(event.state.clone(), self.sink()))?;
         Ok(event)
     }
 
