@@ -327,6 +327,12 @@ fn capture_misuse_is_a_capture_error() -> Result<(), DeviceError> {
         in_capture.synchronize(),
         "Event::synchronize of a captured event",
     );
+    // Its work runs only when the graph is launched: a query answering "not yet" for ever
+    // would hang a program that polls it.
+    assert_capture_error(
+        in_capture.is_complete(),
+        "Event::is_complete of a captured event",
+    );
     origin.wait_event(&in_capture)?;
     assert_capture_error(side.end_capture(), "end_capture on a joined stream");
     assert!(origin.is_capturing() && side.is_capturing());
@@ -337,6 +343,10 @@ fn capture_misuse_is_a_capture_error() -> Result<(), DeviceError> {
     assert_capture_error(
         side.wait_event(&in_capture),
         "waiting on an ended capture's event",
+    );
+    assert_capture_error(
+        in_capture.is_complete(),
+        "Event::is_complete of an ended capture's event",
     );
     assert_usable(&origin)?;
     assert_usable(&side)?;
