@@ -317,3 +317,34 @@ fn configs_whose_sizes_overflow_are_errors() -> Result<(), DeviceError> {
     std::fs::remove_dir_all(&dir).ok();
     Ok(())
 }
+
+/// A config of absurdly many layers over a two-layer checkpoint is an error naming the first
+/// missing tensor, found without listing (or allocating for) the layers it does not have.
+#[test]
+fn a_config_of_more_layers_than_its_checkpoint_names_the_first_missing_one(
+) -> Result<(), DeviceError> {
+    let cfg = LlamaConfig::tiny();
+    let dir = temp_dir("deep");
+    write_checkpoint(&dir, &cfg, &synthetic_tensors(&cfg, 1, WeightDtype::Bf16))?;
+    let deep = LlamaConfig {
+        num_hidden_layers: 1 << 40,
+        ..cfg
+    };
+    deep.validate()?;
+    std::fs::write(
+        dir.join("config.json"),
+        serde_json::to_string(&deep).expect("json"),
+    )
+    .map_err(|e| DeviceError::usage(e.to_string()))?;
+    let device = Device::host_numbered(24);
+    let err = Llama::load(&device, &dir)
+        .expect_err("two layers of 2^40")
+        .to_string();
+    std::fs::remove_dir_all(&dir).ok();
+    assert!(
+        err.contains("model.layers.2.input_layernorm.weight") && err.contains("missing"),
+        "{err}"
+    );
+    assert_eq!(device.memory_pool().stats()?.peak_in_use, 0);
+    Ok(())
+}
