@@ -1,7 +1,7 @@
 //! Loading Hugging Face checkpoints written by `testing`: the same model as the synthetic
 //! weights, and errors that name the tensor or the file.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use cuflow_models::llama::testing::{synthetic_tensors, write_checkpoint, WeightDtype};
 use cuflow_models::llama::{GenerateOptions, Llama, LlamaConfig};
@@ -136,5 +136,215 @@ fn bad_configs_and_folders_are_errors() -> Result<(), DeviceError> {
         .unwrap_err()
         .to_string();
     assert!(err.contains("config.json"), "{err}");
+    Ok(())
+}
+
+/// Rewrites the header of `dir/model.safetensors` with `edit` applied to its JSON table (the
+/// data offsets count from the end of the header, so the tensors' bytes stay valid).
+fn edit_header(dir: &Path, edit: impl FnOnce(&mut serde_json::Map<String, serde_json::Value>)) {
+    let path = dir.join("model.safetensors");
+    let bytes = std::fs::read(&path).expect("the written checkpoint");
+    let len = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes")) as usize;
+    let mut table: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(&bytes[8..8 + len]).expect("a JSON header");
+    edit(&mut table);
+    let header = serde_json::to_vec(&table).expect("JSON");
+    let mut out = (header.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(&header);
+    out.extend_from_slice(&bytes[8 + len..]);
+    std::fs::write(&path, out).expect("rewrite the checkpoint");
+}
+
+/// Writes the tiny checkpoint with its header edited by `edit` and loads it; the load must
+/// fail (not panic), and its message is returned.
+fn load_with_header(
+    name: &str,
+    edit: impl FnOnce(&mut serde_json::Map<String, serde_json::Value>),
+) -> Result<String, DeviceError> {
+    let cfg = LlamaConfig::tiny();
+    let dir = temp_dir(name);
+    write_checkpoint(&dir, &cfg, &synthetic_tensors(&cfg, 1, WeightDtype::Bf16))?;
+    edit_header(&dir, edit);
+    let result = Llama::load(&Device::auto()?, &dir);
+    std::fs::remove_dir_all(&dir).ok();
+    Ok(result
+        .expect_err("the corrupt checkpoint must not load")
+        .to_string())
+}
+
+/// The header's byte ranges are checked before any tensor is read: a range past every
+/// address (which overflows the file offset) and a range shorter than the tensor's shape and
+/// dtype imply (which would read the bytes of the tensors after it) are errors naming the
+/// tensor and the bytes.
+#[test]
+fn corrupt_byte_ranges_are_errors_naming_the_tensor() -> Result<(), DeviceError> {
+    let norm = "model.norm.weight";
+    let err = load_with_header("offsets-overflow", |t| {
+        t[norm]["data_offsets"] = serde_json::json!([0u64, u64::MAX]);
+    })?;
+    assert!(
+        err.contains(norm) && err.contains(&u64::MAX.to_string()),
+        "{err}"
+    );
+
+    // The embedding table is [256, 64] of bf16: 32768 bytes; its header claims 16.
+    let embed = "model.embed_tokens.weight";
+    let err = load_with_header("short-range", |t| {
+        let begin = t[embed]["data_offsets"][0].as_u64().expect("an offset");
+        t[embed]["data_offsets"] = serde_json::json!([begin, begin + 16]);
+    })?;
+    assert!(
+        err.contains(embed) && err.contains("16 bytes") && err.contains("32768"),
+        "{err}"
+    );
+    Ok(())
+}
+
+/// A tensor found in two files of one folder (a stale shard beside a new download) is an
+/// error naming it and both files, not whichever file sorts last.
+#[test]
+fn a_tensor_in_two_files_is_an_error() -> Result<(), DeviceError> {
+    let cfg = LlamaConfig::tiny();
+    let dir = temp_dir("twice");
+    write_checkpoint(&dir, &cfg, &synthetic_tensors(&cfg, 1, WeightDtype::Bf16))?;
+    let other = temp_dir("twice-other");
+    write_checkpoint(&other, &cfg, &synthetic_tensors(&cfg, 2, WeightDtype::Bf16))?;
+    std::fs::copy(
+        other.join("model.safetensors"),
+        dir.join("model-00002-of-00002.safetensors"),
+    )
+    .map_err(|e| DeviceError::usage(e.to_string()))?;
+    let err = Llama::load(&Device::auto()?, &dir)
+        .expect_err("a tensor held twice must not load")
+        .to_string();
+    std::fs::remove_dir_all(&dir).ok();
+    std::fs::remove_dir_all(&other).ok();
+    assert!(
+        err.contains("model.safetensors")
+            && err.contains("model-00002-of-00002.safetensors")
+            && err.contains(".weight` is in both"),
+        "{err}"
+    );
+    Ok(())
+}
+
+/// A config that does not describe the checkpoint is found out before any weight is
+/// allocated: a config whose MLP is 32768 times wider than the files' asks for gigabytes,
+/// and gets an error naming the tensor. (On a host device of its own, so that its memory
+/// pool's high-water mark counts this load only.)
+#[test]
+fn a_config_larger_than_its_checkpoint_allocates_nothing() -> Result<(), DeviceError> {
+    let cfg = LlamaConfig::tiny();
+    let dir = temp_dir("wide");
+    write_checkpoint(&dir, &cfg, &synthetic_tensors(&cfg, 1, WeightDtype::Bf16))?;
+    let wide = LlamaConfig {
+        intermediate_size: 128 << 15,
+        ..cfg
+    };
+    std::fs::write(
+        dir.join("config.json"),
+        serde_json::to_string(&wide).expect("json"),
+    )
+    .map_err(|e| DeviceError::usage(e.to_string()))?;
+    let device = Device::host_numbered(23);
+    let err = Llama::load(&device, &dir)
+        .expect_err("the config does not match")
+        .to_string();
+    std::fs::remove_dir_all(&dir).ok();
+    assert!(
+        err.contains("model.layers.0.mlp.gate_proj.weight") && err.contains("[4194304, 64]"),
+        "{err}"
+    );
+    let stats = device.memory_pool().stats()?;
+    assert_eq!(
+        stats.peak_in_use, 0,
+        "the load allocated device memory before checking the checkpoint: {stats:?}"
+    );
+    Ok(())
+}
+
+/// Sizes whose products overflow (heads times head width, vocabulary times hidden size) are
+/// errors naming the fields, from `validate`, `synthetic` and `load` alike, never a panic.
+#[test]
+fn configs_whose_sizes_overflow_are_errors() -> Result<(), DeviceError> {
+    let device = Device::auto()?;
+    let tiny = LlamaConfig::tiny();
+    let cases = [
+        (
+            "num_attention_heads",
+            LlamaConfig {
+                num_attention_heads: 1 << 60,
+                num_key_value_heads: Some(1 << 60),
+                head_dim: Some(64),
+                ..tiny.clone()
+            },
+        ),
+        (
+            "hidden_size",
+            LlamaConfig {
+                hidden_size: 1 << 61,
+                num_attention_heads: 1 << 56,
+                num_key_value_heads: Some(1 << 56),
+                vocab_size: 1 << 20,
+                ..tiny.clone()
+            },
+        ),
+        (
+            "intermediate_size",
+            LlamaConfig {
+                intermediate_size: 1 << 60,
+                ..tiny.clone()
+            },
+        ),
+    ];
+    let dir = temp_dir("overflow");
+    write_checkpoint(&dir, &tiny, &synthetic_tensors(&tiny, 1, WeightDtype::Bf16))?;
+    for (field, cfg) in cases {
+        let err = cfg.validate().expect_err(field).to_string();
+        assert!(err.contains(field) && err.contains("overflow"), "{err}");
+        let err = Llama::synthetic(&device, cfg.clone(), 1)
+            .expect_err(field)
+            .to_string();
+        assert!(err.contains(field), "{err}");
+        std::fs::write(
+            dir.join("config.json"),
+            serde_json::to_string(&cfg).expect("json"),
+        )
+        .map_err(|e| DeviceError::usage(e.to_string()))?;
+        let err = Llama::load(&device, &dir).expect_err(field).to_string();
+        assert!(err.contains(field) && err.contains("config.json"), "{err}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+    Ok(())
+}
+
+/// A config of absurdly many layers over a two-layer checkpoint is an error naming the first
+/// missing tensor, found without listing (or allocating for) the layers it does not have.
+#[test]
+fn a_config_of_more_layers_than_its_checkpoint_names_the_first_missing_one(
+) -> Result<(), DeviceError> {
+    let cfg = LlamaConfig::tiny();
+    let dir = temp_dir("deep");
+    write_checkpoint(&dir, &cfg, &synthetic_tensors(&cfg, 1, WeightDtype::Bf16))?;
+    let deep = LlamaConfig {
+        num_hidden_layers: 1 << 40,
+        ..cfg
+    };
+    deep.validate()?;
+    std::fs::write(
+        dir.join("config.json"),
+        serde_json::to_string(&deep).expect("json"),
+    )
+    .map_err(|e| DeviceError::usage(e.to_string()))?;
+    let device = Device::host_numbered(24);
+    let err = Llama::load(&device, &dir)
+        .expect_err("two layers of 2^40")
+        .to_string();
+    std::fs::remove_dir_all(&dir).ok();
+    assert!(
+        err.contains("model.layers.2.input_layernorm.weight") && err.contains("missing"),
+        "{err}"
+    );
+    assert_eq!(device.memory_pool().stats()?.peak_in_use, 0);
     Ok(())
 }

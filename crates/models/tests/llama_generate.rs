@@ -78,3 +78,55 @@ fn bad_requests_are_errors() -> Result<(), DeviceError> {
     assert_eq!(step.generate(&PROMPT, 3)?.len(), 3);
     Ok(())
 }
+
+/// Token counts whose sums overflow are refused like any count past `max_seq`, on every entry
+/// point, never by an overflow.
+#[test]
+fn token_counts_past_every_position_are_errors() -> Result<(), DeviceError> {
+    let (device, model) = model()?;
+    let stream = device.new_stream()?;
+    let err = model
+        .generate(&stream, &PROMPT, usize::MAX, &GenerateOptions::greedy())
+        .unwrap_err();
+    assert!(err.to_string().contains("max_seq"), "{err}");
+    let mut step = model.capture(&stream, GenerateOptions::greedy().max_seq(16))?;
+    let err = step.generate(&PROMPT, usize::MAX).unwrap_err();
+    assert!(err.to_string().contains("max_seq = 16"), "{err}");
+    step.prefill(&PROMPT)?;
+    for n in [usize::MAX, usize::MAX - PROMPT.len()] {
+        let err = step.decode(n).unwrap_err();
+        assert!(err.to_string().contains("max_seq = 16"), "{err}");
+        let err = step.decode_eager(n).unwrap_err();
+        assert!(err.to_string().contains("max_seq = 16"), "{err}");
+    }
+    // The refused requests changed nothing.
+    step.decode(2)?;
+    let tokens = step.tokens()?;
+    assert_eq!(tokens.len(), 3);
+    assert_eq!(
+        tokens,
+        model.generate(&stream, &PROMPT, 3, &GenerateOptions::greedy())?
+    );
+    Ok(())
+}
+
+/// A NaN temperature is refused (the host and the GPU would otherwise each make their own
+/// choice), eagerly and when capturing.
+#[test]
+fn a_nan_temperature_is_an_error() -> Result<(), DeviceError> {
+    let (device, model) = model()?;
+    let stream = device.new_stream()?;
+    let nan = GenerateOptions::sampled(f32::NAN).seed(1);
+    let err = model.generate(&stream, &PROMPT, 4, &nan).unwrap_err();
+    assert!(err.to_string().contains("temperature"), "{err}");
+    let err = model.capture(&stream, nan.max_seq(16)).unwrap_err();
+    assert!(err.to_string().contains("temperature"), "{err}");
+    // Infinite and negative temperatures are defined: uniform over the kept tokens, and greedy.
+    let greedy = model.generate(&stream, &PROMPT, 4, &GenerateOptions::greedy())?;
+    let cold = GenerateOptions::sampled(-1.0).seed(1);
+    assert_eq!(model.generate(&stream, &PROMPT, 4, &cold)?, greedy);
+    let hot = GenerateOptions::sampled(f32::INFINITY).seed(1);
+    let ids = model.generate(&stream, &PROMPT, 4, &hot)?;
+    assert!(ids.iter().all(|&id| id < 256), "{ids:?}");
+    Ok(())
+}

@@ -39,19 +39,12 @@ impl Event {
     ///
     /// # Errors
     ///
-    /// The error that work hit, if it failed, or [`DeviceError::Capture`] for an event
-    /// recorded during a capture: it stands for captured work, which never runs by itself (the
-    /// host backend would answer "not yet" for ever; the driver refuses to query such an
-    /// event).
+    /// The error that work hit, if it failed; [`DeviceError::Capture`] for an event recorded
+    /// during a capture (its work runs only in replays of the graph, so it never completes by
+    /// itself), as [`Event::synchronize`].
     pub fn is_complete(&self) -> Result<bool> {
         if self.inner.capture.is_some() {
-            return Err(DeviceError::Capture {
-                op: "Event::is_complete".into(),
-                reason: "the event was recorded during a capture: it stands for captured work, \
-                         which runs only when the graph is launched, and never completes by \
-                         itself"
-                    .into(),
-            });
+            return Err(captured("Event::is_complete"));
         }
         self.inner.backend.is_complete()
     }
@@ -64,11 +57,7 @@ impl Event {
     /// recorded during a capture (it never completes on its own).
     pub fn synchronize(&self) -> Result<()> {
         if self.inner.capture.is_some() {
-            return Err(DeviceError::Capture {
-                op: "Event::synchronize".into(),
-                reason: "the event was recorded during a capture and only orders captured work"
-                    .into(),
-            });
+            return Err(captured("Event::synchronize"));
         }
         let _traced = crate::trace::HostWait::begin("Event::synchronize");
         self.inner.backend.synchronize()
@@ -112,6 +101,14 @@ impl Event {
     /// The stream the event was recorded on.
     pub fn stream_id(&self) -> StreamId {
         self.inner.stream
+    }
+}
+
+/// The error of a host wait or query `op` on an event recorded during a capture.
+fn captured(op: &str) -> DeviceError {
+    DeviceError::Capture {
+        op: op.into(),
+        reason: "the event was recorded during a capture and only orders captured work".into(),
     }
 }
 

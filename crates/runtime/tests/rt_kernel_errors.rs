@@ -462,3 +462,179 @@ fn overlapping_arguments_of_a_written_buffer_are_refused() -> Result<(), DeviceE
     assert_eq!(out.to_host_vec(&s)?, sums);
     assert_stream_usable(&s)
 }
+
+/// A buffer passed as an input is ordered as a read: readers on other streams run beside it.
+/// A kernel may write through every pointer parameter its source does not declare `const`, so
+/// handing such a parameter an input would let the kernel's writes race with those readers; it
+/// is refused before the launch, on every backend. A `const` parameter (`const float*`,
+/// `float const*`) takes an input; `float* const` is a constant pointer to writable elements,
+/// so it takes outputs only.
+#[test]
+fn an_input_for_a_parameter_the_kernel_may_write_is_refused() -> Result<(), DeviceError> {
+    let s = stream();
+    let data: Vec<f32> = (0..8).map(|i| i as f32 * 0.5).collect();
+    let x = DeviceBuffer::from_host(&s, &data)?;
+    let y = DeviceBuffer::<f32>::zeroed(&s, 8)?;
+    let config = LaunchConfig::linear(1, 8);
+    // test_add_one(float* x, unsigned n)
+    match add_one().launch(&s, config, KernelArgs::new().input(&x).scalar(8u32)) {
+        Err(DeviceError::InvalidArgument {
+            kernel,
+            index,
+            reason,
+        }) => {
+            assert_eq!((kernel.as_str(), index), ("test_add_one", 0), "{reason}");
+            assert!(
+                reason.contains("float* x") && reason.contains("const"),
+                "the reason names the parameter and what is missing: {reason}"
+            );
+        }
+        other => panic!("expected InvalidArgument at once, got {other:?}"),
+    }
+    // SAFETY: the kernel writes only `y[0..n)` and reads only `x[0..n)`, below the count it
+    // is given, one element per thread.
+    let twice = unsafe {
+        Kernel::new(
+            "rt_twice",
+            r#"extern "C" __global__ void rt_twice(float const* x, float* const y, unsigned n) {
+                unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+                if (i < n) y[i] = 2.0f * x[i];
+            }"#,
+        )
+    }
+    .with_host(|args| {
+        let x = args.input::<f32>(0)?.to_vec();
+        let n = args.scalar::<u32>(2)? as usize;
+        for (o, v) in args.output::<f32>(1)?.iter_mut().zip(&x).take(n) {
+            *o = 2.0 * v;
+        }
+        Ok(())
+    });
+    let r = twice.launch(
+        &s,
+        config,
+        KernelArgs::new().input(&x).input(&y).scalar(8u32),
+    );
+    match r {
+        Err(DeviceError::InvalidArgument { index, reason, .. }) => {
+            assert_eq!(index, 1, "{reason}");
+            assert!(reason.contains("float* const y"), "{reason}");
+        }
+        other => panic!("expected InvalidArgument at once, got {other:?}"),
+    }
+    s.synchronize()?;
+    assert_eq!(x.to_host_vec(&s)?, data, "refused launches write nothing");
+    assert_eq!(
+        y.to_host_vec(&s)?,
+        vec![0.0; 8],
+        "refused launches write nothing"
+    );
+    twice.launch(
+        &s,
+        config,
+        KernelArgs::new().input(&x).output(&y).scalar(8u32),
+    )?;
+    let doubled: Vec<f32> = data.iter().map(|v| 2.0 * v).collect();
+    assert_eq!(y.to_host_vec(&s)?, doubled);
+    add_one().launch(&s, config, KernelArgs::new().output(&x).scalar(8u32))?;
+    let plus_one: Vec<f32> = data.iter().map(|v| v + 1.0).collect();
+    assert_eq!(x.to_host_vec(&s)?, plus_one);
+    assert_stream_usable(&s)
+}
+
+/// Four bytes that are not one of the plain element types the check knows.
+#[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C)]
+struct Pair([u16; 2]);
+
+/// An element type the check does not know by name is still held to the size of the plain
+/// C type the parameter declares: a kernel over `double* out` given a buffer of 4-byte
+/// elements would write twice the buffer's bytes. Values are held to it the same way; an
+/// unknown type of the declared size passes.
+#[test]
+fn arguments_of_unknown_types_must_have_the_declared_size() -> Result<(), DeviceError> {
+    let s = stream();
+    // SAFETY: the kernel writes only `out[0..n)`, below the count it is given.
+    let fill = unsafe {
+        Kernel::new(
+            "rt_fill_f64",
+            r#"extern "C" __global__ void rt_fill_f64(double* out, double v, unsigned n) {
+                unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+                if (i < n) out[i] = v;
+            }"#,
+        )
+    }
+    .with_host(|args| {
+        let v = args.scalar::<f64>(1)?;
+        let n = args.scalar::<u32>(2)? as usize;
+        for o in args.output::<f64>(0)?.iter_mut().take(n) {
+            *o = v;
+        }
+        Ok(())
+    });
+    let pairs = DeviceBuffer::from_host(&s, &[Pair([1, 2]); 4])?;
+    let doubles = DeviceBuffer::<f64>::zeroed(&s, 4)?;
+    let config = LaunchConfig::linear(1, 4);
+    let cases: Vec<(&str, usize, &str, KernelArgs<'_>)> = vec![
+        (
+            "a buffer of 4-byte elements for a double*",
+            0,
+            "double* out",
+            KernelArgs::new()
+                .output(&pairs)
+                .scalar(1.5f64)
+                .scalar(4u32)
+                .clone(),
+        ),
+        (
+            "a 4-byte value for a double",
+            1,
+            "double v",
+            KernelArgs::new()
+                .output(&doubles)
+                .scalar(Pair([1, 2]))
+                .scalar(4u32)
+                .clone(),
+        ),
+    ];
+    for (what, want_index, param, args) in &cases {
+        match fill.launch(&s, config, args) {
+            Err(DeviceError::InvalidArgument { index, reason, .. }) => {
+                assert_eq!(index, *want_index, "{what}: {reason}");
+                assert!(
+                    reason.contains(param) && reason.contains("4-byte"),
+                    "{what}: the reason names the parameter and the size: {reason}"
+                );
+            }
+            other => panic!("{what}: expected InvalidArgument at once, got {other:?}"),
+        }
+    }
+    assert_eq!(pairs.to_host_vec(&s)?, vec![Pair([1, 2]); 4]);
+    // An unknown type of the declared size is taken as it is: four `Pair`s for `unsigned`.
+    // SAFETY: the kernel writes only `out[0..n)`, below the count it is given.
+    let copy_words = unsafe {
+        Kernel::new(
+            "rt_copy_words",
+            r#"extern "C" __global__ void rt_copy_words(unsigned* out, const unsigned* x, unsigned n) {
+                unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+                if (i < n) out[i] = x[i];
+            }"#,
+        )
+    }
+    .with_host(|args| {
+        let x = args.input::<Pair>(1)?.to_vec();
+        let n = args.scalar::<u32>(2)? as usize;
+        for (o, v) in args.output::<Pair>(0)?.iter_mut().zip(&x).take(n) {
+            *o = *v;
+        }
+        Ok(())
+    });
+    let copied = DeviceBuffer::from_host(&s, &[Pair([0, 0]); 4])?;
+    copy_words.launch(
+        &s,
+        config,
+        KernelArgs::new().output(&copied).input(&pairs).scalar(4u32),
+    )?;
+    assert_eq!(copied.to_host_vec(&s)?, vec![Pair([1, 2]); 4]);
+    assert_stream_usable(&s)
+}

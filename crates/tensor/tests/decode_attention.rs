@@ -234,3 +234,82 @@ fn compile_all_refuses_a_shape_the_attention_kernels_do_not_support() {
     };
     decode::compile_all(s.device(), good).expect("a supported shape compiles");
 }
+
+/// A shape whose cache length overflows (a `max_seq` of `usize::MAX`, or absurdly many
+/// heads) is an error, from every kernel that takes one, never an overflow; `cache_len` of
+/// such a shape saturates.
+#[test]
+fn shapes_whose_sizes_overflow_are_errors() {
+    let s = stream();
+    let good = AttentionShape {
+        heads: 4,
+        kv_heads: 2,
+        head_dim: 16,
+        max_seq: 8,
+    };
+    let shapes = [
+        AttentionShape {
+            max_seq: usize::MAX,
+            ..good
+        },
+        AttentionShape {
+            heads: 1 << 62,
+            kv_heads: 1 << 62,
+            ..good
+        },
+        // The cache fits; a row of queries, keys and values does not.
+        AttentionShape {
+            heads: 8 << 58,
+            kv_heads: 1 << 58,
+            max_seq: 1,
+            ..good
+        },
+    ];
+    let parts = decode::attention_partitions(good.max_seq, CHUNK);
+    let mut out = upload(&s, &[0f32; 64], &[1, 64]);
+    let mut scratch = upload(&s, &vec![0f32; 4 * parts * 18], &[1, 4, parts, 18]);
+    let mut counts = decode::AttentionCounters::zeroed(1, 2)
+        .sync_on(&s)
+        .expect("counters");
+    let q = upload(&s, &[0f32; 64], &[1, 64]);
+    let qkv = upload(&s, &[0f32; 128], &[1, 128]);
+    let inv_freq = upload(&s, &[1f32; 8], &[8]);
+    let mut cache = upload(&s, &vec![bf16::ZERO; good.cache_len()], &[good.cache_len()]);
+    let pos = upload(&s, &[0u32], &[1]);
+    for shape in shapes {
+        if shape.max_seq > 1 {
+            assert_eq!(shape.cache_len(), usize::MAX, "{shape:?}");
+        }
+        let what = format!("{shape:?}");
+        let overflows = |err: cuflow_runtime::DeviceError| {
+            let msg = err.to_string();
+            assert!(msg.contains("overflow"), "{what}: {msg}");
+        };
+        overflows(
+            decode::attention(&mut out, &mut scratch, &mut counts, &q, &cache, &pos, shape)
+                .sync_on(&s)
+                .expect_err("attention"),
+        );
+        overflows(
+            decode::rope_attention(
+                &mut out,
+                &mut scratch,
+                &mut counts,
+                &mut cache,
+                &qkv,
+                &inv_freq,
+                &pos,
+                shape,
+            )
+            .sync_on(&s)
+            .expect_err("rope_attention"),
+        );
+        let mut q_out = upload(&s, &[0f32; 64], &[1, 64]);
+        overflows(
+            decode::rope_kv_append(&mut q_out, &mut cache, &qkv, &inv_freq, &pos, shape)
+                .sync_on(&s)
+                .expect_err("rope_kv_append"),
+        );
+        overflows(decode::compile_all(s.device(), shape).expect_err("compile_all"));
+    }
+}

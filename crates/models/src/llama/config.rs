@@ -207,20 +207,71 @@ impl LlamaConfig {
             .unwrap_or(self.hidden_size / self.num_attention_heads.max(1))
     }
 
-    /// Rows of the fused query/key/value projection.
+    /// Rows of the fused query/key/value projection (`usize::MAX` for a config whose sizes
+    /// overflow, which [`validate`](Self::validate) refuses).
     pub fn qkv_rows(&self) -> usize {
-        (self.num_attention_heads + 2 * self.kv_heads()) * self.head_dim()
+        self.checked_qkv_rows().unwrap_or(usize::MAX)
     }
 
-    /// Elements of every weight, as the model stores them.
+    fn checked_qkv_rows(&self) -> Option<usize> {
+        self.kv_heads()
+            .checked_mul(2)?
+            .checked_add(self.num_attention_heads)?
+            .checked_mul(self.head_dim())
+    }
+
+    /// Elements of every weight, as the model stores them (`usize::MAX` for a config whose
+    /// sizes overflow, which [`validate`](Self::validate) refuses).
     pub fn parameter_count(&self) -> usize {
+        self.checked_sizes().unwrap_or(usize::MAX)
+    }
+
+    /// Elements of every weight, each product checked: the error names the fields whose
+    /// product overflows.
+    fn checked_sizes(&self) -> Result<usize, String> {
         let (d, i, v) = (self.hidden_size, self.intermediate_size, self.vocab_size);
-        let layer = 2 * d
-            + self.qkv_rows() * d
-            + d * self.num_attention_heads * self.head_dim()
-            + 3 * i * d;
-        let head = if self.tie_word_embeddings { 0 } else { v * d };
-        v * d + self.num_hidden_layers * layer + d + head
+        let hd = self.head_dim();
+        let product = |what: &str, a: usize, b: usize| {
+            a.checked_mul(b)
+                .ok_or_else(|| format!("{what} ({a} × {b}) overflows the size of a weight"))
+        };
+        let embed = product("vocab_size × hidden_size", v, d)?;
+        let q = product(
+            "num_attention_heads × head_dim",
+            self.num_attention_heads,
+            hd,
+        )?;
+        let rows = self.checked_qkv_rows().ok_or_else(|| {
+            format!(
+                "(num_attention_heads + 2 × num_key_value_heads) × head_dim ({} + 2 × {}) × \
+                 {hd} overflows the size of a weight",
+                self.num_attention_heads,
+                self.kv_heads()
+            )
+        })?;
+        let qkv = product("the query/key/value rows × hidden_size", rows, d)?;
+        let out = product("hidden_size × num_attention_heads × head_dim", d, q)?;
+        let mlp = product("intermediate_size × hidden_size", i, d)?;
+        let overflow = |what: &str| format!("{what} overflows the size of the weights");
+        let layer = mlp
+            .checked_mul(3)
+            .and_then(|m| {
+                m.checked_add(qkv)?
+                    .checked_add(out)?
+                    .checked_add(d)?
+                    .checked_add(d)
+            })
+            .ok_or_else(|| overflow("a layer (hidden_size, intermediate_size, heads)"))?;
+        let head = if self.tie_word_embeddings { 0 } else { embed };
+        let total = layer
+            .checked_mul(self.num_hidden_layers)
+            .and_then(|layers| layers.checked_add(embed)?.checked_add(head)?.checked_add(d))
+            .ok_or_else(|| overflow("num_hidden_layers × a layer"))?;
+        // The weights are stored as 2-byte `bf16`, in allocations of at most `isize::MAX` bytes.
+        if total > isize::MAX as usize / 2 {
+            return Err(overflow(&format!("{total} parameters in bf16")));
+        }
+        Ok(total)
     }
 
     /// Checks that the model is one the kernels run.
@@ -268,6 +319,9 @@ impl LlamaConfig {
             if v % 8 != 0 {
                 return bad(format!("{name} {v} must be a multiple of 8"));
             }
+        }
+        if let Err(what) = self.checked_sizes() {
+            return bad(what);
         }
         if self.vocab_size > u32::MAX as usize / 2 {
             return bad(format!(

@@ -114,10 +114,22 @@ impl Checkpoint {
                     ))
                 })?;
                 let (begin, end) = info.data_offsets;
-                if end < begin || data_start + end as u64 > file_len {
+                let past_the_end = u64::try_from(end)
+                    .ok()
+                    .and_then(|end| data_start.checked_add(end))
+                    .is_none_or(|last| last > file_len);
+                if end < begin || past_the_end {
                     return Err(DeviceError::usage(format!(
                         "{}: tensor `{name}` claims bytes {begin}..{end} past the end of the \
                          file (truncated download?)",
+                        path.display()
+                    )));
+                }
+                if let Some(earlier) = entries.get(&name).and_then(|e: &Entry| files.get(e.file)) {
+                    return Err(DeviceError::usage(format!(
+                        "tensor `{name}` is in both {} and {}; a checkpoint folder holds each \
+                         tensor once (remove the files of another download)",
+                        earlier.display(),
                         path.display()
                     )));
                 }
@@ -252,11 +264,29 @@ impl<'a> Stager<'a> {
         }
     }
 
-    /// Checks tensor `name` against `shape` and returns its dtype and byte count.
+    /// Checks every tensor of `tensors` (names with this rank's shapes) against the source,
+    /// as [`Stager::read`] will read them: a load finds a missing, misshapen or corrupt tensor
+    /// before it allocates anything.
+    pub(crate) fn check_all(
+        &self,
+        tensors: impl IntoIterator<Item = (String, Vec<usize>)>,
+    ) -> Result<(), DeviceError> {
+        for (name, shape) in tensors {
+            let full = match &self.split {
+                Some(split) => split.part(&name, &shape).0,
+                None => shape,
+            };
+            self.lookup(&name, &full)?;
+        }
+        Ok(())
+    }
+
+    /// Checks tensor `name` against `shape`, and its bytes against its shape and dtype, and
+    /// returns its dtype and shape.
     fn lookup(&self, name: &str, shape: &[usize]) -> Result<(Dtype, Vec<usize>), DeviceError> {
-        let (dtype, found_shape) = match &self.source {
+        let (dtype, found_shape, bytes) = match &self.source {
             Source::Files(c) => match c.entries.get(name) {
-                Some(e) => (e.dtype, e.shape.clone()),
+                Some(e) => (e.dtype, e.shape.clone(), e.bytes),
                 None => {
                     let mut some: Vec<&String> = c.entries.keys().collect();
                     some.sort();
@@ -271,7 +301,7 @@ impl<'a> Stager<'a> {
                 }
             },
             Source::Memory(m) => match m.get(name) {
-                Some(t) => (t.dtype.safetensors(), t.shape.clone()),
+                Some(t) => (t.dtype.safetensors(), t.shape.clone(), t.data.len()),
                 None => {
                     return Err(DeviceError::internal(format!(
                         "synthetic tensor `{name}` was not generated"
@@ -290,6 +320,17 @@ impl<'a> Stager<'a> {
             return Err(DeviceError::usage(format!(
                 "{}: tensor `{name}` is {dtype:?}; only F32, F16 and BF16 weights can be loaded \
                  (quantized checkpoints are not supported)",
+                self.where_()
+            )));
+        }
+        let needed = shape
+            .iter()
+            .try_fold(dtype.bitsize() / 8, |n, &d| n.checked_mul(d));
+        if needed != Some(bytes) {
+            let needed = needed.map_or("more than the address space".into(), |n| n.to_string());
+            return Err(DeviceError::usage(format!(
+                "{}: tensor `{name}` holds {bytes} bytes, but its shape {shape:?} of {dtype:?} \
+                 needs {needed}; the file is corrupt (a truncated or edited download?)",
                 self.where_()
             )));
         }

@@ -384,7 +384,14 @@ impl Llama {
     ) -> Result<Vec<u32>, DeviceError> {
         let mut opts = *options;
         if opts.max_seq.is_none() {
-            opts.max_seq = Some(prompt.len() + n.max(1));
+            let positions = prompt.len().checked_add(n.max(1)).ok_or_else(|| {
+                DeviceError::usage(format!(
+                    "a prompt of {} tokens and {n} generated tokens need more positions than \
+                     any max_seq holds",
+                    prompt.len()
+                ))
+            })?;
+            opts.max_seq = Some(positions);
         }
         LlamaStep::new(self.core.clone(), stream, opts, false)?.generate_eager(prompt, n)
     }

@@ -175,12 +175,13 @@ impl LlamaStep {
                 "prompt id {bad} is outside the vocabulary of {vocab} tokens"
             )));
         }
-        if prompt.len() + n > self.state.max_seq {
+        let positions = prompt.len().checked_add(n);
+        if positions.is_none_or(|p| p > self.state.max_seq) {
             return Err(DeviceError::usage(format!(
                 "a prompt of {} tokens and {n} generated tokens need {} positions, but the \
                  caches hold max_seq = {}; raise GenerateOptions::max_seq",
                 prompt.len(),
-                prompt.len() + n,
+                positions.map_or("more than usize::MAX".into(), |p| p.to_string()),
                 self.state.max_seq
             )));
         }
@@ -235,7 +236,8 @@ impl LlamaStep {
                 "decode before prefill: call prefill(prompt) first",
             ));
         }
-        if self.prompt_len + self.produced + n > self.state.max_seq {
+        let positions = (self.prompt_len + self.produced).checked_add(n);
+        if positions.is_none_or(|p| p > self.state.max_seq) {
             return Err(DeviceError::usage(format!(
                 "{n} more tokens after {} prompt and {} generated tokens exceed max_seq = {}",
                 self.prompt_len, self.produced, self.state.max_seq

@@ -61,7 +61,6 @@ pub fn synthetic_tensors(
     dtype: WeightDtype,
 ) -> Vec<CheckpointTensor> {
     hf_tensors(cfg)
-        .into_iter()
         .map(|(name, shape)| {
             let values = synthetic_values(&name, &shape, seed);
             let data: Vec<u8> = match dtype {

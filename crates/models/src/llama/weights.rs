@@ -66,20 +66,20 @@ impl Weights {
     }
 }
 
-/// The checkpoint tensors of a model, in Hugging Face's names, with their shapes.
-pub(crate) fn hf_tensors(cfg: &LlamaConfig) -> Vec<(String, Vec<usize>)> {
+/// The checkpoint tensors of a model, in Hugging Face's names, with their shapes, made as
+/// they are asked for (a config of absurdly many layers lists nothing ahead of its first
+/// missing tensor). The config must be valid ([`LlamaConfig::validate`]): the shapes are
+/// products of its sizes.
+pub(crate) fn hf_tensors(cfg: &LlamaConfig) -> impl Iterator<Item = (String, Vec<usize>)> {
     let (d, i) = (cfg.hidden_size, cfg.intermediate_size);
     let (q, kv) = (
         cfg.num_attention_heads * cfg.head_dim(),
         cfg.kv_heads() * cfg.head_dim(),
     );
-    let mut out = vec![(
-        "model.embed_tokens.weight".to_string(),
-        vec![cfg.vocab_size, d],
-    )];
-    for l in 0..cfg.num_hidden_layers {
+    let vocab = cfg.vocab_size;
+    let layer = move |l: usize| {
         let p = format!("model.layers.{l}");
-        out.extend([
+        [
             (format!("{p}.input_layernorm.weight"), vec![d]),
             (format!("{p}.self_attn.q_proj.weight"), vec![q, d]),
             (format!("{p}.self_attn.k_proj.weight"), vec![kv, d]),
@@ -89,13 +89,13 @@ pub(crate) fn hf_tensors(cfg: &LlamaConfig) -> Vec<(String, Vec<usize>)> {
             (format!("{p}.mlp.gate_proj.weight"), vec![i, d]),
             (format!("{p}.mlp.up_proj.weight"), vec![i, d]),
             (format!("{p}.mlp.down_proj.weight"), vec![d, i]),
-        ]);
-    }
-    out.push(("model.norm.weight".to_string(), vec![d]));
-    if !cfg.tie_word_embeddings {
-        out.push(("lm_head.weight".to_string(), vec![cfg.vocab_size, d]));
-    }
-    out
+        ]
+    };
+    let head = (!cfg.tie_word_embeddings).then(|| ("lm_head.weight".to_string(), vec![vocab, d]));
+    std::iter::once(("model.embed_tokens.weight".to_string(), vec![vocab, d]))
+        .chain((0..cfg.num_hidden_layers).flat_map(layer))
+        .chain(std::iter::once(("model.norm.weight".to_string(), vec![d])))
+        .chain(head)
 }
 
 /// Allocates one device tensor of `shape` and fills it with the checkpoint tensors `parts`
@@ -123,7 +123,10 @@ pub(crate) fn build(
     cfg: &LlamaConfig,
     stager: &mut Stager<'_>,
 ) -> Result<Weights, DeviceError> {
-    let mut names = hf_tensors(cfg).into_iter();
+    // Every tensor is found, and of the right shape, dtype and size, before the first
+    // allocation: a config that does not describe the checkpoint allocates nothing.
+    stager.check_all(hf_tensors(cfg))?;
+    let mut names = hf_tensors(cfg);
     let mut next = || {
         names
             .next()

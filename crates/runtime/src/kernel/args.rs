@@ -121,7 +121,8 @@ impl<'a> KernelArgs<'a> {
         self
     }
 
-    /// Adds a buffer the kernel only reads.
+    /// Adds a buffer the kernel only reads: its parameter must be declared `const`
+    /// (`const float* x`), or the launch is refused.
     pub fn input<T: DeviceCopy>(&mut self, view: impl Into<BufferView<'a, T>>) -> &mut Self {
         self.buffer(view.into(), false)
     }

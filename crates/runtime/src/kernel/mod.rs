@@ -92,7 +92,7 @@ impl Kernel {
     ///
     /// Launching it is safe: the configuration is checked against the device, and the
     /// arguments against the parameters the source declares (their number, which are
-    /// pointers, their element types). What no check can see is what the CUDA C code does with
+    /// pointers, which of those it may write, their element types). What no check can see is what the CUDA C code does with
     /// the memory it is given, hence `unsafe`.
     ///
     /// # Safety
@@ -100,9 +100,13 @@ impl Kernel {
     /// For every launch made through the checked API, the kernel must:
     /// - read and write only within the buffers passed to it, below the lengths its arguments
     ///   give it (an out-of-bounds access corrupts memory or faults the device);
-    /// - write only the buffers passed as outputs ([`KernelArgs::output`]): cuflow orders
-    ///   accesses across streams by what each launch declares, so a write through an input
-    ///   races with other readers;
+    /// - write only through pointer parameters whose elements it does not declare `const`
+    ///   (`float* y`, not `const float* x`): the launch hands such a parameter only a buffer
+    ///   passed as an output ([`KernelArgs::output`]), and cuflow orders accesses across
+    ///   streams by what each launch declares, so a write through a `const` parameter, which
+    ///   may hold an input, races with other readers. Where the signature cannot be read from
+    ///   the source (a macro declares it), the launch cannot tell; the kernel must then write
+    ///   only the buffers its callers pass as outputs;
     /// - be free of data races between its own threads, and terminate.
     ///
     /// The host implementation given with [`Kernel::with_host`] is ordinary safe Rust and needs

@@ -2,15 +2,19 @@
 //! against them.
 //!
 //! The signature of `extern "C" __global__ void NAME(...)` is read from the source once per
-//! kernel. For each parameter it gives whether it is a pointer, and, where the type is one of
-//! CUDA C's plain types (`float`, `double`, `__half`, `__nv_bfloat16`, the integer types and
-//! their `<stdint.h>` names), its element type. A launch is then refused with
-//! [`DeviceError::InvalidArgument`] naming the parameter when it passes a different number of
-//! arguments, a buffer where a value is declared (or the reverse), a buffer of another element
-//! type, or a scalar of another size or kind (an `f32` where the source says `double`).
-//! Integers of the same size but another signedness are accepted. Types the reader does not
-//! know (templates, structs, vector types) are checked by kind (pointer or value) and, for
-//! values, not at all; a source whose signature cannot be read is not checked here.
+//! kernel. For each parameter it gives whether it is a pointer, whether the elements it points
+//! to are `const`, and, where the type is one of CUDA C's plain types (`float`, `double`,
+//! `__half`, `__nv_bfloat16`, the integer types and their `<stdint.h>` names), its element
+//! type. A launch is then refused with [`DeviceError::InvalidArgument`] naming the parameter
+//! when it passes a different number of arguments, a buffer where a value is declared (or the
+//! reverse), an input buffer for a pointer to elements that are not `const` (the kernel may
+//! write through it, while an input is ordered as a read, concurrent with other readers), a
+//! buffer of another element type, or a scalar of another size or kind (an `f32` where the
+//! source says `double`). Integers of the same size but another signedness are accepted; an
+//! element or value type the check does not know by name (a user's `Pod` struct) is accepted
+//! for a plain C type of the same size only. Types the reader does not know (templates,
+//! structs, vector types) are checked by kind (pointer or value) and, for pointers, by
+//! `const`-ness; a source whose signature cannot be read is not checked here.
 //!
 //! The check runs on both backends, so that the host backend refuses what CUDA would
 //! misread.
@@ -85,6 +89,15 @@ impl Plain {
         None
     }
 
+    /// Bytes of one element.
+    fn size(self) -> usize {
+        match self {
+            Plain::Float(n) | Plain::Int(n) => n,
+            Plain::BFloat16 => 2,
+            Plain::Bool => 1,
+        }
+    }
+
     fn describe(self) -> &'static str {
         match self {
             Plain::Float(2) => "a 16-bit float",
@@ -106,6 +119,9 @@ pub(crate) struct Param {
     /// The declaration as written, for messages.
     pub(crate) text: String,
     pub(crate) pointer: bool,
+    /// For a pointer, whether the kernel may write the elements it points to (they are not
+    /// declared `const`: `float* x`, `float* const x`; not `const float* x`).
+    pub(crate) writable: bool,
     /// The (pointee) type, when it is a plain type.
     pub(crate) plain: Option<Plain>,
 }
@@ -220,6 +236,10 @@ fn parse_param(text: &str) -> Option<Param> {
         return None;
     }
     let pointer = text.contains('*') || text.contains('[');
+    // The elements are `const` when `const` qualifies them: before the first `*` (or `[`);
+    // a `const` after it makes the pointer itself constant, not what it points to.
+    let pointee = text.find(['*', '[']).map_or(text, |at| &text[..at]);
+    let writable = pointer && !pointee.split_whitespace().any(|w| w == "const");
     let spaced = text.replace(['*', '&', '[', ']'], " ");
     let mut words: Vec<&str> = spaced
         .split_whitespace()
@@ -237,8 +257,21 @@ fn parse_param(text: &str) -> Option<Param> {
     Some(Param {
         text: text.split_whitespace().collect::<Vec<_>>().join(" "),
         pointer,
+        writable,
         plain: Plain::of_c(&words),
     })
+}
+
+/// How an element (or a value) of Rust type `ty`, `size` bytes, differs from the plain C type
+/// `want`: `None` when it is that type, or a type the check does not know by name (a user's
+/// `Pod` struct) of the same size; else what was given, for the message.
+fn type_mismatch(want: Plain, ty: TypeId, size: usize, unit: &str) -> Option<String> {
+    match Plain::of_rust(ty, size) {
+        Some(got) if got != want => Some(got.describe().to_string()),
+        Some(_) => None,
+        None if size != want.size() => Some(format!("{size}-byte {unit}")),
+        None => None,
+    }
 }
 
 /// Checks the arguments of a launch of `kernel` against its declared `params`.
@@ -266,6 +299,7 @@ pub(crate) fn check<M>(kernel: &str, params: &[Param], args: &[KernelArg<M>]) ->
                 ty,
                 ty_name,
                 elem_size,
+                writable,
                 ..
             } => {
                 if !param.pointer {
@@ -277,20 +311,31 @@ pub(crate) fn check<M>(kernel: &str, params: &[Param], args: &[KernelArg<M>]) ->
                         ),
                     ));
                 }
-                let got = param.plain.and_then(|_| Plain::of_rust(*ty, *elem_size));
-                if let (Some(want), Some(got)) = (param.plain, got) {
-                    if want != got {
-                        return Err(bad(
-                            index,
-                            format!(
-                                "parameter `{}` points to {}, but a buffer of {ty_name} ({}) was \
-                                 given",
-                                param.text,
-                                want.describe(),
-                                got.describe()
-                            ),
-                        ));
-                    }
+                if param.writable && !*writable {
+                    return Err(bad(
+                        index,
+                        format!(
+                            "parameter `{}` points to elements that are not const, so the \
+                             kernel may write them, but a buffer of {ty_name} was given as an \
+                             input (ordered as a read, beside other readers); pass it with \
+                             KernelArgs::output, or declare the parameter `const`",
+                            param.text
+                        ),
+                    ));
+                }
+                let got = param.plain.and_then(|want| {
+                    Some((want, type_mismatch(want, *ty, *elem_size, "elements")?))
+                });
+                if let Some((want, got)) = got {
+                    return Err(bad(
+                        index,
+                        format!(
+                            "parameter `{}` points to {}, but a buffer of {ty_name} ({got}) was \
+                             given",
+                            param.text,
+                            want.describe(),
+                        ),
+                    ));
                 }
             }
             KernelArg::Scalar {
@@ -306,20 +351,18 @@ pub(crate) fn check<M>(kernel: &str, params: &[Param], args: &[KernelArg<M>]) ->
                         ),
                     ));
                 }
-                if let (Some(want), Some(got)) =
-                    (param.plain, Plain::of_rust(*ty, usize::from(*len)))
-                {
-                    if want != got {
-                        return Err(bad(
-                            index,
-                            format!(
-                                "parameter `{}` is {}, but a {ty_name} ({}) was given",
-                                param.text,
-                                want.describe(),
-                                got.describe()
-                            ),
-                        ));
-                    }
+                let got = param.plain.and_then(|want| {
+                    Some((want, type_mismatch(want, *ty, usize::from(*len), "value")?))
+                });
+                if let Some((want, got)) = got {
+                    return Err(bad(
+                        index,
+                        format!(
+                            "parameter `{}` is {}, but a {ty_name} ({got}) was given",
+                            param.text,
+                            want.describe(),
+                        ),
+                    ));
                 }
             }
         }
@@ -355,6 +398,18 @@ mod tests {
                 (true, None),
             ]
         );
+        let writable: Vec<bool> = params.iter().map(|p| p.writable).collect();
+        assert_eq!(
+            writable,
+            vec![false, true, false, false, false, false, true]
+        );
+        let consts = parse(
+            "extern \"C\" __global__ void k(float const* a, float* const b, const int c[], int d[]) {}",
+            "k",
+        )
+        .expect("a signature");
+        let writable: Vec<bool> = consts.iter().map(|p| p.writable).collect();
+        assert_eq!(writable, vec![false, true, false, true]);
         assert_eq!(
             parse("extern \"C\" __global__ void k(void) {}", "k"),
             Some(vec![])

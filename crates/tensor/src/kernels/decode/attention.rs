@@ -57,9 +57,17 @@ pub struct AttentionShape {
 }
 
 impl AttentionShape {
-    /// Elements of one layer's cache, `[2, kv_heads, max_seq, head_dim]`.
+    /// Elements of one layer's cache, `[2, kv_heads, max_seq, head_dim]` (`usize::MAX` for a
+    /// shape whose cache overflows, which every kernel refuses).
     pub fn cache_len(&self) -> usize {
-        2 * self.kv_heads * self.max_seq * self.head_dim
+        self.checked_cache_len().unwrap_or(usize::MAX)
+    }
+
+    fn checked_cache_len(&self) -> Option<usize> {
+        self.kv_heads
+            .checked_mul(2)?
+            .checked_mul(self.max_seq)?
+            .checked_mul(self.head_dim)
     }
 
     pub(super) fn check(&self, op: &'static str) -> Result<(), DeviceError> {
@@ -84,6 +92,17 @@ impl AttentionShape {
         }
         if self.max_seq == 0 {
             return bad("max_seq must be positive".into());
+        }
+        let qkv_width = self
+            .kv_heads
+            .checked_mul(2)
+            .and_then(|kv| kv.checked_add(self.heads)?.checked_mul(self.head_dim));
+        if self.checked_cache_len().is_none() || qkv_width.is_none() {
+            return bad(format!(
+                "{} heads and {} key/value heads of {} over max_seq = {} overflow the sizes of \
+                 the rows and the cache",
+                self.heads, self.kv_heads, self.head_dim, self.max_seq
+            ));
         }
         Ok(())
     }

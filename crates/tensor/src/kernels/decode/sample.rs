@@ -461,8 +461,8 @@ fn host_pick(logits: &[f32], p: SampleParams, u: f32) -> u32 {
 ///
 /// # Errors
 ///
-/// [`DeviceError::InvalidShape`] naming `sample` when a shape is not as above, or `top_p`
-/// is not in `(0, 1]`.
+/// [`DeviceError::InvalidShape`] naming `sample` when a shape is not as above, `top_p` is
+/// not in `(0, 1]`, or the temperature is NaN.
 ///
 /// # Examples
 ///
@@ -523,6 +523,13 @@ pub fn sample<'a>(
             return Err(DeviceError::InvalidShape {
                 op: OP,
                 reason: format!("top_p = {} must be in (0, 1]", params.top_p),
+            });
+        }
+        if params.temperature.is_nan() {
+            // Neither greedy nor a softmax: each backend would choose its own way.
+            return Err(DeviceError::InvalidShape {
+                op: OP,
+                reason: "temperature = NaN; give a number (0 or below is greedy)".into(),
             });
         }
         let vocab = u32_of(OP, "vocab", logits.len())?;
