@@ -461,8 +461,8 @@ fn host_pick(logits: &[f32], p: SampleParams, u: f32) -> u32 {
 ///
 /// # Errors
 ///
-/// [`DeviceError::InvalidShape`] naming `sample` when a shape is not as above, or `top_p`
-/// is not in `(0, 1]`.
+/// [`DeviceError::InvalidShape`] naming `sample` when a shape is not as above, the
+/// temperature is NaN, or `top_p` is not in `(0, 1]`.
 ///
 /// # Examples
 ///
@@ -517,6 +517,12 @@ pub fn sample<'a>(
             return Err(DeviceError::InvalidShape {
                 op: OP,
                 reason: "`logits` is empty".into(),
+            });
+        }
+        if params.temperature.is_nan() {
+            return Err(DeviceError::InvalidShape {
+                op: OP,
+                reason: "the temperature is NaN; use 0 (or below) for the argmax".into(),
             });
         }
         if !(params.top_p > 0.0 && params.top_p <= 1.0) {
