@@ -330,6 +330,38 @@ fn philox(i: u64, seed: u64) -> [u32; 4] {
     c
 }
 
+/// Checks the parameters of a distribution: `[a, b)` for a uniform one (finite, `a <= b`, its
+/// width finite), mean `a` and standard deviation `b` for a normal one (both finite, `b >= 0`).
+fn check_distribution(a: f64, b: f64, normal: bool) -> Result<(), DeviceError> {
+    let (op, reason) = if normal {
+        let ok = a.is_finite() && b.is_finite() && b >= 0.0;
+        (
+            "randn",
+            (!ok).then(|| {
+                format!(
+                    "a normal distribution needs a finite mean and a finite, non-negative \
+                     standard deviation, got mean {a} and standard deviation {b}"
+                )
+            }),
+        )
+    } else {
+        let ok = a.is_finite() && b.is_finite() && a <= b && (b - a).is_finite();
+        (
+            "rand",
+            (!ok).then(|| {
+                format!(
+                    "a uniform distribution over [{a}, {b}) needs finite bounds, the low one \
+                     not above the high one, and a width no wider than f64 spans"
+                )
+            }),
+        )
+    };
+    match reason {
+        Some(reason) => Err(DeviceError::InvalidShape { op, reason }),
+        None => Ok(()),
+    }
+}
+
 fn random<T: FloatDType>(
     shape: &[usize],
     seed: u64,
@@ -339,6 +371,7 @@ fn random<T: FloatDType>(
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
     let shape: Shape = shape.into();
     from_fn(move |ctx: &mut ExecutionContext| {
+        check_distribution(a, b, normal)?;
         let stream = ctx.stream()?;
         let out = alloc::<T>(stream, &shape)?;
         if !out.is_empty() {
@@ -359,10 +392,16 @@ fn random<T: FloatDType>(
 }
 
 /// Uniform random values in `[low, high)`, seeded from the sequence [`manual_seed`] sets.
-/// Where rounding to `T` would give `high`, the value is the largest below it.
+/// Where rounding to `T` would give `high`, the value is the largest below it; `low == high`
+/// gives `low` everywhere.
 ///
 /// Both backends use the counter-based Philox4x32-10 generator, so a seed gives the same
 /// values on host and CUDA up to the final rounding.
+///
+/// # Errors
+///
+/// [`DeviceError::InvalidShape`] naming `rand` (when run) for bounds that are not finite,
+/// `low > high`, or a range wider than `f64` spans.
 pub fn rand<T: FloatDType>(
     low: f64,
     high: f64,
@@ -372,6 +411,10 @@ pub fn rand<T: FloatDType>(
 }
 
 /// [`rand`] with an explicit seed.
+///
+/// # Errors
+///
+/// As [`rand`].
 pub fn rand_seeded<T: FloatDType>(
     low: f64,
     high: f64,
@@ -383,6 +426,11 @@ pub fn rand_seeded<T: FloatDType>(
 
 /// Normal random values with `mean` and standard deviation `std`, seeded from the sequence
 /// [`manual_seed`] sets (Philox4x32-10 and Box–Muller on both backends).
+///
+/// # Errors
+///
+/// [`DeviceError::InvalidShape`] naming `randn` (when run) for a mean or a deviation that is
+/// not finite, or a negative deviation.
 pub fn randn<T: FloatDType>(
     mean: f64,
     std: f64,
@@ -392,6 +440,10 @@ pub fn randn<T: FloatDType>(
 }
 
 /// [`randn`] with an explicit seed.
+///
+/// # Errors
+///
+/// As [`randn`].
 pub fn randn_seeded<T: FloatDType>(
     mean: f64,
     std: f64,

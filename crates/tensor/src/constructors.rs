@@ -118,8 +118,10 @@ impl<T: DType> Tensor<T> {
             }
             None => {}
             Some(last) => {
-                let bytes = *last * from;
-                if !bytes.is_multiple_of(to) {
+                // Counted in u128: an empty tensor's last axis may hold more bytes than fit
+                // in usize.
+                let bytes = *last as u128 * from as u128;
+                if !bytes.is_multiple_of(to as u128) {
                     return Err(invalid(format!(
                         "the last axis (axis {}) of {:?} holds {bytes} bytes of {}, not a \
                          whole number of {to}-byte {} elements",
@@ -129,7 +131,16 @@ impl<T: DType> Tensor<T> {
                         U::NAME
                     )));
                 }
-                *last = bytes / to;
+                *last = usize::try_from(bytes / to as u128).map_err(|_| {
+                    invalid(format!(
+                        "the last axis (axis {}) of {:?} would hold {} elements of {}, which \
+                         overflows usize",
+                        self.shape().len() - 1,
+                        self.shape(),
+                        bytes / to as u128,
+                        U::NAME
+                    ))
+                })?;
             }
         }
         let buffer = Arc::new(self.buffer().reinterpret::<U>()?);

@@ -35,6 +35,13 @@ fn shown(len: usize, elide: bool) -> Vec<Option<usize>> {
     }
 }
 
+/// The number of leading axes of length 1 of `shape`. Printing steps over them at once, so
+/// that its recursion goes one level per longer axis (at most 64 of them, their product
+/// fitting in `usize`), however many axes of length 1 a view has.
+fn unit_axes(shape: &[usize]) -> usize {
+    shape.iter().take_while(|&&d| d == 1).count()
+}
+
 /// How the elements of one tensor print: their text by index into `data` (the part of the
 /// buffer the tensor covers, read through `strides`), padded to the width of the widest
 /// element shown.
@@ -59,6 +66,8 @@ impl<T: DType> Cells<'_, T> {
 
     /// Calls `f` with the index in `data` of every element shown.
     fn visit(&self, shape: &[usize], base: usize, f: &mut impl FnMut(usize)) {
+        // Leading axes of length 1 add nothing to the index.
+        let shape = &shape[unit_axes(shape)..];
         let Some((&len, rest)) = shape.split_first() else {
             f(base);
             return;
@@ -72,6 +81,14 @@ impl<T: DType> Cells<'_, T> {
     /// Writes the elements under `shape` from index `base` of `data`, nested lines indented
     /// by `indent` columns.
     fn render(&self, out: &mut String, shape: &[usize], base: usize, indent: usize) {
+        // Leading axes of length 1 hold one item each: their brackets, around the rest.
+        let units = unit_axes(shape);
+        if units > 0 {
+            out.push_str(&"[".repeat(units));
+            self.render(out, &shape[units..], base, indent + units);
+            out.push_str(&"]".repeat(units));
+            return;
+        }
         let Some((&len, rest)) = shape.split_first() else {
             out.push_str(&format!("{:>w$}", self.text(base), w = self.width));
             return;

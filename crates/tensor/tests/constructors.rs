@@ -148,3 +148,29 @@ fn reinterpret_errors_say_why() -> Result<(), DeviceError> {
     assert_eq!(scalar.reinterpret::<i64>()?.shape(), &[] as &[usize]);
     Ok(())
 }
+
+/// An empty `f32` tensor may have a last axis of 2^63 elements: read as `u8` it would have
+/// 2^65, more than `usize` counts, so that reading is refused (it panicked on the overflow,
+/// or wrapped to `[0, 0]`); read as `i64` it has 2^62, which is fine.
+#[test]
+fn reinterpret_refuses_a_last_axis_whose_bytes_overflow() -> Result<(), DeviceError> {
+    let s = stream();
+    let empty = api::zeros::<f32>(&[0, 1 << 63]).sync_on(&s)?;
+    let err = empty
+        .reinterpret::<u8>()
+        .expect_err("2^65 bytes in the last axis");
+    let text = err.to_string();
+    assert!(
+        matches!(
+            err,
+            DeviceError::InvalidShape {
+                op: "reinterpret",
+                ..
+            }
+        ) && text.contains("overflow")
+            && text.contains("axis 1"),
+        "{text}"
+    );
+    assert_eq!(empty.reinterpret::<i64>()?.shape(), &[0, 1 << 62]);
+    Ok(())
+}

@@ -3,7 +3,7 @@
 //! `Device::auto()` gives.
 
 use cuflow_device_op::DeviceOpExt;
-use cuflow_runtime::Stream;
+use cuflow_runtime::{DeviceError, Stream};
 use cuflow_tensor::kernels::decode::{self, SampleParams};
 use cuflow_testing::device::stream;
 use cuflow_testing::rng::seeded_rng as rng;
@@ -131,4 +131,45 @@ fn sample_rejects_short_scratch() {
     .sync_on(&s)
     .expect_err("a scratch of two elements is refused");
     assert!(err.to_string().contains("scratch"), "{err}");
+}
+
+/// A NaN temperature has no distribution to sample: it is refused naming it (as a `top_p`
+/// outside `(0, 1]` is), instead of sampling from NaN probabilities, and nothing is written.
+#[test]
+fn sample_rejects_a_nan_temperature() {
+    let s = stream();
+    let logits = upload(&s, &[1.0f32, 2.0, 0.5], &[3]);
+    let mut token = upload(&s, &[9u32], &[1]);
+    let mut generated = upload(&s, &[9u32; 4], &[4]);
+    let mut pos = upload(&s, &[0u32], &[1]);
+    let mut rng_state = upload(&s, &[0u32; 3], &[3]);
+    let mut scratch = upload(
+        &s,
+        &[0u32; decode::SAMPLE_SCRATCH_LEN],
+        &[decode::SAMPLE_SCRATCH_LEN],
+    );
+    let params = SampleParams {
+        temperature: f32::NAN,
+        top_k: 0,
+        top_p: 1.0,
+    };
+    let err = decode::sample(
+        &mut token,
+        &mut generated,
+        &mut pos,
+        &mut rng_state,
+        &mut scratch,
+        &logits,
+        params,
+    )
+    .sync_on(&s)
+    .expect_err("a NaN temperature is refused");
+    assert!(
+        matches!(err, DeviceError::InvalidShape { op: "sample", .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("temperature"), "{err}");
+    assert_eq!(read(&token), vec![9]);
+    assert_eq!(read(&pos), vec![0]);
+    assert_eq!(read(&generated), vec![9; 4]);
 }

@@ -170,3 +170,26 @@ fn views_print_their_own_elements() -> Result<(), DeviceError> {
     );
     Ok(())
 }
+
+/// Axes of length 1 print one pair of brackets each, however many there are: printing a view
+/// under 100000 of them recursed once per axis and overflowed the thread's stack (an abort).
+#[test]
+fn thousands_of_unit_axes_print_their_brackets() -> Result<(), DeviceError> {
+    let s = stream();
+    let x = api::from_vec(vec![0i32, 1, 2, 3], &[2, 2]).sync_on(&s)?;
+    for units in [3, 100_000] {
+        let mut shape = vec![1usize; units];
+        shape.extend([2, 2]);
+        let t = x.expand(&shape)?;
+        // Rows are indented past `tensor(` and one bracket per enclosing axis.
+        let want = format!(
+            "tensor({}[[0, 1],\n{}[2, 3]]{}, {})",
+            "[".repeat(units),
+            " ".repeat("tensor([".len() + units),
+            "]".repeat(units),
+            tail(&t, "i32")
+        );
+        assert!(t.to_string() == want, "{units} unit axes print as expected");
+    }
+    Ok(())
+}

@@ -45,6 +45,17 @@ fn transpose_awkward_shapes() -> Result<(), DeviceError> {
     check_transpose::<i64>(64, 32, 11)
 }
 
+/// Matrices of more rows than 65535 tiles of 32 (the most blocks along a launch's second grid
+/// dimension) hold: the tall one was refused with `InvalidLaunch` ("grid.y = 65536 exceeds
+/// the device's limit"), a matrix of 6 MB. Both orientations, and a tall matrix of one column.
+#[test]
+fn transpose_matrices_taller_than_a_grid_column() -> Result<(), DeviceError> {
+    let tall = 65_535 * 32 + 1;
+    check_transpose::<u8>(tall, 3, 12)?;
+    check_transpose::<u8>(3, tall, 13)?;
+    check_transpose::<u8>(tall, 1, 14)
+}
+
 #[test]
 fn embedding_gathers_rows_and_zeroes_unknown_ids() -> Result<(), DeviceError> {
     let s = stream();

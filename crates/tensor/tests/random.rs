@@ -191,3 +191,55 @@ fn random_tensors_match_the_host_backend() -> Result<(), DeviceError> {
     );
     Ok(())
 }
+
+/// Ranges with no uniform distribution (reversed, not finite, wider than `f64` spans) and
+/// normal distributions with a negative or non-finite deviation are refused naming the bounds,
+/// instead of giving values outside `[low, high)` (a reversed range gave values in
+/// `(high, low]`, an infinite one zeros or NaN). An empty range gives `low` everywhere.
+#[test]
+fn random_constructors_refuse_ranges_without_a_distribution() -> Result<(), DeviceError> {
+    let s = stream();
+    let refused = |r: Result<cuflow_tensor::Tensor<f32>, DeviceError>, op: &str, what: &str| {
+        let err = r.expect_err(what);
+        let text = err.to_string();
+        assert!(
+            matches!(err, DeviceError::InvalidShape { op: o, .. } if o == op),
+            "{what}: {text}"
+        );
+        assert!(text.contains(what), "{text:?} does not name {what}");
+    };
+    for (low, high, what) in [
+        (1.0, 0.0, "[1, 0)"),
+        (0.0, f64::INFINITY, "[0, inf)"),
+        (f64::NAN, 1.0, "[NaN, 1)"),
+        (-f64::MAX, f64::MAX, "wider"),
+    ] {
+        refused(api::rand::<f32>(low, high, &[4]).sync_on(&s), "rand", what);
+        refused(
+            api::rand_seeded::<f32>(low, high, &[4], 7).sync_on(&s),
+            "rand",
+            what,
+        );
+    }
+    for (mean, std, what) in [
+        (0.0, -1.0, "standard deviation -1"),
+        (0.0, f64::NAN, "standard deviation NaN"),
+        (f64::INFINITY, 1.0, "mean inf"),
+    ] {
+        refused(
+            api::randn::<f32>(mean, std, &[4]).sync_on(&s),
+            "randn",
+            what,
+        );
+        refused(
+            api::randn_seeded::<f32>(mean, std, &[4], 7).sync_on(&s),
+            "randn",
+            what,
+        );
+    }
+    let same = read(&api::rand_seeded::<f32>(2.0, 2.0, &[4], 7).sync_on(&s)?);
+    assert_eq!(same, vec![2.0; 4], "an empty range gives its low bound");
+    let constant = read(&api::randn_seeded::<f32>(3.0, 0.0, &[4], 7).sync_on(&s)?);
+    assert_eq!(constant, vec![3.0; 4], "a zero deviation gives the mean");
+    Ok(())
+}

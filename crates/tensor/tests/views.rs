@@ -528,6 +528,43 @@ fn views_of_more_than_eight_unmergeable_axes_are_copied() -> Result<(), DeviceEr
     Ok(())
 }
 
+/// Such a view under thousands of axes of length 1 (a view may have any rank): copying it
+/// walks its merged axes, of which there are at most 64, not its axes one by one. The copy
+/// recursed once per leading axis, so a few hundred axes of length 1 overflowed a test
+/// thread's stack (an abort, not an error).
+#[test]
+fn views_of_unmergeable_axes_under_thousands_of_unit_axes_are_copied() -> Result<(), DeviceError> {
+    let s = stream();
+    let mut rng = seeded_rng(22);
+    let shape = [2usize, 3, 2, 2, 3, 2, 2, 2, 3];
+    let order = [8usize, 7, 6, 5, 4, 3, 2, 1, 0];
+    let n: usize = shape.iter().product();
+    let data: Vec<f32> = random(&mut rng, n);
+    let view = upload(&s, &data, &shape).permute(&order)?;
+    let out: Vec<usize> = order.iter().map(|&a| shape[a]).collect();
+    let want = reference(&data, &shape, &out, |idx| {
+        let mut b = vec![0; shape.len()];
+        for (k, &a) in order.iter().enumerate() {
+            b[a] = idx[k];
+        }
+        b
+    });
+    let mut tall = vec![1usize; 10_000];
+    tall.extend(&out);
+    let view = view.expand(&tall)?;
+    check(&view, &tall, &want, "the view under 10000 unit axes")?;
+    // Over a unit axis, the reduction leaves nine unmergeable axes: it reads a dense copy.
+    let sum = read(&kernels::sum_axis(&view, 0, false).sync_on(&s)?);
+    assert_exact(&sum, &want, "the sum over a unit axis");
+    let relu = read(&kernels::relu(&view).sync_on(&s)?);
+    let want_relu: Vec<f32> = want.iter().map(|v| v.max(0.0)).collect();
+    assert_exact(&relu, &want_relu, "relu of the view");
+    let doubled = read(&kernels::add(&view, &view).sync_on(&s)?);
+    let want_doubled: Vec<f32> = want.iter().map(|v| v + v).collect();
+    assert_exact(&doubled, &want_doubled, "the view added to itself");
+    Ok(())
+}
+
 /// Two overlapping row views of one buffer, written in place from two threads on two
 /// streams at once: every read-modify-write of the shared rows is ordered, none is lost.
 #[test]

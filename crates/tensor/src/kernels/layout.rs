@@ -61,15 +61,19 @@ pub fn transpose<T: DType, X: TensorInput<T>>(
                 reason: format!("expects a matrix [rows, cols], got {:?}", x.shape()),
             });
         };
+        // The kernel takes a block per 32 × 32 tile, the rows' tiles along the grid's second
+        // dimension: a matrix taller than that dimension holds is copied from its transposed
+        // view by the strided kernel, which loops over its tiles.
+        let [grid_x, grid_y, _] = stream.device().limits().max_grid_dim;
+        if rows.div_ceil(32) > grid_y as usize || cols.div_ceil(32) > grid_x as usize {
+            return super::strided::gather(stream, &x.transpose(0, 1)?);
+        }
         let out = alloc::<T>(stream, &[cols, rows])?;
         if rows > 0 && cols > 0 {
-            let grid = |n: usize| {
-                u32::try_from(n.div_ceil(32)).map_err(|_| DeviceError::InvalidShape {
-                    op: "transpose",
-                    reason: format!("{:?} needs more blocks than a launch can have", x.shape()),
-                })
-            };
-            let config = LaunchConfig::new((grid(cols)?, grid(rows)?, 1), (32, 8, 1));
+            let config = LaunchConfig::new(
+                (cols.div_ceil(32) as u32, rows.div_ceil(32) as u32, 1),
+                (32, 8, 1),
+            );
             transpose_kernel::<T>().launch(
                 stream,
                 config,

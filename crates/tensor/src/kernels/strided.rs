@@ -357,22 +357,31 @@ pub(crate) fn gather<T: DType>(stream: &Stream, x: &Tensor<T>) -> TensorResult<T
 }
 
 /// Copies `x` into `out` (dense, `x.len()` elements). A view whose axes merge to more than
-/// [`MAX_DIMS`] is copied one index of its first axis at a time (each a view of one axis
-/// fewer), so that any view has a dense copy.
+/// [`MAX_DIMS`] is copied one index of its first merged axis at a time (each a view of one
+/// merged axis fewer), so that any view has a dense copy. The recursion walks the merged
+/// axes, none of length 1 (so at most 64 of them, their product fitting in `usize`), not the
+/// view's own axes, which may number in the thousands.
 fn copy_into<T: DType>(
     stream: &Stream,
     out: BufferView<'_, T>,
     x: &Tensor<T>,
 ) -> Result<(), DeviceError> {
     let dense = crate::tensor::contiguous_strides("contiguous", x.shape())?;
-    let (dims, _) = collapse(x.shape(), [&dense, x.strides()]);
+    let (dims, [_, strides]) = collapse(x.shape(), [&dense, x.strides()]);
     if dims.len() > MAX_DIMS {
-        let inner = x.len() / x.shape()[0];
-        for i in 0..x.shape()[0] {
+        // The same elements in the same row-major order, over the merged axes.
+        let merged = Tensor {
+            buf: x.buf.clone(),
+            shape: dims,
+            strides,
+            offset: x.offset,
+        };
+        let inner = merged.len() / merged.shape[0];
+        for i in 0..merged.shape[0] {
             copy_into(
                 stream,
                 out.slice(i * inner..(i + 1) * inner)?,
-                &x.select(0, i)?,
+                &merged.select(0, i)?,
             )?;
         }
         return Ok(());

@@ -57,17 +57,24 @@ pub struct AttentionShape {
 }
 
 impl AttentionShape {
-    /// Elements of one layer's cache, `[2, kv_heads, max_seq, head_dim]` (`usize::MAX` for a
-    /// shape whose cache overflows, which every kernel refuses).
+    /// Elements of one layer's cache, `[2, kv_heads, max_seq, head_dim]`, saturating at
+    /// `usize::MAX` (the kernels refuse a shape whose cache does not fit in `usize`).
     pub fn cache_len(&self) -> usize {
-        self.checked_cache_len().unwrap_or(usize::MAX)
+        [2, self.kv_heads, self.max_seq, self.head_dim]
+            .iter()
+            .fold(1usize, |n, &d| n.saturating_mul(d))
     }
 
-    fn checked_cache_len(&self) -> Option<usize> {
-        self.kv_heads
-            .checked_mul(2)?
-            .checked_mul(self.max_seq)?
-            .checked_mul(self.head_dim)
+    /// Whether the width of a row of the fused projection, `(heads + 2 · kv_heads) ·
+    /// head_dim`, and the cache's element count fit in `usize`: every other size the kernels
+    /// compute from the shape is at most one of them.
+    fn sizes_fit(&self) -> bool {
+        let sizes = || {
+            let kv2 = self.kv_heads.checked_mul(2)?;
+            kv2.checked_add(self.heads)?.checked_mul(self.head_dim)?;
+            kv2.checked_mul(self.max_seq)?.checked_mul(self.head_dim)
+        };
+        sizes().is_some()
     }
 
     pub(super) fn check(&self, op: &'static str) -> Result<(), DeviceError> {
@@ -93,14 +100,11 @@ impl AttentionShape {
         if self.max_seq == 0 {
             return bad("max_seq must be positive".into());
         }
-        let qkv_width = self
-            .kv_heads
-            .checked_mul(2)
-            .and_then(|kv| kv.checked_add(self.heads)?.checked_mul(self.head_dim));
-        if self.checked_cache_len().is_none() || qkv_width.is_none() {
+        if !self.sizes_fit() {
             return bad(format!(
-                "{} heads and {} key/value heads of {} over max_seq = {} overflow the sizes of \
-                 the rows and the cache",
+                "{} query and {} key/value heads of width {} over {} positions overflow usize \
+                 (the row width (heads + 2 · kv_heads) · head_dim, or the cache's \
+                 2 · kv_heads · max_seq · head_dim elements)",
                 self.heads, self.kv_heads, self.head_dim, self.max_seq
             ));
         }

@@ -422,7 +422,12 @@ fn launch(
     } else {
         check_len(op, "out", out, n)?;
     }
-    if (x_row + 1) * k > x.len() {
+    // The end of row `x_row`, checked: a row index past the address space has no row.
+    let Some(row_end) = x_row
+        .checked_add(1)
+        .and_then(|r| r.checked_mul(k))
+        .filter(|&end| end <= x.len())
+    else {
         return Err(DeviceError::InvalidShape {
             op,
             reason: format!(
@@ -430,7 +435,7 @@ fn launch(
                 x.shape()
             ),
         });
-    }
+    };
     let (norm_weight, eps) = match input {
         GemvInput::Plain => (w, 0.0),
         GemvInput::RmsNorm { weight, eps } => {
@@ -470,7 +475,7 @@ fn launch(
         KernelArgs::new()
             .output(out.view("decode::gemv")?)
             .input(w.view("decode::gemv")?)
-            .input(x.view("decode::gemv")?.slice(x_row * k..(x_row + 1) * k)?)
+            .input(x.view("decode::gemv")?.slice(row_end - k..row_end)?)
             .input(norm_weight.view("decode::gemv")?)
             .scalar(eps)
             .scalar(u32_of(op, "rows", n)?)

@@ -281,7 +281,18 @@ pub fn embed_rows<'a>(
                 reason: format!("`table` must be [vocab, cols], got {:?}", table.shape()),
             });
         };
-        check_len("embed_rows", "out", out, ids.len() * cols)?;
+        let len = ids
+            .len()
+            .checked_mul(cols)
+            .ok_or_else(|| DeviceError::InvalidShape {
+                op: "embed_rows",
+                reason: format!(
+                    "{} rows of the {cols} columns of `table` {:?} overflow usize",
+                    ids.len(),
+                    table.shape()
+                ),
+            })?;
+        check_len("embed_rows", "out", out, len)?;
         if ids.is_empty() {
             return Ok(());
         }
@@ -349,7 +360,19 @@ pub fn silu_mul<'a>(
             });
         }
         let rows = out.len() / inter;
-        check_len("silu_mul", "gate_up", gate_up, 2 * out.len())?;
+        let len = out
+            .len()
+            .checked_mul(2)
+            .ok_or_else(|| DeviceError::InvalidShape {
+                op: "silu_mul",
+                reason: format!(
+                    "`out` {:?} needs a `gate_up` of twice its {} elements, which overflows \
+                     usize",
+                    out.shape(),
+                    out.len()
+                ),
+            })?;
+        check_len("silu_mul", "gate_up", gate_up, len)?;
         let sms = crate::kernels::multiprocessors(stream);
         let grid = out.len().div_ceil(256).clamp(1, sms * 16);
         silu_mul_kernel().launch(

@@ -461,8 +461,8 @@ fn host_pick(logits: &[f32], p: SampleParams, u: f32) -> u32 {
 ///
 /// # Errors
 ///
-/// [`DeviceError::InvalidShape`] naming `sample` when a shape is not as above, `top_p` is
-/// not in `(0, 1]`, or the temperature is NaN.
+/// [`DeviceError::InvalidShape`] naming `sample` when a shape is not as above, the
+/// temperature is NaN, or `top_p` is not in `(0, 1]`.
 ///
 /// # Examples
 ///
@@ -519,17 +519,16 @@ pub fn sample<'a>(
                 reason: "`logits` is empty".into(),
             });
         }
+        if params.temperature.is_nan() {
+            return Err(DeviceError::InvalidShape {
+                op: OP,
+                reason: "the temperature is NaN; use 0 (or below) for the argmax".into(),
+            });
+        }
         if !(params.top_p > 0.0 && params.top_p <= 1.0) {
             return Err(DeviceError::InvalidShape {
                 op: OP,
                 reason: format!("top_p = {} must be in (0, 1]", params.top_p),
-            });
-        }
-        if params.temperature.is_nan() {
-            // Neither greedy nor a softmax: each backend would choose its own way.
-            return Err(DeviceError::InvalidShape {
-                op: OP,
-                reason: "temperature = NaN; give a number (0 or below is greedy)".into(),
             });
         }
         let vocab = u32_of(OP, "vocab", logits.len())?;
