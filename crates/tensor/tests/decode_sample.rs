@@ -173,3 +173,44 @@ fn sample_rejects_a_nan_temperature() {
     assert_eq!(read(&pos), vec![0]);
     assert_eq!(read(&generated), vec![9; 4]);
 }
+
+#[test]
+fn the_last_position_records_nothing_and_wraps() {
+    // At position u32::MAX the next position does not exist: the pick is the token, nothing
+    // is recorded in `generated` (a 32-bit `pos + 1` would wrap to slot 0), and the position
+    // wraps to 0. Greedy and sampled choices record through different code.
+    let s = stream();
+    let logits_h = [0.5f32, 3.0, -1.0, 2.5];
+    let logits = upload(&s, &logits_h, &[4]);
+    let mut scratch = upload(
+        &s,
+        &[0u32; decode::SAMPLE_SCRATCH_LEN],
+        &[decode::SAMPLE_SCRATCH_LEN],
+    );
+    let sampled = SampleParams {
+        temperature: 1e-3,
+        top_k: 0,
+        top_p: 1.0,
+    };
+    for params in [SampleParams::GREEDY, sampled] {
+        let mut token = upload(&s, &[u32::MAX], &[1]);
+        let mut generated = upload(&s, &[u32::MAX; 4], &[4]);
+        let mut pos = upload(&s, &[u32::MAX], &[1]);
+        let mut rng_state = upload(&s, &[7u32, 9, 41], &[3]);
+        decode::sample(
+            &mut token,
+            &mut generated,
+            &mut pos,
+            &mut rng_state,
+            &mut scratch,
+            &logits,
+            params,
+        )
+        .sync_on(&s)
+        .expect("the sampler runs at the last position");
+        // A temperature of 1e-3 keeps only the largest logit (3.0 at index 1).
+        assert_eq!(read(&token), vec![1], "{params:?}");
+        assert_eq!(read(&generated), vec![u32::MAX; 4], "{params:?}");
+        assert_eq!(read(&pos), vec![0], "{params:?}");
+    }
+}

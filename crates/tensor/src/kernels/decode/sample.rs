@@ -125,7 +125,7 @@ extern "C" __global__ void decode_sample(unsigned* token, unsigned* generated, u
       for (unsigned w = 1; w < warps; ++w) k = keys[w] > k ? keys[w] : k;
       const unsigned pick = k == 0ull ? 0u : 0xffffffffu - (unsigned)k, p = pos[0];
       token[0] = pick;
-      if (p + 1 < gen_len) generated[p + 1] = pick;
+      if ((unsigned long long)p + 1 < gen_len) generated[p + 1] = pick;
       pos[0] = p + 1;
       rng[2] = rng[2] + 1;
     }}
@@ -228,7 +228,7 @@ extern "C" __global__ void decode_sample(unsigned* token, unsigned* generated, u
   if (tid == 0) {{
     const unsigned pick = pick_s, p = pos[0];
     token[0] = pick;
-    if (p + 1 < gen_len) generated[p + 1] = pick;
+    if ((unsigned long long)p + 1 < gen_len) generated[p + 1] = pick;
     pos[0] = p + 1;
     rng[2] = rng[2] + 1;
   }}
