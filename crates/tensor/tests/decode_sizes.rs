@@ -26,7 +26,7 @@ fn assert_invalid(r: Result<(), DeviceError>, op: &str, what: &str) {
 
 /// Shapes that pass every per-field rule (a group of 1 to 8 query heads per key/value head, a
 /// power-of-two head width from 16 to 256, a positive `max_seq`) but whose sizes overflow.
-fn huge_shapes() -> [AttentionShape; 3] {
+fn huge_shapes() -> [AttentionShape; 4] {
     [
         // heads · head_dim overflows.
         AttentionShape {
@@ -48,6 +48,13 @@ fn huge_shapes() -> [AttentionShape; 3] {
             kv_heads: 1,
             head_dim: 16,
             max_seq: 1 << 59,
+        },
+        // The longest `max_seq` there is.
+        AttentionShape {
+            heads: 4,
+            kv_heads: 2,
+            head_dim: 16,
+            max_seq: usize::MAX,
         },
     ]
 }
