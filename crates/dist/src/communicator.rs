@@ -91,7 +91,8 @@ impl Communicator {
         Self::local_with_timeout(devices, default_timeout())
     }
 
-    /// [`Communicator::local`] with another deadline for every wait for a peer (host devices).
+    /// [`Communicator::local`] with another deadline for every wait for a peer (host devices);
+    /// one past what the clock can represent (`Duration::MAX`) waits as long as it takes.
     ///
     /// # Errors
     ///

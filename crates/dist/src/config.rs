@@ -22,6 +22,11 @@ pub fn default_timeout() -> Duration {
 
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 
+/// `d` in whole milliseconds, saturating (for the `waited_ms` of a timeout).
+pub(crate) fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
 /// `CUFLOW_DIST_TIMEOUT_MS`'s value `v` as a deadline.
 fn timeout_ms(v: &str) -> Result<Duration, DeviceError> {
     match v.trim().parse::<u64>() {
@@ -76,7 +81,8 @@ impl DistConfig {
         }
     }
 
-    /// The same place with another deadline for every wait.
+    /// The same place with another deadline for every wait. One past what the clock can
+    /// represent (`Duration::MAX`) waits as long as it takes.
     #[must_use]
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;

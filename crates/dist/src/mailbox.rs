@@ -95,7 +95,8 @@ impl Mailbox {
     }
 
     fn wait_for(&self, from: usize, tag: u64, timeout: Duration) -> Result<Vec<u8>, DeviceError> {
-        let deadline = Instant::now() + timeout;
+        // A timeout past what the clock can represent waits as long as it takes.
+        let deadline = Instant::now().checked_add(timeout);
         let mut slots = self.slots.lock();
         loop {
             let Some(slot) = slots.get_mut(from) else {
@@ -115,10 +116,17 @@ impl Mailbox {
                     reason: format!("rank {from}: {reason}"),
                 });
             }
-            if self.arrived.wait_until(&mut slots, deadline).timed_out() {
+            let timed_out = match deadline {
+                Some(deadline) => self.arrived.wait_until(&mut slots, deadline).timed_out(),
+                None => {
+                    self.arrived.wait(&mut slots);
+                    false
+                }
+            };
+            if timed_out {
                 return Err(DeviceError::Timeout {
                     what: format!("rank {} waiting for a message from rank {from}", self.rank),
-                    waited_ms: timeout.as_millis() as u64,
+                    waited_ms: crate::config::millis(timeout),
                 });
             }
         }

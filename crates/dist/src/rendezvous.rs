@@ -38,20 +38,24 @@ fn err(rank: usize, reason: impl Into<String>) -> DeviceError {
 }
 
 struct Deadline {
-    at: Instant,
+    /// `None` when `total` reaches past what the clock can represent: no deadline then.
+    at: Option<Instant>,
     total: Duration,
 }
 
 impl Deadline {
     fn new(total: Duration) -> Deadline {
         Deadline {
-            at: Instant::now() + total,
+            at: Instant::now().checked_add(total),
             total,
         }
     }
 
     fn left(&self, what: impl Fn() -> String) -> Result<Duration, DeviceError> {
-        let left = self.at.saturating_duration_since(Instant::now());
+        let Some(at) = self.at else {
+            return Ok(self.total);
+        };
+        let left = at.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Err(self.timeout(what()));
         }
@@ -61,7 +65,7 @@ impl Deadline {
     fn timeout(&self, what: String) -> DeviceError {
         DeviceError::Timeout {
             what,
-            waited_ms: self.total.as_millis() as u64,
+            waited_ms: crate::config::millis(self.total),
         }
     }
 }

@@ -206,3 +206,21 @@ fn a_rank_that_retries_after_its_peer_failed_gets_an_error_not_stale_data() {
     assert!(e.to_string().contains("rank 1"), "{e}");
     assert!(e.to_string().contains("make a new communicator"), "{e}");
 }
+
+#[test]
+fn a_timeout_past_the_clocks_range_waits_instead_of_panicking() {
+    let Some(devices) = cuflow_testing::device::rank_devices(2) else {
+        return;
+    };
+    // `Duration::MAX` reads as "wait as long as it takes": no deadline is representable.
+    let comms = Communicator::local_with_timeout(&devices, Duration::MAX).unwrap();
+    let got = on_every_rank(&comms, |c| {
+        let x = tensor(c, &[c.rank() as f32 + 1.0; 3])?;
+        all_reduce(c, x, ReduceOp::Sum)
+            .sync_on(c.stream())?
+            .to_host_vec()
+    });
+    for (rank, r) in got.into_iter().enumerate() {
+        assert_eq!(r.unwrap(), vec![3.0; 3], "rank {rank}");
+    }
+}

@@ -6,8 +6,10 @@ use std::net::{TcpListener, TcpStream};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use cuflow_dist::{Communicator, DistConfig};
+use cuflow_device_op::DeviceOpExt;
+use cuflow_dist::{all_reduce, Communicator, DistConfig, ReduceOp};
 use cuflow_runtime::{Device, DeviceError};
+use cuflow_tensor::api;
 
 const SHORT: Duration = Duration::from_millis(1500);
 
@@ -88,4 +90,29 @@ fn a_master_port_already_taken_says_to_pick_another() {
     let text = e.to_string();
     assert!(text.contains(&format!("127.0.0.1:{port}")), "{e}");
     assert!(text.contains("MASTER_PORT"), "{e}");
+}
+
+#[test]
+fn a_timeout_past_the_clocks_range_waits_instead_of_panicking() {
+    // `Duration::MAX` reads as "wait as long as it takes": no deadline is representable.
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let rank1 = std::thread::spawn(move || {
+        let config = DistConfig::new(1, 2, "127.0.0.1", port).with_timeout(Duration::MAX);
+        let comm = Communicator::connect(&Device::host_numbered(1), &config)?;
+        reduce(&comm, 10.0)
+    });
+    let config = DistConfig::new(0, 2, "127.0.0.1", port).with_timeout(Duration::MAX);
+    let got0 =
+        Communicator::serve(&Device::host(), &config, listener).and_then(|c| reduce(&c, 1.0));
+    let got1 = rank1.join().expect("rank 1 panicked");
+    assert_eq!(got0.unwrap(), vec![11.0; 3]);
+    assert_eq!(got1.unwrap(), vec![11.0; 3]);
+}
+
+fn reduce(comm: &Communicator, value: f32) -> Result<Vec<f32>, DeviceError> {
+    let x = api::full::<f32>(&[3], value).sync_on(comm.stream())?;
+    all_reduce(comm, x, ReduceOp::Sum)
+        .sync_on(comm.stream())?
+        .to_host_vec()
 }
