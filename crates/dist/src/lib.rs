@@ -18,7 +18,10 @@
 //! peer give a
 //! [`DeviceError::Timeout`](cuflow_runtime::DeviceError::Timeout) after
 //! [`DistConfig::timeout`] (`CUFLOW_DIST_TIMEOUT_MS`, 300 s by default); a peer whose
-//! connection broke is an error at once. A failed exchange leaves the ranks out of step, so
+//! connection broke is an error at once. On the host backend, ranks that call a collective
+//! with different arguments (another reduction, root, element type or length) fail at once
+//! with a [`DeviceError::Collective`](cuflow_runtime::DeviceError::Collective) naming both
+//! calls; ranks that call collectives of different kinds time out. A failed exchange leaves the ranks out of step, so
 //! on the host backend every later collective of that communicator fails at once, saying so:
 //! make a new communicator. The failing rank tells its peers, whose collectives with it fail
 //! at once too (never taking its part of the failed collective for a later one's). NCCL's own

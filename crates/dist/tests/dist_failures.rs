@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use common::{communicators, on_every_rank};
 use cuflow_device_op::DeviceOpExt;
-use cuflow_dist::{all_gather, all_reduce, reduce_scatter, Communicator, ReduceOp};
+use cuflow_dist::{
+    all_gather, all_reduce, broadcast, recv, reduce_scatter, send, Communicator, ReduceOp,
+};
 use cuflow_runtime::{BackendKind, DeviceError};
 use cuflow_tensor::{api, Tensor};
 use cuflow_testing::rng::{fresh_seed, random_f32, seeded_rng};
@@ -223,4 +225,141 @@ fn a_timeout_past_the_clocks_range_waits_instead_of_panicking() {
     for (rank, r) in got.into_iter().enumerate() {
         assert_eq!(r.unwrap(), vec![3.0; 3], "rank {rank}");
     }
+}
+
+/// Every rank's result of `f` failed with a [`DeviceError::Collective`] that says `says`.
+fn assert_every_rank_fails_saying<R: std::fmt::Debug>(
+    got: &[Result<R, DeviceError>],
+    says: &[&str],
+) {
+    for (rank, r) in got.iter().enumerate() {
+        let e = r.as_ref().expect_err("disagreeing ranks succeeded");
+        assert!(
+            matches!(e, DeviceError::Collective { .. }),
+            "rank {rank}: {e}"
+        );
+        for s in says {
+            assert!(e.to_string().contains(s), "rank {rank}: {e}");
+        }
+    }
+}
+
+#[test]
+fn ranks_broadcasting_from_different_roots_fail_and_leave_no_stale_data() {
+    let Some(comms) = host_communicators(2) else {
+        return;
+    };
+    // Each rank takes itself for the root: neither may keep its own values as the broadcast.
+    let first = on_every_rank(&comms, |c| {
+        let x = tensor(c, &[c.rank() as f32 + 1.0; 4])?;
+        broadcast(c, x, c.rank()).sync_on(c.stream())?.to_host_vec()
+    });
+    assert_every_rank_fails_saying(&first, &["from rank 0", "from rank 1"]);
+    // The ranks agree now; the first broadcast's parts must not be taken for this one's.
+    let second = on_every_rank(&comms, |c| {
+        let x = tensor(c, &[c.rank() as f32 + 10.0; 4])?;
+        broadcast(c, x, 0).sync_on(c.stream())?.to_host_vec()
+    });
+    for (rank, r) in second.iter().enumerate() {
+        match r {
+            Ok(v) => assert_eq!(v, &vec![10.0f32; 4], "rank {rank} got stale data"),
+            Err(e) => assert!(
+                e.to_string().contains("make a new communicator"),
+                "rank {rank}: {e}"
+            ),
+        }
+    }
+}
+
+#[test]
+fn a_rank_that_missed_the_root_gets_an_error_or_the_roots_data_never_a_stale_part() {
+    let Some(comms) = host_communicators(3) else {
+        return;
+    };
+    // Ranks 0 and 1 broadcast from rank 0, rank 2 from itself: rank 2 and rank 0 fail.
+    let first = on_every_rank(&comms, |c| {
+        let x = tensor(c, &[c.rank() as f32 + 1.0; 4])?;
+        let root = if c.rank() == 2 { 2 } else { 0 };
+        broadcast(c, x, root).sync_on(c.stream())?.to_host_vec()
+    });
+    for rank in [0, 2] {
+        let e = first[rank]
+            .as_ref()
+            .expect_err("a rank of another root succeeded");
+        assert!(e.to_string().contains("from rank 2"), "rank {rank}: {e}");
+    }
+    if let Ok(v) = &first[1] {
+        assert_eq!(v, &vec![1.0f32; 4], "rank 1");
+    }
+    // Rank 1 goes on to broadcast from rank 2: rank 2's part of the first one is stale.
+    let c = &comms[1];
+    let got = broadcast(c, tensor(c, &[0.0; 4]).unwrap(), 2)
+        .sync_on(c.stream())
+        .and_then(|t| t.to_host_vec());
+    let e = got.expect_err("rank 1 took a part of a failed broadcast for a new one's");
+    assert!(e.to_string().contains("rank 2"), "{e}");
+}
+
+#[test]
+fn ranks_reducing_with_different_ops_fail_naming_both() {
+    for scatter in [false, true] {
+        let Some(comms) = host_communicators(2) else {
+            return;
+        };
+        let got = on_every_rank(&comms, |c| {
+            let x = tensor(c, &[c.rank() as f32 + 1.0; 4])?;
+            let op = if c.rank() == 0 {
+                ReduceOp::Sum
+            } else {
+                ReduceOp::Max
+            };
+            let reduced = if scatter {
+                reduce_scatter(c, x, op).sync_on(c.stream())?
+            } else {
+                all_reduce(c, x, op).sync_on(c.stream())?
+            };
+            reduced.to_host_vec()
+        });
+        assert_every_rank_fails_saying(&got, &["(sum)", "(max)"]);
+    }
+}
+
+#[test]
+fn ranks_moving_different_element_types_fail_naming_both() {
+    let Some(comms) = host_communicators(2) else {
+        return;
+    };
+    let got = on_every_rank(&comms, |c| {
+        if c.rank() == 0 {
+            let x = tensor(c, &[1.0; 4])?;
+            all_gather(c, x)
+                .sync_on(c.stream())?
+                .to_host_vec()
+                .map(drop)
+        } else {
+            let x = api::from_slice(&[1i32; 4], &[4]).sync_on(c.stream())?;
+            all_gather(c, x)
+                .sync_on(c.stream())?
+                .to_host_vec()
+                .map(drop)
+        }
+    });
+    assert_every_rank_fails_saying(&got, &["f32", "i32"]);
+    // A send of f32 to a receive of i32 of the same byte length.
+    let comms = host_communicators(2).unwrap();
+    let got = on_every_rank(&comms, |c| {
+        if c.rank() == 0 {
+            send(c, tensor(c, &[1.0; 4])?, 1)
+                .sync_on(c.stream())
+                .map(drop)
+        } else {
+            recv::<i32>(c, &[4], 0).sync_on(c.stream()).map(drop)
+        }
+    });
+    let e = got[1].as_ref().expect_err("an i32 receive took f32 data");
+    assert!(matches!(e, DeviceError::Collective { .. }), "{e}");
+    assert!(
+        e.to_string().contains("f32") && e.to_string().contains("i32"),
+        "{e}"
+    );
 }

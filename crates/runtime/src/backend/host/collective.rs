@@ -8,6 +8,16 @@
 //! process never wait on each other's locks, and sending everything before receiving anything
 //! lets every rank's group complete whatever the order in which the ranks reach it.
 //!
+//! Every message opens with a [`Header`] naming the call it belongs to: its kind, reduction,
+//! root, element type and length, and its number among the communicator's calls of that kind.
+//! The receiver compares it with its own call, so ranks that called different collectives (a
+//! reduction or root of their own, another element type) fail at once, naming both calls,
+//! instead of exchanging data; and a part a peer left behind in a collective that failed there
+//! is never taken for a later one's (its number is older). A broadcast's other ranks send the
+//! root a header alone, so that a root that another rank does not agree on is found by every
+//! rank. Messages are matched by the call's kind; sends and receives pair in order per pair of
+//! ranks, as NCCL's do.
+//!
 //! Reductions fold the contributions in rank order (rank 0's, then rank 1's, …), so every
 //! rank computes bit-identical results; half types add in f32 and round at each step, as NCCL
 //! does. The task is an `Fn`: a captured group exchanges again at every replay.
@@ -61,18 +71,59 @@ struct HostCall {
     recv: Option<OwnedRegion>,
 }
 
+/// The collective kinds (all but send / recv): each numbers its calls, per communicator.
+const NUMBERED_KINDS: usize = 4;
+
 impl HostCall {
-    /// The tag of the call's messages: its kind and element type. Messages of one tag between
-    /// two ranks are matched in order.
+    /// The tag of the call's messages: its kind (send and receive share one). Messages of one
+    /// tag between two ranks are matched in order; their [`Header`]s say whether they belong
+    /// together.
     fn tag(&self) -> u64 {
-        let kind: u64 = match self.kind {
+        match self.kind {
             CallKind::AllReduce(_) => 1,
             CallKind::AllGather => 2,
             CallKind::ReduceScatter(_) => 3,
             CallKind::Broadcast { .. } => 4,
             CallKind::Send { .. } | CallKind::Recv { .. } => 5,
+        }
+    }
+
+    /// The index of the call's kind among [`NUMBERED_KINDS`]; `None` for send and receive,
+    /// which pair in order per pair of ranks.
+    fn numbered_kind(&self) -> Option<usize> {
+        match self.kind {
+            CallKind::AllReduce(_) => Some(0),
+            CallKind::AllGather => Some(1),
+            CallKind::ReduceScatter(_) => Some(2),
+            CallKind::Broadcast { .. } => Some(3),
+            CallKind::Send { .. } | CallKind::Recv { .. } => None,
+        }
+    }
+
+    /// The header of the call's messages, the call being number `seq` of its kind.
+    fn header(&self, seq: u64) -> Header {
+        let (kind, op, root) = match self.kind {
+            CallKind::AllReduce(op) => (1, Some(op), 0),
+            CallKind::AllGather => (2, None, 0),
+            CallKind::ReduceScatter(op) => (3, Some(op), 0),
+            CallKind::Broadcast { root } => (4, None, root as u64),
+            CallKind::Send { .. } | CallKind::Recv { .. } => (5, None, 0),
         };
-        (kind << 8) | self.dtype as u64
+        let op = match op {
+            None => 0,
+            Some(ReduceOp::Sum) => 1,
+            Some(ReduceOp::Max) => 2,
+            Some(ReduceOp::Min) => 3,
+            Some(ReduceOp::Avg) => 4,
+        };
+        Header {
+            seq,
+            root,
+            count: self.count as u64,
+            kind,
+            op,
+            dtype: self.dtype as u8,
+        }
     }
 
     fn part_bytes(&self) -> usize {
@@ -89,9 +140,99 @@ impl HostCall {
     }
 }
 
-/// A host communicator: its transport, and the first failure of its groups.
+/// What a message says of the call it belongs to; its receiver takes the message only when
+/// the header is the one its own call would send. Encoded little-endian ahead of the data.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Header {
+    /// The call's number among its communicator's calls of its kind (0 for send / recv).
+    seq: u64,
+    /// A broadcast's root (0 for other kinds).
+    root: u64,
+    /// Elements per part, as [`HostCall::count`].
+    count: u64,
+    /// 1 all-reduce, 2 all-gather, 3 reduce-scatter, 4 broadcast, 5 send / recv.
+    kind: u8,
+    /// 0 none, 1 sum, 2 max, 3 min, 4 average.
+    op: u8,
+    /// The [`CollectiveDtype`]'s discriminant.
+    dtype: u8,
+}
+
+impl Header {
+    const BYTES: usize = 27;
+
+    /// The header's bytes followed by `data`.
+    fn message(&self, data: &[u8]) -> Vec<u8> {
+        let mut m = Vec::with_capacity(Self::BYTES + data.len());
+        m.extend_from_slice(&self.seq.to_le_bytes());
+        m.extend_from_slice(&self.root.to_le_bytes());
+        m.extend_from_slice(&self.count.to_le_bytes());
+        m.extend_from_slice(&[self.kind, self.op, self.dtype]);
+        m.extend_from_slice(data);
+        m
+    }
+
+    /// The header at the start of `message`, or `None` when it is too short to hold one.
+    fn read(message: &[u8]) -> Option<Header> {
+        let u64_at = |i: usize| {
+            message
+                .get(i..i + 8)
+                .and_then(|b| b.try_into().ok())
+                .map(u64::from_le_bytes)
+        };
+        let byte = |i: usize| message.get(i).copied();
+        Some(Header {
+            seq: u64_at(0)?,
+            root: u64_at(8)?,
+            count: u64_at(16)?,
+            kind: byte(24)?,
+            op: byte(25)?,
+            dtype: byte(26)?,
+        })
+    }
+}
+
+impl std::fmt::Display for Header {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        const KINDS: [&str; 5] = [
+            "all_reduce",
+            "all_gather",
+            "reduce_scatter",
+            "broadcast",
+            "send / recv",
+        ];
+        const OPS: [&str; 4] = ["sum", "max", "min", "avg"];
+        const DTYPES: [&str; 8] = ["u8", "i32", "u32", "i64", "f16", "bf16", "f32", "f64"];
+        let name = |names: &[&'static str], code: u8, base: u8| {
+            code.checked_sub(base)
+                .and_then(|i| names.get(usize::from(i)).copied())
+                .unwrap_or("?")
+        };
+        write!(f, "{}", name(&KINDS, self.kind, 1))?;
+        if self.kind != 5 {
+            write!(f, " #{}", self.seq)?;
+        }
+        if self.op != 0 {
+            write!(f, " ({})", name(&OPS, self.op, 1))?;
+        }
+        if self.kind == 4 {
+            write!(f, " from rank {}", self.root)?;
+        }
+        write!(
+            f,
+            " of {} {} elements",
+            self.count,
+            name(&DTYPES, self.dtype, 0)
+        )
+    }
+}
+
+/// A host communicator: its transport, the number of its next call of each kind, and the
+/// first failure of its groups.
 pub(crate) struct HostComm {
     transport: Arc<dyn HostTransport>,
+    /// The number the next call of each of [`NUMBERED_KINDS`] gets.
+    next: Mutex<[u64; NUMBERED_KINDS]>,
     /// The first failed group's error; once set, every group fails at once.
     failed: Mutex<Option<DeviceError>>,
 }
@@ -100,8 +241,28 @@ impl HostComm {
     pub(crate) fn new(transport: Arc<dyn HostTransport>) -> HostComm {
         HostComm {
             transport,
+            next: Mutex::new([0; NUMBERED_KINDS]),
             failed: Mutex::new(None),
         }
+    }
+
+    /// The headers of `calls`, each numbered after the earlier calls of its kind.
+    fn headers(&self, calls: &[HostCall]) -> Vec<Header> {
+        let mut next = self.next.lock();
+        calls
+            .iter()
+            .map(|call| {
+                let seq = match call.numbered_kind().and_then(|k| next.get_mut(k)) {
+                    Some(n) => {
+                        let seq = *n;
+                        *n += 1;
+                        seq
+                    }
+                    None => 0,
+                };
+                call.header(seq)
+            })
+            .collect()
     }
 
     /// Runs the group `calls` of rank `rank`, unless an earlier group failed.
@@ -120,7 +281,8 @@ impl HostComm {
                 ),
             });
         }
-        let result = run_group(&*self.transport, rank, calls);
+        let headers = self.headers(calls);
+        let result = run_group(&*self.transport, rank, calls, &headers);
         if let Err(e) = &result {
             let first = {
                 let mut failed = self.failed.lock();
@@ -168,66 +330,101 @@ pub(crate) fn enqueue_collective(
     stream.enqueue(Arc::new(move || comm.run(rank, &calls)), label)
 }
 
-fn run_group(t: &dyn HostTransport, rank: usize, calls: &[HostCall]) -> Result<()> {
+fn run_group(
+    t: &dyn HostTransport,
+    rank: usize,
+    calls: &[HostCall],
+    headers: &[Header],
+) -> Result<()> {
     let world = t.world_size();
+    let others = || (0..world).filter(move |&p| p != rank);
     // Phase 1: read the send buffers and post every message.
     let mut own: Vec<Option<Vec<u8>>> = Vec::with_capacity(calls.len());
-    for call in calls {
+    for (call, header) in calls.iter().zip(headers) {
         let tag = call.tag();
         let part = call.part_bytes();
         own.push(match call.kind {
             CallKind::AllReduce(_) | CallKind::AllGather => {
                 let data = call.send_bytes()?;
-                for peer in (0..world).filter(|&p| p != rank) {
-                    t.send(peer, tag, data.clone())?;
+                let message = header.message(&data);
+                for peer in others() {
+                    t.send(peer, tag, message.clone())?;
                 }
                 Some(data)
             }
             CallKind::ReduceScatter(_) => {
                 let data = call.send_bytes()?;
-                for peer in (0..world).filter(|&p| p != rank) {
-                    t.send(peer, tag, data[peer * part..(peer + 1) * part].to_vec())?;
+                for peer in others() {
+                    t.send(
+                        peer,
+                        tag,
+                        header.message(&data[peer * part..(peer + 1) * part]),
+                    )?;
                 }
                 Some(data[rank * part..(rank + 1) * part].to_vec())
             }
             CallKind::Broadcast { root } if root == rank => {
                 let data = call.send_bytes()?;
-                for peer in (0..world).filter(|&p| p != rank) {
-                    t.send(peer, tag, data.clone())?;
+                let message = header.message(&data);
+                for peer in others() {
+                    t.send(peer, tag, message.clone())?;
                 }
                 Some(data)
             }
-            CallKind::Send { peer } => {
-                t.send(peer, tag, call.send_bytes()?)?;
+            CallKind::Broadcast { root } => {
+                // The header alone: the root checks that every rank takes it for the root.
+                t.send(root, tag, header.message(&[]))?;
                 None
             }
-            CallKind::Broadcast { .. } | CallKind::Recv { .. } => None,
+            CallKind::Send { peer } => {
+                t.send(peer, tag, header.message(&call.send_bytes()?))?;
+                None
+            }
+            CallKind::Recv { .. } => None,
         });
     }
     // Phase 2: receive and compute each call's result.
     let mut results: Vec<Option<Vec<u8>>> = Vec::with_capacity(calls.len());
-    for (call, own) in calls.iter().zip(own) {
+    for ((call, header), own) in calls.iter().zip(headers).zip(own) {
         let tag = call.tag();
         let part = call.part_bytes();
         let name = call.kind.name();
+        let fail = |reason: String| DeviceError::Collective {
+            op: name,
+            rank,
+            reason,
+        };
         let recv = |peer: usize, want: usize| -> Result<Vec<u8>> {
-            let data = t.recv(peer, tag).map_err(|e| match e {
+            let mut data = t.recv(peer, tag).map_err(|e| match e {
                 DeviceError::Timeout { what, waited_ms } => DeviceError::Timeout {
                     what: format!("{name}: {what}"),
                     waited_ms,
                 },
                 e => e,
             })?;
-            if data.len() != want {
-                return Err(DeviceError::Collective {
-                    op: name,
-                    rank,
-                    reason: format!(
-                        "rank {peer} sent {} bytes where this rank expects {want}; every rank \
-                         must pass buffers of the same length",
+            match Header::read(&data) {
+                Some(theirs) if theirs == *header => {}
+                Some(theirs) => {
+                    return Err(fail(format!(
+                        "rank {peer} sent its part of {theirs} where this rank calls \
+                         {header}; every rank must call the same collectives, with the same \
+                         arguments, in the same order"
+                    )))
+                }
+                None => {
+                    return Err(fail(format!(
+                        "rank {peer} sent a message of {} bytes, too short for a header",
                         data.len()
-                    ),
-                });
+                    )))
+                }
+            }
+            data.drain(..Header::BYTES);
+            if data.len() != want {
+                return Err(fail(format!(
+                    "rank {peer} sent {} bytes where this rank expects {want}; every rank \
+                     must pass buffers of the same length",
+                    data.len()
+                )));
             }
             Ok(data)
         };
@@ -250,7 +447,12 @@ fn run_group(t: &dyn HostTransport, rank: usize, calls: &[HostCall]) -> Result<(
                 Some(reduce(call.dtype, op, &parts))
             }
             CallKind::AllGather => Some(gather(own_data()?, part)?.concat()),
-            CallKind::Broadcast { root } if root == rank => own,
+            CallKind::Broadcast { root } if root == rank => {
+                for peer in others() {
+                    recv(peer, 0)?;
+                }
+                own
+            }
             CallKind::Broadcast { root } => Some(recv(root, part)?),
             CallKind::Recv { peer } => Some(recv(peer, part)?),
             CallKind::Send { .. } => None,
