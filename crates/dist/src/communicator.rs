@@ -76,7 +76,9 @@ impl Communicator {
     ///
     /// Host devices exchange through shared memory; their ranks progress independently (each
     /// stream has its own worker thread), so the program must enqueue every rank's
-    /// collectives before it waits on any of them. CUDA devices get an NCCL communicator each
+    /// collectives before it waits on any of them. A rank whose communicator is gone (every
+    /// clone, pending collective and captured graph of it dropped) fails its peers'
+    /// collectives with it at once. CUDA devices get an NCCL communicator each
     /// (`ncclCommInitAll`); enqueue each rank's collectives from its own thread there, since
     /// NCCL may hold an enqueueing thread until the other ranks of the process have enqueued
     /// theirs (the host backend needs no such care).

@@ -1,5 +1,6 @@
 //! The in-process host transport: the ranks of one process hand each other their messages
-//! through shared mailboxes.
+//! through shared mailboxes. A rank whose transport is dropped closes its slot in every
+//! peer's mailbox, as a broken TCP link does.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -39,6 +40,22 @@ impl LocalTransport {
                 timeout,
             })
             .collect()
+    }
+}
+
+impl Drop for LocalTransport {
+    /// The rank is gone (its communicator, every pending collective and captured graph of it
+    /// dropped, or its thread unwound): receives from it fail at once, as over a broken link,
+    /// once the messages it sent before are taken.
+    fn drop(&mut self) {
+        for (peer, mailbox) in self.mailboxes.iter().enumerate() {
+            if peer != self.rank {
+                mailbox.close(
+                    self.rank,
+                    "its communicator was dropped, so it takes part in no more collectives".into(),
+                );
+            }
+        }
     }
 }
 

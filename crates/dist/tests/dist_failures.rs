@@ -363,3 +363,36 @@ fn ranks_moving_different_element_types_fail_naming_both() {
         "{e}"
     );
 }
+
+#[test]
+fn a_rank_whose_thread_panicked_with_its_communicator_fails_its_peers_at_once() {
+    let Some(mut comms) = host_communicators(3) else {
+        return;
+    };
+    let c2 = comms.pop().unwrap();
+    // Rank 2's thread dies holding its communicator, before any collective.
+    let died = std::thread::spawn(move || {
+        let _comm = c2;
+        panic!("rank 2 gives up");
+    })
+    .join();
+    assert!(died.is_err());
+    let got = on_every_rank(&comms, |c| {
+        let x = tensor(c, &[1.0; 4])?;
+        all_reduce(c, x, ReduceOp::Sum)
+            .sync_on(c.stream())?
+            .to_host_vec()
+    });
+    for (rank, r) in got.iter().enumerate() {
+        let e = r
+            .as_ref()
+            .expect_err("an all_reduce without rank 2 succeeded");
+        // Said at once, not after the deadline.
+        assert!(
+            matches!(e, DeviceError::Collective { .. }),
+            "rank {rank}: {e}"
+        );
+        assert!(e.to_string().contains("rank 2"), "rank {rank}: {e}");
+        assert!(e.to_string().contains("dropped"), "rank {rank}: {e}");
+    }
+}
