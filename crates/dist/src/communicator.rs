@@ -151,7 +151,8 @@ impl Communicator {
     ///
     /// # Errors
     ///
-    /// [`DeviceError::Usage`] for a rank outside the world or a timeout of 0;
+    /// [`DeviceError::Usage`] for a rank outside the world, a world of more than `u32::MAX`
+    /// ranks or a timeout of 0;
     /// [`DeviceError::Timeout`] when a rank does not arrive within `config.timeout`;
     /// [`DeviceError::Collective`] when the ranks disagree (world size, a rank taken twice) or
     /// a connection fails; on CUDA, the errors of NCCL as for [`Communicator::local`].
@@ -190,6 +191,14 @@ impl Communicator {
             return Err(DeviceError::usage(format!(
                 "rank {} is outside a world of {} ranks",
                 config.rank, config.world_size
+            )));
+        }
+        if u32::try_from(config.world_size).is_err() {
+            return Err(DeviceError::usage(format!(
+                "a world of {} ranks is more than the rendezvous counts (at most {}); check \
+                 WORLD_SIZE",
+                config.world_size,
+                u32::MAX
             )));
         }
         let comm = match device.kind() {

@@ -11,6 +11,7 @@
 //! [`DeviceError::Timeout`], a rank that answers something else a [`DeviceError::Collective`].
 //! Integers travel little-endian.
 
+use std::collections::BTreeMap;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
@@ -142,6 +143,20 @@ impl Conn<'_> {
     }
 }
 
+/// The first few of `ranks` (`count` in all), comma-separated, saying how many more there are.
+fn some_of(ranks: impl Iterator<Item = usize>, count: usize) -> String {
+    const SHOWN: usize = 8;
+    let mut text = ranks
+        .take(SHOWN)
+        .map(|r| r.to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    if count > SHOWN {
+        text.push_str(&format!(", … {} more", count - SHOWN));
+    }
+    text
+}
+
 fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
     out.extend_from_slice(&(b.len() as u32).to_le_bytes());
     out.extend_from_slice(b);
@@ -249,20 +264,18 @@ fn serve(
     deadline: &Deadline,
 ) -> Result<Links, DeviceError> {
     let world = config.world_size;
-    let mut conns: Vec<Option<(Conn<'_>, String)>> = (0..world).map(|_| None).collect();
+    // Room for the ranks that arrived, not for every rank the configuration claims.
+    let mut conns: BTreeMap<usize, (Conn<'_>, String)> = BTreeMap::new();
     let local = listener
         .local_addr()
         .map(|a| a.to_string())
         .unwrap_or_default();
     for _ in 1..world {
         let missing = || {
-            let ranks: Vec<String> = (1..world)
-                .filter(|&r| conns.get(r).is_some_and(Option::is_none))
-                .map(|r| r.to_string())
-                .collect();
+            let ranks = (1..world).filter(|r| !conns.contains_key(r));
             format!(
                 "rank 0 at {local} waiting for ranks [{}] of {world}",
-                ranks.join(", ")
+                some_of(ranks, world - 1 - conns.len())
             )
         };
         let stream = accept(listener, 0, deadline, missing)?;
@@ -290,7 +303,7 @@ fn serve(
                 ),
             ));
         }
-        if conns[rank].is_some() {
+        if conns.contains_key(&rank) {
             return Err(err(0, format!("two processes say they are rank {rank}")));
         }
         conn.peer = format!("rank {rank}");
@@ -298,25 +311,23 @@ fn serve(
             peer_ip.parse().unwrap_or([127, 0, 0, 1].into()),
             u16::from_le_bytes(port),
         );
-        conns[rank] = Some((conn, addr.to_string()));
+        conns.insert(rank, (conn, addr.to_string()));
     }
+    // Every rank arrived: the world is as large as it says.
     let mut reply = MAGIC.to_vec();
     put_bytes(&mut reply, payload);
-    for entry in &conns {
+    for rank in 0..world {
         put_bytes(
             &mut reply,
-            entry.as_ref().map_or(&b""[..], |(_, a)| a.as_bytes()),
+            conns.get(&rank).map_or(&b""[..], |(_, a)| a.as_bytes()),
         );
     }
-    let mut peers: Vec<Option<TcpStream>> = Vec::with_capacity(world);
-    for entry in conns {
-        peers.push(match entry {
-            Some((mut conn, _)) => {
-                conn.write(&reply)?;
-                mesh.then_some(conn.stream)
-            }
-            None => None,
-        });
+    let mut peers: Vec<Option<TcpStream>> = (0..world).map(|_| None).collect();
+    for (rank, (mut conn, _)) in conns {
+        conn.write(&reply)?;
+        if let Some(peer) = peers.get_mut(rank) {
+            *peer = mesh.then_some(conn.stream);
+        }
     }
     Ok(Links {
         peers,
@@ -362,10 +373,11 @@ fn join(config: &DistConfig, mesh: bool, deadline: &Deadline) -> Result<Links, D
     conn.write(&hello)?;
     conn.magic()?;
     let payload = conn.bytes()?;
-    let mut table = Vec::with_capacity(world);
+    let mut table = Vec::new();
     for _ in 0..world {
         table.push(String::from_utf8_lossy(&conn.bytes()?).into_owned());
     }
+    // Rank 0 answered: every rank arrived, the world is as large as it says.
     let mut peers: Vec<Option<TcpStream>> = (0..world).map(|_| None).collect();
     if !mesh {
         return Ok(Links { peers, payload });
@@ -387,13 +399,12 @@ fn join(config: &DistConfig, mesh: bool, deadline: &Deadline) -> Result<Links, D
     if let Some(listener) = listener {
         for _ in rank + 1..world {
             let missing = || {
-                let ranks: Vec<String> = (rank + 1..world)
-                    .filter(|&r| peers.get(r).is_some_and(Option::is_none))
-                    .map(|r| r.to_string())
-                    .collect();
+                let ranks =
+                    (rank + 1..world).filter(|&r| peers.get(r).is_some_and(Option::is_none));
+                let left = ranks.clone().count();
                 format!(
                     "rank {rank} waiting for ranks [{}] to connect",
-                    ranks.join(", ")
+                    some_of(ranks, left)
                 )
             };
             let stream = accept(&listener, rank, deadline, missing)?;

@@ -116,3 +116,29 @@ fn reduce(comm: &Communicator, value: f32) -> Result<Vec<f32>, DeviceError> {
         .sync_on(comm.stream())?
         .to_host_vec()
 }
+
+#[test]
+fn an_absurd_world_size_is_an_error_not_an_abort() {
+    // Past what the rendezvous counts in: refused, on rank 0 and on the others.
+    for rank in [0, 1] {
+        let config = DistConfig::new(rank, (1 << 32) + 2, "127.0.0.1", 1).with_timeout(SHORT);
+        let e = Communicator::connect(&Device::host(), &config).unwrap_err();
+        assert!(matches!(e, DeviceError::Usage { .. }), "rank {rank}: {e}");
+        assert!(e.to_string().contains("4294967298"), "rank {rank}: {e}");
+    }
+    // Within it, but with ranks that never come: a timeout naming a few of them, without
+    // making room for every rank before any arrived.
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let world = u32::MAX as usize;
+    let config = DistConfig::new(0, world, "127.0.0.1", port).with_timeout(SHORT);
+    let e = Communicator::serve(&Device::host(), &config, listener).unwrap_err();
+    match &e {
+        DeviceError::Timeout { what, .. } => {
+            assert!(what.contains("waiting for ranks [1, 2, 3"), "{e}");
+            assert!(what.contains(&format!("of {world}")), "{e}");
+            assert!(what.len() < 200, "{e}");
+        }
+        other => panic!("expected a timeout, got {other}"),
+    }
+}
