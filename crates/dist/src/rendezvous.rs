@@ -20,7 +20,9 @@ use cuflow_runtime::DeviceError;
 
 use crate::config::DistConfig;
 
-const MAGIC: &[u8; 8] = b"cuflow\x01\x00";
+/// Opens every hello and answer; its last two bytes are the version of what ranks exchange
+/// (the rendezvous, and the host transport's messages).
+const MAGIC: &[u8; 8] = b"cuflow\x02\x00";
 const STEP: &str = "rendezvous";
 
 /// What a rank has once the rendezvous is over: a connection to each other rank (when a mesh

@@ -142,3 +142,20 @@ fn an_absurd_world_size_is_an_error_not_an_abort() {
         other => panic!("expected a timeout, got {other}"),
     }
 }
+
+#[test]
+fn a_rank_of_the_previous_wire_version_is_refused() {
+    // Host messages carry a header since version 2: a rank of version 1 would misread them.
+    let (port, rank0) = rank_0(2);
+    let mut old = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let mut hello = b"cuflow\x01\x00".to_vec();
+    hello.extend_from_slice(&1u32.to_le_bytes());
+    hello.extend_from_slice(&2u32.to_le_bytes());
+    hello.extend_from_slice(&0u16.to_le_bytes());
+    old.write_all(&hello).unwrap();
+    let e = rank0.join().unwrap().unwrap_err();
+    assert!(
+        e.to_string().contains("not a cuflow rank of this version"),
+        "{e}"
+    );
+}
