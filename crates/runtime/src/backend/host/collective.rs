@@ -481,7 +481,12 @@ macro_rules! reduce_int {
             fn add(a: Self, b: Self) -> Self { a.wrapping_add(b) }
             fn max(a: Self, b: Self) -> Self { Ord::max(a, b) }
             fn min(a: Self, b: Self) -> Self { Ord::min(a, b) }
-            fn div(a: Self, n: usize) -> Self { a / (n as $t) }
+            // In i128: the world size may not fit the element type (257 ranks of u8), and
+            // the quotient fits wherever `a` does.
+            fn div(a: Self, n: usize) -> Self {
+                let n = i128::try_from(n).unwrap_or(i128::MAX);
+                <$t>::try_from(i128::from(a) / n).unwrap_or_default()
+            }
         }
     )*};
 }
