@@ -279,7 +279,9 @@ macro_rules! reduce_int {
             fn add(a: Self, b: Self) -> Self { a.wrapping_add(b) }
             fn max(a: Self, b: Self) -> Self { Ord::max(a, b) }
             fn min(a: Self, b: Self) -> Self { Ord::min(a, b) }
-            fn div(a: Self, n: usize) -> Self { a / (n as $t) }
+            // In i128: the world size need not fit in the element type (256 ranks and more
+            // average u8s); the quotient is no larger than `a`, so it converts back exactly.
+            fn div(a: Self, n: usize) -> Self { (i128::from(a) / n as i128) as $t }
         }
     )*};
 }
