@@ -99,6 +99,34 @@ fn integer_all_reduce_is_exact() {
 }
 
 #[test]
+fn an_average_of_bytes_over_more_ranks_than_a_byte_counts_divides_by_the_world_size() {
+    // 256 and 257 ranks: the world size itself does not fit in a u8. The sum wraps as a u8
+    // sum does (under NCCL too), and is then divided by the world size.
+    for n in [256, 257] {
+        let Some(comms) = communicators(n, TIMEOUT) else {
+            continue;
+        };
+        let part = |r: usize| -> Vec<u8> { vec![1, 255, (r % 256) as u8, (r * 7 % 256) as u8] };
+        let got = on_every_rank(&comms, |c| {
+            let x = api::from_vec(part(c.rank()), &[4]).sync_on(c.stream())?;
+            let sum = all_reduce(c, x.clone(), ReduceOp::Sum).sync_on(c.stream())?;
+            let avg = all_reduce(c, x, ReduceOp::Avg).sync_on(c.stream())?;
+            Ok((sum.to_host_vec()?, avg.to_host_vec()?))
+        });
+        let sum: Vec<u8> = (0..4)
+            .map(|i| (0..n).fold(0u8, |acc, r| acc.wrapping_add(part(r)[i])))
+            .collect();
+        let avg: Vec<u8> = sum.iter().map(|&s| (usize::from(s) / n) as u8).collect();
+        assert!(sum.iter().any(|&s| s != 0), "{sum:?}");
+        for (rank, g) in got.into_iter().enumerate() {
+            let (got_sum, got_avg) = g.unwrap_or_else(|e| panic!("rank {rank} of {n} failed: {e}"));
+            assert_eq!(got_sum, sum, "the sum on rank {rank} of {n}");
+            assert_eq!(got_avg, avg, "the average on rank {rank} of {n}");
+        }
+    }
+}
+
+#[test]
 fn all_gather_concatenates_along_axis_0_in_rank_order() {
     let seed = fresh_seed();
     for n in [1, 2, 4] {

@@ -277,3 +277,111 @@ fn a_panicking_host_function_is_reported_by_the_next_synchronization() -> Result
     assert!(ran.load(std::sync::atomic::Ordering::SeqCst));
     Ok(())
 }
+
+/// A value whose drop panics: what a panic may carry, or a host implementation may own.
+struct PanicsWhenDropped;
+
+impl Drop for PanicsWhenDropped {
+    fn drop(&mut self) {
+        panic!("deliberate panic in a drop");
+    }
+}
+
+/// Runs `f` on a thread of its own and gives its result back, failing the test if it never
+/// returns (a stream whose worker stopped leaves its synchronizations waiting for ever).
+fn within_a_minute<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let thread = std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    match rx.recv_timeout(std::time::Duration::from_secs(60)) {
+        Ok(out) => out,
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => match thread.join() {
+            Err(panic) => std::panic::resume_unwind(panic),
+            Ok(()) => unreachable!("the thread ended without sending its result"),
+        },
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+            panic!("the stream never finished its work")
+        }
+    }
+}
+
+/// Synchronizes `s`, expecting the panic of a drop, then checks that the stream runs new work.
+fn assert_drop_panic_reported(
+    s: &cuflow_runtime::Stream,
+    what: &str,
+    message_has: &str,
+) -> Result<(), DeviceError> {
+    let after = s.record_event()?;
+    let stream = s.clone();
+    match within_a_minute(move || stream.synchronize()) {
+        Err(DeviceError::Panicked { message, .. }) => {
+            assert!(message.contains(message_has), "{what}: {message}")
+        }
+        other => panic!("{what}: expected Panicked, got {other:?}"),
+    }
+    // The event recorded after it completes (with the failure it follows).
+    assert!(
+        within_a_minute(move || after.synchronize()).is_err(),
+        "{what}: the event after the panic"
+    );
+    assert_stream_usable(s)
+}
+
+#[test]
+fn a_panic_while_dropping_a_panic_or_a_host_implementation_is_reported_and_the_stream_goes_on(
+) -> Result<(), DeviceError> {
+    let s = Device::host().new_stream()?;
+
+    // A host function whose panic carries a value that panics when dropped.
+    s.enqueue_host_fn(|| std::panic::panic_any(PanicsWhenDropped))?;
+    assert_drop_panic_reported(&s, "a host function's panic payload", "non-string")?;
+
+    // A host kernel that panics the same way.
+    let source = r#"extern "C" __global__ void rt_payload() {}"#;
+    // SAFETY: the kernel's source touches no memory and has no data race of its own.
+    let payload = unsafe { Kernel::new("rt_payload", source) }
+        .with_host(|_| std::panic::panic_any(PanicsWhenDropped));
+    payload.launch(&s, LaunchConfig::linear(1, 1), &KernelArgs::new())?;
+    assert_drop_panic_reported(&s, "a host kernel's panic payload", "non-string")?;
+
+    // A host kernel that succeeds, owning a value that panics when dropped: the launch in the
+    // queue holds the last reference to it (the stream is held until the kernel is dropped),
+    // so the stream's worker drops it.
+    let (release, gate) = std::sync::mpsc::channel::<()>();
+    s.enqueue_host_fn(move || {
+        let _ = gate.recv();
+    })?;
+    let owned = PanicsWhenDropped;
+    let source = r#"extern "C" __global__ void rt_owner() {}"#;
+    // SAFETY: the kernel's source touches no memory and has no data race of its own.
+    let owner = unsafe { Kernel::new("rt_owner", source) }.with_host(move |_| {
+        let _ = &owned;
+        Ok(())
+    });
+    owner.launch(&s, LaunchConfig::linear(1, 1), &KernelArgs::new())?;
+    drop(owner);
+    release.send(()).expect("the host function waits");
+    assert_drop_panic_reported(&s, "a host kernel's implementation", "deliberate panic")?;
+
+    // The same kernel captured into a graph whose replay holds the last reference to it.
+    let owned = PanicsWhenDropped;
+    let source = r#"extern "C" __global__ void rt_captured_owner() {}"#;
+    // SAFETY: the kernel's source touches no memory and has no data race of its own.
+    let owner = unsafe { Kernel::new("rt_captured_owner", source) }.with_host(move |_| {
+        let _ = &owned;
+        Ok(())
+    });
+    s.begin_capture()?;
+    owner.launch(&s, LaunchConfig::linear(1, 1), &KernelArgs::new())?;
+    let graph = s.end_capture()?;
+    let exec = graph.instantiate()?;
+    let (release, gate) = std::sync::mpsc::channel::<()>();
+    s.enqueue_host_fn(move || {
+        let _ = gate.recv();
+    })?;
+    exec.launch(&s)?;
+    drop((owner, graph, exec));
+    release.send(()).expect("the host function waits");
+    assert_drop_panic_reported(&s, "a replayed graph's kernel", "deliberate panic")
+}

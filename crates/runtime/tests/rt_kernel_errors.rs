@@ -463,6 +463,52 @@ fn overlapping_arguments_of_a_written_buffer_are_refused() -> Result<(), DeviceE
     assert_stream_usable(&s)
 }
 
+/// An empty view overlaps nothing, even where it starts at the first element of a range the
+/// launch writes: such a launch runs on every backend, as on a GPU.
+#[test]
+fn an_empty_argument_beside_a_written_range_overlaps_nothing() -> Result<(), DeviceError> {
+    let s = stream();
+    // SAFETY: the kernel writes only `y[0..n)`, below the count it is given, one element per
+    // thread, and never reads `empty`.
+    let double = unsafe {
+        Kernel::new(
+            "rt_double_beside",
+            r#"extern "C" __global__ void rt_double_beside(float* y, const float* empty,
+                                                           unsigned n) {
+                unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+                if (i < n) y[i] *= 2.0f;
+            }"#,
+        )
+    }
+    .with_host(|args| {
+        let n = args.scalar::<u32>(2)? as usize;
+        assert!(args.input::<f32>(1)?.is_empty());
+        for v in args.output::<f32>(0)?.iter_mut().take(n) {
+            *v *= 2.0;
+        }
+        Ok(())
+    });
+    let data: Vec<f32> = random_f32(&mut rng(), 16);
+    let buf = DeviceBuffer::from_host(&s, &data)?;
+    let mut want = data.clone();
+    // The empty view at the start of the written range, then at its end.
+    for empty_at in [4, 12] {
+        double.launch(
+            &s,
+            LaunchConfig::linear(1, 32),
+            KernelArgs::new()
+                .output(buf.slice(4..12)?)
+                .input(buf.slice(empty_at..empty_at)?)
+                .scalar(8u32),
+        )?;
+        for v in &mut want[4..12] {
+            *v *= 2.0;
+        }
+        assert_eq!(buf.to_host_vec(&s)?, want, "the empty view at {empty_at}");
+    }
+    assert_stream_usable(&s)
+}
+
 /// A buffer passed as an input is ordered as a read: readers on other streams run beside it.
 /// A kernel may write through every pointer parameter its source does not declare `const`, so
 /// handing such a parameter an input would let the kernel's writes race with those readers; it

@@ -105,7 +105,9 @@ fn run(
                 _ => None,
             })
             .collect();
-        members.sort_by_key(|&(_, off, _)| off);
+        // By offset; an empty range before a range starting where it does, which it does not
+        // overlap (the launch accepted the two).
+        members.sort_by_key(|&(_, off, len)| (off, len));
         match guard {
             Guard::Read(g) => {
                 let whole: &[u8] = bytemuck::cast_slice(&g[..]);

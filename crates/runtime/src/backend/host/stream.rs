@@ -1,5 +1,6 @@
 //! Host streams and events: one worker thread per stream, draining an in-order queue.
 
+use std::any::Any;
 use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc;
@@ -53,7 +54,20 @@ pub(crate) struct HostStream {
 pub(crate) fn run_task(task: &HostTask) -> Result<()> {
     match catch_unwind(AssertUnwindSafe(|| task())) {
         Ok(r) => r,
-        Err(p) => Err(DeviceError::from_panic("a host kernel", &*p)),
+        Err(p) => {
+            let e = DeviceError::from_panic("a host kernel", &*p);
+            drop_payload(p);
+            Err(e)
+        }
+    }
+}
+
+/// Drops a caught panic's payload on a worker thread. A payload whose drop panics in turn is
+/// dropped no further: that second payload is leaked rather than risk a panic unwinding out of
+/// the worker.
+fn drop_payload(payload: Box<dyn Any + Send>) {
+    if let Err(again) = catch_unwind(AssertUnwindSafe(move || drop(payload))) {
+        std::mem::forget(again);
     }
 }
 
@@ -66,16 +80,30 @@ impl HostStream {
             .spawn(move || {
                 ON_WORKER.with(|w| w.set(true));
                 let mut failures = StreamFailures::default();
+                // Nothing unwinds out of this loop: a worker that stopped would leave the work
+                // queued after it never run, and its events and synchronizations waiting for
+                // ever. So user code runs, and is dropped, under `catch_unwind`.
                 for msg in rx {
                     match msg {
                         Msg::Run(task, sink) => {
-                            if let Err(e) = run_task(&task) {
+                            let result = run_task(&task);
+                            // The task may hold the last reference to user code (a host
+                            // kernel's implementation, in a launch or a graph's nodes), whose
+                            // captures may panic when dropped.
+                            let dropped = catch_unwind(AssertUnwindSafe(move || drop(task)));
+                            if let Err(e) = result {
+                                failures.record(&sink, e);
+                            }
+                            if let Err(p) = dropped {
+                                let e = DeviceError::from_panic("dropping finished host work", &*p);
+                                drop_payload(p);
                                 failures.record(&sink, e);
                             }
                         }
                         Msg::Once(f, sink) => {
                             if let Err(p) = catch_unwind(AssertUnwindSafe(f)) {
                                 let e = DeviceError::from_panic("a host function", &*p);
+                                drop_payload(p);
                                 failures.record(&sink, e);
                             }
                         }
