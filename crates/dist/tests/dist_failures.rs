@@ -396,3 +396,38 @@ fn a_rank_whose_thread_panicked_with_its_communicator_fails_its_peers_at_once() 
         assert!(e.to_string().contains("dropped"), "rank {rank}: {e}");
     }
 }
+
+/// An empty call is a call: on the host transport it is exchanged like any other, so a rank
+/// whose tensor is empty where its peer's is not fails with it, instead of its peer's call
+/// pairing with the next collective of that rank.
+#[test]
+fn an_empty_tensor_on_one_rank_is_not_paired_with_its_next_collective() {
+    let Some(comms) = host_communicators(2) else {
+        return;
+    };
+    // Rank 0 reduces an empty tensor where rank 1 reduces 4 elements; then both reduce 4.
+    let got = on_every_rank(&comms, |c| {
+        let first: &[f32] = if c.rank() == 0 { &[] } else { &[1.0; 4] };
+        let first = all_reduce(c, tensor(c, first)?, ReduceOp::Sum)
+            .sync_on(c.stream())
+            .and_then(|t| t.to_host_vec());
+        let second = tensor(c, &[100.0 * (c.rank() as f32 + 1.0); 4])?;
+        let second = all_reduce(c, second, ReduceOp::Sum)
+            .sync_on(c.stream())
+            .and_then(|t| t.to_host_vec());
+        Ok((first, second))
+    });
+    for (rank, r) in got.into_iter().enumerate() {
+        let (first, second) = r.unwrap();
+        if rank == 1 {
+            assert!(
+                first.is_err(),
+                "rank 1 reduced 4 elements with an empty tensor: {first:?}"
+            );
+        }
+        // Never rank 1's first input reduced with rank 0's second.
+        if let Ok(v) = second {
+            assert_eq!(v, vec![300.0; 4], "rank {rank}'s second all_reduce");
+        }
+    }
+}

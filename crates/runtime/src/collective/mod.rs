@@ -261,13 +261,16 @@ pub fn collective(stream: &Stream, comm: &Comm, calls: &[CollectiveCall<'_>]) ->
         call.validate(stream, comm.rank(), comm.world_size())?;
     }
     call::check_overlaps(calls)?;
-    let calls: SmallVec<[&CollectiveCall<'_>; 4]> =
-        calls.iter().filter(|c| !c.is_empty()).collect();
+    let keep_empty = comm.inner.backend.keeps_empty_calls();
+    let calls: SmallVec<[&CollectiveCall<'_>; 4]> = calls
+        .iter()
+        .filter(|c| keep_empty || !c.is_empty())
+        .collect();
     if calls.is_empty() {
         return Ok(());
     }
     let mut accesses: Accesses<'_> = SmallVec::new();
-    for call in &calls {
+    for call in calls.iter().filter(|c| !c.is_empty()) {
         if let Some(send) = call.send {
             accesses.push((send.mem, Access::Read));
         }
