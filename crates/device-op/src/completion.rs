@@ -20,6 +20,7 @@
 //! reactor, takes its mutex from the `sync` shim, and the loom models in
 //! `loom_tests/completion.rs` run it against a completing thread in every interleaving.
 
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
@@ -82,6 +83,11 @@ impl<T> Handoff<T> {
     }
 
     /// Stores the result and wakes the parked waker, if any (after releasing the lock).
+    ///
+    /// A waker is the program's code, and the thread completing is the process's one
+    /// completion thread: a panic of the waker is caught and dropped here (its payload's drop
+    /// guarded too), so that it cannot end that thread and leave every later future pending.
+    /// The result stays stored for the next poll.
     pub(crate) fn complete(&self, result: T) {
         let waker = {
             let mut s = self.state.lock();
@@ -89,7 +95,10 @@ impl<T> Handoff<T> {
             s.waker.take()
         };
         if let Some(w) = waker {
-            w.wake();
+            if let Err(payload) = catch_unwind(AssertUnwindSafe(|| w.wake())) {
+                tracing::warn!("a future's waker panicked when its work completed");
+                let _ = catch_unwind(AssertUnwindSafe(move || drop(payload)));
+            }
         }
     }
 }

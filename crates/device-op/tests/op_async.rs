@@ -196,3 +196,48 @@ fn a_lazy_future_dropped_before_its_first_poll_runs_nothing() {
     assert_eq!(runs.load(Ordering::SeqCst), 0);
     assert_all(&buf, 1.0, "a dropped lazy future");
 }
+
+/// Records that it was woken, then panics.
+struct PanickingWaker(Arc<std::sync::atomic::AtomicBool>);
+
+impl std::task::Wake for PanickingWaker {
+    fn wake(self: Arc<Self>) {
+        self.0.store(true, Ordering::SeqCst);
+        panic!("a waker that panics");
+    }
+}
+
+#[test]
+fn a_waker_that_panics_leaves_later_futures_completing() -> Result<(), DeviceError> {
+    // The process's one completion thread wakes the parked waker when the work completes: the
+    // waker's panic must not end that thread, or every later future would stay pending.
+    let (mut gate, mut future) = gated_fill(2.0)?;
+    let woken = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let waker = Waker::from(Arc::new(PanickingWaker(woken.clone())));
+    let polled = Pin::new(&mut future).poll(&mut Context::from_waker(&waker));
+    assert!(polled.is_pending(), "the gate is closed");
+    gate.open();
+    let waited = std::time::Instant::now();
+    while !woken.load(Ordering::SeqCst) {
+        assert!(
+            waited.elapsed() < WATCHDOG,
+            "the parked waker was never woken"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // A later future, parked with the completion thread after that panic, completes.
+    let (mut gate, mut later) = gated_fill(3.0)?;
+    let (tx, rx) = mpsc::channel();
+    let waker = Waker::from(Arc::new(ChannelWaker(tx)));
+    assert!(Pin::new(&mut later)
+        .poll(&mut Context::from_waker(&waker))
+        .is_pending());
+    gate.open();
+    rx.recv_timeout(WATCHDOG)
+        .expect("a future parked after a waker panicked was never woken");
+    let out = futures::executor::block_on(later)?;
+    assert_all(&out, 3.0, "the later future's output");
+    let out = futures::executor::block_on(future)?;
+    assert_all(&out, 2.0, "the first future's output");
+    Ok(())
+}
