@@ -112,3 +112,50 @@ fn an_unwritable_cuflow_trace_path_does_not_fail_the_program() -> Result<(), Dev
     assert!(!dir.exists());
     Ok(())
 }
+
+/// Runs `f` on a thread of its own and gives its result back, failing the test if it never
+/// returns.
+fn within_a_minute<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let thread = std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    match rx.recv_timeout(std::time::Duration::from_secs(60)) {
+        Ok(out) => out,
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => match thread.join() {
+            Err(panic) => std::panic::resume_unwind(panic),
+            Ok(()) => unreachable!("the thread ended without sending its result"),
+        },
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => panic!("trace::stop never returned"),
+    }
+}
+
+/// The stream the trace took its timestamps' reference on (the first traced stream of the
+/// device) is being captured when the trace stops: stopping neither waits for the capture nor
+/// records into it, and the capture's graph replays as recorded.
+#[test]
+fn stopping_while_a_traced_stream_is_captured_returns_and_leaves_the_capture_alone(
+) -> Result<(), DeviceError> {
+    let _lock = trace::tests_serial();
+    let stream = device().new_stream()?;
+    let buf = DeviceBuffer::from_host(&stream, &[7u32; 64])?;
+    trace::start()?;
+    buf.view().fill_bytes(&stream, 1)?;
+    stream.begin_capture()?;
+    buf.view().fill_bytes(&stream, 0)?;
+    let t = within_a_minute(trace::stop)?;
+    assert_eq!(
+        t.entries()
+            .iter()
+            .filter(|e| e.name == "fill_bytes")
+            .count(),
+        1,
+        "only the eager fill is traced:\n{t}"
+    );
+    let graph = stream.end_capture()?;
+    assert_eq!(graph.node_count()?, 1, "{}", graph.to_dot()?);
+    assert_eq!(buf.to_host_vec(&stream)?, vec![0x0101_0101u32; 64]);
+    graph.instantiate()?.launch(&stream)?;
+    assert_eq!(buf.to_host_vec(&stream)?, vec![0u32; 64]);
+    Ok(())
+}

@@ -250,8 +250,26 @@ fn resolve(recorder: Recorder) -> Trace {
     let micros = |t: Instant| t.saturating_duration_since(recorder.origin).as_secs_f64() * 1e6;
     let mut references: HashMap<DeviceId, (EventBackend, f64)> = HashMap::new();
     for (id, stream) in &recorder.references {
-        let _ = stream.backend().synchronize();
-        let Ok(event) = stream.backend().record_event(true) else {
+        // The reference is recorded on the traced stream, after its work, unless that stream
+        // is being captured by now: an event recorded there would be the capture's and never
+        // complete by itself (and synchronizing it would spoil the capture), so a stream of its
+        // own takes the reference then. The gate keeps a capture from beginning between the
+        // look and the record.
+        let fresh;
+        let event = {
+            let _gate = stream.enqueue_gate();
+            let target = if stream.is_capturing() {
+                let Ok(s) = stream.device().new_stream() else {
+                    continue;
+                };
+                fresh = s;
+                &fresh
+            } else {
+                stream
+            };
+            target.backend().record_event(true)
+        };
+        let Ok(event) = event else {
             continue;
         };
         if event.synchronize().is_ok() {
