@@ -3,11 +3,11 @@
 //! An explicit state machine, [`RunOnce`], moved by compare-and-swap: `IDLE → RUNNING →
 //! COMPLETE`, or `RUNNING → POISONED` when the op fails or panics (a guard poisons on unwind).
 //! The first consumer to win the CAS runs the op on its own context and, if the op enqueued
-//! device work (the context's earlier work is not the op's), records an event; consumers on other streams wait on that event, so they never read the
-//! output before it is written. A consumer that finds the op running on another thread blocks
-//! until it finishes; one that finds it running on its own thread, or whose wait would close a
-//! cycle of waits across threads (two shared ops consuming each other), gets
-//! [`DeviceError::Reentrant`].
+//! device work (the context's earlier work is not the op's), records an event; consumers on
+//! other streams wait on that event, so they never read the output before it is written. A
+//! consumer that finds the op running on another thread blocks until it finishes; one that
+//! finds it running on its own thread, or whose wait would close a cycle of waits across
+//! threads (two shared ops consuming each other), gets [`DeviceError::Reentrant`].
 //!
 //! Every consumer, on any stream (the producer's own included), orders its work after the
 //! producer's completion event and counts as device work, so its execution completes only
