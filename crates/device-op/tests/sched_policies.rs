@@ -12,6 +12,7 @@ use cuflow_scheduler::{
     LeastLoaded, Placement, Priority, PriorityLevel, SchedulingPolicy, SingleStream,
     StreamPoolRoundRobin,
 };
+use cuflow_testing::thread::within_a_minute;
 use cuflow_testing::{device::device, ops::*};
 use parking_lot::Mutex;
 
@@ -348,83 +349,67 @@ impl SchedulingPolicy for OntoCapture {
     }
 }
 
-/// Runs `f` on a thread of its own and gives its result back, failing the test if it never
-/// returns (a hang is the failure that `f` looks for).
-fn within_a_minute<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = std::sync::mpsc::channel();
-    let thread = std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    match rx.recv_timeout(std::time::Duration::from_secs(60)) {
-        Ok(out) => out,
-        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => match thread.join() {
-            Err(panic) => std::panic::resume_unwind(panic),
-            Ok(()) => unreachable!("the thread ended without sending its result"),
-        },
-        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
-            panic!("an op placed on a capturing stream never completed")
-        }
-    }
-}
-
 #[test]
 fn a_policy_placing_work_on_a_capturing_stream_is_refused_from_every_entry_point() {
-    let outcome = within_a_minute(|| -> Result<(), DeviceError> {
-        let device = device();
-        for at in ["root", "branch"] {
-            // This thread captures `capturing`: work enqueued there would be recorded, never
-            // run, and its events would never complete.
-            let capturing = device.new_stream()?;
-            let eager = device.new_stream()?;
-            capturing.begin_capture()?;
-            let policy = OntoCapture {
-                eager: eager.clone(),
-                capturing: capturing.clone(),
-                at,
-            };
-            let (a, b) = (buffer(0.0), buffer(0.0));
-            let op = || zip!(fill(&a, 1.0), fill(&b, 2.0));
-            let outcomes = [
-                (
-                    "sync_with_policy",
-                    op().sync_with_policy(&policy).map(|_| ()),
-                ),
-                (
-                    "schedule",
-                    op().schedule(&policy)
-                        .and_then(futures::executor::block_on)
-                        .map(|_| ()),
-                ),
-                (
-                    "enqueue_on",
-                    enqueue_on(op(), &eager, Arc::new(policy.clone())).map(|_| ()),
-                ),
-            ];
-            for (entry, outcome) in outcomes {
-                if at == "root" && entry == "enqueue_on" {
-                    // enqueue_on is given its root stream: the policy places branches only.
-                    assert!(outcome.is_ok(), "{at} / {entry}: {outcome:?}");
-                    continue;
-                }
-                match outcome {
-                    Err(DeviceError::Capture { op, reason }) => assert!(
-                        reason.contains("scheduling policy") && reason.contains("captured"),
-                        "{at} / {entry}: the error names the policy and the capture: {op}: \
-                         {reason}"
+    let outcome = within_a_minute(
+        "an op placed on a capturing stream never completed",
+        || -> Result<(), DeviceError> {
+            let device = device();
+            for at in ["root", "branch"] {
+                // This thread captures `capturing`: work enqueued there would be recorded, never
+                // run, and its events would never complete.
+                let capturing = device.new_stream()?;
+                let eager = device.new_stream()?;
+                capturing.begin_capture()?;
+                let policy = OntoCapture {
+                    eager: eager.clone(),
+                    capturing: capturing.clone(),
+                    at,
+                };
+                let (a, b) = (buffer(0.0), buffer(0.0));
+                let op = || zip!(fill(&a, 1.0), fill(&b, 2.0));
+                let outcomes = [
+                    (
+                        "sync_with_policy",
+                        op().sync_with_policy(&policy).map(|_| ()),
                     ),
-                    other => panic!("{at} / {entry}: expected a capture error, got {other:?}"),
+                    (
+                        "schedule",
+                        op().schedule(&policy)
+                            .and_then(futures::executor::block_on)
+                            .map(|_| ()),
+                    ),
+                    (
+                        "enqueue_on",
+                        enqueue_on(op(), &eager, Arc::new(policy.clone())).map(|_| ()),
+                    ),
+                ];
+                for (entry, outcome) in outcomes {
+                    if at == "root" && entry == "enqueue_on" {
+                        // enqueue_on is given its root stream: the policy places branches only.
+                        assert!(outcome.is_ok(), "{at} / {entry}: {outcome:?}");
+                        continue;
+                    }
+                    match outcome {
+                        Err(DeviceError::Capture { op, reason }) => assert!(
+                            reason.contains("scheduling policy") && reason.contains("captured"),
+                            "{at} / {entry}: the error names the policy and the capture: {op}: \
+                         {reason}"
+                        ),
+                        other => panic!("{at} / {entry}: expected a capture error, got {other:?}"),
+                    }
                 }
+                // Nothing of the ops entered the capture, and the eager stream was not pulled in.
+                assert!(
+                    !eager.is_capturing(),
+                    "{at}: the eager stream joined the capture"
+                );
+                let graph = capturing.end_capture()?;
+                assert_eq!(graph.node_count()?, 0, "{at}: the ops' work was recorded");
+                assert_all(&a, if at == "root" { 1.0 } else { 0.0 }, at);
             }
-            // Nothing of the ops entered the capture, and the eager stream was not pulled in.
-            assert!(
-                !eager.is_capturing(),
-                "{at}: the eager stream joined the capture"
-            );
-            let graph = capturing.end_capture()?;
-            assert_eq!(graph.node_count()?, 0, "{at}: the ops' work was recorded");
-            assert_all(&a, if at == "root" { 1.0 } else { 0.0 }, at);
-        }
-        Ok(())
-    });
+            Ok(())
+        },
+    );
     outcome.expect("the test's own setup");
 }

@@ -13,6 +13,7 @@ use cuflow_runtime::{
 use cuflow_testing::{
     device::{device, stream},
     kernels::{add_one, assert_stream_usable, launch_spin_write, SHORT_SPIN},
+    thread::within_a_minute,
     POISON,
 };
 
@@ -287,25 +288,6 @@ impl Drop for PanicsWhenDropped {
     }
 }
 
-/// Runs `f` on a thread of its own and gives its result back, failing the test if it never
-/// returns (a stream whose worker stopped leaves its synchronizations waiting for ever).
-fn within_a_minute<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = std::sync::mpsc::channel();
-    let thread = std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    match rx.recv_timeout(std::time::Duration::from_secs(60)) {
-        Ok(out) => out,
-        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => match thread.join() {
-            Err(panic) => std::panic::resume_unwind(panic),
-            Ok(()) => unreachable!("the thread ended without sending its result"),
-        },
-        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
-            panic!("the stream never finished its work")
-        }
-    }
-}
-
 /// Synchronizes `s`, expecting the panic of a drop, then checks that the stream runs new work.
 fn assert_drop_panic_reported(
     s: &cuflow_runtime::Stream,
@@ -314,7 +296,9 @@ fn assert_drop_panic_reported(
 ) -> Result<(), DeviceError> {
     let after = s.record_event()?;
     let stream = s.clone();
-    match within_a_minute(move || stream.synchronize()) {
+    match within_a_minute("the stream never finished its work", move || {
+        stream.synchronize()
+    }) {
         Err(DeviceError::Panicked { message, .. }) => {
             assert!(message.contains(message_has), "{what}: {message}")
         }
@@ -322,7 +306,9 @@ fn assert_drop_panic_reported(
     }
     // The event recorded after it completes (with the failure it follows).
     assert!(
-        within_a_minute(move || after.synchronize()).is_err(),
+        within_a_minute("the stream never finished its work", move || after
+            .synchronize())
+        .is_err(),
         "{what}: the event after the panic"
     );
     assert_stream_usable(s)

@@ -5,6 +5,7 @@ use std::process::Command;
 
 use cuflow_runtime::{trace, DeviceBuffer, DeviceError};
 use cuflow_testing::device::device;
+use cuflow_testing::thread::within_a_minute;
 
 #[test]
 fn start_twice_and_stop_without_start_are_usage_errors() -> Result<(), DeviceError> {
@@ -113,23 +114,6 @@ fn an_unwritable_cuflow_trace_path_does_not_fail_the_program() -> Result<(), Dev
     Ok(())
 }
 
-/// Runs `f` on a thread of its own and gives its result back, failing the test if it never
-/// returns.
-fn within_a_minute<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = std::sync::mpsc::channel();
-    let thread = std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    match rx.recv_timeout(std::time::Duration::from_secs(60)) {
-        Ok(out) => out,
-        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => match thread.join() {
-            Err(panic) => std::panic::resume_unwind(panic),
-            Ok(()) => unreachable!("the thread ended without sending its result"),
-        },
-        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => panic!("trace::stop never returned"),
-    }
-}
-
 /// The stream the trace took its timestamps' reference on (the first traced stream of the
 /// device) is being captured when the trace stops: stopping neither waits for the capture nor
 /// records into it, and the capture's graph replays as recorded.
@@ -143,7 +127,7 @@ fn stopping_while_a_traced_stream_is_captured_returns_and_leaves_the_capture_alo
     buf.view().fill_bytes(&stream, 1)?;
     stream.begin_capture()?;
     buf.view().fill_bytes(&stream, 0)?;
-    let t = within_a_minute(trace::stop)?;
+    let t = within_a_minute("trace::stop never returned", trace::stop)?;
     assert_eq!(
         t.entries()
             .iter()

@@ -26,3 +26,32 @@ pub fn on_stack_of<T: Send + 'static>(bytes: usize, f: impl FnOnce() -> T + Send
 pub fn on_small_stack<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
     on_stack_of(SMALL_STACK, f)
 }
+
+/// How long [`within_a_minute`] waits.
+pub const HANG_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Runs `f` on a thread of its own and returns its result, failing the test with `hang` if it
+/// has not returned within [`HANG_LIMIT`]: for tests whose failure is a hang. A panic of `f`
+/// is resumed on the caller's thread.
+///
+/// # Examples
+///
+/// ```
+/// let n = cuflow_testing::thread::within_a_minute("adding never returned", || 2 + 2);
+/// assert_eq!(n, 4);
+/// ```
+pub fn within_a_minute<T: Send + 'static>(hang: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    use std::sync::mpsc::{channel, RecvTimeoutError};
+    let (tx, rx) = channel();
+    let thread = std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    match rx.recv_timeout(HANG_LIMIT) {
+        Ok(out) => out,
+        Err(RecvTimeoutError::Disconnected) => match thread.join() {
+            Err(panic) => std::panic::resume_unwind(panic),
+            Ok(()) => panic!("the thread ended without sending its result"),
+        },
+        Err(RecvTimeoutError::Timeout) => panic!("{hang}"),
+    }
+}
