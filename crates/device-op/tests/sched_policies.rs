@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use cuflow_device_op::{enqueue_on, value, zip, DeviceError, DeviceOpExt};
+use cuflow_device_op::{enqueue_on, value, zip, DeviceError, DeviceOp, DeviceOpExt};
 use cuflow_runtime::{Device, Event, Stream, StreamId};
 use cuflow_scheduler::{
     LeastLoaded, Placement, Priority, PriorityLevel, SchedulingPolicy, SingleStream,
@@ -15,6 +15,33 @@ use cuflow_scheduler::{
 use cuflow_testing::thread::within_a_minute;
 use cuflow_testing::{device::device, ops::*};
 use parking_lot::Mutex;
+
+/// `op()` run through each entry point that takes a policy: `sync_with_policy`, `schedule`
+/// (then awaited) and `enqueue_on` with `root` as its root stream (so that the policy places
+/// only its branches), each entry point's name beside its outcome.
+fn through_every_entry_point<O, P>(
+    op: impl Fn() -> O,
+    policy: &P,
+    root: &Stream,
+) -> [(&'static str, Result<(), DeviceError>); 3]
+where
+    O: DeviceOp,
+    P: SchedulingPolicy + Clone + 'static,
+{
+    [
+        ("sync_with_policy", op().sync_with_policy(policy).map(drop)),
+        (
+            "schedule",
+            op().schedule(policy)
+                .and_then(futures::executor::block_on)
+                .map(drop),
+        ),
+        (
+            "enqueue_on",
+            enqueue_on(op(), root, Arc::new(policy.clone())).map(drop),
+        ),
+    ]
+}
 
 #[test]
 fn single_stream_puts_every_branch_on_its_stream() -> Result<(), DeviceError> {
@@ -294,23 +321,7 @@ fn a_panicking_policy_is_an_error_from_every_entry_point() -> Result<(), DeviceE
             at,
         };
         let op = || zip!(fill(&buffer(0.0), 1.0), fill(&buffer(0.0), 2.0));
-        let outcomes = [
-            (
-                "sync_with_policy",
-                op().sync_with_policy(&policy).map(|_| ()),
-            ),
-            (
-                "schedule",
-                op().schedule(&policy)
-                    .and_then(futures::executor::block_on)
-                    .map(|_| ()),
-            ),
-            (
-                "enqueue_on",
-                enqueue_on(op(), &stream, Arc::new(policy.clone())).map(|_| ()),
-            ),
-        ];
-        for (entry, outcome) in outcomes {
+        for (entry, outcome) in through_every_entry_point(op, &policy, &stream) {
             if at == "root" && entry == "enqueue_on" {
                 // enqueue_on is given its root stream: the policy places branches only.
                 assert!(outcome.is_ok(), "{at} / {entry}: {outcome:?}");
@@ -368,23 +379,7 @@ fn a_policy_placing_work_on_a_capturing_stream_is_refused_from_every_entry_point
                 };
                 let (a, b) = (buffer(0.0), buffer(0.0));
                 let op = || zip!(fill(&a, 1.0), fill(&b, 2.0));
-                let outcomes = [
-                    (
-                        "sync_with_policy",
-                        op().sync_with_policy(&policy).map(|_| ()),
-                    ),
-                    (
-                        "schedule",
-                        op().schedule(&policy)
-                            .and_then(futures::executor::block_on)
-                            .map(|_| ()),
-                    ),
-                    (
-                        "enqueue_on",
-                        enqueue_on(op(), &eager, Arc::new(policy.clone())).map(|_| ()),
-                    ),
-                ];
-                for (entry, outcome) in outcomes {
+                for (entry, outcome) in through_every_entry_point(op, &policy, &eager) {
                     if at == "root" && entry == "enqueue_on" {
                         // enqueue_on is given its root stream: the policy places branches only.
                         assert!(outcome.is_ok(), "{at} / {entry}: {outcome:?}");
