@@ -182,6 +182,8 @@ fn run_and_wait<O: DeviceOp>(
     if ctx.has_device_work() {
         stream.synchronize()?;
     }
+    // All of the op's work has completed, and with it the work it depends on.
+    scope.settle();
     scope.check()?;
     Ok((out, ctx.stats()))
 }

@@ -93,6 +93,8 @@ impl<T: Send> Future for DeviceFuture<T> {
                         Poll::Ready(Ok(())) => {}
                     }
                 }
+                // All of the op's work has completed, and with it the work it depends on.
+                scope.settle();
                 if let Err(e) = scope.check() {
                     this.state = State::Done;
                     return Poll::Ready(Err(e));

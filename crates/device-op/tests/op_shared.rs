@@ -206,6 +206,85 @@ fn a_failing_shared_op_gives_its_error_to_every_consumer() {
     ));
 }
 
+/// A shared op whose work fails after it was enqueued (here a host function's panic on its
+/// stream) fails every consumer in other executions, however they run it (`sync`, `.await`,
+/// or through another shared op that consumes it), on every backend: not only where events
+/// carry failures. On CUDA they resolved `Ok`.
+#[test]
+fn a_shared_op_whose_work_fails_later_fails_its_consumers_in_other_executions(
+) -> Result<(), DeviceError> {
+    let policy = StreamPoolRoundRobin::new(&device(), 4)?;
+    let failing = fill(&buffer(0.0), 1.0)
+        .then(|b| panic_on_stream().map(move |()| b))
+        .shared();
+    let downstream = failing.clone().then(|b| add_scalar(&b, 1.0)).shared();
+    let producing = failing.clone().schedule(&policy)?;
+    let consumers = [
+        (
+            "sync",
+            failing.clone().sync_with_policy(&policy).map(drop),
+        ),
+        (
+            "await",
+            futures::executor::block_on(failing.clone().schedule(&policy)?).map(drop),
+        ),
+        (
+            "a second shared op",
+            downstream.clone().sync_with_policy(&policy).map(drop),
+        ),
+        (
+            "a consumer of the second shared op",
+            downstream
+                .then(|b| add_scalar(&b, 1.0))
+                .sync_with_policy(&policy)
+                .map(drop),
+        ),
+    ];
+    for (how, consumed) in consumers {
+        assert!(
+            matches!(consumed, Err(DeviceError::Panicked { .. })),
+            "a consumer ({how}) of a shared op whose work failed got {consumed:?}"
+        );
+    }
+    let produced = futures::executor::block_on(producing).map(drop);
+    assert!(
+        matches!(produced, Err(DeviceError::Panicked { .. })),
+        "the producing execution got {produced:?}"
+    );
+    Ok(())
+}
+
+/// Consumers that succeed leave nothing behind: a chain of shared ops, each consuming the one
+/// before in its own execution, runs in executions that each complete `Ok`, and a failure
+/// early in such a chain still reaches the end of it.
+#[test]
+fn a_long_chain_of_shared_ops_reports_a_failure_at_its_start() -> Result<(), DeviceError> {
+    let policy = StreamPoolRoundRobin::new(&device(), 4)?;
+    let start = buffer(0.0);
+    let mut last = fill(&start, 1.0).boxed().shared();
+    for _ in 0..200 {
+        last = last.clone().then(|b| add_scalar(&b, 1.0)).boxed().shared();
+        last.clone().sync_with_policy(&policy)?;
+    }
+    assert_all(&start, 201.0, "after the chain");
+
+    let mut last = fill(&start, 1.0)
+        .then(|b| panic_on_stream().map(move |()| b))
+        .boxed()
+        .shared();
+    let first = last.clone().schedule(&policy)?;
+    for _ in 0..50 {
+        last = last.clone().then(|b| add_scalar(&b, 1.0)).boxed().shared();
+    }
+    let end = last.sync_with_policy(&policy).map(drop);
+    assert!(
+        matches!(end, Err(DeviceError::Panicked { .. })),
+        "the end of a chain whose first op failed got {end:?}"
+    );
+    assert!(futures::executor::block_on(first).is_err());
+    Ok(())
+}
+
 #[test]
 fn a_panicking_shared_op_poisons_every_consumer_and_threads_stay_usable() {
     let panicking = spin_then_write(&buffer(0.0), 1.0, SPIN / 10)

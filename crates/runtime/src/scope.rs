@@ -14,15 +14,26 @@
 //! not clear it, so a unit that observed its error and carried on still ends in that error.
 //!
 //! An event recorded while the scope is entered reports the failures of the work it follows,
-//! and no other: the first failure of the scope's work enqueued before it on its stream (a wait
-//! on an event that failed fails too, so that covers the work of other streams the stream
-//! waited for). A unit's failure thus travels along events to the work that depends on it, in
-//! this unit or in another that waits on its events, but not to another unit that waits on an
-//! event of this unit's work that did not depend on the failed work (on the host backend; a
-//! CUDA event reports device faults only).
+//! and no other: the first failure of the scope's work (or of the scopes it is nested in)
+//! enqueued before it on its stream (a wait on an event that failed fails too, so that covers
+//! the work of other streams the stream waited for). A unit's failure thus travels along
+//! events to the work that depends on it, in this unit or in another that waits on its events,
+//! but not to another unit that waits on an event of this unit's work that did not depend on
+//! the failed work (on the host backend; a CUDA event reports device faults only).
+//!
+//! A scope can be *nested* in the scope entered on the thread ([`ErrorScope::nested`]): its
+//! failures are also its parent's, and it holds only those of the part of the work that ran
+//! while it was entered. A scope can *depend on* another ([`ErrorScope::depend_on`]) whose work
+//! its own work waits for: it then reports that scope's errors as its own. That is how a
+//! failure reaches work that depends on it on every backend, whatever its events carry.
+//! Once all of a scope's work has completed, [`ErrorScope::settle`] folds the errors of the
+//! scopes it depends on into its own and forgets them, so that chains of dependent scopes do
+//! not grow with a long-running program.
 //!
 //! The device-op layer enters one scope per execution (`sync`, `schedule`, `.await`), which is
-//! what makes an op's error reach that op and its dependants only.
+//! what makes an op's error reach that op and its dependants only. A `shared` op's production
+//! runs in a scope nested in its producer's execution, and each consumer's scope depends on
+//! it.
 //!
 //! A CUDA kernel's fault is not scoped: the driver reports it to every later call of the
 //! context (see [`DeviceError::DeviceFaulted`]).
@@ -58,7 +69,23 @@ use crate::error::DeviceError;
 /// ```
 #[derive(Clone, Default)]
 pub struct ErrorScope {
-    error: Arc<Mutex<Option<DeviceError>>>,
+    inner: Arc<ScopeInner>,
+}
+
+#[derive(Default)]
+struct ScopeInner {
+    /// The first failure of the scope's own work (nested scopes' included).
+    error: Mutex<Option<DeviceError>>,
+    /// The scope this one is nested in: every failure stored here is stored there too.
+    parent: Option<Weak<ScopeInner>>,
+    links: Mutex<Links>,
+}
+
+/// The scopes whose errors a scope reports, and the scopes nested in it, until it settles.
+#[derive(Default)]
+struct Links {
+    depends_on: Vec<ErrorScope>,
+    nested: Vec<ErrorScope>,
 }
 
 thread_local! {
@@ -71,6 +98,79 @@ impl ErrorScope {
         ErrorScope::default()
     }
 
+    /// A scope nested in the one entered on this thread, or `None` when no scope is entered:
+    /// a failure of the work enqueued while the nested scope is entered is stored in both.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cuflow_runtime::{Device, ErrorScope};
+    ///
+    /// let stream = Device::host().new_stream()?;
+    /// let outer = ErrorScope::new();
+    /// let _outer = outer.enter();
+    /// let part = ErrorScope::nested().expect("a scope is entered");
+    /// {
+    ///     let _part = part.enter();
+    ///     stream.enqueue_host_fn(|| panic!("this part fails"))?;
+    /// }
+    /// assert!(stream.synchronize().is_err());
+    /// assert!(part.error().is_some() && outer.error().is_some());
+    /// # Ok::<(), cuflow_runtime::DeviceError>(())
+    /// ```
+    pub fn nested() -> Option<ErrorScope> {
+        let parent = ErrorScope::current()?;
+        let child = ErrorScope {
+            inner: Arc::new(ScopeInner {
+                parent: Some(Arc::downgrade(&parent.inner)),
+                ..ScopeInner::default()
+            }),
+        };
+        parent.inner.links.lock().nested.push(child.clone());
+        Some(child)
+    }
+
+    /// Makes this scope report `other`'s errors as its own: its work waits for `other`'s, so
+    /// a failure there is a failure here. The errors `other` holds when this scope
+    /// [settles](Self::settle) stay with it; later ones do not.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cuflow_runtime::{Device, ErrorScope};
+    ///
+    /// let stream = Device::host().new_stream()?;
+    /// let (producer, consumer) = (ErrorScope::new(), ErrorScope::new());
+    /// {
+    ///     let _entered = producer.enter();
+    ///     stream.enqueue_host_fn(|| panic!("the producer fails"))?;
+    ///     assert!(stream.synchronize().is_err());
+    /// }
+    /// consumer.depend_on(&producer);
+    /// assert!(consumer.check().is_err());
+    /// # Ok::<(), cuflow_runtime::DeviceError>(())
+    /// ```
+    pub fn depend_on(&self, other: &ErrorScope) {
+        if Arc::ptr_eq(&self.inner, &other.inner) {
+            return;
+        }
+        let mut links = self.inner.links.lock();
+        if !links
+            .depends_on
+            .iter()
+            .any(|d| Arc::ptr_eq(&d.inner, &other.inner))
+        {
+            links.depends_on.push(other.clone());
+        }
+    }
+
+    /// [`depend_on`](Self::depend_on) for the scope entered on this thread, if any.
+    pub fn depended_on_here(&self) {
+        if let Some(current) = ErrorScope::current() {
+            current.depend_on(self);
+        }
+    }
+
     /// Makes this the current thread's scope until the guard is dropped (the previous one, if
     /// any, is restored then).
     pub fn enter(&self) -> EnteredScope {
@@ -78,9 +178,28 @@ impl ErrorScope {
         EnteredScope { previous }
     }
 
-    /// The scope's first error, if its work failed so far.
+    /// The scope's first error, if its work (or the work of a scope it depends on) failed so
+    /// far.
     pub fn error(&self) -> Option<DeviceError> {
-        self.error.lock().clone()
+        if let Some(e) = self.inner.error.lock().clone() {
+            return Some(e);
+        }
+        // The scopes it depends on, and theirs, each once (they form no cycle: a scope depends
+        // on work enqueued before its own, but one scope is reachable along several paths).
+        let mut seen: Vec<*const ScopeInner> = vec![Arc::as_ptr(&self.inner)];
+        let mut next: Vec<ErrorScope> = self.inner.links.lock().depends_on.clone();
+        while let Some(scope) = next.pop() {
+            let key = Arc::as_ptr(&scope.inner);
+            if seen.contains(&key) {
+                continue;
+            }
+            seen.push(key);
+            if let Some(e) = scope.inner.error.lock().clone() {
+                return Some(e);
+            }
+            next.extend(scope.inner.links.lock().depends_on.iter().cloned());
+        }
+        None
     }
 
     /// `Err` with the scope's first error, if any.
@@ -95,18 +214,71 @@ impl ErrorScope {
         }
     }
 
+    /// Says that all the work of this scope, of the scopes nested in it and of the scopes it
+    /// depends on has completed: no failure can reach any of them any more. Each of them keeps
+    /// the error it reports now as its own and forgets its links, so that a long chain of
+    /// dependent scopes is not kept alive. Calling it earlier loses the failures that arrive
+    /// afterwards in the scopes depended on.
+    pub fn settle(&self) {
+        {
+            let links = self.inner.links.lock();
+            if links.depends_on.is_empty() && links.nested.is_empty() {
+                return;
+            }
+        }
+        // Every scope reachable along links, in the order found (each once).
+        let mut found: Vec<ErrorScope> = Vec::new();
+        let mut next = vec![self.clone()];
+        while let Some(scope) = next.pop() {
+            if found.iter().any(|f| Arc::ptr_eq(&f.inner, &scope.inner)) {
+                continue;
+            }
+            {
+                let links = scope.inner.links.lock();
+                next.extend(links.depends_on.iter().cloned());
+                next.extend(links.nested.iter().cloned());
+            }
+            found.push(scope);
+        }
+        // The last found first: along a chain, each scope's dependencies are folded before it
+        // is, so each fold looks one link deep.
+        for scope in found.iter().rev() {
+            let error = scope.error();
+            {
+                let mut slot = scope.inner.error.lock();
+                if slot.is_none() {
+                    *slot = error;
+                }
+            }
+            *scope.inner.links.lock() = Links::default();
+        }
+    }
+
     /// Stores `error` unless the scope already holds one (the first error is the cause; what
-    /// follows it is usually its consequence).
+    /// follows it is usually its consequence), and in the scopes it is nested in.
     pub(crate) fn record(&self, error: DeviceError) {
-        let mut slot = self.error.lock();
-        if slot.is_none() {
-            *slot = Some(error);
+        let mut scope = Some(self.inner.clone());
+        while let Some(s) = scope {
+            {
+                let mut slot = s.error.lock();
+                if slot.is_none() {
+                    *slot = Some(error.clone());
+                }
+            }
+            scope = s.parent.as_ref().and_then(Weak::upgrade);
         }
     }
 
     /// The scope entered on this thread, if any.
     pub(crate) fn current() -> Option<ErrorScope> {
         CURRENT.with(|c| c.borrow().clone())
+    }
+
+    /// This scope and the scopes it is nested in that are still alive, innermost first.
+    fn with_parents(&self) -> impl Iterator<Item = Arc<ScopeInner>> {
+        std::iter::successors(Some(self.inner.clone()), |s| {
+            s.parent.as_ref().and_then(Weak::upgrade)
+        })
     }
 }
 
@@ -188,36 +360,39 @@ impl ErrorSink {
 /// work in order, so that an event sees exactly the failures of the work before it.
 #[derive(Default)]
 pub(crate) struct StreamFailures {
-    /// The first failure of each scope's work on this stream; a scope that was dropped is
-    /// forgotten when the next failure is stored.
-    scoped: Vec<(Weak<Mutex<Option<DeviceError>>>, DeviceError)>,
+    /// The first failure of each scope's work on this stream (a nested scope's failure counts
+    /// for the scopes it is nested in too); a scope that was dropped is forgotten when the next
+    /// failure is stored.
+    scoped: Vec<(Weak<ScopeInner>, DeviceError)>,
 }
 
 impl StreamFailures {
     /// Stores the failure of a piece of work enqueued with `sink`: in its scope (or stream),
-    /// and as this stream's failure of that scope.
+    /// and as this stream's failure of that scope and of the scopes it is nested in.
     pub(crate) fn record(&mut self, sink: &ErrorSink, error: DeviceError) {
         if let Some(scope) = &sink.scope {
-            if self.of(scope).is_none() {
-                self.scoped.retain(|(key, _)| key.strong_count() > 0);
-                self.scoped
-                    .push((Arc::downgrade(&scope.error), error.clone()));
+            self.scoped.retain(|(key, _)| key.strong_count() > 0);
+            for s in scope.with_parents() {
+                if self.of(&s).is_none() {
+                    self.scoped.push((Arc::downgrade(&s), error.clone()));
+                }
             }
         }
         sink.record(error);
     }
 
-    /// The error an event recorded with `sink` completes with: the first failure of its
-    /// scope's work on this stream so far; for untagged work, the stream's error.
+    /// The error an event recorded with `sink` completes with: the first failure on this
+    /// stream so far of its scope's work, or of the work of the scopes it is nested in (which
+    /// the nested part follows); for untagged work, the stream's error.
     pub(crate) fn seen_by(&self, sink: &ErrorSink) -> Option<DeviceError> {
         match &sink.scope {
-            Some(scope) => self.of(scope).cloned(),
+            Some(scope) => scope.with_parents().find_map(|s| self.of(&s).cloned()),
             None => sink.peek(),
         }
     }
 
-    fn of(&self, scope: &ErrorScope) -> Option<&DeviceError> {
-        let key = Arc::as_ptr(&scope.error);
+    fn of(&self, scope: &Arc<ScopeInner>) -> Option<&DeviceError> {
+        let key = Arc::as_ptr(scope);
         self.scoped
             .iter()
             .find(|(k, _)| std::ptr::eq(k.as_ptr(), key))

@@ -34,6 +34,24 @@ fn assert_usable(s: &Stream) -> Result<(), DeviceError> {
     Ok(())
 }
 
+/// A capture that recorded nothing is an empty graph on every backend: its node count and
+/// edges are queried (the CUDA driver refused the node query of an empty graph), and it
+/// instantiates and replays as a no-op.
+#[test]
+fn an_empty_capture_is_an_empty_graph_that_replays() -> Result<(), DeviceError> {
+    let s = stream();
+    let x = DeviceBuffer::from_host(&s, &[1.0f32, 2.0])?;
+    s.begin_capture()?;
+    let graph = s.end_capture()?;
+    assert_eq!(graph.node_count()?, 0);
+    assert_eq!(graph.edges()?, Vec::<(usize, usize)>::new());
+    let exec = graph.instantiate()?;
+    exec.launch(&s)?;
+    launch_add_one(&s, &x)?;
+    assert_eq!(x.to_host_vec(&s)?, vec![2.0, 3.0]);
+    Ok(())
+}
+
 #[test]
 fn replaying_a_capture_n_times_has_n_times_its_effect() -> Result<(), DeviceError> {
     let device = device();

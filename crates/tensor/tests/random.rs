@@ -1,6 +1,8 @@
 //! Random constructors: values within their range and with plausible moments, seeded calls
 //! reproducible, the same values on the host backend as on the device under test.
 
+use std::sync::Mutex;
+
 use cuflow_device_op::DeviceOpExt;
 use cuflow_runtime::{Device, DeviceError, Stream};
 use cuflow_tensor::{api, bf16, f16};
@@ -139,9 +141,13 @@ fn seeded_random_tensors_are_reproducible() -> Result<(), DeviceError> {
     Ok(())
 }
 
+/// Held by the tests that draw seeds from the global sequence, which tests running beside
+/// each other would otherwise advance under one another.
+static GLOBAL_SEQUENCE: Mutex<()> = Mutex::new(());
+
 #[test]
 fn manual_seed_restarts_the_sequence() -> Result<(), DeviceError> {
-    // The only test of this binary that draws from the global sequence.
+    let _sequence = GLOBAL_SEQUENCE.lock().unwrap_or_else(|e| e.into_inner());
     let s = stream();
     type Draws = (Vec<f32>, Vec<f32>, Vec<f32>);
     let draw = || -> Result<Draws, DeviceError> {
@@ -198,6 +204,7 @@ fn random_tensors_match_the_host_backend() -> Result<(), DeviceError> {
 /// `(high, low]`, an infinite one zeros or NaN). An empty range gives `low` everywhere.
 #[test]
 fn random_constructors_refuse_ranges_without_a_distribution() -> Result<(), DeviceError> {
+    let _sequence = GLOBAL_SEQUENCE.lock().unwrap_or_else(|e| e.into_inner());
     let s = stream();
     let refused = |r: Result<cuflow_tensor::Tensor<f32>, DeviceError>, op: &str, what: &str| {
         let err = r.expect_err(what);

@@ -11,7 +11,10 @@
 //!
 //! Every consumer, on any stream (the producer's own included), orders its work after the
 //! producer's completion event and counts as device work, so its execution completes only
-//! after the producer's. A value produced inside a capture is written only by replays of the
+//! after the producer's. The production runs in an error scope nested in its execution's
+//! (`cuflow_runtime::ErrorScope::nested`), and every consumer's scope depends on it: a failure
+//! of the production's work that shows only once it ran (a host function's panic) fails every
+//! consumer, on every backend, and not only the execution that produced. A value produced inside a capture is written only by replays of the
 //! graph: consuming it outside that capture is a [`DeviceError::Capture`].
 //!
 //! Invariants of the state machine:
@@ -35,7 +38,7 @@ use std::sync::{Arc, OnceLock};
 
 use cuflow_runtime::sync::thread::{self, ThreadId};
 use cuflow_runtime::sync::{AtomicU8, Condvar, Mutex, Ordering};
-use cuflow_runtime::{trace, DeviceError, Event, StreamId};
+use cuflow_runtime::{trace, DeviceError, ErrorScope, Event, StreamId};
 
 use super::{DeviceOp, Value};
 use crate::context::ExecutionContext;
@@ -268,6 +271,9 @@ struct Produced<T> {
     output: Arc<T>,
     /// The producer's completion event and stream, if it did device work.
     event: Option<(Event, StreamId)>,
+    /// The scope the production's failures went to, nested in the producer's execution's
+    /// (none when the producer ran outside an execution's scope).
+    scope: Option<ErrorScope>,
 }
 
 impl<T> Clone for Produced<T> {
@@ -275,6 +281,7 @@ impl<T> Clone for Produced<T> {
         Produced {
             output: self.output.clone(),
             event: self.event.clone(),
+            scope: self.scope.clone(),
         }
     }
 }
@@ -340,6 +347,7 @@ impl<T: Send> Shared<Value<T>> {
                 once: RunOnce::complete(Produced {
                     output,
                     event: None,
+                    scope: None,
                 }),
                 op: parking_lot::Mutex::new(None),
             }),
@@ -360,16 +368,21 @@ where
             Turn::Produce(producing) => {
                 let _span = trace::op_span("shared producer");
                 let op = inner.op.lock().take();
+                // The failures of the production's own work, which every consumer reports.
+                let scope = ErrorScope::nested();
                 let result = match op {
                     Some(op) => {
                         // The event covers the branches the op dropped unjoined too. It is
                         // recorded only when the op itself enqueued device work: work the
                         // consumer's context did before is not the shared op's.
-                        let (output, did_work) = ctx.tracking_work(|ctx| {
-                            let output = op.execute(ctx)?;
-                            ctx.join_dropped_branches()?;
-                            Ok(output)
-                        });
+                        let (output, did_work) = {
+                            let _entered = scope.as_ref().map(ErrorScope::enter);
+                            ctx.tracking_work(|ctx| {
+                                let output = op.execute(ctx)?;
+                                ctx.join_dropped_branches()?;
+                                Ok(output)
+                            })
+                        };
                         output.and_then(|output| {
                             let event = if did_work {
                                 Some((ctx.record_event()?, ctx.stream_id()))
@@ -387,6 +400,7 @@ where
                         producing.finish(Ok(Produced {
                             output: output.clone(),
                             event,
+                            scope,
                         }));
                         Ok(output)
                     }
@@ -398,7 +412,11 @@ where
             }
             Turn::Ready(produced) => produced,
         };
-        let Produced { output, event } = produced;
+        let Produced {
+            output,
+            event,
+            scope,
+        } = produced;
         if let Some((event, stream)) = event {
             if event.is_captured() && !ctx.stream()?.is_capturing() {
                 return Err(DeviceError::Capture {
@@ -414,6 +432,12 @@ where
             // producer's, and the consumer counts as device work, so that its execution
             // completes only after the producer's.
             ctx.wait_for(&event)?;
+            // The failures of the production reach the consumer whatever events carry (on
+            // CUDA, only device faults). Work recorded in a capture fails only when replayed,
+            // where the graph's launch reports it.
+            if let Some(scope) = scope.filter(|_| !event.is_captured()) {
+                scope.depended_on_here();
+            }
         }
         Ok(output)
     }

@@ -33,6 +33,10 @@ impl CudaGraphHandle {
         unsafe { sys::cuGraphGetNodes(self.graph, std::ptr::null_mut(), &mut n) }
             .result()
             .map_err(|e| driver_err("cuGraphGetNodes", e))?;
+        if n == 0 {
+            // The driver refuses a node array with a zero count.
+            return Ok(Vec::new());
+        }
         let mut nodes = vec![std::ptr::null_mut(); n];
         // SAFETY: `nodes` has room for the `n` nodes the driver reported.
         unsafe { sys::cuGraphGetNodes(self.graph, nodes.as_mut_ptr(), &mut n) }
