@@ -130,9 +130,9 @@ impl ErrorScope {
         Some(child)
     }
 
-    /// Makes this scope report `other`'s errors as its own: its work waits for `other`'s, so
-    /// a failure there is a failure here. The errors `other` holds when this scope
-    /// [settles](Self::settle) stay with it; later ones do not.
+    /// Makes this scope, and the scopes it is nested in, report `other`'s errors as their own:
+    /// their work waits for `other`'s, so a failure there is a failure here. The errors `other`
+    /// holds when this scope [settles](Self::settle) stay with it; later ones do not.
     ///
     /// # Examples
     ///
@@ -151,16 +151,19 @@ impl ErrorScope {
     /// # Ok::<(), cuflow_runtime::DeviceError>(())
     /// ```
     pub fn depend_on(&self, other: &ErrorScope) {
-        if Arc::ptr_eq(&self.inner, &other.inner) {
-            return;
-        }
-        let mut links = self.inner.links.lock();
-        if !links
-            .depends_on
-            .iter()
-            .any(|d| Arc::ptr_eq(&d.inner, &other.inner))
-        {
-            links.depends_on.push(other.clone());
+        // The work of a nested scope is part of its parents' work: they depend on `other` too.
+        for scope in self.with_parents() {
+            if Arc::ptr_eq(&scope, &other.inner) {
+                continue;
+            }
+            let mut links = scope.links.lock();
+            if !links
+                .depends_on
+                .iter()
+                .any(|d| Arc::ptr_eq(&d.inner, &other.inner))
+            {
+                links.depends_on.push(other.clone());
+            }
         }
     }
 
@@ -397,5 +400,69 @@ impl StreamFailures {
             .iter()
             .find(|(k, _)| std::ptr::eq(k.as_ptr(), key))
             .map(|(_, e)| e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failure(what: &str) -> DeviceError {
+        DeviceError::usage(what.to_string())
+    }
+
+    #[test]
+    fn a_dependency_of_a_nested_scope_is_its_parents_too() {
+        let producer = ErrorScope::new();
+        producer.record(failure("the producer's work failed"));
+        let execution = ErrorScope::new();
+        let _entered = execution.enter();
+        let part = ErrorScope::nested().expect("a scope is entered");
+        part.depend_on(&producer);
+        assert!(part.error().is_some());
+        assert!(
+            execution.error().is_some(),
+            "the execution's work includes its nested part's"
+        );
+        // A failure recorded in the nested part is its parent's too, and not the producer's.
+        let other = ErrorScope::new();
+        let _in_other = other.enter();
+        let nested = ErrorScope::nested().expect("a scope is entered");
+        nested.record(failure("the nested part failed"));
+        assert!(other.error().is_some());
+        assert_eq!(
+            producer.error().map(|e| e.to_string()),
+            Some(failure("the producer's work failed").to_string())
+        );
+    }
+
+    #[test]
+    fn settling_keeps_the_errors_and_frees_the_chain() {
+        // A failure at the start of a chain of dependent scopes reaches its end, and survives
+        // the settling of the scopes between.
+        let first = ErrorScope::new();
+        first.record(failure("first"));
+        let second = ErrorScope::new();
+        second.depend_on(&first);
+        let third = ErrorScope::new();
+        third.depend_on(&second);
+        third.settle();
+        let freed = Arc::downgrade(&first.inner);
+        drop(first);
+        assert!(freed.upgrade().is_none(), "a settled chain still holds its start");
+        assert!(second.error().is_some() && third.error().is_some());
+
+        // A long chain settled as it goes keeps no more than its last links alive.
+        let start = ErrorScope::new();
+        let start_weak = Arc::downgrade(&start.inner);
+        let mut last = start;
+        for _ in 0..100_000 {
+            let next = ErrorScope::new();
+            next.depend_on(&last);
+            next.settle();
+            last = next;
+        }
+        assert!(start_weak.upgrade().is_none(), "the chain grew with every link");
+        assert!(last.error().is_none());
     }
 }
