@@ -21,6 +21,23 @@ pub(crate) enum StreamBackend {
     Cuda(cuda::CudaStreamHandle),
 }
 
+/// A synchronization begun by [`StreamBackend::begin_synchronize`].
+pub(crate) enum SyncWait {
+    Host(host::HostSyncWait),
+    Cuda(cuda::CudaSyncWait),
+}
+
+impl SyncWait {
+    /// Blocks until the work before the synchronization began has finished; the first error
+    /// the stream's work hit, if any.
+    pub(crate) fn wait(self) -> Result<()> {
+        match self {
+            SyncWait::Host(h) => h.wait(),
+            SyncWait::Cuda(c) => c.wait(),
+        }
+    }
+}
+
 impl StreamBackend {
     pub(super) fn kind(&self) -> BackendKind {
         match self {
@@ -63,10 +80,13 @@ impl StreamBackend {
         }
     }
 
-    pub(crate) fn synchronize(&self) -> Result<()> {
+    /// Starts a synchronization: marks the end of the work enqueued so far, which
+    /// [`SyncWait::wait`] then waits for. The caller checks, under the stream's capture gate,
+    /// that the stream is not capturing, and may let the gate go before waiting.
+    pub(crate) fn begin_synchronize(&self) -> Result<SyncWait> {
         match self {
-            StreamBackend::Host(h) => h.synchronize(),
-            StreamBackend::Cuda(c) => c.synchronize(),
+            StreamBackend::Host(h) => Ok(SyncWait::Host(h.begin_synchronize()?)),
+            StreamBackend::Cuda(c) => Ok(SyncWait::Cuda(c.begin_synchronize()?)),
         }
     }
 

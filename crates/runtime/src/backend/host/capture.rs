@@ -16,11 +16,24 @@ pub(crate) struct HostNode {
 
 /// The graph being recorded, shared by the streams that take part in the capture.
 #[derive(Clone)]
-pub(crate) struct HostCapture(Arc<Mutex<Vec<HostNode>>>);
+pub(crate) struct HostCapture(Arc<Mutex<Recording>>);
+
+#[derive(Default)]
+struct Recording {
+    nodes: Vec<HostNode>,
+    /// Why the capture was invalidated, as CUDA invalidates a capture when one of its streams
+    /// is synchronized: ending it then fails.
+    invalidated: Option<DeviceError>,
+}
 
 impl HostCapture {
     pub(crate) fn new() -> HostCapture {
-        HostCapture(Arc::new(Mutex::new(Vec::new())))
+        HostCapture(Arc::new(Mutex::new(Recording::default())))
+    }
+
+    /// Invalidates the capture (the first reason is kept): ending it fails with `reason`.
+    pub(crate) fn invalidate(&self, reason: DeviceError) {
+        self.0.lock().invalidated.get_or_insert(reason);
     }
 }
 
@@ -39,7 +52,7 @@ impl CaptureCursor {
     }
 
     pub(crate) fn record(&mut self, task: HostTask, label: String) {
-        let mut nodes = self.capture.0.lock();
+        let nodes = &mut self.capture.0.lock().nodes;
         let idx = nodes.len();
         nodes.push(HostNode {
             task,
@@ -60,6 +73,11 @@ impl CaptureCursor {
     pub(crate) fn frontier(&self) -> &[usize] {
         &self.frontier
     }
+
+    /// The capture this cursor records into.
+    pub(crate) fn capture(&self) -> &HostCapture {
+        &self.capture
+    }
 }
 
 /// A finished host capture.
@@ -72,7 +90,10 @@ impl HostGraph {
     /// Takes the recorded nodes; every node must be joined back into the origin stream (an
     /// ancestor of its frontier), as CUDA requires.
     pub(crate) fn finish(capture: &HostCapture, origin_frontier: &[usize]) -> Result<HostGraph> {
-        let nodes = std::mem::take(&mut *capture.0.lock());
+        let Recording { nodes, invalidated } = std::mem::take(&mut *capture.0.lock());
+        if let Some(err) = invalidated {
+            return Err(err);
+        }
         let mut reached = vec![false; nodes.len()];
         let mut stack: Vec<usize> = origin_frontier.to_vec();
         while let Some(n) = stack.pop() {

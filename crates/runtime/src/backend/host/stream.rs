@@ -46,6 +46,28 @@ pub(crate) struct HostStreamCore {
     capture: Mutex<Option<CaptureCursor>>,
 }
 
+/// A synchronization of a host stream whose marker is enqueued: [`HostSyncWait::wait`] blocks
+/// until the stream's worker reached it.
+pub(crate) struct HostSyncWait {
+    done: Arc<(Mutex<bool>, Condvar)>,
+    sink: ErrorSink,
+}
+
+impl HostSyncWait {
+    /// Blocks until the work before the marker has run; the first error it hit, if any.
+    pub(crate) fn wait(self) -> Result<()> {
+        let mut flag = self.done.0.lock();
+        while !*flag {
+            self.done.1.wait(&mut flag);
+        }
+        drop(flag);
+        match self.sink.take_for_sync() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
 /// A host stream handle (shared by the clones of its `Stream`).
 pub(crate) struct HostStream {
     core: Arc<HostStreamCore>,
@@ -159,6 +181,12 @@ impl HostStream {
     }
 
     pub(crate) fn synchronize(&self) -> Result<()> {
+        self.begin_synchronize()?.wait()
+    }
+
+    /// Enqueues the marker a synchronization waits for. A stream being captured is refused,
+    /// and its capture invalidated, as `cuStreamSynchronize` does on CUDA.
+    pub(crate) fn begin_synchronize(&self) -> Result<HostSyncWait> {
         if on_worker_thread() {
             return Err(DeviceError::Reentrant {
                 what: "Stream::synchronize inside a host kernel or host function",
@@ -167,6 +195,20 @@ impl HostStream {
         let done = Arc::new((Mutex::new(false), Condvar::new()));
         let signal = done.clone();
         let sink = self.sink();
+        // Held while the marker is sent: a capture cannot begin in between.
+        let cap = self.core.capture.lock();
+        if let Some(cursor) = cap.as_ref() {
+            let err = DeviceError::Capture {
+                op: "Stream::synchronize".into(),
+                reason: format!(
+                    "stream {} was synchronized while being captured, which invalidates the \
+                     capture",
+                    self.core.id
+                ),
+            };
+            cursor.capture().invalidate(err.clone());
+            return Err(err);
+        }
         self.send(Msg::Once(
             Box::new(move || {
                 *signal.0.lock() = true;
@@ -174,15 +216,8 @@ impl HostStream {
             }),
             sink.clone(),
         ))?;
-        let mut flag = done.0.lock();
-        while !*flag {
-            done.1.wait(&mut flag);
-        }
-        drop(flag);
-        match sink.take_for_sync() {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
+        drop(cap);
+        Ok(HostSyncWait { done, sink })
     }
 
     pub(crate) fn record_event(&self, timed: bool) -> Result<HostEvent> {
