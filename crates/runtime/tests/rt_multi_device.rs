@@ -377,9 +377,7 @@ fn elapsed_time_between_events_of_two_devices_is_a_device_mismatch() -> Result<(
     end.synchronize()?;
     for (from, to, found) in [(&start, &end, &b), (&end, &start, &a)] {
         match from.elapsed_ms(to) {
-            Err(DeviceError::DeviceMismatch {
-                op, found: got, ..
-            }) => {
+            Err(DeviceError::DeviceMismatch { op, found: got, .. }) => {
                 assert_eq!(op, "Event::elapsed_ms");
                 assert_eq!(got, found.id());
             }

@@ -72,9 +72,11 @@ impl StreamBackend {
             (StreamBackend::Cuda(s), EventBackend::Cuda(e)) => s.wait_event(e),
             (StreamBackend::Host(s), EventBackend::Cuda(_)) => {
                 let event = event.clone();
-                s.enqueue(Arc::new(move || event.synchronize()), || {
-                    "wait for a CUDA event".into()
-                })
+                s.enqueue(
+                    Arc::new(move || event.synchronize()),
+                    host::HostNodeKind::EventWait,
+                    || "wait for a CUDA event".into(),
+                )
             }
             (StreamBackend::Cuda(_), EventBackend::Host(_)) => event.synchronize(),
         }

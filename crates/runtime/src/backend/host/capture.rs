@@ -7,8 +7,26 @@ use parking_lot::Mutex;
 use super::stream::HostTask;
 use crate::error::{DeviceError, Result};
 
+/// The kind of work a recorded node does. An executable is updated only with a graph whose
+/// nodes do the same kinds of work, as CUDA's exec update refuses a change of node type (or of
+/// a copy's direction).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum HostNodeKind {
+    Kernel,
+    Gemm,
+    Collective,
+    CopyHostToDevice,
+    CopyDeviceToDevice,
+    CopyDeviceToPinned,
+    CopyPinnedToDevice,
+    Memset,
+    EventWait,
+    Graph,
+}
+
 pub(crate) struct HostNode {
     pub(crate) task: HostTask,
+    pub(crate) kind: HostNodeKind,
     pub(crate) deps: Vec<usize>,
     /// What the node does (`test_fill (kernel) grid 4x1x1 block 256x1x1`), for dumps.
     pub(crate) label: String,
@@ -51,11 +69,12 @@ impl CaptureCursor {
         }
     }
 
-    pub(crate) fn record(&mut self, task: HostTask, label: String) {
+    pub(crate) fn record(&mut self, task: HostTask, kind: HostNodeKind, label: String) {
         let nodes = &mut self.capture.0.lock().nodes;
         let idx = nodes.len();
         nodes.push(HostNode {
             task,
+            kind,
             deps: std::mem::take(&mut self.frontier),
             label,
         });
@@ -176,7 +195,7 @@ impl HostGraphExec {
                 .nodes
                 .iter()
                 .zip(graph.nodes.iter())
-                .all(|(a, b)| a.deps == b.deps);
+                .all(|(a, b)| a.kind == b.kind && a.deps == b.deps);
         if same {
             self.graph = graph.clone();
         }

@@ -32,6 +32,7 @@ use std::sync::Arc;
 use bytemuck::Pod;
 use parking_lot::Mutex;
 
+use super::capture::HostNodeKind;
 use super::memory::host_mem;
 use super::stream::HostStream;
 use crate::collective::CallKind;
@@ -327,7 +328,11 @@ pub(crate) fn enqueue_collective(
         Some((kind, count)) if n == 1 => format!("{kind} of {count} elements"),
         _ => format!("collective group of {n} calls"),
     };
-    stream.enqueue(Arc::new(move || comm.run(rank, &calls)), label)
+    stream.enqueue(
+        Arc::new(move || comm.run(rank, &calls)),
+        HostNodeKind::Collective,
+        label,
+    )
 }
 
 fn run_group(

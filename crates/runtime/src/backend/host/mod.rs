@@ -18,7 +18,7 @@ mod memory;
 mod stream;
 
 pub(crate) use blas::{gemm, GemmOperand};
-pub(crate) use capture::{HostCapture, HostGraph, HostGraphExec};
+pub(crate) use capture::{HostCapture, HostGraph, HostGraphExec, HostNodeKind};
 pub(crate) use collective::{enqueue_collective, HostComm};
 pub(crate) use kernel::launch_host_kernel;
 pub(crate) use memory::{HostMemory, HostPinned};

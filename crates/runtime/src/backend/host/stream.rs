@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex};
 
-use super::capture::{CaptureCursor, HostCapture, HostGraph};
+use super::capture::{CaptureCursor, HostCapture, HostGraph, HostNodeKind};
 use super::memory::HostPinned;
 use crate::backend::{CaptureBackend, GraphBackend};
 use crate::capture::CaptureSession;
@@ -163,13 +163,18 @@ impl HostStream {
             })
     }
 
-    /// Enqueues a task, or records it when the stream is capturing; `label` says what it does
-    /// (called only when recorded, for the graph's dump).
-    pub(crate) fn enqueue(&self, task: HostTask, label: impl FnOnce() -> String) -> Result<()> {
+    /// Enqueues a task, or records it when the stream is capturing as a node of `kind`; `label`
+    /// says what it does (called only when recorded, for the graph's dump).
+    pub(crate) fn enqueue(
+        &self,
+        task: HostTask,
+        kind: HostNodeKind,
+        label: impl FnOnce() -> String,
+    ) -> Result<()> {
         {
             let mut cap = self.core.capture.lock();
             if let Some(cursor) = cap.as_mut() {
-                cursor.record(task, label());
+                cursor.record(task, kind, label());
                 return Ok(());
             }
         }
@@ -240,7 +245,11 @@ impl HostStream {
                     Some(f) => cursor.add_dependencies(f),
                     None => {
                         let state = event.state.clone();
-                        cursor.record(Arc::new(move || state.wait()), "event wait".into());
+                        cursor.record(
+                            Arc::new(move || state.wait()),
+                            HostNodeKind::EventWait,
+                            "event wait".into(),
+                        );
                     }
                 }
                 return Ok(());
@@ -253,7 +262,11 @@ impl HostStream {
             });
         }
         let state = event.state.clone();
-        self.enqueue(Arc::new(move || state.wait()), || "event wait".into())
+        self.enqueue(
+            Arc::new(move || state.wait()),
+            HostNodeKind::EventWait,
+            || "event wait".into(),
+        )
     }
 
     pub(crate) fn begin_capture(&self) -> Result<CaptureBackend> {
@@ -307,6 +320,7 @@ impl HostStream {
                 bytes[offset..offset + data.len()].copy_from_slice(&data);
                 Ok(())
             }),
+            HostNodeKind::CopyHostToDevice,
             || format!("copy host to device, {len} bytes"),
         )
     }
@@ -359,6 +373,7 @@ impl HostStream {
                     .copy_from_slice(&from[src_offset..src_offset + len]);
                 Ok(())
             }),
+            HostNodeKind::CopyDeviceToDevice,
             || format!("copy device to device, {len} bytes"),
         )
     }
@@ -378,6 +393,7 @@ impl HostStream {
                 bytes[offset..offset + len].fill(value);
                 Ok(())
             }),
+            HostNodeKind::Memset,
             || format!("memset {len} bytes to {value}"),
         )
     }
@@ -400,6 +416,7 @@ impl HostStream {
                 to[..len].copy_from_slice(&from[offset..offset + len]);
                 Ok(())
             }),
+            HostNodeKind::CopyDeviceToPinned,
             || format!("copy device to pinned, {len} bytes"),
         )
     }
@@ -422,6 +439,7 @@ impl HostStream {
                 to[offset..offset + len].copy_from_slice(&from[..len]);
                 Ok(())
             }),
+            HostNodeKind::CopyPinnedToDevice,
             || format!("copy pinned to device, {len} bytes"),
         )
     }
@@ -435,6 +453,7 @@ impl HostStream {
                 }
                 Ok(())
             }),
+            HostNodeKind::Graph,
             || "graph replay".into(),
         )
     }
