@@ -472,7 +472,9 @@ fn run_group(
     Ok(())
 }
 
-/// Arithmetic of the element types, as the reductions need it.
+/// Arithmetic of the element types, as the reductions need it. A float max or min skips a NaN
+/// (NaN only when both are), as NCCL's does (`fmaxf` / `fminf`, `__hmax` / `__hmin`): the
+/// result does not depend on which rank holds the NaN.
 trait Reduce: Pod {
     fn add(a: Self, b: Self) -> Self;
     fn max(a: Self, b: Self) -> Self;
@@ -501,8 +503,8 @@ macro_rules! reduce_float {
     ($($t:ty),*) => {$(
         impl Reduce for $t {
             fn add(a: Self, b: Self) -> Self { a + b }
-            fn max(a: Self, b: Self) -> Self { if b > a { b } else { a } }
-            fn min(a: Self, b: Self) -> Self { if b < a { b } else { a } }
+            fn max(a: Self, b: Self) -> Self { a.max(b) }
+            fn min(a: Self, b: Self) -> Self { a.min(b) }
             fn div(a: Self, n: usize) -> Self { a / (n as $t) }
         }
     )*};
@@ -513,8 +515,8 @@ macro_rules! reduce_half {
     ($($t:ty),*) => {$(
         impl Reduce for $t {
             fn add(a: Self, b: Self) -> Self { <$t>::from_f32(a.to_f32() + b.to_f32()) }
-            fn max(a: Self, b: Self) -> Self { if b > a { b } else { a } }
-            fn min(a: Self, b: Self) -> Self { if b < a { b } else { a } }
+            fn max(a: Self, b: Self) -> Self { a.max(b) }
+            fn min(a: Self, b: Self) -> Self { a.min(b) }
             fn div(a: Self, n: usize) -> Self { <$t>::from_f32(a.to_f32() / n as f32) }
         }
     )*};
