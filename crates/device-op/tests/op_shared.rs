@@ -220,10 +220,7 @@ fn a_shared_op_whose_work_fails_later_fails_its_consumers_in_other_executions(
     let downstream = failing.clone().then(|b| add_scalar(&b, 1.0)).shared();
     let producing = failing.clone().schedule(&policy)?;
     let consumers = [
-        (
-            "sync",
-            failing.clone().sync_with_policy(&policy).map(drop),
-        ),
+        ("sync", failing.clone().sync_with_policy(&policy).map(drop)),
         (
             "await",
             futures::executor::block_on(failing.clone().schedule(&policy)?).map(drop),

@@ -315,3 +315,40 @@ fn nccl_is_found_or_its_absence_is_a_clear_error() {
         }
     }
 }
+
+/// A float max or min skips a NaN wherever it sits, as NCCL's (`fmaxf` / `fminf`, `__hmax` /
+/// `__hmin`): the answer is the max or min of the numbers, NaN only where every rank holds
+/// NaN, and the same whichever rank holds it.
+#[test]
+fn a_nan_in_a_float_max_or_min_is_skipped_on_every_rank_position() {
+    for n in [2, 4] {
+        let Some(comms) = communicators(n, TIMEOUT) else {
+            continue;
+        };
+        for nan_rank in 0..n {
+            // Element 0 is a number everywhere, element 1 NaN on `nan_rank` only, element 2
+            // NaN everywhere.
+            let part = |r: usize| -> Vec<f32> {
+                let v = r as f32 + 1.0;
+                vec![v, if r == nan_rank { f32::NAN } else { -v }, f32::NAN]
+            };
+            for op in [ReduceOp::Max, ReduceOp::Min] {
+                let got = on_every_rank(&comms, |c| {
+                    let x = tensor(c, &part(c.rank()), &[3])?;
+                    all_reduce(c, x, op).sync_on(c.stream())?.to_host_vec()
+                });
+                let numbers = |i: usize| (0..n).map(move |r| part(r)[i]).filter(|v| !v.is_nan());
+                let pick = |i: usize| match op {
+                    ReduceOp::Max => numbers(i).fold(f32::NEG_INFINITY, f32::max),
+                    _ => numbers(i).fold(f32::INFINITY, f32::min),
+                };
+                for (rank, g) in got.into_iter().enumerate() {
+                    let g = g.unwrap_or_else(|e| panic!("rank {rank} of {n} failed: {e}"));
+                    let what = format!("{op:?} with NaN on rank {nan_rank}, rank {rank} of {n}");
+                    assert_eq!(g[..2], [pick(0), pick(1)], "{what}");
+                    assert!(g[2].is_nan(), "{what}: NaN everywhere gave {}", g[2]);
+                }
+            }
+        }
+    }
+}

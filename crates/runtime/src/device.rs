@@ -462,8 +462,8 @@ impl Device {
                 .collect()
         };
         let mut first = Ok(());
-        for s in live.iter().filter(|s| !s.is_capturing()) {
-            let r = s.synchronize();
+        for s in &live {
+            let r = s.synchronize_unless_capturing();
             if first.is_ok() {
                 first = r;
             }

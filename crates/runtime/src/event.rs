@@ -68,7 +68,9 @@ impl Event {
     ///
     /// # Errors
     ///
-    /// [`DeviceError::Usage`] when an event is not timed or not complete, or a driver error.
+    /// [`DeviceError::Usage`] when an event is not timed or not complete,
+    /// [`DeviceError::DeviceMismatch`] when the events belong to different devices, or a
+    /// driver error.
     pub fn elapsed_ms(&self, end: &Event) -> Result<f32> {
         if !self.inner.timed || !end.inner.timed {
             return Err(DeviceError::usage(
@@ -76,7 +78,8 @@ impl Event {
                  Stream::record_timed_event",
             ));
         }
-        if self.inner.device.kind() != end.inner.device.kind() {
+        // CUDA refuses events of two contexts; two host devices are refused alike.
+        if self.inner.device != end.inner.device {
             return Err(DeviceError::device_mismatch(
                 "Event::elapsed_ms",
                 "the end event",

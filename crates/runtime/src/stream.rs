@@ -315,9 +315,31 @@ impl Stream {
     /// The first error the stream's work hit (a failed host kernel, a device fault), or
     /// [`DeviceError::Capture`] while the stream is capturing (a host wait cannot be recorded).
     pub fn synchronize(&self) -> Result<()> {
-        self.forbid_in_capture("Stream::synchronize")?;
+        self.synchronize_eager(false)
+    }
+
+    /// [`Stream::synchronize`], except that a stream being captured (by any thread) is not
+    /// waited for: `Ok` at once.
+    pub(crate) fn synchronize_unless_capturing(&self) -> Result<()> {
+        self.synchronize_eager(true)
+    }
+
+    fn synchronize_eager(&self, skip_capturing: bool) -> Result<()> {
+        // The capture check and the mark the wait waits for are made under the gate, so that
+        // no capture begins in between (the wait would then wait on a capturing stream, which
+        // invalidates the capture on CUDA). The gate is let go before the wait: held, it would
+        // keep another thread's capture of this stream waiting for the stream's work, and a
+        // host function on the stream that waits for that thread would never return.
+        let wait = {
+            let _gate = self.enqueue_gate();
+            if skip_capturing && self.is_capturing() {
+                return Ok(());
+            }
+            self.forbid_in_capture("Stream::synchronize")?;
+            self.inner.backend.begin_synchronize()?
+        };
         let _traced = trace::HostWait::begin("Stream::synchronize");
-        self.inner.backend.synchronize()
+        wait.wait()
     }
 
     /// Whether the stream is recording into a graph.

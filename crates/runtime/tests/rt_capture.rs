@@ -324,6 +324,58 @@ fn updating_with_a_graph_of_the_same_topology_swaps_its_work() -> Result<(), Dev
     Ok(())
 }
 
+/// An update with a graph of the same shape whose nodes do other kinds of work (a copy or a
+/// memset where a kernel was) is refused, as CUDA's exec update refuses a change of node
+/// type, and the executable keeps its work.
+#[test]
+fn updating_with_a_graph_whose_nodes_differ_in_kind_is_refused() -> Result<(), DeviceError> {
+    let s = stream();
+    let n = 64;
+    let mut rng = rng();
+    let (x0, y0) = (random_f32(&mut rng, n), random_f32(&mut rng, n));
+    let x = DeviceBuffer::from_host(&s, &x0)?;
+    let y = DeviceBuffer::from_host(&s, &y0)?;
+    s.synchronize()?;
+
+    s.begin_capture()?;
+    launch_add_one(&s, &x)?;
+    let kernel = s.end_capture()?;
+    s.begin_capture()?;
+    x.copy_from(&s, &y)?;
+    let copy = s.end_capture()?;
+    s.begin_capture()?;
+    x.view().fill_bytes(&s, 0)?;
+    let memset = s.end_capture()?;
+    assert_eq!(
+        (
+            kernel.node_count()?,
+            copy.node_count()?,
+            memset.node_count()?
+        ),
+        (1, 1, 1)
+    );
+
+    let mut exec = kernel.instantiate()?;
+    for (what, other) in [("a copy", &copy), ("a memset", &memset)] {
+        assert!(
+            !exec.update(other)?,
+            "an update putting {what} where a kernel was must be refused"
+        );
+    }
+    exec.launch(&s)?;
+    assert_eq!(
+        x.to_host_vec(&s)?,
+        plus_ones(&x0, 1),
+        "a refused update changed the work"
+    );
+    let mut exec = copy.instantiate()?;
+    assert!(
+        !exec.update(&memset)?,
+        "an update putting a memset where a copy was must be refused"
+    );
+    Ok(())
+}
+
 #[test]
 fn capture_misuse_is_a_capture_error() -> Result<(), DeviceError> {
     let device = device();

@@ -361,3 +361,32 @@ fn copies_between_host_and_cuda_devices() -> Result<(), DeviceError> {
     }
     Ok(())
 }
+
+/// The time between events of two devices is refused with a device mismatch on every
+/// backend (CUDA's `cuEventElapsedTime` refuses events of different contexts); events of one
+/// device, also of two of its streams, are timed.
+#[test]
+fn elapsed_time_between_events_of_two_devices_is_a_device_mismatch() -> Result<(), DeviceError> {
+    let Some((a, b)) = device_pair() else {
+        return Ok(());
+    };
+    let (sa, sb) = (a.new_stream()?, b.new_stream()?);
+    let start = sa.record_timed_event()?;
+    let end = sb.record_timed_event()?;
+    start.synchronize()?;
+    end.synchronize()?;
+    for (from, to, found) in [(&start, &end, &b), (&end, &start, &a)] {
+        match from.elapsed_ms(to) {
+            Err(DeviceError::DeviceMismatch { op, found: got, .. }) => {
+                assert_eq!(op, "Event::elapsed_ms");
+                assert_eq!(got, found.id());
+            }
+            other => panic!("elapsed time across devices: {other:?}"),
+        }
+    }
+    let sa2 = a.new_stream()?;
+    let later = sa2.record_timed_event()?;
+    later.synchronize()?;
+    assert!(start.elapsed_ms(&later)?.is_finite());
+    Ok(())
+}

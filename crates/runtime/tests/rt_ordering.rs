@@ -246,3 +246,111 @@ fn no_launch_accepted_from_another_thread_is_lost_into_a_capture() -> Result<(),
     assert_eq!(mine.to_host_vec(&s)?, vec![0.0]);
     Ok(())
 }
+
+/// Runs [`CAPTURES`] captures of one kernel on `s` while another thread calls `sync` in a loop, and
+/// checks that every capture ended with exactly its own kernel; returns what the other
+/// thread's calls answered.
+const CAPTURES: usize = 20_000;
+
+fn captures_beside(
+    s: &cuflow_runtime::Stream,
+    sync: impl Fn() -> Result<(), DeviceError> + Send + Sync,
+) -> Result<Vec<Result<(), DeviceError>>, DeviceError> {
+    let x = DeviceBuffer::from_host(s, &[0.0f32])?;
+    s.synchronize()?;
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let other = scope.spawn(|| {
+            let mut answers = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Acquire) {
+                answers.push(sync());
+            }
+            answers
+        });
+        let mut captures = Ok(());
+        for _ in 0..CAPTURES {
+            let one = s.begin_capture().and_then(|()| {
+                launch_add_one(s, &x)?;
+                let graph = s.end_capture()?;
+                assert_eq!(graph.node_count()?, 1);
+                Ok(())
+            });
+            if one.is_err() {
+                captures = one;
+                break;
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::Release);
+        let answers = other.join().expect("the synchronizing thread");
+        captures.map(|()| answers)
+    })
+}
+
+/// A stream's synchronization from another thread, racing with captures beginning on it,
+/// either waits for the stream's eager work or is refused as another thread's: it never
+/// waits on the capturing stream (which spoils the capture on CUDA).
+#[test]
+fn a_synchronize_racing_a_capture_from_another_thread_never_spoils_it() {
+    cuflow_testing::thread::within_a_minute("a synchronize beside captures hung", || {
+        let s = stream();
+        let answers = captures_beside(&s, || s.synchronize()).expect("every capture succeeded");
+        for answer in answers {
+            match answer {
+                Ok(()) => {}
+                Err(DeviceError::Capture { reason, .. }) => {
+                    assert!(reason.contains("another thread"), "{reason}")
+                }
+                Err(e) => panic!("synchronize beside a capture: {e}"),
+            }
+        }
+    });
+}
+
+/// `Device::synchronize` skips the streams being captured, also those whose capture another
+/// thread begins while it runs: it answers `Ok` and spoils no capture.
+#[test]
+fn a_device_synchronize_racing_a_capture_skips_the_capturing_stream() {
+    cuflow_testing::thread::within_a_minute("a device synchronize beside captures hung", || {
+        let s = stream();
+        let device = s.device().clone();
+        let answers =
+            captures_beside(&s, || device.synchronize()).expect("every capture succeeded");
+        for answer in answers {
+            if let Err(e) = answer {
+                panic!("Device::synchronize beside a capture: {e}");
+            }
+        }
+    });
+}
+
+/// A synchronization waiting for a host function that waits for another thread to begin a
+/// capture of the same stream returns: the synchronization does not hold the capture back
+/// while it waits.
+#[test]
+fn a_synchronize_does_not_hold_back_a_capture_its_stream_waits_for() {
+    cuflow_testing::thread::within_a_minute("the synchronize or the capture hung", || {
+        let s = stream();
+        let (began, wait_for_capture) = mpsc::channel::<()>();
+        s.enqueue_host_fn(move || {
+            let _ = wait_for_capture.recv();
+        })
+        .expect("enqueue the host function");
+        std::thread::scope(|scope| {
+            let sync = scope.spawn(|| s.synchronize());
+            // Lets the synchronize start waiting first (either order must finish).
+            std::thread::sleep(Duration::from_millis(50));
+            s.begin_capture().expect("begin the capture");
+            began.send(()).expect("the host function waits");
+            let graph = s.end_capture().expect("end the capture");
+            assert_eq!(graph.node_count().expect("node count"), 0);
+            match sync.join().expect("the synchronizing thread") {
+                Ok(()) => {}
+                Err(DeviceError::Capture { reason, .. }) => {
+                    assert!(reason.contains("another thread"), "{reason}")
+                }
+                Err(e) => panic!("synchronize: {e}"),
+            }
+        });
+        s.synchronize().expect("the stream is usable");
+    });
+}

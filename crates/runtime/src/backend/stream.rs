@@ -21,6 +21,23 @@ pub(crate) enum StreamBackend {
     Cuda(cuda::CudaStreamHandle),
 }
 
+/// A synchronization begun by [`StreamBackend::begin_synchronize`].
+pub(crate) enum SyncWait {
+    Host(host::HostSyncWait),
+    Cuda(cuda::CudaSyncWait),
+}
+
+impl SyncWait {
+    /// Blocks until the work before the synchronization began has finished; the first error
+    /// the stream's work hit, if any.
+    pub(crate) fn wait(self) -> Result<()> {
+        match self {
+            SyncWait::Host(h) => h.wait(),
+            SyncWait::Cuda(c) => c.wait(),
+        }
+    }
+}
+
 impl StreamBackend {
     pub(super) fn kind(&self) -> BackendKind {
         match self {
@@ -55,18 +72,23 @@ impl StreamBackend {
             (StreamBackend::Cuda(s), EventBackend::Cuda(e)) => s.wait_event(e),
             (StreamBackend::Host(s), EventBackend::Cuda(_)) => {
                 let event = event.clone();
-                s.enqueue(Arc::new(move || event.synchronize()), || {
-                    "wait for a CUDA event".into()
-                })
+                s.enqueue(
+                    Arc::new(move || event.synchronize()),
+                    host::HostNodeKind::EventWait,
+                    || "wait for a CUDA event".into(),
+                )
             }
             (StreamBackend::Cuda(_), EventBackend::Host(_)) => event.synchronize(),
         }
     }
 
-    pub(crate) fn synchronize(&self) -> Result<()> {
+    /// Starts a synchronization: marks the end of the work enqueued so far, which
+    /// [`SyncWait::wait`] then waits for. The caller checks, under the stream's capture gate,
+    /// that the stream is not capturing, and may let the gate go before waiting.
+    pub(crate) fn begin_synchronize(&self) -> Result<SyncWait> {
         match self {
-            StreamBackend::Host(h) => h.synchronize(),
-            StreamBackend::Cuda(c) => c.synchronize(),
+            StreamBackend::Host(h) => Ok(SyncWait::Host(h.begin_synchronize()?)),
+            StreamBackend::Cuda(c) => Ok(SyncWait::Cuda(c.begin_synchronize()?)),
         }
     }
 

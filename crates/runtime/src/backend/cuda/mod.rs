@@ -34,7 +34,7 @@ pub(crate) use kernel::CompiledKernel;
 pub(crate) use memory::{CudaMemory, CudaPinned};
 pub(crate) use nccl::{nccl_unique_id, NcclComm};
 pub(crate) use peer::copy_staged;
-pub(crate) use stream::{CudaEventHandle, CudaStreamHandle};
+pub(crate) use stream::{CudaEventHandle, CudaStreamHandle, CudaSyncWait};
 pub(crate) use tools::{at_exit, nvtx_end, nvtx_start};
 
 use std::collections::HashMap;

@@ -122,6 +122,15 @@ impl CudaStreamHandle {
         }
     }
 
+    /// Records the event a synchronization waits for (`cuStreamSynchronize` would wait in the
+    /// call, with no point at which the caller may let go of the capture gate).
+    pub(crate) fn begin_synchronize(&self) -> Result<CudaSyncWait> {
+        Ok(CudaSyncWait {
+            event: self.record_event(false)?,
+            host_fn_panic: self.host_fn_panic.clone(),
+        })
+    }
+
     pub(crate) fn begin_capture(&self) -> Result<CaptureBackend> {
         let _bound = self.shared.bind()?;
         // SAFETY: the stream is alive and not capturing (the runtime checked its capture slot).
@@ -399,6 +408,23 @@ fn capture_err(op: &str, e: cudarc::driver::DriverError) -> DeviceError {
     DeviceError::Capture {
         op: op.to_string(),
         reason: driver_err("cuStreamCapture", e).to_string(),
+    }
+}
+
+/// A synchronization of a CUDA stream: an event recorded after its work.
+pub(crate) struct CudaSyncWait {
+    event: CudaEventHandle,
+    host_fn_panic: Arc<Mutex<Option<DeviceError>>>,
+}
+
+impl CudaSyncWait {
+    /// Blocks until the event has completed; the error of the stream's host functions, if any.
+    pub(crate) fn wait(self) -> Result<()> {
+        self.event.synchronize()?;
+        match ErrorSink::here(&self.host_fn_panic).take_for_sync() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 }
 

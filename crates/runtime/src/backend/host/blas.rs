@@ -20,6 +20,7 @@ use std::sync::Arc;
 
 use parking_lot::{RwLockReadGuard, RwLockWriteGuard};
 
+use super::capture::HostNodeKind;
 use super::memory::host_mem;
 use super::stream::HostStream;
 use crate::blas::{GemmConfig, GemmDtype};
@@ -70,9 +71,11 @@ pub(crate) fn gemm(
     c: GemmOperand,
 ) -> Result<()> {
     let (m, n, k) = (cfg.m, cfg.n, cfg.k);
-    stream.enqueue(Arc::new(move || run(dtype, &cfg, &a, &b, &c)), move || {
-        format!("gemm {m}x{n}x{k}")
-    })
+    stream.enqueue(
+        Arc::new(move || run(dtype, &cfg, &a, &b, &c)),
+        HostNodeKind::Gemm,
+        move || format!("gemm {m}x{n}x{k}"),
+    )
 }
 
 enum Guard<'g> {

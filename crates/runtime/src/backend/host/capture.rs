@@ -7,8 +7,26 @@ use parking_lot::Mutex;
 use super::stream::HostTask;
 use crate::error::{DeviceError, Result};
 
+/// The kind of work a recorded node does. An executable is updated only with a graph whose
+/// nodes do the same kinds of work, as CUDA's exec update refuses a change of node type (or of
+/// a copy's direction).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum HostNodeKind {
+    Kernel,
+    Gemm,
+    Collective,
+    CopyHostToDevice,
+    CopyDeviceToDevice,
+    CopyDeviceToPinned,
+    CopyPinnedToDevice,
+    Memset,
+    EventWait,
+    Graph,
+}
+
 pub(crate) struct HostNode {
     pub(crate) task: HostTask,
+    pub(crate) kind: HostNodeKind,
     pub(crate) deps: Vec<usize>,
     /// What the node does (`test_fill (kernel) grid 4x1x1 block 256x1x1`), for dumps.
     pub(crate) label: String,
@@ -16,11 +34,24 @@ pub(crate) struct HostNode {
 
 /// The graph being recorded, shared by the streams that take part in the capture.
 #[derive(Clone)]
-pub(crate) struct HostCapture(Arc<Mutex<Vec<HostNode>>>);
+pub(crate) struct HostCapture(Arc<Mutex<Recording>>);
+
+#[derive(Default)]
+struct Recording {
+    nodes: Vec<HostNode>,
+    /// Why the capture was invalidated, as CUDA invalidates a capture when one of its streams
+    /// is synchronized: ending it then fails.
+    invalidated: Option<DeviceError>,
+}
 
 impl HostCapture {
     pub(crate) fn new() -> HostCapture {
-        HostCapture(Arc::new(Mutex::new(Vec::new())))
+        HostCapture(Arc::new(Mutex::new(Recording::default())))
+    }
+
+    /// Invalidates the capture (the first reason is kept): ending it fails with `reason`.
+    pub(crate) fn invalidate(&self, reason: DeviceError) {
+        self.0.lock().invalidated.get_or_insert(reason);
     }
 }
 
@@ -38,11 +69,12 @@ impl CaptureCursor {
         }
     }
 
-    pub(crate) fn record(&mut self, task: HostTask, label: String) {
-        let mut nodes = self.capture.0.lock();
+    pub(crate) fn record(&mut self, task: HostTask, kind: HostNodeKind, label: String) {
+        let nodes = &mut self.capture.0.lock().nodes;
         let idx = nodes.len();
         nodes.push(HostNode {
             task,
+            kind,
             deps: std::mem::take(&mut self.frontier),
             label,
         });
@@ -60,6 +92,11 @@ impl CaptureCursor {
     pub(crate) fn frontier(&self) -> &[usize] {
         &self.frontier
     }
+
+    /// The capture this cursor records into.
+    pub(crate) fn capture(&self) -> &HostCapture {
+        &self.capture
+    }
 }
 
 /// A finished host capture.
@@ -72,7 +109,10 @@ impl HostGraph {
     /// Takes the recorded nodes; every node must be joined back into the origin stream (an
     /// ancestor of its frontier), as CUDA requires.
     pub(crate) fn finish(capture: &HostCapture, origin_frontier: &[usize]) -> Result<HostGraph> {
-        let nodes = std::mem::take(&mut *capture.0.lock());
+        let Recording { nodes, invalidated } = std::mem::take(&mut *capture.0.lock());
+        if let Some(err) = invalidated {
+            return Err(err);
+        }
         let mut reached = vec![false; nodes.len()];
         let mut stack: Vec<usize> = origin_frontier.to_vec();
         while let Some(n) = stack.pop() {
@@ -155,7 +195,7 @@ impl HostGraphExec {
                 .nodes
                 .iter()
                 .zip(graph.nodes.iter())
-                .all(|(a, b)| a.deps == b.deps);
+                .all(|(a, b)| a.kind == b.kind && a.deps == b.deps);
         if same {
             self.graph = graph.clone();
         }

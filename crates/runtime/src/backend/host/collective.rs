@@ -32,6 +32,7 @@ use std::sync::Arc;
 use bytemuck::Pod;
 use parking_lot::Mutex;
 
+use super::capture::HostNodeKind;
 use super::memory::host_mem;
 use super::stream::HostStream;
 use crate::collective::CallKind;
@@ -327,7 +328,11 @@ pub(crate) fn enqueue_collective(
         Some((kind, count)) if n == 1 => format!("{kind} of {count} elements"),
         _ => format!("collective group of {n} calls"),
     };
-    stream.enqueue(Arc::new(move || comm.run(rank, &calls)), label)
+    stream.enqueue(
+        Arc::new(move || comm.run(rank, &calls)),
+        HostNodeKind::Collective,
+        label,
+    )
 }
 
 fn run_group(
@@ -467,7 +472,9 @@ fn run_group(
     Ok(())
 }
 
-/// Arithmetic of the element types, as the reductions need it.
+/// Arithmetic of the element types, as the reductions need it. A float max or min skips a NaN
+/// (NaN only when both are), as NCCL's does (`fmaxf` / `fminf`, `__hmax` / `__hmin`): the
+/// result does not depend on which rank holds the NaN.
 trait Reduce: Pod {
     fn add(a: Self, b: Self) -> Self;
     fn max(a: Self, b: Self) -> Self;
@@ -496,8 +503,8 @@ macro_rules! reduce_float {
     ($($t:ty),*) => {$(
         impl Reduce for $t {
             fn add(a: Self, b: Self) -> Self { a + b }
-            fn max(a: Self, b: Self) -> Self { if b > a { b } else { a } }
-            fn min(a: Self, b: Self) -> Self { if b < a { b } else { a } }
+            fn max(a: Self, b: Self) -> Self { a.max(b) }
+            fn min(a: Self, b: Self) -> Self { a.min(b) }
             fn div(a: Self, n: usize) -> Self { a / (n as $t) }
         }
     )*};
@@ -508,8 +515,8 @@ macro_rules! reduce_half {
     ($($t:ty),*) => {$(
         impl Reduce for $t {
             fn add(a: Self, b: Self) -> Self { <$t>::from_f32(a.to_f32() + b.to_f32()) }
-            fn max(a: Self, b: Self) -> Self { if b > a { b } else { a } }
-            fn min(a: Self, b: Self) -> Self { if b < a { b } else { a } }
+            fn max(a: Self, b: Self) -> Self { a.max(b) }
+            fn min(a: Self, b: Self) -> Self { a.min(b) }
             fn div(a: Self, n: usize) -> Self { <$t>::from_f32(a.to_f32() / n as f32) }
         }
     )*};

@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use parking_lot::{RwLockReadGuard, RwLockWriteGuard};
 
+use super::capture::HostNodeKind;
 use super::memory::host_mem;
 use super::stream::HostStream;
 use crate::error::{DeviceError, Result};
@@ -42,6 +43,7 @@ pub(crate) fn launch_host_kernel(
     let task_name = Arc::clone(name);
     stream.enqueue(
         Arc::new(move || run(&task_name, &*f, config, &owned)),
+        HostNodeKind::Kernel,
         label,
     )
 }

@@ -18,11 +18,11 @@ mod memory;
 mod stream;
 
 pub(crate) use blas::{gemm, GemmOperand};
-pub(crate) use capture::{HostCapture, HostGraph, HostGraphExec};
+pub(crate) use capture::{HostCapture, HostGraph, HostGraphExec, HostNodeKind};
 pub(crate) use collective::{enqueue_collective, HostComm};
 pub(crate) use kernel::launch_host_kernel;
 pub(crate) use memory::{HostMemory, HostPinned};
-pub(crate) use stream::{HostEvent, HostStream};
+pub(crate) use stream::{HostEvent, HostStream, HostSyncWait};
 
 use crate::device::MemoryInfo;
 use crate::error::Result;

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex};
 
-use super::capture::{CaptureCursor, HostCapture, HostGraph};
+use super::capture::{CaptureCursor, HostCapture, HostGraph, HostNodeKind};
 use super::memory::HostPinned;
 use crate::backend::{CaptureBackend, GraphBackend};
 use crate::capture::CaptureSession;
@@ -44,6 +44,28 @@ pub(crate) struct HostStreamCore {
     tx: Mutex<mpsc::Sender<Msg>>,
     error: Arc<Mutex<Option<DeviceError>>>,
     capture: Mutex<Option<CaptureCursor>>,
+}
+
+/// A synchronization of a host stream whose marker is enqueued: [`HostSyncWait::wait`] blocks
+/// until the stream's worker reached it.
+pub(crate) struct HostSyncWait {
+    done: Arc<(Mutex<bool>, Condvar)>,
+    sink: ErrorSink,
+}
+
+impl HostSyncWait {
+    /// Blocks until the work before the marker has run; the first error it hit, if any.
+    pub(crate) fn wait(self) -> Result<()> {
+        let mut flag = self.done.0.lock();
+        while !*flag {
+            self.done.1.wait(&mut flag);
+        }
+        drop(flag);
+        match self.sink.take_for_sync() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
 }
 
 /// A host stream handle (shared by the clones of its `Stream`).
@@ -141,13 +163,18 @@ impl HostStream {
             })
     }
 
-    /// Enqueues a task, or records it when the stream is capturing; `label` says what it does
-    /// (called only when recorded, for the graph's dump).
-    pub(crate) fn enqueue(&self, task: HostTask, label: impl FnOnce() -> String) -> Result<()> {
+    /// Enqueues a task, or records it when the stream is capturing as a node of `kind`; `label`
+    /// says what it does (called only when recorded, for the graph's dump).
+    pub(crate) fn enqueue(
+        &self,
+        task: HostTask,
+        kind: HostNodeKind,
+        label: impl FnOnce() -> String,
+    ) -> Result<()> {
         {
             let mut cap = self.core.capture.lock();
             if let Some(cursor) = cap.as_mut() {
-                cursor.record(task, label());
+                cursor.record(task, kind, label());
                 return Ok(());
             }
         }
@@ -159,6 +186,12 @@ impl HostStream {
     }
 
     pub(crate) fn synchronize(&self) -> Result<()> {
+        self.begin_synchronize()?.wait()
+    }
+
+    /// Enqueues the marker a synchronization waits for. A stream being captured is refused,
+    /// and its capture invalidated, as `cuStreamSynchronize` does on CUDA.
+    pub(crate) fn begin_synchronize(&self) -> Result<HostSyncWait> {
         if on_worker_thread() {
             return Err(DeviceError::Reentrant {
                 what: "Stream::synchronize inside a host kernel or host function",
@@ -167,6 +200,20 @@ impl HostStream {
         let done = Arc::new((Mutex::new(false), Condvar::new()));
         let signal = done.clone();
         let sink = self.sink();
+        // Held while the marker is sent: a capture cannot begin in between.
+        let cap = self.core.capture.lock();
+        if let Some(cursor) = cap.as_ref() {
+            let err = DeviceError::Capture {
+                op: "Stream::synchronize".into(),
+                reason: format!(
+                    "stream {} was synchronized while being captured, which invalidates the \
+                     capture",
+                    self.core.id
+                ),
+            };
+            cursor.capture().invalidate(err.clone());
+            return Err(err);
+        }
         self.send(Msg::Once(
             Box::new(move || {
                 *signal.0.lock() = true;
@@ -174,15 +221,8 @@ impl HostStream {
             }),
             sink.clone(),
         ))?;
-        let mut flag = done.0.lock();
-        while !*flag {
-            done.1.wait(&mut flag);
-        }
-        drop(flag);
-        match sink.take_for_sync() {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
+        drop(cap);
+        Ok(HostSyncWait { done, sink })
     }
 
     pub(crate) fn record_event(&self, timed: bool) -> Result<HostEvent> {
@@ -205,7 +245,11 @@ impl HostStream {
                     Some(f) => cursor.add_dependencies(f),
                     None => {
                         let state = event.state.clone();
-                        cursor.record(Arc::new(move || state.wait()), "event wait".into());
+                        cursor.record(
+                            Arc::new(move || state.wait()),
+                            HostNodeKind::EventWait,
+                            "event wait".into(),
+                        );
                     }
                 }
                 return Ok(());
@@ -218,7 +262,11 @@ impl HostStream {
             });
         }
         let state = event.state.clone();
-        self.enqueue(Arc::new(move || state.wait()), || "event wait".into())
+        self.enqueue(
+            Arc::new(move || state.wait()),
+            HostNodeKind::EventWait,
+            || "event wait".into(),
+        )
     }
 
     pub(crate) fn begin_capture(&self) -> Result<CaptureBackend> {
@@ -272,6 +320,7 @@ impl HostStream {
                 bytes[offset..offset + data.len()].copy_from_slice(&data);
                 Ok(())
             }),
+            HostNodeKind::CopyHostToDevice,
             || format!("copy host to device, {len} bytes"),
         )
     }
@@ -324,6 +373,7 @@ impl HostStream {
                     .copy_from_slice(&from[src_offset..src_offset + len]);
                 Ok(())
             }),
+            HostNodeKind::CopyDeviceToDevice,
             || format!("copy device to device, {len} bytes"),
         )
     }
@@ -343,6 +393,7 @@ impl HostStream {
                 bytes[offset..offset + len].fill(value);
                 Ok(())
             }),
+            HostNodeKind::Memset,
             || format!("memset {len} bytes to {value}"),
         )
     }
@@ -365,6 +416,7 @@ impl HostStream {
                 to[..len].copy_from_slice(&from[offset..offset + len]);
                 Ok(())
             }),
+            HostNodeKind::CopyDeviceToPinned,
             || format!("copy device to pinned, {len} bytes"),
         )
     }
@@ -387,6 +439,7 @@ impl HostStream {
                 to[offset..offset + len].copy_from_slice(&from[..len]);
                 Ok(())
             }),
+            HostNodeKind::CopyPinnedToDevice,
             || format!("copy pinned to device, {len} bytes"),
         )
     }
@@ -400,6 +453,7 @@ impl HostStream {
                 }
                 Ok(())
             }),
+            HostNodeKind::Graph,
             || "graph replay".into(),
         )
     }
