@@ -449,7 +449,10 @@ mod tests {
         third.settle();
         let freed = Arc::downgrade(&first.inner);
         drop(first);
-        assert!(freed.upgrade().is_none(), "a settled chain still holds its start");
+        assert!(
+            freed.upgrade().is_none(),
+            "a settled chain still holds its start"
+        );
         assert!(second.error().is_some() && third.error().is_some());
 
         // A long chain settled as it goes keeps no more than its last links alive.
@@ -462,7 +465,10 @@ mod tests {
             next.settle();
             last = next;
         }
-        assert!(start_weak.upgrade().is_none(), "the chain grew with every link");
+        assert!(
+            start_weak.upgrade().is_none(),
+            "the chain grew with every link"
+        );
         assert!(last.error().is_none());
     }
 }
