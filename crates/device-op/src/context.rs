@@ -78,6 +78,9 @@ struct ExecutionStreams {
     /// Branches with device work that were dropped without being joined: each one's stream,
     /// and an event after its work (or the error of recording it).
     unjoined: Vec<(Stream, Result<Event, DeviceError>)>,
+    /// Streams created for this execution alone, one per device (see
+    /// [`ExecutionContext::on_device`] during a capture).
+    private: Vec<Stream>,
 }
 
 impl ExecutionContext {
@@ -190,12 +193,28 @@ impl ExecutionContext {
     /// # Errors
     ///
     /// The error of `f`, or of recording or waiting on the events (see
-    /// `cuflow_runtime::Stream::wait_event` for waits across devices and backends).
+    /// `cuflow_runtime::Stream::wait_event` for waits across devices and backends);
+    /// [`DeviceError::Capture`] when `stream` is being captured into a graph and this context's
+    /// stream is not (the work would be recorded instead of run, and this context's stream,
+    /// waiting for it, would join the capture).
     pub fn on_stream<R>(
         &mut self,
         stream: &Stream,
         f: impl FnOnce(&Stream) -> Result<R, DeviceError>,
     ) -> Result<R, DeviceError> {
+        if stream.is_capturing() && !self.stream.is_capturing() {
+            return Err(DeviceError::Capture {
+                op: "ExecutionContext::on_stream".into(),
+                reason: format!(
+                    "stream {} is being captured into a graph but the op running on stream {} \
+                     is not: the work would be recorded instead of run, and the op's stream \
+                     would join the capture; run the op on the captured stream, or use a \
+                     stream that is not captured",
+                    stream.id(),
+                    self.stream.id()
+                ),
+            });
+        }
         let own = self.stream()?.clone();
         if own == *stream {
             return f(stream);
@@ -219,11 +238,16 @@ impl ExecutionContext {
     /// stream when it is of `device`, else on the stream that `device`'s default policy places
     /// a root on, joined with events as by [`ExecutionContext::on_stream`].
     ///
+    /// While this context's stream is being captured, the work joins the capture on a stream
+    /// of `device` private to this execution instead: a capture never records on a stream that
+    /// a default policy hands to other ops.
+    ///
     /// # Errors
     ///
-    /// As [`ExecutionContext::on_stream`]; the error of creating `device`'s default policy;
-    /// [`DeviceError::Usage`] when that policy places work on another device;
-    /// [`DeviceError::Capture`] when it places it on a stream being captured.
+    /// As [`ExecutionContext::on_stream`]; the error of creating `device`'s default policy (or,
+    /// while capturing, the private stream); [`DeviceError::Usage`] when that policy places
+    /// work on another device; [`DeviceError::Capture`] when it places it on a stream being
+    /// captured.
     pub fn on_device<R>(
         &mut self,
         device: &Device,
@@ -232,6 +256,10 @@ impl ExecutionContext {
         if *device == self.device {
             let stream = self.stream()?.clone();
             return f(&stream);
+        }
+        if self.stream.is_capturing() {
+            let stream = self.private_stream(device)?;
+            return self.on_stream(&stream, f);
         }
         let stream = crate::exec::place_root(&*cuflow_scheduler::default_policy(device)?)?;
         if stream.device() != device {
@@ -242,6 +270,18 @@ impl ExecutionContext {
             )));
         }
         self.on_stream(&stream, f)
+    }
+
+    /// The stream of `device` that this execution alone uses (created at its first use), for
+    /// work placed on `device` while the execution is being captured.
+    fn private_stream(&self, device: &Device) -> Result<Stream, DeviceError> {
+        let mut streams = self.streams.lock();
+        if let Some(s) = streams.private.iter().find(|s| s.device() == device) {
+            return Ok(s.clone());
+        }
+        let stream = device.new_stream()?;
+        streams.private.push(stream.clone());
+        Ok(stream)
     }
 
     /// Whether device work was enqueued through this context.

@@ -100,3 +100,44 @@ fn on_device_refuses_a_default_policy_that_places_work_on_a_capturing_stream(
     assert_eq!(graph.node_count()?, 0, "the op's work was recorded");
     Ok(())
 }
+
+/// `on_stream` given a stream that is being captured, by an op that is not: the op's own
+/// stream would wait on a captured event and so join the capture, recording the rest of the op
+/// instead of running it, and leaving the capture with work it cannot join back.
+#[test]
+fn on_stream_refuses_a_stream_being_captured_while_the_op_is_not() -> Result<(), DeviceError> {
+    let [a, b] = devices();
+    for other in [a.clone(), b] {
+        let home = a.new_stream()?;
+        let capturing = other.new_stream()?;
+        let src = Arc::new(DeviceBuffer::from_host(&home, &[1.0f32, 2.0, 3.0])?);
+        home.synchronize()?;
+        capturing.begin_capture()?;
+        let outcome = from_fn({
+            let (capturing, src) = (capturing.clone(), src.clone());
+            move |ctx| {
+                ctx.on_stream(&capturing, |s| {
+                    let dst = DeviceBuffer::<f32>::alloc(s, src.len())?;
+                    dst.copy_from_device(s, &src)?;
+                    Ok(dst)
+                })
+            }
+        })
+        .sync_on(&home);
+        let home_captured = home.is_capturing();
+        let graph = capturing.end_capture();
+        match outcome {
+            Err(DeviceError::Capture { op, reason }) => {
+                assert_eq!(op, "ExecutionContext::on_stream", "{reason}");
+                assert!(reason.contains("captured"), "{reason}");
+            }
+            other => panic!("expected a capture error, got {other:?}"),
+        }
+        assert!(!home_captured, "the op's stream joined the capture");
+        assert_eq!(graph?.node_count()?, 0, "the op's work was recorded");
+        let copy = DeviceBuffer::<f32>::alloc(&home, 3)?;
+        copy.copy_from(&home, &src)?;
+        assert_eq!(copy.to_host_vec(&home)?, vec![1.0, 2.0, 3.0]);
+    }
+    Ok(())
+}
