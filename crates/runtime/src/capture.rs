@@ -336,8 +336,17 @@ impl GraphExec {
     ///
     /// # Errors
     ///
-    /// A driver error other than a topology mismatch.
+    /// [`DeviceError::DeviceMismatch`] for a graph of another device (the executable is
+    /// unchanged), or a driver error other than a topology mismatch.
     pub fn update(&mut self, graph: &Graph) -> Result<bool> {
+        if graph.device != self.device {
+            return Err(DeviceError::device_mismatch(
+                "GraphExec::update",
+                "the graph",
+                &self.device,
+                &graph.device,
+            ));
+        }
         let updated = self.backend.update(&graph.backend)?;
         if updated {
             self.keep_alive = graph.keep_alive.clone();

@@ -4,7 +4,7 @@
 
 use cuflow_runtime::{DeviceBuffer, DeviceError, Kernel, KernelArgs, LaunchConfig, Stream};
 use cuflow_testing::{
-    device::{device, stream},
+    device::{device, device_pair, stream},
     kernels::{add, launch_add_one, prefix_mut},
     rng::{random_f32, rng},
 };
@@ -373,6 +373,50 @@ fn updating_with_a_graph_whose_nodes_differ_in_kind_is_refused() -> Result<(), D
         !exec.update(&memset)?,
         "an update putting a memset where a copy was must be refused"
     );
+    Ok(())
+}
+
+/// An executable is updated only with a graph of its own device: one recorded on another
+/// device is refused with a device mismatch (the driver refuses graphs of another context), and
+/// the executable keeps its work, so that a launch never runs another device's work on a stream
+/// of this one.
+#[test]
+fn updating_with_a_graph_of_another_device_is_a_device_mismatch() -> Result<(), DeviceError> {
+    let Some((a, b)) = device_pair() else {
+        return Ok(());
+    };
+    let (sa, sb) = (a.new_stream()?, b.new_stream()?);
+    let n = 128;
+    let mut rng = rng();
+    let (x0, y0) = (random_f32(&mut rng, n), random_f32(&mut rng, n));
+    let x = DeviceBuffer::from_host(&sa, &x0)?;
+    let y = DeviceBuffer::from_host(&sb, &y0)?;
+    sa.synchronize()?;
+    sb.synchronize()?;
+
+    sa.begin_capture()?;
+    launch_add_one(&sa, &x)?;
+    let on_a = sa.end_capture()?;
+    sb.begin_capture()?;
+    launch_add_one(&sb, &y)?;
+    let on_b = sb.end_capture()?;
+
+    let mut exec = on_a.instantiate()?;
+    match exec.update(&on_b) {
+        Err(DeviceError::DeviceMismatch {
+            expected, found, ..
+        }) => {
+            assert_eq!((expected, found), (a.id(), b.id()));
+        }
+        other => panic!("an update with another device's graph gave {other:?}"),
+    }
+    exec.launch(&sa)?;
+    assert_eq!(
+        x.to_host_vec(&sa)?,
+        plus_ones(&x0, 1),
+        "the executable lost its work"
+    );
+    assert_eq!(y.to_host_vec(&sb)?, y0, "another device's work ran");
     Ok(())
 }
 
