@@ -382,6 +382,39 @@ fn integer_extremes_wrap() -> Result<(), DeviceError> {
     Ok(())
 }
 
+/// The one quotient that overflows, `MIN / -1`, wraps to `MIN` (as `wrapping_div`; C leaves it
+/// undefined) on every path: dense, a broadcast row, a broadcast column (the strided kernel)
+/// and a scalar divisor. Unsigned divisors of all ones are ordinary divisors.
+#[test]
+fn integer_division_overflow_wraps() -> Result<(), DeviceError> {
+    let stream = stream();
+    let x = upload(&stream, &[i32::MIN, i32::MIN, 7, i32::MIN + 1], &[2, 2]);
+    let y = upload(&stream, &[-1, -1, -1, -1], &[2, 2]);
+    let want = vec![i32::MIN, i32::MIN, -7, i32::MAX];
+    assert_eq!(run(&stream, &[2, 2], kernels::div(&x, &y))?, want);
+    let row = upload(&stream, &[-1, -1], &[2]);
+    assert_eq!(run(&stream, &[2, 2], kernels::div(&x, &row))?, want);
+    let col = upload(&stream, &[-1, -1], &[2, 1]);
+    assert_eq!(run(&stream, &[2, 2], kernels::div(&x, &col))?, want);
+    assert_eq!(run(&stream, &[2, 2], kernels::div_scalar(&x, -1))?, want);
+    let x = upload(&stream, &[i64::MIN, 9, i64::MAX], &[3]);
+    let want = vec![i64::MIN, -9, -i64::MAX];
+    assert_eq!(run(&stream, &[3], kernels::div_scalar(&x, -1))?, want);
+    let col = upload(&stream, &[-1i64], &[1]);
+    assert_eq!(run(&stream, &[3], kernels::div(&x, &col))?, want);
+    let x = upload(&stream, &[u32::MAX, 5, 0], &[3]);
+    assert_eq!(
+        run(&stream, &[3], kernels::div_scalar(&x, u32::MAX))?,
+        vec![1, 0, 0]
+    );
+    let b = upload(&stream, &[255u8, 254, 3], &[3]);
+    assert_eq!(
+        run(&stream, &[3], kernels::div_scalar(&b, 255))?,
+        vec![1u8, 0, 0]
+    );
+    Ok(())
+}
+
 #[test]
 fn empty_tensors_pass_through() -> Result<(), DeviceError> {
     let stream = stream();

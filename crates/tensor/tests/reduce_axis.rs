@@ -481,3 +481,122 @@ fn integer_reductions_on_long_axes() -> Result<(), DeviceError> {
     assert_exact(&read(&kernels::sum(&r).sync_on(&s)?), &want, "u8 row sum");
     Ok(())
 }
+
+/// The largest (`max`) or smallest value of `lane` that is not NaN and its first index; NaN
+/// and index 0 when every value is NaN.
+fn nan_skipping<T: Float>(lane: &[T], max: bool) -> (T, u32) {
+    let mut best: Option<(T, u32)> = None;
+    for (i, &v) in lane.iter().enumerate() {
+        let better = |b: T| if max { v > b } else { v < b };
+        if !v.to_f64().is_nan() && best.is_none_or(|(b, _)| better(b)) {
+            best = Some((v, i as u32));
+        }
+    }
+    best.unwrap_or((lane[0], 0))
+}
+
+/// Checks `max`, `min`, `argmax` and `argmin` of `x` (elements `data`, shape `shape`) over
+/// `axis` against [`nan_skipping`], NaN equal to NaN.
+fn check_nan_skipping<T: Float>(
+    x: &Tensor<T>,
+    data: &[T],
+    shape: &[usize],
+    axis: usize,
+    what: &str,
+) -> Result<(), DeviceError> {
+    let s = stream();
+    let ls = lanes(data, shape, axis);
+    for max in [true, false] {
+        let want: Vec<(T, u32)> = ls.iter().map(|l| nan_skipping(l, max)).collect();
+        let (value, index) = if max {
+            (
+                read(&kernels::max_axis(x, axis, false).sync_on(&s)?),
+                read(&kernels::argmax_axis(x, axis, false).sync_on(&s)?),
+            )
+        } else {
+            (
+                read(&kernels::min_axis(x, axis, false).sync_on(&s)?),
+                read(&kernels::argmin_axis(x, axis, false).sync_on(&s)?),
+            )
+        };
+        for (o, &(v, i)) in want.iter().enumerate() {
+            let same = value[o] == v || (value[o].to_f64().is_nan() && v.to_f64().is_nan());
+            assert!(
+                same && index[o] == i,
+                "{what} ({}) axis {axis}, max {max}, output {o}: got {:?} at {}, expected {v:?} \
+                 at {i}",
+                T::NAME,
+                value[o],
+                index[o]
+            );
+        }
+    }
+    if axis + 1 == shape.len() && x.is_contiguous() {
+        let want: Vec<u32> = ls.iter().map(|l| nan_skipping(l, true).1).collect();
+        assert_exact(
+            &read(&kernels::argmax(x).sync_on(&s)?),
+            &want,
+            &format!("{what}: row argmax"),
+        );
+        let want: Vec<T> = ls.iter().map(|l| nan_skipping(l, true).0).collect();
+        let got = read(&kernels::max(x).sync_on(&s)?);
+        for (o, (g, w)) in got.iter().zip(&want).enumerate() {
+            let same = g == w || (g.to_f64().is_nan() && w.to_f64().is_nan());
+            assert!(same, "{what}: row max {o}: got {g:?}, expected {w:?}");
+        }
+    }
+    Ok(())
+}
+
+/// NaN is never the maximum or the minimum, nor their index, unless a lane is all NaN (then
+/// the value is NaN and the index 0): the same on the row kernels (NaN first in a row, first
+/// in a thread's share of it), the strided kernel, a packed view and an axis split over
+/// blocks, so that `max` is the value `argmax` points at.
+fn nan_is_never_chosen<T: Float>(seed: u64) -> Result<(), DeviceError> {
+    use rand::Rng;
+    let s = stream();
+    let mut rng = seeded_rng(seed);
+    let nan = T::from_f64(f64::NAN);
+    for (shape, axes) in [
+        (&[6usize, 300][..], &[0usize, 1][..]),
+        (&[2, 70001], &[1]),
+        (&[70001, 2], &[0]),
+        (&[9, 4099], &[0, 1]),
+    ] {
+        let n: usize = shape.iter().product();
+        let mut data: Vec<T> = uniform(&mut rng, n, -2.0, 2.0);
+        for v in data.iter_mut() {
+            if rng.gen_range(0..5) == 0 {
+                *v = nan;
+            }
+        }
+        // The first element of every row and of every column is NaN, and one row and one
+        // column are all NaN.
+        let cols = shape[1];
+        for r in 0..shape[0] {
+            data[r * cols] = nan;
+        }
+        data[..cols].fill(nan);
+        data[(shape[0] - 1) * cols..].fill(nan);
+        for r in 0..shape[0] {
+            data[r * cols + cols - 1] = nan;
+        }
+        let x = upload(&s, &data, shape);
+        for &axis in axes {
+            check_nan_skipping(&x, &data, shape, axis, &format!("{shape:?}"))?;
+        }
+        let t = x.transpose(0, 1)?;
+        let dense = read(&t);
+        let tshape = [shape[1], shape[0]];
+        for &axis in axes {
+            check_nan_skipping(&t, &dense, &tshape, 1 - axis, &format!("{shape:?}ᵀ"))?;
+        }
+    }
+    Ok(())
+}
+
+test_cases! {
+    nan_is_never_chosen_f32 => nan_is_never_chosen::<f32>(17),
+    nan_is_never_chosen_f64 => nan_is_never_chosen::<f64>(18),
+    nan_is_never_chosen_bf16 => nan_is_never_chosen::<bf16>(19),
+}

@@ -192,7 +192,7 @@ pub trait Int: DType {
     fn ref_sub(self, rhs: Self) -> Self;
     /// Wrapping `self * rhs`.
     fn ref_mul(self, rhs: Self) -> Self;
-    /// `self / rhs` truncated toward zero, and 0 for a zero divisor.
+    /// `self / rhs` truncated toward zero, 0 for a zero divisor, `MIN / -1` wrapped to `MIN`.
     fn ref_div(self, rhs: Self) -> Self;
     /// Zero.
     const ZERO: Self;
@@ -214,7 +214,11 @@ macro_rules! int {
                 self.wrapping_mul(rhs)
             }
             fn ref_div(self, rhs: Self) -> Self {
-                self.checked_div(rhs).unwrap_or(0)
+                if rhs == 0 {
+                    0
+                } else {
+                    self.wrapping_div(rhs)
+                }
             }
             const ZERO: Self = 0;
         }

@@ -57,8 +57,17 @@ use crate::tensor::{Partition, Tensor, TensorInput, TensorMut};
 /// The op type of kernels that yield a new tensor.
 pub type TensorResult<T> = Result<Tensor<T>, DeviceError>;
 
+/// The CUDA C integer quotient `a / b` as [`DType::div`] computes it: 0 for a zero divisor,
+/// and `-a` in unsigned arithmetic (wrapping `MIN / -1` to `MIN`, which C leaves undefined)
+/// for a signed divisor of -1.
+const INT_DIV_B: &str = "(b == (A)0 ? (A)0 : ((A)-1 < (A)0 && b == (A)-1) \
+                         ? (A)(0ull - (unsigned long long)a) : a / b)";
+/// [`INT_DIV_B`] with the scalar divisor `s`.
+const INT_DIV_S: &str = "(s == (A)0 ? (A)0 : ((A)-1 < (A)0 && s == (A)-1) \
+                         ? (A)(0ull - (unsigned long long)a) : a / s)";
+
 macro_rules! binary_kernel {
-    ($(#[$doc:meta])* $fn:ident, $name:literal, $expr:literal, $int_expr:literal, $host:path) => {
+    ($(#[$doc:meta])* $fn:ident, $name:literal, $expr:literal, $int_expr:expr, $host:path) => {
         $(#[$doc])*
         pub fn $fn<T: DType, X: TensorInput<T>, Y: TensorInput<T>>(
             x: X,
@@ -116,12 +125,13 @@ binary_kernel!(
     mul, "mul", "a * b", "a * b", DType::mul
 );
 binary_kernel!(
-    /// `x / y` elementwise, with `y` broadcast as in [`add`]. Integer division by zero gives 0.
-    div, "div", "a / b", "(b == (A)0 ? (A)0 : a / b)", DType::div
+    /// `x / y` elementwise, with `y` broadcast as in [`add`]. Integer division truncates
+    /// toward zero; division by zero gives 0 and the overflowing `MIN / -1` wraps to `MIN`.
+    div, "div", "a / b", INT_DIV_B, DType::div
 );
 
 macro_rules! scalar_kernel {
-    ($(#[$doc:meta])* $fn:ident, $name:literal, $expr:literal, $int_expr:literal, $host:path) => {
+    ($(#[$doc:meta])* $fn:ident, $name:literal, $expr:literal, $int_expr:expr, $host:path) => {
         $(#[$doc])*
         pub fn $fn<T: DType, X: TensorInput<T>>(
             x: X,
@@ -156,8 +166,9 @@ scalar_kernel!(
     mul_scalar, "mul_scalar", "a * s", "a * s", DType::mul
 );
 scalar_kernel!(
-    /// `x / s` elementwise. Integer division by zero gives 0.
-    div_scalar, "div_scalar", "a / s", "(s == (A)0 ? (A)0 : a / s)", DType::div
+    /// `x / s` elementwise. Integer division as in [`div`]: by zero gives 0, `MIN / -1` wraps
+    /// to `MIN`.
+    div_scalar, "div_scalar", "a / s", INT_DIV_S, DType::div
 );
 
 /// `x * s` elementwise (the same as [`mul_scalar`]).

@@ -51,14 +51,21 @@ impl Red {
         matches!(self, Red::ArgMax | Red::ArgMin)
     }
 
-    /// Folds `v` (at index `vi`) into `acc` (at index `bi`). Ties keep the lower index.
+    /// Folds `v` (at index `vi`) into `acc` (at index `bi`). Ties keep the lower index; NaN
+    /// gives way to any other value (and to a NaN of a lower index).
     pub(super) fn step(self) -> &'static str {
         match self {
             Red::Sum | Red::Mean => "acc += v;",
-            Red::Max => "if (v > acc) acc = v;",
-            Red::Min => "if (v < acc) acc = v;",
-            Red::ArgMax => "if (v > acc || (v == acc && vi < bi)) { acc = v; bi = vi; }",
-            Red::ArgMin => "if (v < acc || (v == acc && vi < bi)) { acc = v; bi = vi; }",
+            Red::Max => "if (v > acc || acc != acc) acc = v;",
+            Red::Min => "if (v < acc || acc != acc) acc = v;",
+            Red::ArgMax => {
+                "if (acc != acc ? (v == v || vi < bi) : (v > acc || (v == acc && vi < bi))) \
+                 { acc = v; bi = vi; }"
+            }
+            Red::ArgMin => {
+                "if (acc != acc ? (v == v || vi < bi) : (v < acc || (v == acc && vi < bi))) \
+                 { acc = v; bi = vi; }"
+            }
         }
     }
 
@@ -84,8 +91,8 @@ impl Red {
             match self {
                 Red::Sum if !T::IS_FLOAT => acc = acc.add(v),
                 Red::Sum | Red::Mean => sum += v.to_f64(),
-                Red::Max | Red::ArgMax if v > acc => (acc, bi) = (v, k as u32),
-                Red::Min | Red::ArgMin if v < acc => (acc, bi) = (v, k as u32),
+                Red::Max | Red::ArgMax if v > acc || gives_way(acc, v) => (acc, bi) = (v, k as u32),
+                Red::Min | Red::ArgMin if v < acc || gives_way(acc, v) => (acc, bi) = (v, k as u32),
                 _ => {}
             }
         }
@@ -95,6 +102,12 @@ impl Red {
             _ => (acc, bi),
         }
     }
+}
+
+/// Whether `acc`, the maximum or minimum so far, gives way to the later value `v`: NaN does to
+/// any other value.
+pub(super) fn gives_way<T: DType>(acc: T, v: T) -> bool {
+    T::IS_FLOAT && acc.to_f64().is_nan() && !v.to_f64().is_nan()
 }
 
 /// The shape of a reduction of `shape` over `axis`: without it, or with length 1 there when
@@ -252,9 +265,9 @@ axis_reduction!(
     mean_axis, Red::Mean, FloatDType, T
 );
 axis_reduction!(
-    /// The maximum along `axis`. [`max`](super::max) is its last-axis form. Which value a
-    /// lane holding NaN gives is unspecified (as for [`min_axis`], [`argmax_axis`] and
-    /// [`argmin_axis`]).
+    /// The maximum along `axis`. [`max`](super::max) is its last-axis form. NaN is skipped:
+    /// the maximum is NaN only where every value is (as for [`min_axis`]; [`argmax_axis`] and
+    /// [`argmin_axis`] point at the same values), on every backend.
     ///
     /// # Errors
     ///
@@ -272,7 +285,7 @@ axis_reduction!(
     max_axis, Red::Max, DType, T
 );
 axis_reduction!(
-    /// The minimum along `axis`.
+    /// The minimum along `axis`. NaN is skipped: the minimum is NaN only where every value is.
     ///
     /// # Errors
     ///
@@ -290,7 +303,8 @@ axis_reduction!(
     min_axis, Red::Min, DType, T
 );
 axis_reduction!(
-    /// The index of the maximum along `axis`, as `u32`; ties go to the first index.
+    /// The index of the maximum along `axis`, as `u32`; ties go to the first index. NaN
+    /// values are never chosen unless every value is NaN (then the index is 0).
     /// [`argmax`](super::argmax) is its last-axis form.
     ///
     /// # Errors
@@ -310,7 +324,8 @@ axis_reduction!(
     argmax_axis, Red::ArgMax, DType, u32
 );
 axis_reduction!(
-    /// The index of the minimum along `axis`, as `u32`; ties go to the first index.
+    /// The index of the minimum along `axis`, as `u32`; ties go to the first index. NaN
+    /// values are never chosen unless every value is NaN (then the index is 0).
     ///
     /// # Errors
     ///

@@ -11,6 +11,7 @@
 use cuflow_device_op::ExecutionContext;
 use cuflow_runtime::{DeviceError, Kernel, LaunchConfig};
 
+use super::reduce_axis::gives_way;
 use super::rows::{launch_rows_by, reduced_shape, rows_of, ROW_COMMON};
 use super::{alloc, TensorResult};
 use crate::dtype::{cuda_prelude, DType};
@@ -128,23 +129,32 @@ extern "C" __global__ void __launch_bounds__(1024) {fname}(T* out, const T* x, u
             let x = args.input::<T>(1)?;
             let cols = args.scalar::<u64>(2)? as usize;
             for (o, row) in args.output::<T>(0)?.iter_mut().zip(x.chunks(cols.max(1))) {
-                *o = if is_mean {
-                    T::from_f64(row.iter().map(|v| v.to_f64()).sum::<f64>() / row.len() as f64)
-                } else if is_sum {
-                    if T::IS_FLOAT {
-                        T::from_f64(row.iter().map(|v| v.to_f64()).sum())
+                *o =
+                    if is_mean {
+                        T::from_f64(row.iter().map(|v| v.to_f64()).sum::<f64>() / row.len() as f64)
+                    } else if is_sum {
+                        if T::IS_FLOAT {
+                            T::from_f64(row.iter().map(|v| v.to_f64()).sum())
+                        } else {
+                            row.iter().fold(T::default(), |a, v| a.add(*v))
+                        }
+                    } else if is_min {
+                        row.iter().copied().fold(row[0], |a, v| {
+                            if v < a || gives_way(a, v) {
+                                v
+                            } else {
+                                a
+                            }
+                        })
                     } else {
-                        row.iter().fold(T::default(), |a, v| a.add(*v))
-                    }
-                } else if is_min {
-                    row.iter()
-                        .copied()
-                        .fold(row[0], |a, v| if v < a { v } else { a })
-                } else {
-                    row.iter()
-                        .copied()
-                        .fold(row[0], |a, v| if v > a { v } else { a })
-                };
+                        row.iter().copied().fold(row[0], |a, v| {
+                            if v > a || gives_way(a, v) {
+                                v
+                            } else {
+                                a
+                            }
+                        })
+                    };
             }
             Ok(())
         })
@@ -190,7 +200,8 @@ pub fn sum<T: DType, X: TensorInput<T>>(
     reduce("sum", "op_sum", x)
 }
 
-/// The maximum over the last axis: `[.., n] → [..]` (`[n] → [1]`).
+/// The maximum over the last axis: `[.., n] → [..]` (`[n] → [1]`). NaN is skipped: the
+/// maximum of a row is NaN only when the whole row is.
 ///
 /// # Errors
 ///
@@ -212,19 +223,23 @@ pub(super) fn arg_kernel<T: DType>(name: &'static str) -> Kernel {
         let fname = format!("{name}_{}", T::NAME);
         let source = format!(
             r#"{prelude}{common}{visit}
+// Whether (v, vi) goes before (b, bi): a valid index before none, any value before NaN, then
+// the larger value (`>`, or the smaller for `<`), then the lower index. A total order, so every
+// lane of the shuffles below combines to the same result.
+#define ARG_BETTER(v, vi, b, bi) ((vi) != 0xffffffffu && ((bi) == 0xffffffffu || \
+  ((b) != (b) ? ((v) == (v) || (vi) < (bi)) : ((v) {cmp} (b) || ((v) == (b) && (vi) < (bi))))))
 extern "C" __global__ void __launch_bounds__(1024) {fname}(unsigned* out, const T* x, u64 cols) {{
   __shared__ A shv[32];
   __shared__ unsigned shi[32];
   const T* xr = x + (u64)blockIdx.x * cols;
   A best = ld(xr[0]);
   unsigned bi = 0xffffffffu;
-  ROW_VISIT(if (bi == 0xffffffffu || e {cmp} best) {{ best = e; bi = (unsigned)i; }})
+  // NaN is taken only before any other value (indices increase along a thread's visit).
+  ROW_VISIT(if (bi == 0xffffffffu || e {cmp} best || (best != best && e == e)) {{ best = e; bi = (unsigned)i; }})
   for (int o = 16; o > 0; o >>= 1) {{
     A ov = shfl_x<A>(best, o);
     unsigned oi = __shfl_xor_sync(0xffffffffu, bi, o);
-    if (oi != 0xffffffffu && (bi == 0xffffffffu || ov {cmp} best || (ov == best && oi < bi))) {{
-      best = ov; bi = oi;
-    }}
+    if (ARG_BETTER(ov, oi, best, bi)) {{ best = ov; bi = oi; }}
   }}
   int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
   if (lane == 0) {{ shv[warp] = best; shi[warp] = bi; }}
@@ -235,9 +250,7 @@ extern "C" __global__ void __launch_bounds__(1024) {fname}(unsigned* out, const 
     for (int o = 16; o > 0; o >>= 1) {{
       A ov = shfl_x<A>(best, o);
       unsigned oi = __shfl_xor_sync(0xffffffffu, bi, o);
-      if (oi != 0xffffffffu && (bi == 0xffffffffu || ov {cmp} best || (ov == best && oi < bi))) {{
-        best = ov; bi = oi;
-      }}
+      if (ARG_BETTER(ov, oi, best, bi)) {{ best = ov; bi = oi; }}
     }}
     if (lane == 0) out[blockIdx.x] = bi;
   }}
@@ -254,7 +267,8 @@ extern "C" __global__ void __launch_bounds__(1024) {fname}(unsigned* out, const 
             for (o, row) in args.output::<u32>(0)?.iter_mut().zip(x.chunks(cols.max(1))) {
                 let mut best = 0usize;
                 for (i, v) in row.iter().enumerate() {
-                    if (min && *v < row[best]) || (!min && *v > row[best]) {
+                    let b = row[best];
+                    if (min && *v < b) || (!min && *v > b) || gives_way(b, *v) {
                         best = i;
                     }
                 }
@@ -266,7 +280,8 @@ extern "C" __global__ void __launch_bounds__(1024) {fname}(unsigned* out, const 
 }
 
 /// The index of the maximum over the last axis, as `u32`: `[.., n] → [..]` (`[n] → [1]`).
-/// Ties go to the first index. NaN values are never chosen unless a row is all NaN.
+/// Ties go to the first index. NaN values are never chosen unless a row is all NaN (then the
+/// index is 0).
 ///
 /// # Errors
 ///

@@ -25,8 +25,9 @@ template <> __device__ __forceinline__ unsigned char shfl_x<unsigned char>(unsig
   return (unsigned char)__shfl_xor_sync(0xffffffffu, (int)v, o);
 }
 template <typename V> __device__ __forceinline__ V op_sum(V a, V b) { return a + b; }
-template <typename V> __device__ __forceinline__ V op_max(V a, V b) { return a > b ? a : b; }
-template <typename V> __device__ __forceinline__ V op_min(V a, V b) { return a < b ? a : b; }
+// NaN loses to any other value (the result is NaN only when both are).
+template <typename V> __device__ __forceinline__ V op_max(V a, V b) { return (a > b || b != b) ? a : b; }
+template <typename V> __device__ __forceinline__ V op_min(V a, V b) { return (a < b || b != b) ? a : b; }
 #define BLOCK_REDUCE(V, v, OP, sh, ID) { \
   for (int o_ = 16; o_ > 0; o_ >>= 1) v = OP(v, shfl_x<V>(v, o_)); \
   int lane_ = threadIdx.x & 31, warp_ = threadIdx.x >> 5, nw_ = (blockDim.x + 31) >> 5; \
