@@ -571,6 +571,11 @@ fn cast_kernel<I: DType, O: DType>() -> Kernel {
             format!("{}{}", cuda_defs::<I>(), cuda_defs::<O>())
         };
         let (i, o) = (I::NAME, O::NAME);
+        let helper = if !I::IS_FLOAT && O::NAME == "bf16" {
+            crate::dtype::BF16_FROM_INT_CUDA
+        } else {
+            ""
+        };
         let convert = if I::IS_FLOAT && !O::IS_FLOAT {
             // C leaves out-of-range conversions undefined: saturate and map NaN to 0 by hand.
             let (min, max) = (O::from_f64(f64::NEG_INFINITY), O::from_f64(f64::INFINITY));
@@ -586,11 +591,14 @@ fn cast_kernel<I: DType, O: DType>() -> Kernel {
                 min_f = min.to_f64(),
                 max_f = max.to_f64(),
             )
+        } else if !I::IS_FLOAT && O::NAME == "bf16" {
+            // Rounded once from the integer: through `float` it would round twice.
+            "out[k] = bf16_from_int_ll((long long)x[k]);".to_string()
         } else {
             format!("out[k] = st_{o}((A_{o})ld_{i}(x[k]));")
         };
         let source = format!(
-            r#"{defs}
+            r#"{defs}{helper}
 extern "C" __global__ void {name}(T_{o}* out, const T_{i}* x, unsigned long long n) {{
   for (unsigned long long k = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; k < n;
        k += (unsigned long long)blockDim.x * gridDim.x) {{

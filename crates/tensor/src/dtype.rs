@@ -49,8 +49,9 @@ pub trait DType:
     /// The value of an integer type, exactly; `None` for floating-point types.
     #[doc(hidden)]
     fn to_i128(self) -> Option<i128>;
-    /// The integer `v` converted as CUDA C converts it: integer types wrap (keep the low
-    /// bits), floating-point types round to nearest (through `float` for `f16` and `bf16`).
+    /// The integer `v` converted as the kernels convert it: integer types wrap (keep the low
+    /// bits), floating-point types round to nearest once (`f16` through `float`, which holds
+    /// every integer in its range exactly).
     #[doc(hidden)]
     fn from_i128(v: i128) -> Self;
 }
@@ -138,8 +139,63 @@ float_dtype!(
      return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);",
     |x| x.to_f64(),
     |v| bf16::from_f64(v),
-    |i| bf16::from_f32(i as f32)
+    |i| bf16_from_int(i)
 );
+
+/// The bf16 nearest to the integer `v` (ties to the even mantissa), rounded once: through
+/// `f32` (or `f64`) it would round twice above 2^24. The same steps as the CUDA C of
+/// [`BF16_FROM_INT_CUDA`], on the magnitude.
+fn bf16_from_int(v: i128) -> bf16 {
+    let sign: u16 = if v < 0 { 0x8000 } else { 0 };
+    let m = v.unsigned_abs();
+    if m == 0 {
+        return bf16::from_bits(sign);
+    }
+    // The leading bit, and the 8 significant bits a bf16 keeps (with its hidden bit).
+    let mut lead = 127 - m.leading_zeros();
+    let mut man = if lead > 7 {
+        let shift = lead - 7;
+        let kept = m >> shift;
+        let rest = m & ((1u128 << shift) - 1);
+        let half = 1u128 << (shift - 1);
+        if rest > half || (rest == half && kept & 1 == 1) {
+            kept + 1
+        } else {
+            kept
+        }
+    } else {
+        m << (7 - lead)
+    };
+    if man == 256 {
+        man = 128;
+        lead += 1;
+    }
+    // `lead` is at most 128 (an i128's magnitude rounded up), below bf16's largest exponent.
+    let exponent = (lead + 127) as u16;
+    bf16::from_bits(sign | (exponent << 7) | (man as u16 & 0x7f))
+}
+
+/// CUDA C of `bf16_from_int_ll(long long)`: [`bf16_from_int`] for the integers a kernel holds.
+pub(crate) const BF16_FROM_INT_CUDA: &str = r#"
+__device__ __forceinline__ unsigned short bf16_from_int_ll(long long v) {
+  unsigned short sign = v < 0 ? (unsigned short)0x8000 : (unsigned short)0;
+  unsigned long long m = v < 0 ? 0ull - (unsigned long long)v : (unsigned long long)v;
+  if (m == 0ull) return sign;
+  int lead = 63 - __clzll((long long)m);
+  unsigned long long man;
+  if (lead > 7) {
+    int shift = lead - 7;
+    unsigned long long kept = m >> shift;
+    unsigned long long rest = m & ((1ull << shift) - 1ull);
+    unsigned long long half = 1ull << (shift - 1);
+    man = (rest > half || (rest == half && (kept & 1ull))) ? kept + 1ull : kept;
+  } else {
+    man = m << (7 - lead);
+  }
+  if (man == 256ull) { man = 128ull; lead += 1; }
+  return (unsigned short)(sign | (unsigned short)((lead + 127) << 7) | (unsigned short)(man & 0x7full));
+}
+"#;
 
 macro_rules! int_dtype {
     ($t:ty, $name:literal, $ctype:literal) => {

@@ -121,6 +121,80 @@ fn cast_from_integer_to_float_rounds_once() -> Result<(), DeviceError> {
     Ok(())
 }
 
+/// The bf16 nearest to `v` (ties to the even mantissa), found by comparing `v` exactly with
+/// the bf16 values around a first guess: independent of how the library rounds.
+fn nearest_bf16(v: i64) -> bf16 {
+    let guess = bf16::from_f64(v as f64);
+    let step = |b: bf16, up: bool| {
+        let bits = b.to_bits();
+        // Toward larger magnitude when `up` and the value is positive, and so on.
+        let toward_up = (bits & 0x8000 == 0) == up;
+        bf16::from_bits(if bits & 0x7fff == 0 {
+            if up {
+                0x0001
+            } else {
+                0x8001
+            }
+        } else if toward_up {
+            bits + 1
+        } else {
+            bits - 1
+        })
+    };
+    let candidates = [step(guess, false), guess, step(guess, true)];
+    // Every candidate is an integer (or exactly representable): compare in i128.
+    let distance = |b: &bf16| (b.to_f64() as i128 - i128::from(v)).abs();
+    let best = candidates.iter().map(distance).min().unwrap_or(0);
+    candidates
+        .into_iter()
+        .filter(|b| distance(b) == best)
+        .min_by_key(|b| b.to_bits() & 1)
+        .unwrap_or(guess)
+}
+
+/// Integers round to the nearest bf16 once: going through `float` first rounded twice, so that
+/// 2^25 + 2^17 + 1 (just above the midpoint of two bf16 values) became 2^25.
+#[test]
+fn cast_from_integer_to_bf16_rounds_once() -> Result<(), DeviceError> {
+    let mut c = Casts::default();
+    let above = (1i32 << 25) + (1 << 17) + 1;
+    let tie = (1i32 << 25) + (1 << 17);
+    c.check::<i32, bf16>(
+        &[above, -above, tie, -tie],
+        &[
+            bf16::from_f64(f64::from((1 << 25) + (1 << 18))),
+            bf16::from_f64(-f64::from((1 << 25) + (1 << 18))),
+            bf16::from_f64(f64::from(1 << 25)),
+            bf16::from_f64(-f64::from(1 << 25)),
+        ],
+    )?;
+    let mut rng = seeded_rng(41);
+    let mut wide: Vec<i64> = vec![i64::MIN, i64::MAX, (1 << 62) + (1 << 54) + 1, 255, -256, 0];
+    for bits in 1..63 {
+        for _ in 0..8 {
+            let v = rand::Rng::gen_range(&mut rng, (1i64 << (bits - 1))..(1i64 << bits));
+            wide.push(if bits % 2 == 0 { v } else { -v });
+        }
+    }
+    let want: Vec<bf16> = wide.iter().map(|v| nearest_bf16(*v)).collect();
+    c.check::<i64, bf16>(&wide, &want)?;
+    let narrow: Vec<i32> = wide.iter().filter_map(|v| i32::try_from(*v).ok()).collect();
+    let want: Vec<bf16> = narrow.iter().map(|v| nearest_bf16(i64::from(*v))).collect();
+    c.check::<i32, bf16>(&narrow, &want)?;
+    let unsigned: Vec<u32> = wide
+        .iter()
+        .filter_map(|v| u32::try_from(*v).ok())
+        .chain([u32::MAX])
+        .collect();
+    let want: Vec<bf16> = unsigned
+        .iter()
+        .map(|v| nearest_bf16(i64::from(*v)))
+        .collect();
+    c.check::<u32, bf16>(&unsigned, &want)?;
+    c.assert_none();
+    Ok(())
+}
+
 #[test]
 fn cast_between_integers_keeps_the_low_bits() -> Result<(), DeviceError> {
     let mut c = Casts::default();
