@@ -14,6 +14,15 @@ use cuflow_testing::{
 };
 use parking_lot::Mutex;
 
+/// Fails unless `r` is the error of a panic, saying `what` got something else.
+#[track_caller]
+fn assert_panicked<T: std::fmt::Debug>(r: &Result<T, DeviceError>, what: std::fmt::Arguments<'_>) {
+    assert!(
+        matches!(r, Err(DeviceError::Panicked { .. })),
+        "{what} got {r:?}"
+    );
+}
+
 #[test]
 fn shared_runs_once_across_eight_clones_consumed_from_four_threads() -> Result<(), DeviceError> {
     let device = device();
@@ -238,16 +247,13 @@ fn a_shared_op_whose_work_fails_later_fails_its_consumers_in_other_executions(
         ),
     ];
     for (how, consumed) in consumers {
-        assert!(
-            matches!(consumed, Err(DeviceError::Panicked { .. })),
-            "a consumer ({how}) of a shared op whose work failed got {consumed:?}"
+        assert_panicked(
+            &consumed,
+            format_args!("a consumer ({how}) of a shared op whose work failed"),
         );
     }
     let produced = futures::executor::block_on(producing).map(drop);
-    assert!(
-        matches!(produced, Err(DeviceError::Panicked { .. })),
-        "the producing execution got {produced:?}"
-    );
+    assert_panicked(&produced, format_args!("the producing execution"));
     Ok(())
 }
 
@@ -274,9 +280,9 @@ fn a_long_chain_of_shared_ops_reports_a_failure_at_its_start() -> Result<(), Dev
         last = last.clone().then(|b| add_scalar(&b, 1.0)).boxed().shared();
     }
     let end = last.sync_with_policy(&policy).map(drop);
-    assert!(
-        matches!(end, Err(DeviceError::Panicked { .. })),
-        "the end of a chain whose first op failed got {end:?}"
+    assert_panicked(
+        &end,
+        format_args!("the end of a chain whose first op failed"),
     );
     assert!(futures::executor::block_on(first).is_err());
     Ok(())
@@ -497,15 +503,12 @@ fn consumers_of_a_shared_op_wait_for_the_branches_it_dropped_unjoined() -> Resul
     let failing = on_unjoined_branch(fill(&buf, 5.0).then(|_| panic_on_stream())).shared();
     let producing = failing.clone().schedule(&policy)?;
     let consumed = failing.clone().sync_with_policy(&policy).map(drop);
-    assert!(
-        matches!(consumed, Err(DeviceError::Panicked { .. })),
-        "the consumer of a shared op whose branch failed got {consumed:?}"
+    assert_panicked(
+        &consumed,
+        format_args!("the consumer of a shared op whose branch failed"),
     );
     let produced = futures::executor::block_on(producing).map(drop);
-    assert!(
-        matches!(produced, Err(DeviceError::Panicked { .. })),
-        "the producer whose branch failed got {produced:?}"
-    );
+    assert_panicked(&produced, format_args!("the producer whose branch failed"));
     Ok(())
 }
 
@@ -548,10 +551,7 @@ fn a_failure_beside_a_shared_producer_does_not_reach_its_consumers_elsewhere(
         Err(e) => panic!("a consumer of the shared op got its sibling's failure: {e}"),
     }
     let produced = futures::executor::block_on(producing).map(drop);
-    assert!(
-        matches!(produced, Err(DeviceError::Panicked { .. })),
-        "the execution whose branch failed got {produced:?}"
-    );
+    assert_panicked(&produced, format_args!("the execution whose branch failed"));
 
     // A shared op produced after failed work that it follows (on its stream, or through the
     // fork of a branch) depends on it: that failure does reach its consumers elsewhere, along
@@ -573,15 +573,15 @@ fn a_failure_beside_a_shared_producer_does_not_reach_its_consumers_elsewhere(
         .schedule(&policy)?;
         let consumed = shared.sync_with_policy(&policy).map(drop);
         if events_carry_failures {
-            assert!(
-                matches!(consumed, Err(DeviceError::Panicked { .. })),
-                "a consumer of a shared op produced {placed} got {consumed:?}"
+            assert_panicked(
+                &consumed,
+                format_args!("a consumer of a shared op produced {placed}"),
             );
         }
         let produced = futures::executor::block_on(producing).map(drop);
-        assert!(
-            matches!(produced, Err(DeviceError::Panicked { .. })),
-            "the execution whose work failed {placed} got {produced:?}"
+        assert_panicked(
+            &produced,
+            format_args!("the execution whose work failed {placed}"),
         );
     }
     Ok(())

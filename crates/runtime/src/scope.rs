@@ -349,12 +349,14 @@ impl ErrorSink {
         }
     }
 
-    /// The error a synchronization reports: the scope's (kept), or the stream's (taken).
-    pub(crate) fn take_for_sync(&self) -> Option<DeviceError> {
-        match &self.scope {
+    /// What a synchronization returns once the work before it has run: `Err` with the
+    /// scope's error (kept), or the stream's (taken), if any.
+    pub(crate) fn sync_result(&self) -> Result<(), DeviceError> {
+        let error = match &self.scope {
             Some(scope) => scope.error(),
             None => self.stream.lock().take(),
-        }
+        };
+        error.map_or(Ok(()), Err)
     }
 }
 

@@ -571,7 +571,9 @@ fn cast_kernel<I: DType, O: DType>() -> Kernel {
             format!("{}{}", cuda_defs::<I>(), cuda_defs::<O>())
         };
         let (i, o) = (I::NAME, O::NAME);
-        let helper = if !I::IS_FLOAT && O::NAME == "bf16" {
+        // Rounded once from the integer: through `float` it would round twice.
+        let int_to_bf16 = !I::IS_FLOAT && O::NAME == "bf16";
+        let helper = if int_to_bf16 {
             crate::dtype::BF16_FROM_INT_CUDA
         } else {
             ""
@@ -591,8 +593,7 @@ fn cast_kernel<I: DType, O: DType>() -> Kernel {
                 min_f = min.to_f64(),
                 max_f = max.to_f64(),
             )
-        } else if !I::IS_FLOAT && O::NAME == "bf16" {
-            // Rounded once from the integer: through `float` it would round twice.
+        } else if int_to_bf16 {
             "out[k] = bf16_from_int_ll((long long)x[k]);".to_string()
         } else {
             format!("out[k] = st_{o}((A_{o})ld_{i}(x[k]));")

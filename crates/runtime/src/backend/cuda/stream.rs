@@ -116,10 +116,7 @@ impl CudaStreamHandle {
         // SAFETY: the stream is alive (owned by `self.stream`).
         unsafe { result::stream::synchronize(self.raw()) }
             .map_err(|e| driver_err("cuStreamSynchronize", e))?;
-        match ErrorSink::here(&self.host_fn_panic).take_for_sync() {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
+        ErrorSink::here(&self.host_fn_panic).sync_result()
     }
 
     /// Records the event a synchronization waits for (`cuStreamSynchronize` would wait in the
@@ -421,10 +418,7 @@ impl CudaSyncWait {
     /// Blocks until the event has completed; the error of the stream's host functions, if any.
     pub(crate) fn wait(self) -> Result<()> {
         self.event.synchronize()?;
-        match ErrorSink::here(&self.host_fn_panic).take_for_sync() {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
+        ErrorSink::here(&self.host_fn_panic).sync_result()
     }
 }
 

@@ -61,10 +61,7 @@ impl HostSyncWait {
             self.done.1.wait(&mut flag);
         }
         drop(flag);
-        match self.sink.take_for_sync() {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
+        self.sink.sync_result()
     }
 }
 
