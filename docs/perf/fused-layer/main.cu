@@ -1,25 +1,38 @@
 // Harness: one decoder layer of the 1B-shaped Llama (hidden 2048, 32/8 heads of 64, MLP 8192,
-// bf16 weights) as one cooperative kernel per layer (fused.cuh, or fused2.cuh with -DV2),
-// against the production decode kernels of crates/tensor (extracted by gen.py), and a naive
-// reference of the same math. Prints the relative error of the residual stream after 16 layers
-// of random weights, and the replay time of a CUDA graph of 16 layers of each.
+// bf16 weights) as one cooperative kernel per layer (fused.cuh; fused2.cuh with -DV2, fused3.cuh
+// with -DV3, fused4.cuh with -DV4), against the production decode kernels of crates/tensor
+// (extracted by gen.py), and a naive reference of the same math. Prints the relative error of
+// the residual stream after 16 layers of random weights, and the replay time of a CUDA graph of
+// 16 layers of each. With -DTIMING (V3), each block's clock at the phase boundaries too.
 // Arguments: max_seq (default 4160) and the position decoded (default 127).
 #include <cstdio>
 #include <cstdlib>
 #include <cmath>
 #include <vector>
+#include <algorithm>
 #include <cuda_runtime.h>
-#ifdef V2
+#if defined(V2) || defined(V3) || defined(V4)
 #define ATT_SYNC() asm volatile("bar.sync 1, 256;" ::: "memory")
 #include "attention_gen2.cuh"
 #else
 #include "attention_gen.cuh"
 #endif
 #include "gemv_gen.cuh"
-#ifdef V2
+#if defined(V4)
+#include "fused4.cuh"
+#define VMAX 8
+#define BLOCK_THREADS NT
+#elif defined(V3)
+#include "fused3.cuh"
+#define VMAX 8
+#define BLOCK_THREADS NT
+#elif defined(V2)
 #include "fused2.cuh"
 #else
 #include "fused.cuh"
+#endif
+#ifndef BLOCK_THREADS
+#define BLOCK_THREADS LT
 #endif
 
 #define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e)); exit(1); } } while (0)
@@ -107,8 +120,8 @@ int main(int argc, char** argv) {
   float *x, *qkv, *attn, *act, *part, *inv_freq, *x0, *xr; unsigned *counts, *pos, *bar;
   CK(cudaMalloc(&x, D * 4)); CK(cudaMalloc(&x0, D * 4)); CK(cudaMalloc(&xr, D * 4)); CK(cudaMalloc(&qkv, QKVR * 4)); CK(cudaMalloc(&attn, HEADS * HD * 4));
   CK(cudaMalloc(&act, INTER * 4)); CK(cudaMalloc(&part, (size_t)HEADS * parts * (HD + 2) * 4)); CK(cudaMalloc(&inv_freq, HD / 2 * 4));
-  CK(cudaMalloc(&counts, KV * 4)); CK(cudaMalloc(&pos, 4)); CK(cudaMalloc(&bar, 8));
-  CK(cudaMemset(counts, 0, KV * 4)); CK(cudaMemset(bar, 0, 8));
+  CK(cudaMalloc(&counts, KV * 4)); CK(cudaMalloc(&pos, 4)); CK(cudaMalloc(&bar, 32));
+  CK(cudaMemset(counts, 0, KV * 4)); CK(cudaMemset(bar, 0, 32));
   std::vector<float> h_inv(HD / 2); for (unsigned i = 0; i < HD / 2; ++i) h_inv[i] = powf(500000.0f, -2.0f * i / HD);
   CK(cudaMemcpy(inv_freq, h_inv.data(), HD / 2 * 4, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(pos, &pos_t, 4, cudaMemcpyHostToDevice));
@@ -120,7 +133,7 @@ int main(int argc, char** argv) {
   const unsigned pslots = ((INTER + SMS - 1) / SMS) * 2 * 4 + 64;
   const size_t smem = (size_t)RING * VMAX * LT * 16 + xs_floats * 4 + pslots * 4;
   CK(cudaFuncSetAttribute(decode_layer, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-  int occ = 0; CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, decode_layer, LT, smem));
+  int occ = 0; CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, decode_layer, BLOCK_THREADS, smem));
   printf("SMs %u, smem %zu B, occupancy %d, RING %d, max_seq %u pos %u parts %u chunk %u\n", SMS, smem, occ, RING, max_seq, pos_t, parts, chunk);
   CK(cudaFuncSetAttribute(v0::decode_rms_norm_gemv, cudaFuncAttributeMaxDynamicSharedMemorySize, 32768));
   CK(cudaFuncSetAttribute(v2::decode_rms_norm_gemv_swiglu, cudaFuncAttributeMaxDynamicSharedMemorySize, 32768));
@@ -134,7 +147,7 @@ int main(int argc, char** argv) {
     Layer& y = ly[l];
     void* args[] = {&x, &qkv, &attn, &act, &part, &counts, &y.cache, &bar, &y.wqkv, &y.an, &y.wo, &y.wgu, &y.mn, &y.wd,
                     &inv_freq, &pos, &d_, &inter_, &heads_, &kv_, &ms_, &parts_, &chunk_, &scale_, &eps_, &xsf_};
-    return cudaLaunchCooperativeKernel((void*)decode_layer, SMS, LT, args, smem, s);
+    return cudaLaunchCooperativeKernel((void*)decode_layer, SMS, BLOCK_THREADS, args, smem, s);
   };
   auto reference = [&](int l, float* xx) {
     Layer& y = ly[l];
@@ -162,6 +175,23 @@ int main(int argc, char** argv) {
   CK(cudaStreamSynchronize(s));
   std::vector<float> a(D), b(D); CK(cudaMemcpy(a.data(), x, D * 4, cudaMemcpyDeviceToHost)); CK(cudaMemcpy(b.data(), xr, D * 4, cudaMemcpyDeviceToHost));
   double num = 0, den = 0; for (unsigned i = 0; i < D; ++i) { num += (a[i] - b[i]) * (double)(a[i] - b[i]); den += (double)b[i] * b[i]; }
+#ifdef TIMING
+  {
+    static unsigned long long t[64][132][12];
+    CK(cudaMemcpyFromSymbol(t, g_times, sizeof t));
+    const char* names[] = {"start", "qkv done", "bar1 out", "att done", "bar2 out", "O staged", "O done", "bar3 out", "GU done", "bar4 out", "D done"};
+    // per event: mean over layers 1..15 of (min, max) over blocks, relative to the layer's min start
+    for (int e = 0; e < 11; ++e) {
+      double mn = 0, mx = 0;
+      for (int l = 1; l < 16; ++l) {
+        unsigned long long s0 = ~0ull, lo = ~0ull, hi = 0;
+        for (unsigned b = 0; b < SMS; ++b) { s0 = std::min(s0, t[l][b][0]); lo = std::min(lo, t[l][b][e]); hi = std::max(hi, t[l][b][e]); }
+        mn += (lo - s0) / 1000.0; mx += (hi - s0) / 1000.0;
+      }
+      printf("  %-10s earliest block %7.2f us, latest %7.2f us\n", names[e], mn / 15, mx / 15);
+    }
+  }
+#endif
   printf("fused vs reference after %d layers: relative error %.3e (|x| %.3f, x[0] %f vs %f)\n", L, sqrt(num / den), sqrt(den), a[0], b[0]);
   // production too
   CK(cudaMemcpyAsync(x, x0, D * 4, cudaMemcpyDeviceToDevice, s));
