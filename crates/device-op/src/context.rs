@@ -134,6 +134,7 @@ impl ExecutionContext {
     /// # Errors
     ///
     /// The error of recording or waiting on the fork event.
+    #[inline]
     pub fn stream(&mut self) -> Result<&Stream, DeviceError> {
         if self.counted && self.pending_forks.is_empty() && self.fork_cache.is_none() {
             // Every op after the first of a context: no fork to wait on, no fork point to

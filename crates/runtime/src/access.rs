@@ -195,10 +195,19 @@ impl<S: TrackedStream> Hazards<S> {
     /// The points of streams other than `on` that an access of kind `access` on `on` must
     /// wait for (a stream is in order with itself).
     fn conflicts(&self, access: Access, on: &S, out: &mut SmallVec<[Point<S>; 4]>) {
-        let other = |p: &&Point<S>| !p.stream.same(on);
-        out.extend(self.last_write.iter().filter(other).cloned());
+        // Pushed one by one: `extend` over a filtered iterator costs more than the few
+        // points a buffer holds.
+        if let Some(p) = &self.last_write {
+            if !p.stream.same(on) {
+                out.push(p.clone());
+            }
+        }
         if access == Access::Write {
-            out.extend(self.reads.iter().filter(other).cloned());
+            for p in &self.reads {
+                if !p.stream.same(on) {
+                    out.push(p.clone());
+                }
+            }
         }
     }
 
@@ -364,6 +373,19 @@ pub(crate) fn order_enqueue_record<B: TrackedBuffer, R>(
     mut accesses: SmallVec<[(&B, Access); 4]>,
     enqueue: impl FnOnce() -> Result<R>,
 ) -> Result<R> {
+    if let [(buffer, access)] = accesses[..] {
+        // One buffer (most launches): the same steps, without the sort and the lists.
+        let mut state = buffer.state().lock();
+        let mut waits: SmallVec<[Point<B::Stream>; 4]> = SmallVec::new();
+        if let Some(h) = B::access_state(&mut state).scope(capture) {
+            h.conflicts(access, stream, &mut waits);
+        }
+        wait_for_points(stream, &waits)?;
+        let result = enqueue();
+        let seq = stream.clock().advance();
+        record_enqueued(buffer, &mut state, access, stream, seq, capture);
+        return result;
+    }
     accesses.sort_by_key(|(b, _)| std::ptr::from_ref(b.state()) as usize);
     accesses.dedup_by(|later, earlier| {
         if std::ptr::eq(later.0.state(), earlier.0.state()) {
@@ -375,14 +397,28 @@ pub(crate) fn order_enqueue_record<B: TrackedBuffer, R>(
             false
         }
     });
-    let mut states: SmallVec<[MutexGuard<'_, B::State>; 4]> =
-        accesses.iter().map(|(b, _)| b.state().lock()).collect();
+    let mut states: SmallVec<[MutexGuard<'_, B::State>; 4]> = SmallVec::new();
+    for (b, _) in &accesses {
+        states.push(b.state().lock());
+    }
     let mut waits: SmallVec<[Point<B::Stream>; 4]> = SmallVec::new();
     for (state, (_, access)) in states.iter_mut().zip(&accesses) {
         if let Some(h) = B::access_state(state).scope(capture) {
             h.conflicts(*access, stream, &mut waits);
         }
     }
+    wait_for_points(stream, &waits)?;
+    let result = enqueue();
+    let seq = stream.clock().advance();
+    for (state, (buffer, access)) in states.iter_mut().zip(&accesses) {
+        record_enqueued(*buffer, state, *access, stream, seq, capture);
+    }
+    result
+}
+
+/// Makes `stream` wait for each of the points `waits`, but for one covered by an earlier
+/// point of the same stream.
+fn wait_for_points<S: TrackedStream>(stream: &S, waits: &[Point<S>]) -> Result<()> {
     for (i, p) in waits.iter().enumerate() {
         let repeated = waits[..i]
             .iter()
@@ -391,15 +427,23 @@ pub(crate) fn order_enqueue_record<B: TrackedBuffer, R>(
             stream.order_after(&p.stream, p.seq)?;
         }
     }
-    let result = enqueue();
-    let seq = stream.clock().advance();
-    for (state, (buffer, access)) in states.iter_mut().zip(&accesses) {
-        B::access_state(state)
-            .scope_or_new(capture)
-            .record(*access, stream, seq);
-        buffer.note_enqueued(state, stream, *access, capture);
-    }
-    result
+    Ok(())
+}
+
+/// Records, under `buffer`'s lock (`state`), an access of kind `access` enqueued on `stream` at
+/// its sequence number `seq`, in the scope `capture`.
+fn record_enqueued<B: TrackedBuffer>(
+    buffer: &B,
+    state: &mut B::State,
+    access: Access,
+    stream: &B::Stream,
+    seq: u64,
+    capture: Option<u64>,
+) {
+    B::access_state(state)
+        .scope_or_new(capture)
+        .record(access, stream, seq);
+    buffer.note_enqueued(state, stream, access, capture);
 }
 
 impl TrackedStream for Stream {

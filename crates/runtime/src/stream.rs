@@ -284,7 +284,18 @@ impl Stream {
     ///
     /// [`DeviceError::Capture`] when another thread is capturing this stream: work from other
     /// threads never enters a graph.
+    #[inline]
     pub(crate) fn capture_id_for_enqueue(&self, op: &'static str) -> Result<Option<u64>> {
+        if !self.is_capturing() {
+            return Ok(None);
+        }
+        self.capture_id_while_capturing(op)
+    }
+
+    /// [`Stream::capture_id_for_enqueue`] once the stream was seen capturing.
+    #[cold]
+    #[inline(never)]
+    fn capture_id_while_capturing(&self, op: &'static str) -> Result<Option<u64>> {
         match self.capture_session() {
             Some(session) => {
                 session.check_owner(op, self.inner.id)?;

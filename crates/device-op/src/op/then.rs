@@ -51,6 +51,7 @@ where
 {
     type Output = <F::Next as DeviceOp>::Output;
 
+    #[inline]
     fn execute(self, ctx: &mut ExecutionContext) -> Result<Self::Output, DeviceError> {
         let x = self.first.execute(ctx)?;
         self.next.call(x).execute(ctx)

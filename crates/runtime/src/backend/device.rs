@@ -203,6 +203,7 @@ impl DeviceBackend {
     ///
     /// [`DeviceError::HostKernel`] on the host when the kernel has no host implementation; a
     /// compile error on CUDA.
+    #[inline]
     pub(crate) fn kernel_code<'k>(
         &self,
         kernel: &'k KernelInner,

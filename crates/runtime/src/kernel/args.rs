@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
+use super::params::Plain;
 use super::LaunchConfig;
-use crate::access::{Access, Accesses};
 use crate::error::{DeviceError, Result};
 use crate::memory::{BufferView, DeviceCopy, Memory};
 
@@ -24,6 +24,8 @@ pub(crate) enum KernelArg<M> {
         byte_len: usize,
         ty: TypeId,
         ty_name: &'static str,
+        /// The element type as a plain C type, if it is one (see `params.rs`).
+        plain: Option<Plain>,
         /// `size_of` the element type.
         elem_size: usize,
         writable: bool,
@@ -33,6 +35,8 @@ pub(crate) enum KernelArg<M> {
         len: u8,
         ty: TypeId,
         ty_name: &'static str,
+        /// The value's type as a plain C type, if it is one (see `params.rs`).
+        plain: Option<Plain>,
     },
 }
 
@@ -46,6 +50,7 @@ impl<M> KernelArg<M> {
                 byte_len,
                 ty,
                 ty_name,
+                plain,
                 elem_size,
                 writable,
             } => KernelArg::Buffer {
@@ -54,6 +59,7 @@ impl<M> KernelArg<M> {
                 byte_len: *byte_len,
                 ty: *ty,
                 ty_name,
+                plain: *plain,
                 elem_size: *elem_size,
                 writable: *writable,
             },
@@ -62,33 +68,15 @@ impl<M> KernelArg<M> {
                 len,
                 ty,
                 ty_name,
+                plain,
             } => KernelArg::Scalar {
                 bytes: *bytes,
                 len: *len,
                 ty: *ty,
                 ty_name,
+                plain: *plain,
             },
         }
-    }
-}
-
-impl<'a> KernelArgs<'a> {
-    /// The buffers of the launch and how it uses them: outputs are written, inputs read.
-    pub(crate) fn accesses(&self) -> Accesses<'a> {
-        self.args
-            .iter()
-            .filter_map(|a| match a {
-                KernelArg::Buffer { mem, writable, .. } => Some((
-                    *mem,
-                    if *writable {
-                        Access::Write
-                    } else {
-                        Access::Read
-                    },
-                )),
-                KernelArg::Scalar { .. } => None,
-            })
-            .collect()
     }
 }
 
@@ -115,6 +103,7 @@ impl<'a> KernelArgs<'a> {
             byte_len: view.byte_len(),
             ty: TypeId::of::<T>(),
             ty_name: std::any::type_name::<T>(),
+            plain: Plain::of_rust::<T>(),
             elem_size: std::mem::size_of::<T>(),
             writable,
         });
@@ -156,6 +145,7 @@ impl<'a> KernelArgs<'a> {
             len: src.len() as u8,
             ty: TypeId::of::<T>(),
             ty_name: std::any::type_name::<T>(),
+            plain: Plain::of_rust::<T>(),
         });
         self
     }

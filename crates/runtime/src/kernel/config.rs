@@ -68,6 +68,33 @@ impl LaunchConfig {
     ///
     /// [`DeviceError::InvalidLaunch`] naming the limit that is exceeded.
     pub fn validate(&self, kernel: &str, limits: &DeviceLimits) -> Result<()> {
+        if self.fits(limits) {
+            return Ok(());
+        }
+        self.refusal(kernel, limits)
+    }
+
+    /// Whether the configuration is within `limits`: the checks of [`Self::validate`] as one
+    /// branch-free expression, for the launch path.
+    #[inline]
+    fn fits(&self, limits: &DeviceLimits) -> bool {
+        let (g, b) = (self.grid, self.block);
+        let at_least_one =
+            (g.0 != 0) & (g.1 != 0) & (g.2 != 0) & (b.0 != 0) & (b.1 != 0) & (b.2 != 0);
+        let [bx, by, bz] = limits.max_block_dim;
+        let [gx, gy, gz] = limits.max_grid_dim;
+        let within =
+            (b.0 <= bx) & (b.1 <= by) & (b.2 <= bz) & (g.0 <= gx) & (g.1 <= gy) & (g.2 <= gz);
+        at_least_one
+            & within
+            & (self.threads_per_block() <= u64::from(limits.max_threads_per_block))
+            & (self.shared_mem_bytes <= limits.max_shared_mem_per_block_optin)
+    }
+
+    /// The error of a configuration outside `limits`, naming the first limit it exceeds.
+    #[cold]
+    #[inline(never)]
+    fn refusal(&self, kernel: &str, limits: &DeviceLimits) -> Result<()> {
         let bad = |reason: String| {
             Err(DeviceError::InvalidLaunch {
                 kernel: kernel.to_string(),

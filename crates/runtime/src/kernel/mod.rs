@@ -24,7 +24,7 @@ pub use args::{HostKernelArgs, HostKernelFn, KernelArgs};
 pub(crate) use args::{HostSlot, KernelArg};
 pub use config::LaunchConfig;
 
-use crate::access::ordered_traced;
+use crate::access::{ordered_traced, Access, Accesses};
 use crate::backend::{CompileCache, CompiledFor};
 use crate::device::Device;
 use crate::error::{BackendKind, DeviceError, Result};
@@ -200,11 +200,7 @@ impl Kernel {
         args: &KernelArgs<'_>,
     ) -> Result<()> {
         if let Some(e) = &args.error {
-            let mut e = e.clone();
-            if let DeviceError::InvalidArgument { kernel, .. } = &mut e {
-                *kernel = self.inner.name.to_string();
-            }
-            return Err(e);
+            return Err(self.argument_error(e));
         }
         let device = stream.device();
         config.validate(&self.inner.name, device.limits())?;
@@ -215,19 +211,25 @@ impl Kernel {
         if let Some(declared) = declared {
             params::check(&self.inner.name, declared, &args.args)?;
         }
+        // One pass over the arguments: every buffer is of the stream's device, and the
+        // accesses the launch is ordered by.
+        let mut accesses = Accesses::new();
         for (index, a) in args.args.iter().enumerate() {
-            if let KernelArg::Buffer { mem, .. } = a {
+            if let KernelArg::Buffer { mem, writable, .. } = a {
                 if mem.device != *device {
-                    return Err(DeviceError::device_mismatch(
-                        "Kernel::launch",
-                        format!("argument {index} of `{}`", self.inner.name),
-                        device,
-                        &mem.device,
-                    ));
+                    return Err(self.device_mismatch(index, device, &mem.device));
                 }
+                let access = if *writable {
+                    Access::Write
+                } else {
+                    Access::Read
+                };
+                accesses.push((*mem, access));
             }
         }
-        check_disjoint(&self.inner.name, &args.args)?;
+        if accesses.len() > 1 {
+            check_disjoint(&self.inner.name, &args.args)?;
+        }
         // The host implementation, or the module compiled for this GPU (compiled now at the
         // first launch): resolved before the launch is ordered.
         let code = device.backend().kernel_code(&self.inner, device.id())?;
@@ -237,11 +239,35 @@ impl Kernel {
             block: config.block,
             shared_bytes: config.shared_mem_bytes,
         };
-        ordered_traced(stream, "Kernel::launch", work, args.accesses(), || {
+        ordered_traced(stream, "Kernel::launch", work, accesses, || {
             stream
                 .backend()
                 .launch_kernel(&code, &self.inner.name, config, args)
         })
+    }
+
+    /// The error an argument recorded while the launch's arguments were built, naming this
+    /// kernel.
+    #[cold]
+    #[inline(never)]
+    fn argument_error(&self, e: &DeviceError) -> DeviceError {
+        let mut e = e.clone();
+        if let DeviceError::InvalidArgument { kernel, .. } = &mut e {
+            *kernel = self.inner.name.to_string();
+        }
+        e
+    }
+
+    /// The error of argument `index`, a buffer of `other`, launched on a stream of `device`.
+    #[cold]
+    #[inline(never)]
+    fn device_mismatch(&self, index: usize, device: &Device, other: &Device) -> DeviceError {
+        DeviceError::device_mismatch(
+            "Kernel::launch",
+            format!("argument {index} of `{}`", self.inner.name),
+            device,
+            other,
+        )
     }
 
     /// Which backends can run this kernel.

@@ -28,10 +28,10 @@ use crate::error::{DeviceError, Result};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Plain {
     /// A floating-point type of this many bytes, or the 2-byte bfloat16.
-    Float(usize),
+    Float(u8),
     BFloat16,
     /// An integer type of this many bytes (either signedness), or `bool`.
-    Int(usize),
+    Int(u8),
     Bool,
 }
 
@@ -58,16 +58,18 @@ impl Plain {
         })
     }
 
-    fn of_rust(ty: TypeId, size: usize) -> Option<Plain> {
-        let floats: [(TypeId, Plain); 4] = [
+    /// The plain type of the Rust type `T`, if it is one: computed where a launch's argument
+    /// is built, where `T` is known, so that the check of the launch compares two `Plain`s.
+    #[inline]
+    pub(crate) fn of_rust<T: 'static>() -> Option<Plain> {
+        let ty = TypeId::of::<T>();
+        let size = std::mem::size_of::<T>();
+        let floats = [
             (TypeId::of::<f32>(), Plain::Float(4)),
             (TypeId::of::<f64>(), Plain::Float(8)),
             (TypeId::of::<half::f16>(), Plain::Float(2)),
             (TypeId::of::<half::bf16>(), Plain::BFloat16),
         ];
-        if let Some((_, p)) = floats.iter().find(|(t, _)| *t == ty) {
-            return Some(*p);
-        }
         let ints = [
             TypeId::of::<i8>(),
             TypeId::of::<u8>(),
@@ -80,19 +82,22 @@ impl Plain {
             TypeId::of::<isize>(),
             TypeId::of::<usize>(),
         ];
-        if ints.contains(&ty) {
-            return Some(Plain::Int(size));
+        if let Some((_, p)) = floats.iter().find(|(t, _)| *t == ty) {
+            Some(*p)
+        } else if ints.contains(&ty) {
+            // At most 8: the integer types listed.
+            Some(Plain::Int(size as u8))
+        } else if ty == TypeId::of::<bool>() {
+            Some(Plain::Bool)
+        } else {
+            None
         }
-        if ty == TypeId::of::<bool>() {
-            return Some(Plain::Bool);
-        }
-        None
     }
 
     /// Bytes of one element.
     fn size(self) -> usize {
         match self {
-            Plain::Float(n) | Plain::Int(n) => n,
+            Plain::Float(n) | Plain::Int(n) => usize::from(n),
             Plain::BFloat16 => 2,
             Plain::Bool => 1,
         }
@@ -262,20 +267,69 @@ fn parse_param(text: &str) -> Option<Param> {
     })
 }
 
-/// How an element (or a value) of Rust type `ty`, `size` bytes, differs from the plain C type
-/// `want`: `None` when it is that type, or a type the check does not know by name (a user's
-/// `Pod` struct) of the same size; else what was given, for the message.
-fn type_mismatch(want: Plain, ty: TypeId, size: usize, unit: &str) -> Option<String> {
-    match Plain::of_rust(ty, size) {
-        Some(got) if got != want => Some(got.describe().to_string()),
-        Some(_) => None,
-        None if size != want.size() => Some(format!("{size}-byte {unit}")),
-        None => None,
+/// Whether an element (or a value) whose Rust type is the plain type `got` (`None`: a type the
+/// check does not know by name), `size` bytes, passes for the plain C type `want`: it is that
+/// type, or a type the check does not know by name (a user's `Pod` struct) of the same size.
+#[inline]
+fn type_matches(want: Plain, got: Option<Plain>, size: usize) -> bool {
+    match got {
+        Some(got) => got == want,
+        None => size == want.size(),
     }
 }
 
+/// How an element (or a value) that does not pass [`type_matches`] differs from `want`, for the
+/// message; `None` when it passes.
+fn type_mismatch(want: Plain, got: Option<Plain>, size: usize, unit: &str) -> Option<String> {
+    if type_matches(want, got, size) {
+        return None;
+    }
+    Some(match got {
+        Some(got) => got.describe().to_string(),
+        None => format!("{size}-byte {unit}"),
+    })
+}
+
 /// Checks the arguments of a launch of `kernel` against its declared `params`.
+#[inline]
 pub(crate) fn check<M>(kernel: &str, params: &[Param], args: &[KernelArg<M>]) -> Result<()> {
+    if args.len() == params.len() && params.iter().zip(args).all(|(p, a)| fits(p, a)) {
+        return Ok(());
+    }
+    refusal(kernel, params, args)
+}
+
+/// Whether `arg` passes the checks of [`refusal`] for `param`: the launch path's test, with
+/// no message built.
+#[inline]
+fn fits<M>(param: &Param, arg: &KernelArg<M>) -> bool {
+    match arg {
+        KernelArg::Buffer {
+            plain,
+            elem_size,
+            writable,
+            ..
+        } => {
+            param.pointer
+                && (*writable || !param.writable)
+                && param
+                    .plain
+                    .is_none_or(|want| type_matches(want, *plain, *elem_size))
+        }
+        KernelArg::Scalar { plain, len, .. } => {
+            !param.pointer
+                && param
+                    .plain
+                    .is_none_or(|want| type_matches(want, *plain, usize::from(*len)))
+        }
+    }
+}
+
+/// The error of arguments that do not pass [`check`], naming the first one that does not match
+/// its parameter.
+#[cold]
+#[inline(never)]
+fn refusal<M>(kernel: &str, params: &[Param], args: &[KernelArg<M>]) -> Result<()> {
     let bad = |index: usize, reason: String| DeviceError::InvalidArgument {
         kernel: kernel.to_string(),
         index,
@@ -296,7 +350,7 @@ pub(crate) fn check<M>(kernel: &str, params: &[Param], args: &[KernelArg<M>]) ->
     for (index, (param, arg)) in params.iter().zip(args).enumerate() {
         match arg {
             KernelArg::Buffer {
-                ty,
+                plain,
                 ty_name,
                 elem_size,
                 writable,
@@ -324,7 +378,7 @@ pub(crate) fn check<M>(kernel: &str, params: &[Param], args: &[KernelArg<M>]) ->
                     ));
                 }
                 let got = param.plain.and_then(|want| {
-                    Some((want, type_mismatch(want, *ty, *elem_size, "elements")?))
+                    Some((want, type_mismatch(want, *plain, *elem_size, "elements")?))
                 });
                 if let Some((want, got)) = got {
                     return Err(bad(
@@ -339,7 +393,10 @@ pub(crate) fn check<M>(kernel: &str, params: &[Param], args: &[KernelArg<M>]) ->
                 }
             }
             KernelArg::Scalar {
-                ty, ty_name, len, ..
+                plain,
+                ty_name,
+                len,
+                ..
             } => {
                 if param.pointer {
                     return Err(bad(
@@ -352,7 +409,10 @@ pub(crate) fn check<M>(kernel: &str, params: &[Param], args: &[KernelArg<M>]) ->
                     ));
                 }
                 let got = param.plain.and_then(|want| {
-                    Some((want, type_mismatch(want, *ty, usize::from(*len), "value")?))
+                    Some((
+                        want,
+                        type_mismatch(want, *plain, usize::from(*len), "value")?,
+                    ))
                 });
                 if let Some((want, got)) = got {
                     return Err(bad(

@@ -82,6 +82,7 @@ fn run(
             len,
             ty,
             ty_name,
+            ..
         } = a
         {
             *slot = Some(HostSlot::Scalar {
