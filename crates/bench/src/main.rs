@@ -76,7 +76,7 @@ const BENCHMARKS: &[Benchmark] = &[
         name: "ops",
         about: "1000-kernel then-chain vs raw cudarc launches; .await vs .sync_on",
         iters_meaning: "trials",
-        default_iters: 21,
+        default_iters: 51,
         run: ops::run,
     },
     Benchmark {
