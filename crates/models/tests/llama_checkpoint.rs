@@ -348,3 +348,29 @@ fn a_config_of_more_layers_than_its_checkpoint_names_the_first_missing_one(
     assert_eq!(device.memory_pool().stats()?.peak_in_use, 0);
     Ok(())
 }
+
+/// A synthetic model whose weights fit `usize` but not the device (nor the host memory that
+/// stages them) is an `OutOfMemory` error before anything is allocated, never an aborted
+/// process: 24 layers of hidden size 2^16 are some 2.6 · 10^12 bf16 weights, 5 TB.
+#[test]
+fn a_synthetic_model_larger_than_the_device_is_an_error() -> Result<(), DeviceError> {
+    let device = Device::auto()?;
+    let cfg = LlamaConfig {
+        hidden_size: 1 << 16,
+        intermediate_size: 1 << 18,
+        num_hidden_layers: 24,
+        num_attention_heads: 1 << 10,
+        num_key_value_heads: Some(1 << 8),
+        head_dim: Some(64),
+        ..LlamaConfig::tiny()
+    };
+    cfg.validate()?;
+    let before = device.bytes_in_use();
+    let err = Llama::synthetic(&device, cfg, 1).expect_err("5 TB of weights");
+    assert!(
+        matches!(err, DeviceError::OutOfMemory { bytes, .. } if bytes > 1 << 40),
+        "{err}"
+    );
+    assert_eq!(device.bytes_in_use(), before, "nothing stays allocated");
+    Ok(())
+}

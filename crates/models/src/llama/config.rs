@@ -228,6 +228,17 @@ impl LlamaConfig {
 
     /// Elements of every weight, each product checked: the error names the fields whose
     /// product overflows.
+    /// Bytes of the weights stored as `bf16`.
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceError::Usage`] when the sizes overflow, as [`Self::validate`].
+    pub(crate) fn bf16_weight_bytes(&self) -> Result<usize, DeviceError> {
+        self.checked_sizes()
+            .map(|n| n * 2)
+            .map_err(|what| DeviceError::usage(format!("unsupported Llama config: {what}")))
+    }
+
     fn checked_sizes(&self) -> Result<usize, String> {
         let (d, i, v) = (self.hidden_size, self.intermediate_size, self.vocab_size);
         let hd = self.head_dim();

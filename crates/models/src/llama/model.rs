@@ -341,9 +341,12 @@ impl Llama {
     ///
     /// # Errors
     ///
-    /// [`DeviceError::Usage`] for an unsupported config; device errors.
+    /// [`DeviceError::Usage`] for an unsupported config; [`DeviceError::OutOfMemory`] before
+    /// anything is allocated when the weights (2 bytes each) are larger than the device's
+    /// memory, or than the host's, which holds them all while they are made; device errors.
     pub fn synthetic(device: &Device, cfg: LlamaConfig, seed: u64) -> Result<Llama, DeviceError> {
         cfg.validate()?;
+        ensure_fits(device, cfg.bf16_weight_bytes()?)?;
         let tensors = synthetic_map(&cfg, seed);
         Ok(Llama::new(device, cfg, Source::Memory(&tensors))?.0)
     }
@@ -466,4 +469,20 @@ impl Llama {
         let opts = GenerateOptions::greedy().max_seq(prompt.len().max(1));
         LlamaStep::new(self.core.clone(), stream, opts, false)?.logits(prompt, true)
     }
+}
+
+/// Refuses `bytes` of weights that the memory of `device`, or of the host that stages them,
+/// cannot hold (a memory whose size is unknown, reported as 0, is not checked).
+fn ensure_fits(device: &Device, bytes: usize) -> Result<(), DeviceError> {
+    let host = Device::host();
+    for d in [device, &host] {
+        let total = d.memory_info()?.total;
+        if total > 0 && bytes > total {
+            return Err(DeviceError::OutOfMemory {
+                bytes,
+                device: d.name().to_string(),
+            });
+        }
+    }
+    Ok(())
 }
