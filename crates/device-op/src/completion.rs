@@ -160,27 +160,61 @@ impl CompletionSlot {
 struct Reactor {
     pending: Mutex<Vec<Arc<CompletionSlot>>>,
     wake: Condvar,
+    /// Whether the reactor's thread was started. A failed start is tried again at the next
+    /// watch; meanwhile each watched slot completes at once with the reason.
+    started: Mutex<bool>,
 }
 
 fn reactor() -> &'static Reactor {
     static REACTOR: OnceLock<&'static Reactor> = OnceLock::new();
-    REACTOR.get_or_init(|| {
-        let r: &'static Reactor = Box::leak(Box::new(Reactor {
-            pending: Mutex::new(Vec::new()),
-            wake: Condvar::new(),
-        }));
-        let spawned = std::thread::Builder::new()
-            .name("cuflow-completion".into())
-            .spawn(move || r.run());
-        if let Err(e) = spawned {
-            tracing::warn!("could not start the completion thread: {e}");
-        }
-        r
-    })
+    REACTOR.get_or_init(|| Box::leak(Box::new(Reactor::new())))
+}
+
+/// Starts the thread that runs `reactor`.
+fn spawn_reactor(reactor: &'static Reactor) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name("cuflow-completion".into())
+        .spawn(move || reactor.run())
+        .map(drop)
 }
 
 impl Reactor {
-    fn watch(&self, slot: Arc<CompletionSlot>) {
+    fn new() -> Reactor {
+        Reactor {
+            pending: Mutex::new(Vec::new()),
+            wake: Condvar::new(),
+            started: Mutex::new(false),
+        }
+    }
+
+    fn watch(&'static self, slot: Arc<CompletionSlot>) {
+        self.watch_with(slot, spawn_reactor);
+    }
+
+    /// Hands `slot` to the reactor's thread, started first with `spawn` if it is not running.
+    /// Where the thread cannot be started, the slot completes with an error that says so: a
+    /// future never stays pending for want of a thread to complete it.
+    fn watch_with(
+        &'static self,
+        slot: Arc<CompletionSlot>,
+        spawn: impl FnOnce(&'static Reactor) -> std::io::Result<()>,
+    ) {
+        {
+            let mut started = self.started.lock();
+            if !*started {
+                if let Err(e) = spawn(self) {
+                    drop(started);
+                    tracing::warn!("could not start the completion thread: {e}");
+                    slot.handoff.complete(Err(DeviceError::usage(format!(
+                        "cannot await the op: the process could not start cuflow's completion \
+                         thread ({e}); wait for it with .sync() or .sync_on(), which need no \
+                         thread of their own"
+                    ))));
+                    return;
+                }
+                *started = true;
+            }
+        }
         self.pending.lock().push(slot);
         self.wake.notify_one();
     }
@@ -210,6 +244,53 @@ impl Reactor {
             } else {
                 std::thread::sleep(Duration::from_micros(50));
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::task::{Context, Poll, Waker};
+
+    use cuflow_runtime::{Device, DeviceError};
+
+    use super::{CompletionSlot, Reactor};
+
+    /// Where the completion thread cannot be started, a watched future resolves with an error
+    /// naming the cause instead of staying pending; a later watch tries to start it again.
+    #[test]
+    fn a_failed_thread_start_completes_the_future_with_an_error() -> Result<(), DeviceError> {
+        let stream = Device::host().new_stream()?;
+        let reactor: &'static Reactor = Box::leak(Box::new(Reactor::new()));
+        let slot = CompletionSlot::new(stream.record_event()?);
+        reactor.watch_with(slot.clone(), |_| {
+            Err(std::io::Error::other("no more threads"))
+        });
+        let mut cx = Context::from_waker(Waker::noop());
+        match slot.handoff.poll(cx.waker(), |_| None) {
+            super::Polled::Ready(Err(DeviceError::Usage { what })) => {
+                assert!(
+                    what.contains("no more threads") && what.contains(".sync()"),
+                    "{what}"
+                );
+            }
+            super::Polled::Ready(other) => panic!("unexpected result {other:?}"),
+            super::Polled::Parked { .. } => panic!("the future would stay pending"),
+        }
+        // The next watch starts the thread, which completes the slot.
+        let slot = CompletionSlot::new(stream.record_event()?);
+        reactor.watch_with(slot.clone(), super::spawn_reactor);
+        stream.synchronize()?;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            if let Poll::Ready(r) = slot.poll(&mut cx) {
+                return r;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the slot never completed"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
         }
     }
 }
