@@ -129,3 +129,71 @@ fn two_branches_reading_a_shared_op_in_a_captured_multi_stream_graph_read_what_i
     }
     Ok(())
 }
+
+/// A `shared` op produced eagerly, its work possibly still running, then read by a consumer
+/// captured on another stream: each replay reads what the eager production wrote (the
+/// producer is not recorded into the graph and does not run again), never the buffer before
+/// it.
+#[test]
+fn a_shared_op_produced_eagerly_is_read_by_a_captured_consumer() -> Result<(), DeviceError> {
+    let device = Device::auto().expect("the device selected by CUFLOW_DEVICE must be usable");
+    let stream = device.new_stream()?;
+    let other = device.new_stream()?;
+    let n = 1 << 16;
+    let mut rng = rand::thread_rng();
+    let start: Vec<f32> = (0..n).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+    let want: Vec<f32> = start.iter().map(|v| v + 1.0).collect();
+    let src: Buf = Arc::new(DeviceBuffer::from_host(&stream, &start)?);
+    let dsts: [Buf; 2] = [
+        Arc::new(DeviceBuffer::from_host(&stream, &vec![f32::NAN; n])?),
+        Arc::new(DeviceBuffer::from_host(&stream, &vec![f32::NAN; n])?),
+    ];
+    let produced = {
+        let src = src.clone();
+        from_fn(move |ctx| {
+            slow_increment().launch(
+                ctx.stream()?,
+                LaunchConfig::for_num_elems(n),
+                KernelArgs::new()
+                    .output(&*src)
+                    .scalar(n as u32)
+                    .scalar(20_000_000i64),
+            )?;
+            Ok(src)
+        })
+        .shared()
+    };
+    let read_into = |dst: &Buf| {
+        let dst = dst.clone();
+        produced.clone().then(move |src: Arc<Buf>| {
+            from_fn(move |ctx| {
+                copy().launch(
+                    ctx.stream()?,
+                    LaunchConfig::for_num_elems(n),
+                    KernelArgs::new()
+                        .output(&*dst)
+                        .input(&**src)
+                        .scalar(n as u32),
+                )?;
+                Ok(dst)
+            })
+        })
+    };
+    // The eager consumer runs the producer; neither is waited for.
+    let policy = cuflow_scheduler::default_policy(&device)?;
+    let (eager_dst, _) = cuflow_device_op::enqueue_on(read_into(&dsts[0]), &stream, policy)?;
+    let mut graph = read_into(&dsts[1]).graph_on(other.clone())?;
+    for replay in 0..3 {
+        dsts[1].copy_from_host(&stream, &vec![f32::NAN; n])?;
+        graph.replay_and_wait()?;
+        let got = dsts[1].to_host_vec(graph.stream())?;
+        let wrong = got.iter().zip(&want).filter(|(g, w)| g != w).count();
+        assert_eq!(
+            wrong, 0,
+            "replay {replay}: {wrong} of {n} elements are not what the eager producer wrote"
+        );
+    }
+    let got = eager_dst.to_host_vec(&stream)?;
+    assert_eq!(got, want, "the eager consumer read what the producer wrote");
+    Ok(())
+}
