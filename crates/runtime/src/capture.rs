@@ -9,6 +9,11 @@
 //! other buffer it touches: the pointer baked into the graph stays valid for every replay, and
 //! the memory is freed only after the graph, its executables and every tensor holding it are
 //! gone. Such memory is not reused between the steps of one graph; each replay rewrites it.
+//!
+//! Captured work that waits for eager work (a capturing stream waiting on an event recorded
+//! outside any capture, as a consumer of an eagerly produced `shared` op does) cannot hold
+//! that dependency inside the graph: the graph keeps the event, and every launch waits for it
+//! before the replay, on both backends.
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -21,6 +26,7 @@ use crate::access::{ordered_traced, Access, Accesses};
 use crate::backend::{CaptureBackend, DeferredFree, GraphBackend, GraphExecBackend};
 use crate::device::Device;
 use crate::error::{DeviceError, Result};
+use crate::event::Event;
 use crate::memory::Memory;
 use crate::stream::{Stream, StreamId};
 use crate::trace::Work;
@@ -37,6 +43,9 @@ pub(crate) struct CaptureSession {
     pub(crate) error: Mutex<Option<DeviceError>>,
     open: AtomicBool,
     keep_alive: Mutex<Vec<(Arc<Memory>, Access)>>,
+    /// Events of eager work that captured work waited for: every launch of the graph waits
+    /// for them (see [`CaptureSession::add_prerequisite`]).
+    prerequisites: Mutex<Vec<Event>>,
     deferred_frees: Mutex<Vec<DeferredFree>>,
     /// The cuBLAS workspace of each member stream (see `crate::blas::capture_workspace`);
     /// those that captured GEMMs used are also in `keep_alive`.
@@ -55,6 +64,7 @@ impl CaptureSession {
             error: Mutex::new(None),
             open: AtomicBool::new(true),
             keep_alive: Mutex::new(Vec::new()),
+            prerequisites: Mutex::new(Vec::new()),
             deferred_frees: Mutex::new(Vec::new()),
             blas_workspaces: Mutex::new(Vec::new()),
         }
@@ -135,6 +145,21 @@ impl CaptureSession {
         std::mem::take(&mut *self.keep_alive.lock())
     }
 
+    /// Orders the captured work after the eager work before `event`: a dependency on work
+    /// outside the capture cannot be a node of the graph (the driver refuses the wait), so
+    /// each launch of the graph waits for the event first. An event stands for a fixed point
+    /// of its stream, so waiting for it again at a later launch costs nothing once it passed.
+    pub(crate) fn add_prerequisite(&self, event: &Event) {
+        let mut list = self.prerequisites.lock();
+        if !list.iter().any(|e| Arc::ptr_eq(&e.inner, &event.inner)) {
+            list.push(event.clone());
+        }
+    }
+
+    pub(crate) fn take_prerequisites(&self) -> Vec<Event> {
+        std::mem::take(&mut *self.prerequisites.lock())
+    }
+
     pub(crate) fn record_error(&self, err: DeviceError) {
         let mut slot = self.error.lock();
         if slot.is_none() {
@@ -149,6 +174,7 @@ pub struct Graph {
     device: Device,
     backend: GraphBackend,
     keep_alive: Arc<Vec<(Arc<Memory>, Access)>>,
+    prerequisites: Arc<Vec<Event>>,
 }
 
 impl Graph {
@@ -156,11 +182,13 @@ impl Graph {
         device: Device,
         backend: GraphBackend,
         keep_alive: Vec<(Arc<Memory>, Access)>,
+        prerequisites: Vec<Event>,
     ) -> Self {
         Graph {
             device,
             backend,
             keep_alive: Arc::new(keep_alive),
+            prerequisites: Arc::new(prerequisites),
         }
     }
 
@@ -283,6 +311,7 @@ impl Graph {
             device: self.device.clone(),
             backend,
             keep_alive: self.keep_alive.clone(),
+            prerequisites: self.prerequisites.clone(),
         })
     }
 }
@@ -301,6 +330,8 @@ pub struct GraphExec {
     device: Device,
     backend: GraphExecBackend,
     keep_alive: Arc<Vec<(Arc<Memory>, Access)>>,
+    /// Eager work the captured work waited for: each launch waits for it first.
+    prerequisites: Arc<Vec<Event>>,
 }
 
 impl GraphExec {
@@ -317,6 +348,10 @@ impl GraphExec {
                 &self.device,
                 stream.device(),
             ));
+        }
+        // The eager work that the captured work waited for, then the buffers.
+        for event in self.prerequisites.iter() {
+            stream.wait_event(event)?;
         }
         // A replay is one access of every buffer the graph touches, ordered like any other.
         let accesses: Accesses<'_> = self.keep_alive.iter().map(|(m, a)| (m, *a)).collect();
@@ -350,6 +385,7 @@ impl GraphExec {
         let updated = self.backend.update(&graph.backend)?;
         if updated {
             self.keep_alive = graph.keep_alive.clone();
+            self.prerequisites = graph.prerequisites.clone();
         }
         Ok(updated)
     }

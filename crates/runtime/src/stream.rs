@@ -174,6 +174,10 @@ impl Stream {
 
     /// Makes all work enqueued on this stream from now on wait until `event` has completed.
     /// Waiting on an event recorded during a capture makes this stream join that capture.
+    /// While this stream is being captured, waiting on an event of eager work (recorded
+    /// outside any capture, its work possibly still running) orders the captured work after
+    /// that work by making every launch of the resulting graph wait for the event first: a
+    /// graph cannot hold a dependency on work outside it.
     ///
     /// The event may belong to another device: on CUDA the GPU waits for an event of another
     /// GPU (`cuStreamWaitEvent` accepts events of every context), and host devices wait for
@@ -218,6 +222,12 @@ impl Stream {
         let _gate = self.enqueue_gate();
         if let Some(session) = self.capture_session() {
             session.check_owner("Stream::wait_event", self.inner.id)?;
+            if event.inner.capture.is_none() {
+                // Eager work: each launch of the graph waits for it (see
+                // `CaptureSession::add_prerequisite`).
+                session.add_prerequisite(event);
+                return Ok(());
+            }
         }
         self.inner.backend.wait_event(event)?;
         if trace::is_enabled() && !self.is_capturing() {
@@ -442,6 +452,7 @@ impl Stream {
             self.inner.device.clone(),
             graph_backend,
             session.take_keep_alive(),
+            session.take_prerequisites(),
         ))
     }
 

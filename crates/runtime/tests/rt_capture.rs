@@ -509,3 +509,42 @@ fn a_kernel_first_launched_during_a_capture_is_built_and_replayed() -> Result<()
     assert_eq!(x.to_host_vec(&s)?, want);
     Ok(())
 }
+
+/// A capturing stream waiting for an event of eager work (recorded outside the capture, its
+/// work possibly still running) is ordered, not refused: the graph keeps the event, and every
+/// launch of it waits for that work first. (The driver refuses such a wait inside a capture;
+/// the host backend took it. Both now answer alike.)
+#[test]
+fn a_captured_wait_for_eager_work_orders_every_replay_after_it() -> Result<(), DeviceError> {
+    use cuflow_testing::kernels::{copy, launch_spin_write};
+    let device = device();
+    let (eager, capturing, replaying) = (
+        device.new_stream()?,
+        device.new_stream()?,
+        device.new_stream()?,
+    );
+    let x = DeviceBuffer::from_host(&eager, &[0.0f32])?;
+    let y = DeviceBuffer::from_host(&eager, &[f32::NAN])?;
+    eager.synchronize()?;
+    launch_spin_write(&eager, &x, 7.0, 50_000_000)?;
+    let done = eager.record_event()?;
+    capturing.begin_capture()?;
+    let waited = capturing.wait_event(&done);
+    let copied = waited.and_then(|()| {
+        copy().launch(
+            &capturing,
+            LaunchConfig::linear(1, 1),
+            KernelArgs::new().output(&y).input(&x).scalar(1u32),
+        )
+    });
+    let graph = capturing.end_capture();
+    copied?;
+    let exec = graph?.instantiate()?;
+    exec.launch(&replaying)?;
+    assert_eq!(y.to_host_vec(&replaying)?, vec![7.0]);
+    assert!(
+        done.is_complete()?,
+        "the replay ran after the work it waited for"
+    );
+    Ok(())
+}
