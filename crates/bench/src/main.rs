@@ -318,7 +318,7 @@ mod tests {
         let Ok(Command::Run { iters, json, .. }) = parse(&args("ops")) else {
             panic!("expected a run");
         };
-        assert_eq!(iters, 21);
+        assert_eq!(iters, 51);
         assert_eq!(json, None);
     }
 
