@@ -448,7 +448,10 @@ impl ExecutionContext {
     ///
     /// The error of waiting.
     pub fn wait_for(&mut self, event: &Event) -> Result<(), DeviceError> {
-        if event.stream_id() == self.stream.id() {
+        // On its own stream an event orders nothing new, unless it stands for captured work
+        // outside this stream's capture (which `Stream::wait_event` refuses or joins).
+        let own = event.stream_id() == self.stream.id();
+        if own && (!event.is_captured() || event.is_captured_with(&self.stream)) {
             self.stream()?;
             return Ok(());
         }

@@ -276,3 +276,28 @@ fn a_failing_op_that_reads_back_inside_its_closure_is_still_an_error() -> Result
     assert_all(&out, 2.0, "the next op on the stream");
     Ok(())
 }
+
+/// An event recorded during a capture that has ended stands for work that runs only when its
+/// graph is replayed: waiting for it from an op is a capture error on every stream, the one it
+/// was recorded on included (which took it as already ordered).
+#[test]
+fn waiting_for_an_event_of_an_ended_capture_is_refused_on_its_own_stream_too(
+) -> Result<(), DeviceError> {
+    let d = device();
+    let (s, other) = (d.new_stream()?, d.new_stream()?);
+    s.begin_capture()?;
+    let captured = s.record_event();
+    let graph = s.end_capture();
+    let captured = captured?;
+    graph?;
+    for stream in [&s, &other] {
+        let event = captured.clone();
+        let r = from_fn(move |ctx| ctx.wait_for(&event)).sync_on(stream);
+        assert!(
+            matches!(r, Err(DeviceError::Capture { .. })),
+            "on stream {}: {r:?}",
+            stream.id()
+        );
+    }
+    Ok(())
+}

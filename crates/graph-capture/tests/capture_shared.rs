@@ -197,3 +197,57 @@ fn a_shared_op_produced_eagerly_is_read_by_a_captured_consumer() -> Result<(), D
     assert_eq!(got, want, "the eager consumer read what the producer wrote");
     Ok(())
 }
+
+/// A `shared` op produced inside one capture is written only by that graph's replays: a
+/// consumer captured into another graph gets a capture error, at once, on every backend (and
+/// the first graph still replays).
+#[test]
+fn a_shared_op_produced_in_one_capture_is_refused_by_another() -> Result<(), DeviceError> {
+    let device = Device::auto().expect("the device selected by CUFLOW_DEVICE must be usable");
+    let stream = device.new_stream()?;
+    let n = 1 << 10;
+    let src: Buf = Arc::new(DeviceBuffer::from_host(&stream, &vec![1.0f32; n])?);
+    let dst: Buf = Arc::new(DeviceBuffer::from_host(&stream, &vec![f32::NAN; n])?);
+    let produced = {
+        let src = src.clone();
+        from_fn(move |ctx| {
+            slow_increment().launch(
+                ctx.stream()?,
+                LaunchConfig::for_num_elems(n),
+                KernelArgs::new()
+                    .output(&*src)
+                    .scalar(n as u32)
+                    .scalar(1_000i64),
+            )?;
+            Ok(src)
+        })
+        .shared()
+    };
+    let mut first = produced.clone().graph_on(device.new_stream()?)?;
+    let consumer = {
+        let dst = dst.clone();
+        produced.then(move |src: Arc<Buf>| {
+            from_fn(move |ctx| {
+                copy().launch(
+                    ctx.stream()?,
+                    LaunchConfig::for_num_elems(n),
+                    KernelArgs::new()
+                        .output(&*dst)
+                        .input(&**src)
+                        .scalar(n as u32),
+                )?;
+                Ok(())
+            })
+        })
+    };
+    let refused = consumer.graph_on(device.new_stream()?);
+    assert!(
+        matches!(refused, Err(DeviceError::Capture { .. })),
+        "{:?}",
+        refused.err()
+    );
+    first.replay_and_wait()?;
+    assert_eq!(src.to_host_vec(&stream)?, vec![2.0; n]);
+    assert!(dst.to_host_vec(&stream)?.iter().all(|v| v.is_nan()));
+    Ok(())
+}

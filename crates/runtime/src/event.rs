@@ -12,9 +12,7 @@ use crate::backend::EventBackend;
 use crate::capture::CaptureSession;
 use crate::device::Device;
 use crate::error::{DeviceError, Result};
-#[cfg(doc)]
-use crate::stream::Stream;
-use crate::stream::StreamId;
+use crate::stream::{Stream, StreamId};
 
 pub(crate) struct EventInner {
     pub(crate) device: Device,
@@ -94,6 +92,30 @@ impl Event {
     /// orders only the work of that capture, and never completes by itself.
     pub fn is_captured(&self) -> bool {
         self.inner.capture.is_some()
+    }
+
+    /// Whether the event was recorded during the capture that `stream` takes part in now:
+    /// only that capture's work can be ordered after it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cuflow_runtime::Device;
+    /// # fn main() -> Result<(), cuflow_runtime::DeviceError> {
+    /// let device = Device::host();
+    /// let (s, t) = (device.new_stream()?, device.new_stream()?);
+    /// s.begin_capture()?;
+    /// let event = s.record_event()?;
+    /// assert!(event.is_captured_with(&s) && !event.is_captured_with(&t));
+    /// s.end_capture()?;
+    /// assert!(!event.is_captured_with(&s), "that capture has ended");
+    /// # Ok(()) }
+    /// ```
+    pub fn is_captured_with(&self, stream: &Stream) -> bool {
+        match (&self.inner.capture, stream.capture_session()) {
+            (Some(ours), Some(theirs)) => Arc::ptr_eq(ours, &theirs),
+            _ => false,
+        }
     }
 
     /// The device the event belongs to.

@@ -548,3 +548,36 @@ fn a_captured_wait_for_eager_work_orders_every_replay_after_it() -> Result<(), D
     );
     Ok(())
 }
+
+/// Launching one graph while capturing another records the launch: each replay of the outer
+/// graph runs the inner graph's work, in order with the work captured around it.
+#[test]
+fn a_graph_launched_during_a_capture_replays_with_the_outer_graph() -> Result<(), DeviceError> {
+    let device = device();
+    let (s, t) = (device.new_stream()?, device.new_stream()?);
+    let n = 300;
+    let x0 = random_f32(&mut rng(), n);
+    let x = DeviceBuffer::from_host(&s, &x0)?;
+    let y = DeviceBuffer::from_host(&s, &vec![f32::NAN; n])?;
+    s.synchronize()?;
+    s.begin_capture()?;
+    let added = launch_add_one(&s, &x);
+    let inner = s.end_capture();
+    added?;
+    let inner = inner?.instantiate()?;
+    t.begin_capture()?;
+    let launched = inner.launch(&t);
+    let copied = launched.and_then(|()| y.copy_from(&t, &x));
+    let outer = t.end_capture();
+    copied?;
+    let outer = outer?.instantiate()?;
+    for replay in 1..=3 {
+        outer.launch(&s)?;
+        assert_eq!(
+            y.to_host_vec(&s)?,
+            plus_ones(&x0, replay),
+            "replay {replay}: the inner graph ran once, before the copy"
+        );
+    }
+    Ok(())
+}

@@ -418,13 +418,13 @@ where
             scope,
         } = produced;
         if let Some((event, stream)) = event {
-            if event.is_captured() && !ctx.stream()?.is_capturing() {
+            if event.is_captured() && !event.is_captured_with(ctx.stream()?) {
                 return Err(DeviceError::Capture {
                     op: "shared".into(),
                     reason: format!(
                         "the shared op was produced inside a capture (on stream {stream}): its \
                          output is written only when that graph is replayed; consume it inside \
-                         the captured op, or take it from the graph's output"
+                         the same captured op, or take it from the graph's output"
                     ),
                 });
             }
