@@ -339,7 +339,9 @@ impl GraphExec {
     ///
     /// # Errors
     ///
-    /// [`DeviceError::DeviceMismatch`] for a stream of another device, or a driver error.
+    /// [`DeviceError::DeviceMismatch`] for a stream of another device;
+    /// [`DeviceError::Capture`] while `stream` is being captured (which fails that capture, on
+    /// every backend: the driver cannot record a replay); or a driver error.
     pub fn launch(&self, stream: &Stream) -> Result<()> {
         if stream.device() != &self.device {
             return Err(DeviceError::device_mismatch(
@@ -348,6 +350,14 @@ impl GraphExec {
                 &self.device,
                 stream.device(),
             ));
+        }
+        {
+            let _gate = stream.enqueue_gate();
+            stream.refuse_in_capture(
+                "GraphExec::launch",
+                "a graph cannot be replayed on a stream being captured (the driver refuses it); \
+                 replay it before or after the capture, or capture the op it was made from",
+            )?;
         }
         // The eager work that the captured work waited for, then the buffers.
         for event in self.prerequisites.iter() {

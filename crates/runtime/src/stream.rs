@@ -503,14 +503,22 @@ impl Stream {
     }
 
     pub(crate) fn forbid_in_capture(&self, op: &'static str) -> Result<()> {
+        self.refuse_in_capture(
+            op,
+            "this operation waits for the host (or reads pageable host memory), and cannot be \
+             recorded into a graph; do it before or after the capture",
+        )
+    }
+
+    /// While this stream is being captured, fails the capture with a [`DeviceError::Capture`]
+    /// of `op` saying `reason`, and returns it; otherwise does nothing.
+    pub(crate) fn refuse_in_capture(&self, op: &'static str, reason: &str) -> Result<()> {
         if let Some(session) = self.capture_session() {
             // Another thread's call is refused without spoiling the capture.
             session.check_owner(op, self.inner.id)?;
             let err = DeviceError::Capture {
                 op: op.to_string(),
-                reason: "this operation waits for the host (or reads pageable host memory), \
-                         and cannot be recorded into a graph; do it before or after the capture"
-                    .into(),
+                reason: reason.to_string(),
             };
             session.record_error(err.clone());
             return Err(err);
