@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use cuflow_device_op::{from_fn, zip, DeviceOpExt};
+use cuflow_device_op::{from_fn, zip, DeviceOp, DeviceOpExt, Shared};
 use cuflow_graph_capture::GraphCaptureExt;
 use cuflow_runtime::{Device, DeviceBuffer, DeviceError, Kernel, KernelArgs, LaunchConfig};
 use cuflow_scheduler::StreamPoolRoundRobin;
@@ -58,6 +58,45 @@ fn copy() -> Kernel {
     })
 }
 
+/// `src += 1` by [`slow_increment`] (spinning `spin` cycles first), as a shared op whose
+/// output is `src`.
+fn shared_increment(src: &Buf, n: usize, spin: i64) -> Shared<impl DeviceOp<Output = Buf>> {
+    let src = src.clone();
+    from_fn(move |ctx| {
+        slow_increment().launch(
+            ctx.stream()?,
+            LaunchConfig::for_num_elems(n),
+            KernelArgs::new()
+                .output(&*src)
+                .scalar(n as u32)
+                .scalar(spin),
+        )?;
+        Ok(src)
+    })
+    .shared()
+}
+
+/// A consumer of `produced`: copies what it produced into `dst`.
+fn read_into<P>(produced: &P, dst: &Buf, n: usize) -> impl DeviceOp<Output = Buf>
+where
+    P: DeviceOp<Output = Arc<Buf>> + Clone,
+{
+    let dst = dst.clone();
+    produced.clone().then(move |src: Arc<Buf>| {
+        from_fn(move |ctx| {
+            copy().launch(
+                ctx.stream()?,
+                LaunchConfig::for_num_elems(n),
+                KernelArgs::new()
+                    .output(&*dst)
+                    .input(&**src)
+                    .scalar(n as u32),
+            )?;
+            Ok(dst)
+        })
+    })
+}
+
 #[test]
 fn two_branches_reading_a_shared_op_in_a_captured_multi_stream_graph_read_what_it_wrote(
 ) -> Result<(), DeviceError> {
@@ -72,38 +111,9 @@ fn two_branches_reading_a_shared_op_in_a_captured_multi_stream_graph_read_what_i
         Arc::new(DeviceBuffer::zeroed(&stream, n)?),
         Arc::new(DeviceBuffer::zeroed(&stream, n)?),
     ];
-    let produced = {
-        let src = src.clone();
-        from_fn(move |ctx| {
-            slow_increment().launch(
-                ctx.stream()?,
-                LaunchConfig::for_num_elems(n),
-                KernelArgs::new()
-                    .output(&*src)
-                    .scalar(n as u32)
-                    .scalar(2_000_000i64),
-            )?;
-            Ok(src)
-        })
-        .shared()
-    };
-    let read_into = |dst: &Buf| {
-        let dst = dst.clone();
-        produced.clone().then(move |src: Arc<Buf>| {
-            from_fn(move |ctx| {
-                copy().launch(
-                    ctx.stream()?,
-                    LaunchConfig::for_num_elems(n),
-                    KernelArgs::new()
-                        .output(&*dst)
-                        .input(&**src)
-                        .scalar(n as u32),
-                )?;
-                Ok(dst)
-            })
-        })
-    };
-    let mut graph = zip!(read_into(&dsts[0]), read_into(&dsts[1])).graph_with_policy(&policy)?;
+    let produced = shared_increment(&src, n, 2_000_000);
+    let read = |dst: &Buf| read_into(&produced, dst, n);
+    let mut graph = zip!(read(&dsts[0]), read(&dsts[1])).graph_with_policy(&policy)?;
     assert!(
         graph.capture_stats().streams.len() >= 2,
         "the branches must be captured on streams of their own: {:?}",
@@ -148,41 +158,12 @@ fn a_shared_op_produced_eagerly_is_read_by_a_captured_consumer() -> Result<(), D
         Arc::new(DeviceBuffer::from_host(&stream, &vec![f32::NAN; n])?),
         Arc::new(DeviceBuffer::from_host(&stream, &vec![f32::NAN; n])?),
     ];
-    let produced = {
-        let src = src.clone();
-        from_fn(move |ctx| {
-            slow_increment().launch(
-                ctx.stream()?,
-                LaunchConfig::for_num_elems(n),
-                KernelArgs::new()
-                    .output(&*src)
-                    .scalar(n as u32)
-                    .scalar(20_000_000i64),
-            )?;
-            Ok(src)
-        })
-        .shared()
-    };
-    let read_into = |dst: &Buf| {
-        let dst = dst.clone();
-        produced.clone().then(move |src: Arc<Buf>| {
-            from_fn(move |ctx| {
-                copy().launch(
-                    ctx.stream()?,
-                    LaunchConfig::for_num_elems(n),
-                    KernelArgs::new()
-                        .output(&*dst)
-                        .input(&**src)
-                        .scalar(n as u32),
-                )?;
-                Ok(dst)
-            })
-        })
-    };
+    let produced = shared_increment(&src, n, 20_000_000);
+    let read = |dst: &Buf| read_into(&produced, dst, n);
     // The eager consumer runs the producer; neither is waited for.
     let policy = cuflow_scheduler::default_policy(&device)?;
-    let (eager_dst, _) = cuflow_device_op::enqueue_on(read_into(&dsts[0]), &stream, policy)?;
-    let mut graph = read_into(&dsts[1]).graph_on(other.clone())?;
+    let (eager_dst, _) = cuflow_device_op::enqueue_on(read(&dsts[0]), &stream, policy)?;
+    let mut graph = read(&dsts[1]).graph_on(other.clone())?;
     for replay in 0..3 {
         dsts[1].copy_from_host(&stream, &vec![f32::NAN; n])?;
         graph.replay_and_wait()?;
@@ -208,38 +189,9 @@ fn a_shared_op_produced_in_one_capture_is_refused_by_another() -> Result<(), Dev
     let n = 1 << 10;
     let src: Buf = Arc::new(DeviceBuffer::from_host(&stream, &vec![1.0f32; n])?);
     let dst: Buf = Arc::new(DeviceBuffer::from_host(&stream, &vec![f32::NAN; n])?);
-    let produced = {
-        let src = src.clone();
-        from_fn(move |ctx| {
-            slow_increment().launch(
-                ctx.stream()?,
-                LaunchConfig::for_num_elems(n),
-                KernelArgs::new()
-                    .output(&*src)
-                    .scalar(n as u32)
-                    .scalar(1_000i64),
-            )?;
-            Ok(src)
-        })
-        .shared()
-    };
+    let produced = shared_increment(&src, n, 1_000);
     let mut first = produced.clone().graph_on(device.new_stream()?)?;
-    let consumer = {
-        let dst = dst.clone();
-        produced.then(move |src: Arc<Buf>| {
-            from_fn(move |ctx| {
-                copy().launch(
-                    ctx.stream()?,
-                    LaunchConfig::for_num_elems(n),
-                    KernelArgs::new()
-                        .output(&*dst)
-                        .input(&**src)
-                        .scalar(n as u32),
-                )?;
-                Ok(())
-            })
-        })
-    };
+    let consumer = read_into(&produced, &dst, n);
     let refused = consumer.graph_on(device.new_stream()?);
     assert!(
         matches!(refused, Err(DeviceError::Capture { .. })),
