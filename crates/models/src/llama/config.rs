@@ -226,8 +226,6 @@ impl LlamaConfig {
         self.checked_sizes().unwrap_or(usize::MAX)
     }
 
-    /// Elements of every weight, each product checked: the error names the fields whose
-    /// product overflows.
     /// Bytes of the weights stored as `bf16`.
     ///
     /// # Errors
@@ -239,6 +237,8 @@ impl LlamaConfig {
             .map_err(|what| DeviceError::usage(format!("unsupported Llama config: {what}")))
     }
 
+    /// Elements of every weight, each product checked: the error names the fields whose
+    /// product overflows.
     fn checked_sizes(&self) -> Result<usize, String> {
         let (d, i, v) = (self.hidden_size, self.intermediate_size, self.vocab_size);
         let hd = self.head_dim();
