@@ -67,9 +67,13 @@ impl Event {
     /// # Errors
     ///
     /// [`DeviceError::Usage`] when an event is not timed or not complete,
-    /// [`DeviceError::DeviceMismatch`] when the events belong to different devices, or a
-    /// driver error.
+    /// [`DeviceError::Capture`] when an event was recorded during a capture (it stands for work
+    /// that runs only in the graph's replays), [`DeviceError::DeviceMismatch`] when the events
+    /// belong to different devices, or a driver error.
     pub fn elapsed_ms(&self, end: &Event) -> Result<f32> {
+        if self.inner.capture.is_some() || end.inner.capture.is_some() {
+            return Err(captured("Event::elapsed_ms"));
+        }
         if !self.inner.timed || !end.inner.timed {
             return Err(DeviceError::usage(
                 "Event::elapsed_ms needs two timed events: record them with \

@@ -179,3 +179,37 @@ fn host_functions_run_in_stream_order() -> Result<(), DeviceError> {
     assert_eq!(x.to_host_vec(&s)?, vec![16.0; n]);
     Ok(())
 }
+
+/// Timed events recorded during a capture stand for captured work, which runs only in
+/// replays: the time between them is a capture error on every backend (as waiting for them
+/// is), before and after the graph is replayed, never a number.
+#[test]
+fn the_time_between_captured_events_is_a_capture_error() -> Result<(), DeviceError> {
+    let s = stream();
+    let x = DeviceBuffer::<f32>::zeroed(&s, 1 << 10)?;
+    s.synchronize()?;
+    s.begin_capture()?;
+    let start = s.record_timed_event();
+    let added = launch_add_one(&s, &x);
+    let end = s.record_timed_event();
+    let graph = s.end_capture();
+    let (start, end) = (start?, end?);
+    added?;
+    let exec = graph?.instantiate()?;
+    let eager = s.record_timed_event()?;
+    eager.synchronize()?;
+    for replayed in [false, true] {
+        if replayed {
+            exec.launch(&s)?;
+            s.synchronize()?;
+        }
+        for (a, b) in [(&start, &end), (&start, &eager), (&eager, &end)] {
+            let r = a.elapsed_ms(b);
+            assert!(
+                matches!(r, Err(DeviceError::Capture { .. })),
+                "replayed {replayed}: {r:?}"
+            );
+        }
+    }
+    Ok(())
+}
