@@ -278,51 +278,60 @@ fn type_matches(want: Plain, got: Option<Plain>, size: usize) -> bool {
     }
 }
 
-/// How an element (or a value) that does not pass [`type_matches`] differs from `want`, for the
-/// message; `None` when it passes.
-fn type_mismatch(want: Plain, got: Option<Plain>, size: usize, unit: &str) -> Option<String> {
-    if type_matches(want, got, size) {
-        return None;
-    }
-    Some(match got {
-        Some(got) => got.describe().to_string(),
-        None => format!("{size}-byte {unit}"),
-    })
+/// How an argument fails the check against its parameter; found without building a message.
+#[derive(Clone, Copy, Debug)]
+enum Mismatch {
+    /// A buffer for a value parameter.
+    BufferForValue,
+    /// A value for a pointer parameter.
+    ValueForPointer,
+    /// An input buffer for a pointer to non-`const` elements.
+    InputForWritable,
+    /// An element or value type other than the declared plain type.
+    Type(Plain),
 }
 
-/// Checks the arguments of a launch of `kernel` against its declared `params`.
+/// How `arg` fails `param`, if it does: the one test of the launch path and of its error.
 #[inline]
-pub(crate) fn check<M>(kernel: &str, params: &[Param], args: &[KernelArg<M>]) -> Result<()> {
-    if args.len() == params.len() && params.iter().zip(args).all(|(p, a)| fits(p, a)) {
-        return Ok(());
-    }
-    refusal(kernel, params, args)
-}
-
-/// Whether `arg` passes the checks of [`refusal`] for `param`: the launch path's test, with
-/// no message built.
-#[inline]
-fn fits<M>(param: &Param, arg: &KernelArg<M>) -> bool {
-    match arg {
+fn mismatch<M>(param: &Param, arg: &KernelArg<M>) -> Option<Mismatch> {
+    let (plain, size) = match arg {
         KernelArg::Buffer {
             plain,
             elem_size,
             writable,
             ..
         } => {
-            param.pointer
-                && (*writable || !param.writable)
-                && param
-                    .plain
-                    .is_none_or(|want| type_matches(want, *plain, *elem_size))
+            if !param.pointer {
+                return Some(Mismatch::BufferForValue);
+            }
+            if param.writable && !*writable {
+                return Some(Mismatch::InputForWritable);
+            }
+            (*plain, *elem_size)
         }
         KernelArg::Scalar { plain, len, .. } => {
-            !param.pointer
-                && param
-                    .plain
-                    .is_none_or(|want| type_matches(want, *plain, usize::from(*len)))
+            if param.pointer {
+                return Some(Mismatch::ValueForPointer);
+            }
+            (*plain, usize::from(*len))
         }
+    };
+    let want = param.plain?;
+    (!type_matches(want, plain, size)).then_some(Mismatch::Type(want))
+}
+
+/// Checks the arguments of a launch of `kernel` against its declared `params`.
+#[inline]
+pub(crate) fn check<M>(kernel: &str, params: &[Param], args: &[KernelArg<M>]) -> Result<()> {
+    if args.len() == params.len()
+        && params
+            .iter()
+            .zip(args)
+            .all(|(p, a)| mismatch(p, a).is_none())
+    {
+        return Ok(());
     }
+    refusal(kernel, params, args)
 }
 
 /// The error of arguments that do not pass [`check`], naming the first one that does not match
@@ -348,86 +357,65 @@ fn refusal<M>(kernel: &str, params: &[Param], args: &[KernelArg<M>]) -> Result<(
         ));
     }
     for (index, (param, arg)) in params.iter().zip(args).enumerate() {
-        match arg {
-            KernelArg::Buffer {
-                plain,
-                ty_name,
-                elem_size,
-                writable,
-                ..
-            } => {
-                if !param.pointer {
-                    return Err(bad(
-                        index,
-                        format!(
-                            "parameter `{}` is a value, but a buffer of {ty_name} was given",
-                            param.text
-                        ),
-                    ));
-                }
-                if param.writable && !*writable {
-                    return Err(bad(
-                        index,
-                        format!(
-                            "parameter `{}` points to elements that are not const, so the \
-                             kernel may write them, but a buffer of {ty_name} was given as an \
-                             input (ordered as a read, beside other readers); pass it with \
-                             KernelArgs::output, or declare the parameter `const`",
-                            param.text
-                        ),
-                    ));
-                }
-                let got = param.plain.and_then(|want| {
-                    Some((want, type_mismatch(want, *plain, *elem_size, "elements")?))
-                });
-                if let Some((want, got)) = got {
-                    return Err(bad(
-                        index,
-                        format!(
-                            "parameter `{}` points to {}, but a buffer of {ty_name} ({got}) was \
-                             given",
-                            param.text,
-                            want.describe(),
-                        ),
-                    ));
-                }
+        let Some(m) = mismatch(param, arg) else {
+            continue;
+        };
+        let text = &param.text;
+        let reason = match (arg, m) {
+            (KernelArg::Buffer { ty_name, .. }, Mismatch::BufferForValue) => {
+                format!("parameter `{text}` is a value, but a buffer of {ty_name} was given")
             }
-            KernelArg::Scalar {
-                plain,
-                ty_name,
-                len,
-                ..
-            } => {
-                if param.pointer {
-                    return Err(bad(
-                        index,
-                        format!(
-                            "parameter `{}` is a pointer, but a {ty_name} value was given; pass \
-                             a buffer with KernelArgs::input or KernelArgs::output",
-                            param.text
-                        ),
-                    ));
-                }
-                let got = param.plain.and_then(|want| {
-                    Some((
-                        want,
-                        type_mismatch(want, *plain, usize::from(*len), "value")?,
-                    ))
-                });
-                if let Some((want, got)) = got {
-                    return Err(bad(
-                        index,
-                        format!(
-                            "parameter `{}` is {}, but a {ty_name} ({got}) was given",
-                            param.text,
-                            want.describe(),
-                        ),
-                    ));
-                }
-            }
-        }
+            (KernelArg::Buffer { ty_name, .. }, Mismatch::InputForWritable) => format!(
+                "parameter `{text}` points to elements that are not const, so the kernel may \
+                 write them, but a buffer of {ty_name} was given as an input (ordered as a \
+                 read, beside other readers); pass it with KernelArgs::output, or declare the \
+                 parameter `const`"
+            ),
+            (
+                KernelArg::Buffer {
+                    ty_name,
+                    plain,
+                    elem_size,
+                    ..
+                },
+                Mismatch::Type(want),
+            ) => format!(
+                "parameter `{text}` points to {}, but a buffer of {ty_name} ({}) was given",
+                want.describe(),
+                described(*plain, *elem_size, "elements"),
+            ),
+            (KernelArg::Scalar { ty_name, .. }, Mismatch::ValueForPointer) => format!(
+                "parameter `{text}` is a pointer, but a {ty_name} value was given; pass a \
+                 buffer with KernelArgs::input or KernelArgs::output"
+            ),
+            (
+                KernelArg::Scalar {
+                    ty_name,
+                    plain,
+                    len,
+                    ..
+                },
+                Mismatch::Type(want),
+            ) => format!(
+                "parameter `{text}` is {}, but a {ty_name} ({}) was given",
+                want.describe(),
+                described(*plain, usize::from(*len), "value"),
+            ),
+            // `mismatch` gives a buffer only buffer mismatches, a value only value ones.
+            (_, m) => format!("parameter `{text}` does not match the argument ({m:?})"),
+        };
+        return Err(bad(index, reason));
     }
     Ok(())
+}
+
+/// What a mismatched element (or value) is, for the message: its plain type, or its size when
+/// the check does not know its type by name.
+fn described(plain: Option<Plain>, size: usize, unit: &str) -> String {
+    match plain {
+        Some(p) => p.describe().to_string(),
+        None => format!("{size}-byte {unit}"),
+    }
 }
 
 #[cfg(test)]
