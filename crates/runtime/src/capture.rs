@@ -351,14 +351,13 @@ impl GraphExec {
                 stream.device(),
             ));
         }
-        {
-            let _gate = stream.enqueue_gate();
-            stream.refuse_in_capture(
-                "GraphExec::launch",
-                "a graph cannot be replayed on a stream being captured (the driver refuses it); \
-                 replay it before or after the capture, or capture the op it was made from",
-            )?;
-        }
+        // Without the gate: only this thread can begin a capture that this launch would be
+        // recorded into, and another thread's capture is refused by `ordered_traced` below.
+        stream.refuse_in_capture(
+            "GraphExec::launch",
+            "a graph cannot be replayed on a stream being captured (the driver refuses it); \
+             replay it before or after the capture, or capture the op it was made from",
+        )?;
         // The eager work that the captured work waited for, then the buffers.
         for event in self.prerequisites.iter() {
             stream.wait_event(event)?;

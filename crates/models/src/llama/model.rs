@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use cuflow_device_op::{from_fn, DeviceOp, DeviceOpExt, ExecutionContext};
 use cuflow_dist::{all_reduce, all_reduce_in_place, Communicator, ReduceOp};
-use cuflow_runtime::{Device, DeviceError, Stream};
+use cuflow_runtime::{BackendKind, Device, DeviceError, Stream};
 use cuflow_tensor::kernels::decode::GemvEpilogue::{Accumulate, Store, SwiGlu};
 use cuflow_tensor::kernels::decode::{self, AttentionShape, GemvInput, SampleParams};
 use cuflow_tensor::{api, bf16, kernels, Tensor};
@@ -474,8 +474,9 @@ impl Llama {
 /// Refuses `bytes` of weights that the memory of `device`, or of the host that stages them,
 /// cannot hold (a memory whose size is unknown, reported as 0, is not checked).
 fn ensure_fits(device: &Device, bytes: usize) -> Result<(), DeviceError> {
-    let host = Device::host();
-    for d in [device, &host] {
+    // A host device's memory is the host's: read once.
+    let staging = (device.kind() != BackendKind::Host).then(Device::host);
+    for d in std::iter::once(device).chain(staging.as_ref()) {
         let total = d.memory_info()?.total;
         if total > 0 && bytes > total {
             return Err(DeviceError::OutOfMemory {
