@@ -322,35 +322,3 @@ fn a_device_synchronize_racing_a_capture_skips_the_capturing_stream() {
         }
     });
 }
-
-/// A synchronization waiting for a host function that waits for another thread to begin a
-/// capture of the same stream returns: the synchronization does not hold the capture back
-/// while it waits.
-#[test]
-fn a_synchronize_does_not_hold_back_a_capture_its_stream_waits_for() {
-    cuflow_testing::thread::within_a_minute("the synchronize or the capture hung", || {
-        let s = stream();
-        let (began, wait_for_capture) = mpsc::channel::<()>();
-        s.enqueue_host_fn(move || {
-            let _ = wait_for_capture.recv();
-        })
-        .expect("enqueue the host function");
-        std::thread::scope(|scope| {
-            let sync = scope.spawn(|| s.synchronize());
-            // Lets the synchronize start waiting first (either order must finish).
-            std::thread::sleep(Duration::from_millis(50));
-            s.begin_capture().expect("begin the capture");
-            began.send(()).expect("the host function waits");
-            let graph = s.end_capture().expect("end the capture");
-            assert_eq!(graph.node_count().expect("node count"), 0);
-            match sync.join().expect("the synchronizing thread") {
-                Ok(()) => {}
-                Err(DeviceError::Capture { reason, .. }) => {
-                    assert!(reason.contains("another thread"), "{reason}")
-                }
-                Err(e) => panic!("synchronize: {e}"),
-            }
-        });
-        s.synchronize().expect("the stream is usable");
-    });
-}

@@ -327,12 +327,18 @@ pub fn compile_kernels(device: &Device) -> Result<(), DeviceError> {
     Ok(())
 }
 
+/// How long a [`Gate`] stays closed at most.
+pub const GATE_LIMIT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// A stream blocked by a host function until [`Gate::open`] (or drop), with an event after
 /// it. Work that waits on [`Gate::event`] cannot finish while the gate is closed, which
 /// makes "still in flight" a certainty rather than a matter of timing.
 ///
 /// While a gate is closed, nothing in its test binary may wait for all of the device's streams
-/// (`Device::synchronize`).
+/// (`Device::synchronize`). On CUDA, a kernel module loaded meanwhile (by another test of the
+/// binary) may wait for the gate too, while holding a lock every other driver call takes, the
+/// calls of the test that would open the gate among them: so a gate opens by itself after
+/// [`GATE_LIMIT`], and such a test fails where it would have hung its binary.
 #[derive(Debug)]
 pub struct Gate {
     release: Option<mpsc::Sender<()>>,
@@ -349,9 +355,9 @@ impl Gate {
         compile_kernels(device)?;
         let stream = device.new_stream()?;
         let (release, held) = mpsc::channel::<()>();
-        // Returns when the sender is dropped.
+        // Returns when the sender is dropped, or after GATE_LIMIT.
         stream.enqueue_host_fn(move || {
-            let _ = held.recv();
+            let _ = held.recv_timeout(GATE_LIMIT);
         })?;
         let event = stream.record_event()?;
         Ok(Gate {
