@@ -129,16 +129,22 @@ impl<'a> Variant<'a> {
 
 /// Runs the benchmark with `iters` launches per trial.
 pub(crate) fn run(device: &Device, iters: usize) -> Result<Results, BenchError> {
-    let stream = device.new_stream()?;
-    let other = device.new_stream()?;
+    // Each variant launches on streams of its own, as each raw launcher does: what one
+    // variant leaves on a stream (the traced one's timing events, the alternating one's
+    // cross-stream waits) never lands in another's figure.
+    let [stream, stream_arg, alt_a, alt_b, stream_traced] = [(); 5].map(|()| device.new_stream());
+    let (stream, stream_arg, alt_a, alt_b, stream_traced) =
+        (stream?, stream_arg?, alt_a?, alt_b?, stream_traced?);
     let no_arg = empty_kernel();
     let one_arg = empty_arg_kernel();
     // Compile through cuflow first: it reports a missing NVRTC or a compile error as a
     // `DeviceError`, before any raw cudarc call.
     no_arg.compile(device)?;
     one_arg.compile(device)?;
-    let buffer = DeviceBuffer::<f32>::zeroed(&stream, 1)?;
-    stream.synchronize()?;
+    let buffer = DeviceBuffer::<f32>::zeroed(&stream_arg, 1)?;
+    let alt_buffer = DeviceBuffer::<f32>::zeroed(&alt_a, 1)?;
+    stream_arg.synchronize()?;
+    alt_a.synchronize()?;
 
     let mut raw_off = RawLauncher::new(device, EventTracking::Off, RawKernel::Empty)?;
     let mut raw_off_arg = RawLauncher::new(device, EventTracking::Off, RawKernel::EmptyOneBuffer)?;
@@ -148,12 +154,19 @@ pub(crate) fn run(device: &Device, iters: usize) -> Result<Results, BenchError> 
     let mut variants = [
         Variant::new(|n| Ok(cuflow_launches(&stream, &no_arg, None, n)?)),
         Variant::new(|n| raw_off.launch_n(n)),
-        Variant::new(|n| Ok(cuflow_launches(&stream, &one_arg, Some(&buffer), n)?)),
+        Variant::new(|n| Ok(cuflow_launches(&stream_arg, &one_arg, Some(&buffer), n)?)),
         Variant::new(|n| raw_off_arg.launch_n(n)),
         Variant::new(|n| raw_on_arg.launch_n(n)),
-        Variant::new(|n| Ok(cuflow_alternating((&stream, &other), &one_arg, &buffer, n)?)),
+        Variant::new(|n| {
+            Ok(cuflow_alternating(
+                (&alt_a, &alt_b),
+                &one_arg,
+                &alt_buffer,
+                n,
+            )?)
+        }),
         Variant::new(|n| raw_on_alt.launch_n_alternating(n)),
-        Variant::new(|n| Ok(cuflow_launches_traced(&stream, &no_arg, n)?)),
+        Variant::new(|n| Ok(cuflow_launches_traced(&stream_traced, &no_arg, n)?)),
     ];
     for variant in &mut variants {
         (variant.launch_n)(WARMUP_LAUNCHES)?;
