@@ -7,8 +7,8 @@
 //! cargo run --release --example 06_llama -- --synthetic 1b --sample --temperature 0.8 --top-k 40
 //! cargo run --release --example 06_llama -- --synthetic 1b --tp 2     # 2 ranks in this process
 //! cargo run --release --example 06_llama -- --checkpoint path/to/Llama-3.2-1B --tp 2
-//! torchrun --nproc-per-node 2 target/release/examples/06_llama --synthetic 1b   # 1 rank per process
-//! torchrun --nproc-per-node 2 target/release/examples/06_llama --checkpoint path/to/Llama-3.2-1B
+//! torchrun --nproc-per-node 2 --no-python target/release/examples/06_llama --synthetic 1b   # 1 rank per process
+//! torchrun --nproc-per-node 2 --no-python target/release/examples/06_llama --checkpoint path/to/Llama-3.2-1B
 //! ```
 //!
 //! Prints the generated ids and the tokens per second of both loops (prefill included, the

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo run --example 07_collectives -- --ranks 4          # 4 ranks in this process
-//! torchrun --nproc-per-node 2 target/debug/examples/07_collectives   # one rank per process
+//! torchrun --nproc-per-node 2 --no-python target/debug/examples/07_collectives   # one rank per process
 //! RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 target/debug/examples/07_collectives &
 //! RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 target/debug/examples/07_collectives
 //! ```

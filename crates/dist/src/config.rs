@@ -60,7 +60,7 @@ pub struct DistConfig {
     pub local_rank: usize,
     /// The host rank 0 listens on.
     pub master_host: String,
-    /// The port rank 0 listens on.
+    /// The port rank 0 listens on (from the environment: see [`DistConfig::from_env`]).
     pub master_port: u16,
     /// The deadline of every wait for a peer (the rendezvous, and each collective's wait on
     /// the host backend).
@@ -93,6 +93,11 @@ impl DistConfig {
     /// `MASTER_ADDR` (default `127.0.0.1`) and `MASTER_PORT` (default 29500), as `torchrun`
     /// sets them; under Slurm without them, `SLURM_PROCID`, `SLURM_NTASKS` and
     /// `SLURM_LOCALID`. The timeout comes from `CUFLOW_DIST_TIMEOUT_MS`.
+    ///
+    /// Rank 0 listens at `MASTER_PORT`, except under torchrun's agent store
+    /// (`TORCHELASTIC_USE_AGENT_STORE=True`, torchrun's default), which the agent itself serves
+    /// at that port: there rank 0 listens at `MASTER_PORT + 1`. `CUFLOW_RENDEZVOUS_PORT` names
+    /// the port instead, in either case.
     ///
     /// # Errors
     ///
@@ -142,13 +147,36 @@ pub(crate) fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<DistCo
     }
     let local_rank = number(&["LOCAL_RANK", "SLURM_LOCALID"])?.unwrap_or(rank);
     let master_host = get("MASTER_ADDR").unwrap_or_else(|| "127.0.0.1".into());
-    let master_port = match number(&["MASTER_PORT"])? {
-        Some(p) => u16::try_from(p).ok().filter(|&p| p != 0).ok_or_else(|| {
+    let port = |name: &str, p: usize| {
+        u16::try_from(p).ok().filter(|&p| p != 0).ok_or_else(|| {
             DeviceError::usage(format!(
-                "MASTER_PORT={p} is not a port rank 0 can listen at (1 to 65535)"
+                "{name}={p} is not a port rank 0 can listen at (1 to 65535)"
             ))
-        })?,
-        None => 29500,
+        })
+    };
+    let master_port = match number(&["CUFLOW_RENDEZVOUS_PORT"])? {
+        Some(p) => port("CUFLOW_RENDEZVOUS_PORT", p)?,
+        None => {
+            let master_port = match number(&["MASTER_PORT"])? {
+                Some(p) => port("MASTER_PORT", p)?,
+                None => 29500,
+            };
+            // torchrun's agent serves its own store at MASTER_PORT and tells its workers to use
+            // it; rank 0 listens beside it.
+            let agent_store = get("TORCHELASTIC_USE_AGENT_STORE")
+                .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"));
+            if agent_store {
+                master_port.checked_add(1).ok_or_else(|| {
+                    DeviceError::usage(format!(
+                        "torchrun's agent serves its store at MASTER_PORT={master_port}, and rank 0 \
+                         listens at the next port, which does not exist: set \
+                         CUFLOW_RENDEZVOUS_PORT to a free port"
+                    ))
+                })?
+            } else {
+                master_port
+            }
+        }
     };
     Ok(DistConfig {
         rank,
@@ -189,6 +217,37 @@ mod tests {
         assert_eq!((c.rank, c.world_size, c.local_rank), (3, 8, 1));
         assert_eq!(c.master_addr(), "node0:1234");
         assert_eq!(c.timeout, Duration::from_millis(250));
+    }
+
+    /// torchrun's agent serves its own store at `MASTER_ADDR:MASTER_PORT` (and says so with
+    /// `TORCHELASTIC_USE_AGENT_STORE=True`): rank 0 listens at the next port, unless
+    /// `CUFLOW_RENDEZVOUS_PORT` names one.
+    #[test]
+    fn under_torchruns_agent_store_rank_0_listens_at_the_next_port() {
+        let torchrun = [
+            ("RANK", "1"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "127.0.0.1"),
+            ("MASTER_PORT", "29500"),
+            ("TORCHELASTIC_USE_AGENT_STORE", "True"),
+        ];
+        let c = from_lookup(env(&torchrun)).unwrap();
+        assert_eq!(c.master_addr(), "127.0.0.1:29501");
+
+        let mut no_agent_store = torchrun;
+        no_agent_store[4] = ("TORCHELASTIC_USE_AGENT_STORE", "False");
+        let c = from_lookup(env(&no_agent_store)).unwrap();
+        assert_eq!(c.master_addr(), "127.0.0.1:29500");
+
+        let mut chosen = torchrun.to_vec();
+        chosen.push(("CUFLOW_RENDEZVOUS_PORT", "40000"));
+        let c = from_lookup(env(&chosen)).unwrap();
+        assert_eq!(c.master_addr(), "127.0.0.1:40000");
+
+        let mut last_port = torchrun;
+        last_port[3] = ("MASTER_PORT", "65535");
+        let e = from_lookup(env(&last_port)).unwrap_err().to_string();
+        assert!(e.contains("CUFLOW_RENDEZVOUS_PORT"), "{e}");
     }
 
     #[test]
@@ -234,6 +293,12 @@ mod tests {
                 "CUFLOW_DIST_TIMEOUT_MS=\"0\"",
             ),
             ("MASTER_PORT", "0", "MASTER_PORT=0"),
+            ("CUFLOW_RENDEZVOUS_PORT", "0", "CUFLOW_RENDEZVOUS_PORT=0"),
+            (
+                "CUFLOW_RENDEZVOUS_PORT",
+                "http",
+                "CUFLOW_RENDEZVOUS_PORT=\"http\"",
+            ),
         ] {
             let vars = [base[0], base[1], (var, value)];
             let e = from_lookup(env(&vars)).unwrap_err().to_string();

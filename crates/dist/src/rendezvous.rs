@@ -239,7 +239,8 @@ pub(crate) fn rendezvous(
             None => TcpListener::bind(config.master_addr()).map_err(|e| {
                 let hint = match e.kind() {
                     ErrorKind::AddrInUse => {
-                        "; another program listens there: give every rank a free MASTER_PORT"
+                        "; another program listens there: give every rank a free MASTER_PORT, \
+                         or CUFLOW_RENDEZVOUS_PORT"
                     }
                     ErrorKind::AddrNotAvailable => {
                         "; rank 0 listens at MASTER_ADDR, which must be an address of its machine"
