@@ -457,8 +457,16 @@ impl Stream {
     }
 
     /// Enqueues a host closure that runs on this stream, in order with its device work.
-    /// On CUDA it becomes a host function node (`cuLaunchHostFunc`), so it may not call into
-    /// the device; keep it short. It must not wait for something the program does only later:
+    ///
+    /// On CUDA it becomes a host function node (`cuLaunchHostFunc`), run on a thread of the
+    /// driver's where the driver refuses its calls: inside it, every call that reaches the
+    /// device (a launch, a copy, an event, a wait) fails with [`DeviceError::Reentrant`]. On the
+    /// host backend waits fail the same way (the closure would wait for itself), and work it
+    /// enqueues runs after it. Device memory whose last handle it drops is freed from another
+    /// thread; on CUDA, the other handles it drops last (a stream, an event, a graph, a kernel,
+    /// a pinned buffer) are leaked, with a warning through `tracing`.
+    ///
+    /// Keep it short. It must not wait for something the program does only later:
     /// while it blocks, its stream stalls, and so do the driver calls that wait for the
     /// device's work in flight (loading a kernel's module at its first launch, freeing
     /// page-locked memory), on any thread.

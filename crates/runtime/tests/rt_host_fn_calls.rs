@@ -1,0 +1,130 @@
+//! What a host function may do with cuflow: waiting for a stream inside one is refused on every
+//! backend (it would wait for itself); on CUDA, where the driver refuses its calls on the
+//! thread that runs host functions, so is any other work, with the same error; and a handle
+//! whose last copy a host function drops is released without failing a later, unrelated call.
+
+use std::sync::mpsc;
+use std::time::Duration;
+
+use cuflow_runtime::{
+    BackendKind, DeviceBuffer, DeviceError, Kernel, KernelArgs, LaunchConfig, PinnedBuffer, Stream,
+};
+use cuflow_testing::{
+    device::stream,
+    kernels::{assert_stream_usable, launch_add_one},
+};
+
+/// Runs `f` in a host function on `s` and returns what it returned.
+fn inside_a_host_function<T: Send + 'static>(
+    s: &Stream,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let (tx, rx) = mpsc::channel();
+    s.enqueue_host_fn(move || {
+        let _ = tx.send(f());
+    })
+    .expect("enqueue the host function");
+    rx.recv_timeout(Duration::from_secs(30))
+        .expect("the host function ran and answered")
+}
+
+fn assert_reentrant(r: Result<(), DeviceError>, what: &str) {
+    match r {
+        Err(DeviceError::Reentrant { .. }) => {}
+        other => panic!("{what} inside a host function: {other:?}, not a re-entrance error"),
+    }
+}
+
+#[test]
+fn waiting_inside_a_host_function_is_a_reentrance_error() -> Result<(), DeviceError> {
+    let s = stream();
+    let other = s.device().new_stream()?;
+    let (own, another, event) = inside_a_host_function(&s, {
+        let (s, other) = (s.clone(), other.clone());
+        move || {
+            let event = other.record_event();
+            (
+                s.synchronize(),
+                other.synchronize(),
+                event.and_then(|e| e.synchronize()),
+            )
+        }
+    });
+    assert_reentrant(own, "synchronizing its own stream");
+    assert_reentrant(another, "synchronizing another stream");
+    assert_reentrant(event, "waiting for an event");
+    s.synchronize()?;
+    assert_stream_usable(&s)?;
+    assert_stream_usable(&other)
+}
+
+#[test]
+fn work_enqueued_inside_a_host_function_runs_or_is_a_reentrance_error() -> Result<(), DeviceError> {
+    let s = stream();
+    let other = s.device().new_stream()?;
+    let x = std::sync::Arc::new(DeviceBuffer::from_host(&other, &[1.0f32])?);
+    other.synchronize()?;
+    let launched = inside_a_host_function(&s, {
+        let (other, x) = (other.clone(), x.clone());
+        move || launch_add_one(&other, &*x)
+    });
+    match s.device().kind() {
+        // The host backend's streams are threads of its own: the work runs after. On CUDA the
+        // driver refuses it.
+        BackendKind::Host => {
+            launched?;
+            assert_eq!(x.to_host_vec(&other)?, vec![2.0]);
+        }
+        _ => {
+            assert_reentrant(launched, "a launch");
+            assert_eq!(x.to_host_vec(&other)?, vec![1.0]);
+        }
+    }
+    s.synchronize()?;
+    assert_stream_usable(&s)
+}
+
+/// The last handles of a buffer, a pinned buffer, a stream, a kernel, a graph and its
+/// executable, dropped by a host function: every later call, on any thread, answers for
+/// itself.
+#[test]
+fn handles_dropped_inside_a_host_function_fail_no_later_call() -> Result<(), DeviceError> {
+    let s = stream();
+    let device = s.device().clone();
+    let buffer = DeviceBuffer::from_host(&s, &[3.0f32; 4096])?;
+    let pinned = PinnedBuffer::<f32>::new(&device, 4096)?;
+    let doomed_stream = device.new_stream()?;
+    let source = r#"extern "C" __global__ void rt_dropped_in_host_fn(float* x) { x[0] = 1.0f; }"#;
+    // SAFETY: the kernel writes element 0 of its one buffer, which every launch passes.
+    let kernel = unsafe { Kernel::new("rt_dropped_in_host_fn", source) }.with_host(|args| {
+        args.output::<f32>(0)?[0] = 1.0;
+        Ok(())
+    });
+    let target = DeviceBuffer::<f32>::alloc(&s, 1)?;
+    kernel.launch(
+        &s,
+        LaunchConfig::linear(1, 1),
+        KernelArgs::new().output(&target),
+    )?;
+    s.begin_capture()?;
+    launch_add_one(&s, &target)?;
+    let graph = s.end_capture()?;
+    let exec = graph.instantiate()?;
+    s.synchronize()?;
+
+    inside_a_host_function(&s, move || {
+        drop((buffer, pinned, doomed_stream, kernel, target, graph, exec));
+    });
+    s.synchronize()?;
+
+    // Unrelated work after the drops, on this thread and on a fresh one.
+    assert_stream_usable(&s)?;
+    let fresh = device.new_stream()?;
+    assert_stream_usable(&fresh)?;
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| assert_stream_usable(&device.new_stream()?))
+            .join()
+            .expect("another thread")
+    })
+}
