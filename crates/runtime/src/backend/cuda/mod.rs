@@ -382,9 +382,14 @@ impl CudaDeviceShared {
             }
             released_with_error(&e);
         }
-        self.ctx
-            .bind_to_thread()
-            .map_err(|e| driver_err("cuCtxSetCurrent", e))?;
+        // `CudaContext::bind_to_thread` without its own look at the recorded error (above).
+        let ctx = self.ctx.cu_ctx();
+        if result::ctx::get_current().map_err(|e| driver_err("cuCtxGetCurrent", e))? != Some(ctx) {
+            // SAFETY: `ctx` is the primary context this state retains (`self.ctx`), alive
+            // while `self` is; making it current changes only this thread's binding.
+            unsafe { result::ctx::set_current(ctx) }
+                .map_err(|e| driver_err("cuCtxSetCurrent", e))?;
+        }
         Ok(Bound { _gate: gate })
     }
 
