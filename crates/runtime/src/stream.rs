@@ -462,9 +462,9 @@ impl Stream {
     /// driver's where the driver refuses its calls: inside it, every call that reaches the
     /// device (a launch, a copy, an event, a wait) fails with [`DeviceError::Reentrant`]. On the
     /// host backend waits fail the same way (the closure would wait for itself), and work it
-    /// enqueues runs after it. Device memory whose last handle it drops is freed from another
-    /// thread; on CUDA, the other handles it drops last (a stream, an event, a graph, a kernel,
-    /// a pinned buffer) are leaked, with a warning through `tracing`.
+    /// enqueues runs after it. On CUDA, the handles it drops last (a buffer, a stream, an event,
+    /// a graph, a pinned buffer) are leaked, with a warning through `tracing`: drop them after
+    /// it instead.
     ///
     /// Keep it short. It must not wait for something the program does only later:
     /// while it blocks, its stream stalls, and so do the driver calls that wait for the

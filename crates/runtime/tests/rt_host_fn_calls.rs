@@ -1,7 +1,8 @@
 //! What a host function may do with cuflow: waiting for a stream inside one is refused on every
 //! backend (it would wait for itself); on CUDA, where the driver refuses its calls on the
 //! thread that runs host functions, so is any other work, with the same error; and a handle
-//! whose last copy a host function drops is released without failing a later, unrelated call.
+//! whose last copy a host function drops (leaked on CUDA, with a warning) fails no later,
+//! unrelated call.
 
 use std::sync::mpsc;
 use std::time::Duration;

@@ -110,20 +110,6 @@ pub(crate) fn in_host_function() -> bool {
     IN_HOST_FN.with(|f| f.get())
 }
 
-/// Runs `release` now, or, inside a host function (where the driver refuses its calls), on a
-/// thread of its own, so that what a host function drops is still given back.
-pub(crate) fn release_outside_host_function(release: impl FnOnce() + Send + 'static) {
-    if !in_host_function() {
-        return release();
-    }
-    let spawned = std::thread::Builder::new()
-        .name("cuflow-release".into())
-        .spawn(release);
-    if let Err(e) = spawned {
-        tracing::warn!("leaking what a host function dropped: no thread to release it ({e})");
-    }
-}
-
 /// Marks this thread as running a host function until dropped: every driver call through
 /// [`CudaDeviceShared::bind`] is then refused with [`DeviceError::Reentrant`] rather than
 /// reaching the driver, which answers `CUDA_ERROR_NOT_PERMITTED` there (and a host function

@@ -167,7 +167,7 @@ impl CudaStreamHandle {
         let sink = ErrorSink::here(&self.host_fn_panic);
         let f: Box<dyn FnOnce() + Send> = Box::new(move || {
             // The user's code, and the drops of what it owns, run in the scope: a call into
-            // the device there is refused, and a release is handed to another thread.
+            // the device there is refused.
             let scope = super::HostFnScope::enter();
             let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
             drop(scope);
