@@ -231,12 +231,10 @@ pub enum DeviceError {
         /// What went wrong.
         reason: String,
     },
-    /// An op was executed from inside another op's execution on the same thread, or the device
-    /// was called from inside a host function or host kernel.
+    /// An op was executed from inside another op's execution on the same thread.
     #[error(
-        "re-entrant execution: {what} was called from inside work of the runtime (an op \
-         executing on this thread, a host function or a host kernel); compose with `then`, or \
-         enqueue the call after the host function, instead of calling it inside"
+        "re-entrant execution: {what} was called while an op is executing on this thread; \
+         compose with `then` instead of syncing inside a closure"
     )]
     Reentrant {
         /// What was called.

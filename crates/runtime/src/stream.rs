@@ -459,12 +459,11 @@ impl Stream {
     /// Enqueues a host closure that runs on this stream, in order with its device work.
     ///
     /// On CUDA it becomes a host function node (`cuLaunchHostFunc`), run on a thread of the
-    /// driver's where the driver refuses its calls: inside it, every call that reaches the
-    /// device (a launch, a copy, an event, a wait) fails with [`DeviceError::Reentrant`]. On the
-    /// host backend waits fail the same way (the closure would wait for itself), and work it
-    /// enqueues runs after it. On CUDA, the handles it drops last (a buffer, a stream, an event,
-    /// a graph, a pinned buffer) are leaked, with a warning through `tracing`: drop them after
-    /// it instead.
+    /// driver's where the driver refuses its calls: a launch, copy, event or wait made inside
+    /// it fails with the driver's `CUDA_ERROR_NOT_PERMITTED`, and a handle it drops last (a
+    /// buffer, a stream, an event) is not given back to the driver. On the host backend a wait
+    /// inside it is [`DeviceError::Reentrant`] (it would wait for itself) and work it enqueues
+    /// runs after it. So keep it to host work, and drop handles after it.
     ///
     /// Keep it short. It must not wait for something the program does only later:
     /// while it blocks, its stream stalls, and so do the driver calls that wait for the

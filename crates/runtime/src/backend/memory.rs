@@ -34,8 +34,7 @@ impl MemoryBackend {
     /// Frees the allocation, whose last owner is gone, in stream order after its `uses`: on
     /// CUDA after the last use on every stream (or, when one of them is capturing, once the
     /// capture has ended: a free ordered after a capturing stream would be recorded into the
-    /// graph; inside a host function it is leaked, with a warning). Host storage is freed with
-    /// its last reference; queued host work holds one.
+    /// graph). Host storage is freed with its last reference; queued host work holds one.
     pub(crate) fn release(&mut self, uses: SmallVec<[Stream; 2]>) {
         let MemoryBackend::Cuda(mem) = self else {
             return;
@@ -45,13 +44,6 @@ impl MemoryBackend {
                 mem: mem.take(),
                 uses,
             });
-            return;
-        }
-        if cuda::in_host_function() {
-            // The driver refuses the free on the thread of host functions, and a free made on
-            // another thread while the host function runs can deadlock with the driver's own
-            // work on that thread.
-            mem.leak_warning("its last handle was dropped inside a host function");
             return;
         }
         mem.free_after_uses(&uses);

@@ -100,43 +100,6 @@ thread_local! {
     /// The ordinal of the device whose context this thread bound last (see
     /// [`CudaDeviceShared::bind`]): the device a fatal driver error belongs to.
     static BOUND_ORDINAL: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
-    /// Whether this thread is running a user's host function (the driver's thread for them,
-    /// where the driver refuses its calls).
-    static IN_HOST_FN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Whether this thread is running a host function (see [`HostFnScope`]).
-pub(crate) fn in_host_function() -> bool {
-    IN_HOST_FN.with(|f| f.get())
-}
-
-/// Marks this thread as running a host function until dropped: every driver call through
-/// [`CudaDeviceShared::bind`] is then refused with [`DeviceError::Reentrant`] rather than
-/// reaching the driver, which answers `CUDA_ERROR_NOT_PERMITTED` there (and a host function
-/// that waited for its own stream would never return).
-pub(super) struct HostFnScope(());
-
-impl HostFnScope {
-    pub(super) fn enter() -> HostFnScope {
-        IN_HOST_FN.with(|f| f.set(true));
-        HostFnScope(())
-    }
-}
-
-impl Drop for HostFnScope {
-    fn drop(&mut self) {
-        IN_HOST_FN.with(|f| f.set(false));
-    }
-}
-
-/// Logs the error a driver call made while releasing a handle left in its context.
-#[cold]
-#[inline(never)]
-fn released_with_error(e: &DriverError) {
-    tracing::warn!(
-        "releasing a handle failed earlier: {}",
-        plain_driver_err("a release", e)
-    );
 }
 
 /// The faulted devices of the process, by ordinal, with the first fault seen. A fault belongs
@@ -345,37 +308,14 @@ type ModuleSlot = Arc<OnceLock<Result<Arc<CompiledKernel>>>>;
 impl CudaDeviceShared {
     /// Binds the device's context to this thread for the driver calls that follow, which are
     /// made while the returned proof is held. Fails with [`DeviceError::DeviceFaulted`] once
-    /// the device faulted or this state was reset, and with [`DeviceError::Reentrant`] inside
-    /// a host function, without calling the driver.
-    ///
-    /// The context keeps the error of a driver call made while a handle was released (cudarc's
-    /// drops, and this backend's, record it there, having no caller to answer); unless the
-    /// context is lost, it belongs to no later call, so it is logged and cleared here instead
-    /// of failing this one.
+    /// the device faulted or this state was reset, without calling the driver.
     pub(crate) fn bind(&self) -> Result<Bound<'_>> {
-        if in_host_function() {
-            return Err(DeviceError::Reentrant {
-                what: "a call into the CUDA driver (which refuses it inside a host function)",
-            });
-        }
         let gate = self.life.gate.read_recursive();
         self.life.check()?;
         BOUND_ORDINAL.with(|b| b.set(Some(self.ordinal)));
-        if let Err(e) = self.ctx.check_err() {
-            if is_fatal(e.0) {
-                // The context is lost: that is every later call's error.
-                return Err(driver_err("cuCtxSetCurrent", e));
-            }
-            released_with_error(&e);
-        }
-        // `CudaContext::bind_to_thread` without its own look at the recorded error (above).
-        let ctx = self.ctx.cu_ctx();
-        if result::ctx::get_current().map_err(|e| driver_err("cuCtxGetCurrent", e))? != Some(ctx) {
-            // SAFETY: `ctx` is the primary context this state retains (`self.ctx`), alive
-            // while `self` is; making it current changes only this thread's binding.
-            unsafe { result::ctx::set_current(ctx) }
-                .map_err(|e| driver_err("cuCtxSetCurrent", e))?;
-        }
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| driver_err("cuCtxSetCurrent", e))?;
         Ok(Bound { _gate: gate })
     }
 

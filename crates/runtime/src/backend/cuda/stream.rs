@@ -166,12 +166,7 @@ impl CudaStreamHandle {
     pub(crate) fn launch_host_fn(&self, f: Box<dyn FnOnce() + Send>) -> Result<()> {
         let sink = ErrorSink::here(&self.host_fn_panic);
         let f: Box<dyn FnOnce() + Send> = Box::new(move || {
-            // The user's code, and the drops of what it owns, run in the scope: a call into
-            // the device there is refused.
-            let scope = super::HostFnScope::enter();
-            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
-            drop(scope);
-            if let Err(p) = outcome {
+            if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
                 sink.record(DeviceError::from_panic("a host function", &*p));
             }
         });
