@@ -460,8 +460,8 @@ impl Stream {
     ///
     /// On CUDA it becomes a host function node (`cuLaunchHostFunc`), run on a thread of the
     /// driver's where the driver refuses its calls: a launch, copy, event or wait made inside
-    /// it fails with the driver's `CUDA_ERROR_NOT_PERMITTED`, and a handle it drops last (a
-    /// buffer, a stream, an event) is not given back to the driver. On the host backend a wait
+    /// it fails with the driver's `CUDA_ERROR_NOT_PERMITTED`, and a buffer or a stream whose
+    /// last handle it drops is not given back to the driver (it leaks). On the host backend a wait
     /// inside it is [`DeviceError::Reentrant`] (it would wait for itself) and work it enqueues
     /// runs after it. So keep it to host work, and drop handles after it.
     ///
