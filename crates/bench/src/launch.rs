@@ -132,9 +132,10 @@ pub(crate) fn run(device: &Device, iters: usize) -> Result<Results, BenchError> 
     // Each variant launches on streams of its own, as each raw launcher does: what one
     // variant leaves on a stream (the traced one's timing events, the alternating one's
     // cross-stream waits) never lands in another's figure.
-    let [stream, stream_arg, alt_a, alt_b, stream_traced] = [(); 5].map(|()| device.new_stream());
-    let (stream, stream_arg, alt_a, alt_b, stream_traced) =
-        (stream?, stream_arg?, alt_a?, alt_b?, stream_traced?);
+    let stream = device.new_stream()?;
+    let stream_arg = device.new_stream()?;
+    let (alt_a, alt_b) = (device.new_stream()?, device.new_stream()?);
+    let stream_traced = device.new_stream()?;
     let no_arg = empty_kernel();
     let one_arg = empty_arg_kernel();
     // Compile through cuflow first: it reports a missing NVRTC or a compile error as a
