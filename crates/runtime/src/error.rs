@@ -231,10 +231,12 @@ pub enum DeviceError {
         /// What went wrong.
         reason: String,
     },
-    /// An op was executed from inside another op's execution on the same thread.
+    /// An op was executed from inside another op's execution on the same thread, or the device
+    /// was called from inside a host function or host kernel.
     #[error(
-        "re-entrant execution: {what} was called while an op is executing on this thread; \
-         compose with `then` instead of syncing inside a closure"
+        "re-entrant execution: {what} was called from inside work of the runtime (an op \
+         executing on this thread, a host function or a host kernel); compose with `then`, or \
+         make the call after the host function, instead of calling it inside"
     )]
     Reentrant {
         /// What was called.

@@ -459,11 +459,12 @@ impl Stream {
     /// Enqueues a host closure that runs on this stream, in order with its device work.
     ///
     /// On CUDA it becomes a host function node (`cuLaunchHostFunc`), run on a thread of the
-    /// driver's where the driver refuses its calls: a launch, copy, event or wait made inside
-    /// it fails with the driver's `CUDA_ERROR_NOT_PERMITTED`, and a buffer or a stream whose
-    /// last handle it drops is not given back to the driver (it leaks). On the host backend a wait
-    /// inside it is [`DeviceError::Reentrant`] (it would wait for itself) and work it enqueues
-    /// runs after it. So keep it to host work, and drop handles after it.
+    /// driver's where the driver refuses its calls: a launch, copy, event, wait or allocation
+    /// made inside it fails at once with [`DeviceError::Reentrant`], before reaching the
+    /// driver, and a buffer or a stream whose last handle it drops is not given back to the
+    /// driver (it leaks, with a warning through `tracing`). On the host backend a wait inside it
+    /// is [`DeviceError::Reentrant`] too (it would wait for itself), and work it enqueues runs
+    /// after it. So keep it to host work, and drop handles after it.
     ///
     /// Keep it short. It must not wait for something the program does only later:
     /// while it blocks, its stream stalls, and so do the driver calls that wait for the

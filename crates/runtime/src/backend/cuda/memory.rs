@@ -130,6 +130,15 @@ impl CudaMemory {
         }
         let _bound = match self.shared.bind() {
             Ok(bound) => bound,
+            // Inside a host function the driver refuses the free: the memory is leaked.
+            Err(e @ DeviceError::Reentrant { .. }) => {
+                tracing::warn!(
+                    "leaking {} bytes of device memory, whose last handle was dropped inside a \
+                     host function: {e}",
+                    self.bytes
+                );
+                return;
+            }
             // A faulted device's memory goes with its reset; a retired state's went already.
             Err(e) => {
                 tracing::debug!("not freeing {} bytes of device memory: {e}", self.bytes);

@@ -100,6 +100,38 @@ thread_local! {
     /// The ordinal of the device whose context this thread bound last (see
     /// [`CudaDeviceShared::bind`]): the device a fatal driver error belongs to.
     static BOUND_ORDINAL: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+    /// Whether this thread is running a user's host function: the driver's thread for them,
+    /// where the driver refuses every call (see [`HostFnScope`]).
+    static IN_HOST_FN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Marks this thread as running a host function until dropped. Meanwhile
+/// [`CudaDeviceShared::bind`], which every driver call of this backend goes through, refuses
+/// with [`DeviceError::Reentrant`] without calling the driver: the driver would answer
+/// `CUDA_ERROR_NOT_PERMITTED`, which tells the caller neither what went wrong nor what to do.
+pub(super) struct HostFnScope(());
+
+impl HostFnScope {
+    pub(super) fn enter() -> HostFnScope {
+        IN_HOST_FN.with(|f| f.set(true));
+        HostFnScope(())
+    }
+}
+
+impl Drop for HostFnScope {
+    fn drop(&mut self) {
+        IN_HOST_FN.with(|f| f.set(false));
+    }
+}
+
+/// The refusal of a driver call made inside a host function.
+#[cold]
+#[inline(never)]
+fn refused_in_host_function() -> DeviceError {
+    DeviceError::Reentrant {
+        what: "a call into the CUDA device (a launch, copy, event, wait or allocation) inside \
+               a host function, whose thread the driver refuses",
+    }
 }
 
 /// The faulted devices of the process, by ordinal, with the first fault seen. A fault belongs
@@ -308,8 +340,12 @@ type ModuleSlot = Arc<OnceLock<Result<Arc<CompiledKernel>>>>;
 impl CudaDeviceShared {
     /// Binds the device's context to this thread for the driver calls that follow, which are
     /// made while the returned proof is held. Fails with [`DeviceError::DeviceFaulted`] once
-    /// the device faulted or this state was reset, without calling the driver.
+    /// the device faulted or this state was reset, and with [`DeviceError::Reentrant`] inside a
+    /// host function, without calling the driver.
     pub(crate) fn bind(&self) -> Result<Bound<'_>> {
+        if IN_HOST_FN.with(|f| f.get()) {
+            return Err(refused_in_host_function());
+        }
         let gate = self.life.gate.read_recursive();
         self.life.check()?;
         BOUND_ORDINAL.with(|b| b.set(Some(self.ordinal)));

@@ -166,7 +166,12 @@ impl CudaStreamHandle {
     pub(crate) fn launch_host_fn(&self, f: Box<dyn FnOnce() + Send>) -> Result<()> {
         let sink = ErrorSink::here(&self.host_fn_panic);
         let f: Box<dyn FnOnce() + Send> = Box::new(move || {
-            if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+            // The user's code, and the drops of what it owns, run in the scope: a call into
+            // the device there is refused with a clear error, before it reaches the driver.
+            let scope = super::HostFnScope::enter();
+            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+            drop(scope);
+            if let Err(p) = outcome {
                 sink.record(DeviceError::from_panic("a host function", &*p));
             }
         });
