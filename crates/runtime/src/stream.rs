@@ -461,10 +461,12 @@ impl Stream {
     /// On CUDA it becomes a host function node (`cuLaunchHostFunc`), run on a thread of the
     /// driver's where the driver refuses its calls: a launch, copy, event, wait or allocation
     /// made inside it fails at once with [`DeviceError::Reentrant`], before reaching the
-    /// driver, and a buffer or a stream whose last handle it drops is not given back to the
-    /// driver (it leaks, with a warning through `tracing`). On the host backend a wait inside it
-    /// is [`DeviceError::Reentrant`] too (it would wait for itself), and work it enqueues runs
-    /// after it. So keep it to host work, and drop handles after it.
+    /// driver. Device memory whose last handle it drops is freed at the next synchronization
+    /// with its device ([`Stream::synchronize`] or
+    /// [`Device::synchronize`](crate::Device::synchronize) on another thread, or after it),
+    /// since the driver refuses the free inside. On the host backend a wait inside it is
+    /// [`DeviceError::Reentrant`] too (it would wait for itself), and work it enqueues runs
+    /// after it. So keep it to host work.
     ///
     /// Keep it short. It must not wait for something the program does only later:
     /// while it blocks, its stream stalls, and so do the driver calls that wait for the

@@ -131,3 +131,30 @@ fn handles_dropped_inside_a_host_function_fail_no_later_call() -> Result<(), Dev
             .expect("another thread")
     })
 }
+
+/// Device memory whose last handle a host function drops is given back: on CUDA, where the
+/// driver refuses the free inside the host function, at the next synchronization.
+#[test]
+fn memory_dropped_inside_a_host_function_is_freed_after_it() -> Result<(), DeviceError> {
+    const BYTES: usize = 256 << 20;
+    let s = stream();
+    let pool = s.device().memory_pool();
+    let buffer = DeviceBuffer::<u8>::alloc(&s, BYTES)?;
+    s.synchronize()?;
+    let holding = pool.stats()?.reserved;
+    assert!(
+        holding >= BYTES,
+        "the pool holds the buffer: {holding} bytes reserved"
+    );
+    inside_a_host_function(&s, move || drop(buffer));
+    s.synchronize()?;
+    pool.trim_to(0)?;
+    let after = pool.stats()?.reserved;
+    // The other tests of this binary hold a few KiB at most.
+    assert!(
+        after + BYTES / 2 <= holding,
+        "{BYTES} bytes dropped inside a host function were not freed: {after} bytes reserved \
+         after it, {holding} with the buffer"
+    );
+    assert_stream_usable(&s)
+}

@@ -34,29 +34,45 @@ impl MemoryBackend {
     /// Frees the allocation, whose last owner is gone, in stream order after its `uses`: on
     /// CUDA after the last use on every stream (or, when one of them is capturing, once the
     /// capture has ended: a free ordered after a capturing stream would be recorded into the
-    /// graph). Host storage is freed with its last reference; queued host work holds one.
+    /// graph; or, inside a host function, where the driver refuses it, at the next
+    /// synchronization with the device). Host storage is freed with its last reference; queued
+    /// host work holds one.
     pub(crate) fn release(&mut self, uses: SmallVec<[Stream; 2]>) {
         let MemoryBackend::Cuda(mem) = self else {
             return;
         };
-        if let Some(session) = uses.iter().find_map(|s| s.capture_session()) {
-            session.defer_free(DeferredFree {
-                mem: mem.take(),
-                uses,
-            });
-            return;
-        }
-        mem.free_after_uses(&uses);
+        let free = DeferredFree {
+            mem: mem.take(),
+            uses,
+        };
+        free.release();
     }
 }
 
-/// A CUDA free held back while a capture records (see [`MemoryBackend::release`]).
+/// A CUDA free, held back while a capture records or until a host function has returned (see
+/// [`MemoryBackend::release`]).
 pub(crate) struct DeferredFree {
     mem: cuda::CudaMemory,
     uses: SmallVec<[Stream; 2]>,
 }
 
 impl DeferredFree {
+    /// Frees the memory after its uses now, or holds the free back: until the capture ends
+    /// while one of the streams is capturing, until the next synchronization with the device
+    /// inside a host function.
+    pub(crate) fn release(self) {
+        if cuda::in_host_function() {
+            let shared = self.mem.shared().clone();
+            shared.defer_host_fn_free(self);
+            return;
+        }
+        if let Some(session) = self.uses.iter().find_map(|s| s.capture_session()) {
+            session.defer_free(self);
+            return;
+        }
+        self.run();
+    }
+
     /// Frees the memory after its uses (call once every stream left the capture).
     pub(crate) fn run(mut self) {
         self.mem.free_after_uses(&self.uses);

@@ -45,6 +45,7 @@ use std::sync::OnceLock;
 use cudarc::driver::{result, sys, CudaContext, DriverError};
 use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 
+use crate::backend::memory::DeferredFree;
 use crate::device::{DeviceLimits, MemoryInfo};
 use crate::error::{DeviceError, Result};
 
@@ -103,6 +104,11 @@ thread_local! {
     /// Whether this thread is running a user's host function: the driver's thread for them,
     /// where the driver refuses every call (see [`HostFnScope`]).
     static IN_HOST_FN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether this thread is running a host function (see [`HostFnScope`]).
+pub(crate) fn in_host_function() -> bool {
+    IN_HOST_FN.with(|f| f.get())
 }
 
 /// Marks this thread as running a host function until dropped. Meanwhile
@@ -328,6 +334,10 @@ pub(crate) struct CudaDeviceShared {
     /// The page-locked buffers that staged copies into this device go through, allocated at
     /// the first such copy (see `peer`).
     staging: Mutex<Option<peer::StagingRing>>,
+    /// Device memory whose last handle was dropped inside a host function, where the driver
+    /// refuses the free: freed, in stream order after its uses, by the next synchronization
+    /// with this device made outside one (see [`CudaDeviceShared::free_host_fn_drops`]).
+    host_fn_frees: Mutex<Vec<DeferredFree>>,
 }
 
 /// What identifies a compiled kernel on one device.
@@ -338,12 +348,31 @@ type ModuleKey = (String, String, Vec<String>);
 type ModuleSlot = Arc<OnceLock<Result<Arc<CompiledKernel>>>>;
 
 impl CudaDeviceShared {
+    /// Keeps `free` for the next synchronization with this device: its last handle was dropped
+    /// inside a host function, where the driver refuses the free.
+    pub(crate) fn defer_host_fn_free(&self, free: DeferredFree) {
+        self.host_fn_frees.lock().push(free);
+    }
+
+    /// Frees the memory dropped inside host functions since the last call (see
+    /// [`CudaDeviceShared::defer_host_fn_free`]). Called after a synchronization has waited,
+    /// with no lock of the runtime held; does nothing inside a host function.
+    pub(crate) fn free_host_fn_drops(&self) {
+        if in_host_function() {
+            return;
+        }
+        let frees = std::mem::take(&mut *self.host_fn_frees.lock());
+        for free in frees {
+            free.release();
+        }
+    }
+
     /// Binds the device's context to this thread for the driver calls that follow, which are
     /// made while the returned proof is held. Fails with [`DeviceError::DeviceFaulted`] once
     /// the device faulted or this state was reset, and with [`DeviceError::Reentrant`] inside a
     /// host function, without calling the driver.
     pub(crate) fn bind(&self) -> Result<Bound<'_>> {
-        if IN_HOST_FN.with(|f| f.get()) {
+        if in_host_function() {
             return Err(refused_in_host_function());
         }
         let gate = self.life.gate.read_recursive();
@@ -494,6 +523,7 @@ impl CudaDevice {
             alloc_stream: Mutex::new(None),
             peers: Mutex::new(HashMap::new()),
             staging: Mutex::new(None),
+            host_fn_frees: Mutex::new(Vec::new()),
         });
         Ok((CudaDevice { shared }, name, limits))
     }

@@ -421,8 +421,11 @@ pub(crate) struct CudaSyncWait {
 
 impl CudaSyncWait {
     /// Blocks until the event has completed; the error of the stream's host functions, if any.
+    /// The device memory that host functions dropped is freed afterwards: the caller
+    /// ([`Stream::synchronize`](crate::Stream::synchronize)) holds no lock of the runtime here.
     pub(crate) fn wait(self) -> Result<()> {
         self.event.synchronize()?;
+        self.event.shared.free_host_fn_drops();
         ErrorSink::here(&self.host_fn_panic).sync_result()
     }
 }
