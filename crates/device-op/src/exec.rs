@@ -40,6 +40,11 @@ pub(crate) struct ExecutionGuard {
 
 impl ExecutionGuard {
     pub(crate) fn enter(what: &'static str) -> Result<Self, DeviceError> {
+        // Inside a host function every call into the device is refused; refused here, before
+        // the execution takes the locks of policies and pools.
+        if cuflow_runtime::in_host_function() {
+            return Err(DeviceError::Reentrant { what });
+        }
         EXECUTING.with(|e| match e.get() {
             Some(_) => Err(DeviceError::Reentrant { what }),
             None => {

@@ -310,7 +310,7 @@ pub(crate) fn ordered_traced<R>(
     accesses: Accesses<'_>,
     enqueue: impl FnOnce() -> Result<R>,
 ) -> Result<R> {
-    let _gate = stream.enqueue_gate();
+    let _gate = stream.enqueue_gate()?;
     let capture = stream.capture_id_for_enqueue(op)?;
     if trace::is_enabled() && capture.is_none() {
         return ordered_cold(stream, work, capture, accesses, enqueue);

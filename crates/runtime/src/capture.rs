@@ -343,6 +343,7 @@ impl GraphExec {
     /// [`DeviceError::Capture`] while `stream` is being captured (which fails that capture, on
     /// every backend: the driver cannot record a replay); or a driver error.
     pub fn launch(&self, stream: &Stream) -> Result<()> {
+        crate::backend::refuse_in_host_function()?;
         if stream.device() != &self.device {
             return Err(DeviceError::device_mismatch(
                 "GraphExec::launch",

@@ -66,4 +66,4 @@ pub use memory::{
 };
 pub use pool::{MemoryPool, PoolStats};
 pub use scope::{EnteredScope, ErrorScope};
-pub use stream::{Stream, StreamId};
+pub use stream::{in_host_function, Stream, StreamId};

@@ -77,6 +77,23 @@ pub struct Stream {
 
 static NEXT_STREAM_ID: AtomicU64 = AtomicU64::new(1);
 
+/// Whether this thread is running a host function of a CUDA stream
+/// ([`Stream::enqueue_host_fn`]), where every call into the device is refused with
+/// [`DeviceError::Reentrant`](crate::DeviceError::Reentrant).
+///
+/// Crates built on the runtime check it before they take a lock that their own device calls
+/// may hold: another thread's driver call can wait for the device's work in flight, the host
+/// function included, so blocking on such a lock there could deadlock.
+///
+/// # Examples
+///
+/// ```
+/// assert!(!cuflow_runtime::in_host_function());
+/// ```
+pub fn in_host_function() -> bool {
+    crate::backend::cuda::in_host_function()
+}
+
 impl Stream {
     pub(crate) fn new(device: &Device, priority: Option<i32>) -> Result<Stream> {
         crate::trace::start_from_env();
@@ -137,7 +154,7 @@ impl Stream {
     }
 
     fn record(&self, timed: bool) -> Result<Event> {
-        let _gate = self.enqueue_gate();
+        let _gate = self.enqueue_gate()?;
         self.record_ungated(timed)
     }
 
@@ -193,6 +210,7 @@ impl Stream {
     /// recorded during a capture; the error the host work before a host event hit, when a
     /// CUDA stream waits for it; or a driver error.
     pub fn wait_event(&self, event: &Event) -> Result<()> {
+        crate::backend::refuse_in_host_function()?;
         let same_backend = self.inner.device.kind() == event.inner.device.kind();
         if !same_backend && (event.inner.capture.is_some() || self.is_capturing()) {
             return Err(DeviceError::Capture {
@@ -219,7 +237,7 @@ impl Stream {
             }
             self.join_capture(session)?;
         }
-        let _gate = self.enqueue_gate();
+        let _gate = self.enqueue_gate()?;
         if let Some(session) = self.capture_session() {
             session.check_owner("Stream::wait_event", self.inner.id)?;
             if event.inner.capture.is_none() {
@@ -244,8 +262,14 @@ impl Stream {
     /// The shared side of the capture gate: held from checking whether the stream captures
     /// until the work is enqueued. Recursive, so that an enqueue may record on or wait for this
     /// stream again while holding it.
-    pub(crate) fn enqueue_gate(&self) -> RwLockReadGuard<'_, ()> {
-        self.inner.gate.read_recursive()
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceError::Reentrant`] inside a host function, before the gate is taken (see
+    /// [`crate::backend::refuse_in_host_function`]).
+    pub(crate) fn enqueue_gate(&self) -> Result<RwLockReadGuard<'_, ()>> {
+        crate::backend::refuse_in_host_function()?;
+        Ok(self.inner.gate.read_recursive())
     }
 
     /// Makes work enqueued on this stream from now on wait for `other`'s work up to sequence
@@ -352,7 +376,7 @@ impl Stream {
         // keep another thread's capture of this stream waiting for the stream's work, and a
         // host function on the stream that waits for that thread would never return.
         let wait = {
-            let _gate = self.enqueue_gate();
+            let _gate = self.enqueue_gate()?;
             if skip_capturing && self.is_capturing() {
                 return Ok(());
             }
@@ -375,6 +399,7 @@ impl Stream {
     ///
     /// [`DeviceError::Capture`] if the stream is already capturing, or a driver error.
     pub fn begin_capture(&self) -> Result<()> {
+        crate::backend::refuse_in_host_function()?;
         if self.inner.capture.lock().is_some() {
             return Err(DeviceError::Capture {
                 op: "Stream::begin_capture".into(),
@@ -412,6 +437,7 @@ impl Stream {
     /// invalidated by an operation that cannot be captured, or if a joined stream's work was
     /// not joined back into this stream.
     pub fn end_capture(&self) -> Result<Graph> {
+        crate::backend::refuse_in_host_function()?;
         let session = {
             let slot = self.inner.capture.lock();
             match &*slot {
@@ -477,7 +503,7 @@ impl Stream {
     ///
     /// A driver error, or [`DeviceError::Capture`] during capture.
     pub fn enqueue_host_fn(&self, f: impl FnOnce() + Send + 'static) -> Result<()> {
-        let _gate = self.enqueue_gate();
+        let _gate = self.enqueue_gate()?;
         self.forbid_in_capture("Stream::enqueue_host_fn")?;
         if trace::is_enabled() {
             return trace::traced_enqueue(

@@ -147,6 +147,9 @@ fn memory_dropped_inside_a_host_function_is_freed_after_it() -> Result<(), Devic
         "the pool holds the buffer: {holding} bytes reserved"
     );
     inside_a_host_function(&s, move || drop(buffer));
+    // The synchronization after the host function frees the memory in stream order; the next
+    // one has waited for the free, so that trimming returns it to the driver.
+    s.synchronize()?;
     s.synchronize()?;
     pool.trim_to(0)?;
     let after = pool.stats()?.reserved;

@@ -63,7 +63,7 @@ impl DeferredFree {
     pub(crate) fn release(self) {
         if cuda::in_host_function() {
             let shared = self.mem.shared().clone();
-            shared.defer_host_fn_free(self);
+            shared.defer_host_fn_drop(cuda::HostFnDrop::Memory(self));
             return;
         }
         if let Some(session) = self.uses.iter().find_map(|s| s.capture_session()) {

@@ -36,7 +36,7 @@ mod stream;
 pub(crate) use capture::{CaptureBackend, GraphBackend, GraphExecBackend};
 pub(crate) use comm::CommBackend;
 /// Profiling-tool hooks; NVTX is a CUDA tool, but its ranges are per process.
-pub(crate) use cuda::{at_exit, nvtx_end, nvtx_start};
+pub(crate) use cuda::{at_exit, nvtx_end, nvtx_start, refuse_in_host_function};
 pub(crate) use device::{CompileCache, CompiledFor, DeviceBackend, KernelCode};
 pub(crate) use event::EventBackend;
 pub(crate) use memory::{DeferredFree, MemoryBackend, PinnedBackend, PinnedBytes, PinnedBytesMut};

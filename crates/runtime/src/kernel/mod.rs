@@ -179,6 +179,7 @@ impl Kernel {
     ///
     /// [`DeviceError::Compile`] with the compiler log, or [`DeviceError::NoCompiler`].
     pub fn compile(&self, device: &Device) -> Result<()> {
+        crate::backend::refuse_in_host_function()?;
         device.backend().compile_kernel(&self.inner, device.id())
     }
 
@@ -199,6 +200,8 @@ impl Kernel {
         config: LaunchConfig,
         args: &KernelArgs<'_>,
     ) -> Result<()> {
+        // Before the compiled-module cache: the thread loading a module waits for the device.
+        crate::backend::refuse_in_host_function()?;
         if let Some(e) = &args.error {
             return Err(self.argument_error(e));
         }

@@ -92,7 +92,7 @@ impl UseState {
 impl Memory {
     pub(crate) fn alloc(stream: &Stream, bytes: usize) -> Result<Arc<Memory>> {
         // No capture begins on `stream` between the check and the allocation.
-        let _gate = stream.enqueue_gate();
+        let _gate = stream.enqueue_gate()?;
         let session = stream.capture_session();
         // Another thread's allocation on a capturing stream is made outside the capture too,
         // but is not the graph's to keep.

@@ -257,7 +257,9 @@ fn resolve(recorder: Recorder) -> Trace {
         // look and the record.
         let fresh;
         let event = {
-            let _gate = stream.enqueue_gate();
+            let Ok(_gate) = stream.enqueue_gate() else {
+                continue;
+            };
             let target = if stream.is_capturing() {
                 let Ok(s) = stream.device().new_stream() else {
                     continue;

@@ -149,6 +149,19 @@ impl CudaGraphHandle {
 
 impl Drop for CudaGraphHandle {
     fn drop(&mut self) {
+        if self.graph.is_null() {
+            return;
+        }
+        if super::in_host_function() {
+            // The driver refuses the destroy here: it is made at the next synchronization.
+            let moved = CudaGraphHandle {
+                graph: std::mem::replace(&mut self.graph, std::ptr::null_mut()),
+                shared: self.shared.clone(),
+            };
+            let shared = self.shared.clone();
+            shared.defer_host_fn_drop(super::HostFnDrop::Handle(Box::new(moved)));
+            return;
+        }
         let (graph, ctx) = (self.graph, &self.shared.ctx);
         self.shared.life.release(|| {
             ctx.record_err(ctx.bind_to_thread());
@@ -206,6 +219,19 @@ impl CudaGraphExecHandle {
 
 impl Drop for CudaGraphExecHandle {
     fn drop(&mut self) {
+        if self.exec.is_null() {
+            return;
+        }
+        if super::in_host_function() {
+            // The driver refuses the destroy here: it is made at the next synchronization.
+            let moved = CudaGraphExecHandle {
+                exec: std::mem::replace(&mut self.exec, std::ptr::null_mut()),
+                shared: self.shared.clone(),
+            };
+            let shared = self.shared.clone();
+            shared.defer_host_fn_drop(super::HostFnDrop::Handle(Box::new(moved)));
+            return;
+        }
         let (exec, ctx) = (self.exec, &self.shared.ctx);
         self.shared.life.release(|| {
             ctx.record_err(ctx.bind_to_thread());

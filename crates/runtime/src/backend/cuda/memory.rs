@@ -276,6 +276,19 @@ impl CudaPinned {
 
 impl Drop for CudaPinned {
     fn drop(&mut self) {
+        if !self.ptr.is_null() && super::in_host_function() {
+            // The driver refuses the free here: it is made at the next synchronization, by a
+            // handle that takes over the memory (and the count of the user's buffers).
+            let moved = CudaPinned {
+                ptr: std::mem::replace(&mut self.ptr, std::ptr::null_mut()),
+                bytes: self.bytes,
+                shared: self.shared.clone(),
+                for_user: std::mem::replace(&mut self.for_user, false),
+            };
+            let shared = self.shared.clone();
+            shared.defer_host_fn_drop(super::HostFnDrop::Handle(Box::new(moved)));
+            return;
+        }
         if self.for_user {
             self.shared.life.pinned_dropped();
         }

@@ -111,6 +111,17 @@ pub(crate) fn in_host_function() -> bool {
     IN_HOST_FN.with(|f| f.get())
 }
 
+/// [`DeviceError::Reentrant`] inside a host function, checked where an operation that reaches
+/// the device begins, before it takes any lock of the runtime: another thread may hold that
+/// lock while its own driver call waits (loading a module waits for the device's work in
+/// flight, the host function included), so taking it there could deadlock.
+pub(crate) fn refuse_in_host_function() -> Result<()> {
+    if in_host_function() {
+        return Err(refused_in_host_function());
+    }
+    Ok(())
+}
+
 /// Marks this thread as running a host function until dropped. Meanwhile
 /// [`CudaDeviceShared::bind`], which every driver call of this backend goes through, refuses
 /// with [`DeviceError::Reentrant`] without calling the driver: the driver would answer
@@ -334,10 +345,19 @@ pub(crate) struct CudaDeviceShared {
     /// The page-locked buffers that staged copies into this device go through, allocated at
     /// the first such copy (see `peer`).
     staging: Mutex<Option<peer::StagingRing>>,
-    /// Device memory whose last handle was dropped inside a host function, where the driver
-    /// refuses the free: freed, in stream order after its uses, by the next synchronization
-    /// with this device made outside one (see [`CudaDeviceShared::free_host_fn_drops`]).
-    host_fn_frees: Mutex<Vec<DeferredFree>>,
+    /// What a host function dropped last and the driver must release (device memory, pinned
+    /// memory, streams, graphs, timed events), where the driver refuses every call: released
+    /// by the next synchronization with this device made outside one (see
+    /// [`CudaDeviceShared::release_host_fn_drops`]).
+    host_fn_drops: Mutex<Vec<HostFnDrop>>,
+}
+
+/// A release held back from a host function (see `CudaDeviceShared::host_fn_drops`).
+pub(crate) enum HostFnDrop {
+    /// Device memory, freed in stream order after its uses.
+    Memory(DeferredFree),
+    /// A handle whose own drop makes the driver calls.
+    Handle(Box<dyn Send>),
 }
 
 /// What identifies a compiled kernel on one device.
@@ -348,22 +368,25 @@ type ModuleKey = (String, String, Vec<String>);
 type ModuleSlot = Arc<OnceLock<Result<Arc<CompiledKernel>>>>;
 
 impl CudaDeviceShared {
-    /// Keeps `free` for the next synchronization with this device: its last handle was dropped
-    /// inside a host function, where the driver refuses the free.
-    pub(crate) fn defer_host_fn_free(&self, free: DeferredFree) {
-        self.host_fn_frees.lock().push(free);
+    /// Keeps `drop` for the next synchronization with this device: a host function dropped it
+    /// last, and its release needs the driver, which refuses calls there.
+    pub(crate) fn defer_host_fn_drop(&self, drop: HostFnDrop) {
+        self.host_fn_drops.lock().push(drop);
     }
 
-    /// Frees the memory dropped inside host functions since the last call (see
-    /// [`CudaDeviceShared::defer_host_fn_free`]). Called after a synchronization has waited,
+    /// Releases what host functions dropped since the last call (see
+    /// [`CudaDeviceShared::defer_host_fn_drop`]). Called after a synchronization has waited,
     /// with no lock of the runtime held; does nothing inside a host function.
-    pub(crate) fn free_host_fn_drops(&self) {
+    pub(crate) fn release_host_fn_drops(&self) {
         if in_host_function() {
             return;
         }
-        let frees = std::mem::take(&mut *self.host_fn_frees.lock());
-        for free in frees {
-            free.release();
+        let drops = std::mem::take(&mut *self.host_fn_drops.lock());
+        for d in drops {
+            match d {
+                HostFnDrop::Memory(free) => free.release(),
+                HostFnDrop::Handle(handle) => drop(handle),
+            }
         }
     }
 
@@ -412,7 +435,8 @@ impl CudaDeviceShared {
 
     pub(crate) fn return_event(&self, ev: RawEvent) {
         let mut pool = self.event_pool.lock();
-        if pool.len() < 1024 {
+        // Inside a host function the driver refuses the destroy: the pool keeps it.
+        if pool.len() < 1024 || in_host_function() {
             pool.push(ev);
         } else {
             drop(pool);
@@ -523,7 +547,7 @@ impl CudaDevice {
             alloc_stream: Mutex::new(None),
             peers: Mutex::new(HashMap::new()),
             staging: Mutex::new(None),
-            host_fn_frees: Mutex::new(Vec::new()),
+            host_fn_drops: Mutex::new(Vec::new()),
         });
         Ok((CudaDevice { shared }, name, limits))
     }

@@ -392,6 +392,22 @@ impl CudaStreamHandle {
 
 impl Drop for CudaStreamHandle {
     fn drop(&mut self) {
+        if super::in_host_function() {
+            // The driver refuses the frees and the destroy here: the stream, and its GEMM
+            // workspace, are released at the next synchronization, by a handle made of them.
+            // SAFETY: `self.stream` is taken once, here, and this drop returns without using
+            // or dropping it again.
+            let stream = unsafe { ManuallyDrop::take(&mut self.stream) };
+            let moved = CudaStreamHandle {
+                stream: ManuallyDrop::new(stream),
+                shared: self.shared.clone(),
+                blas_workspace: Mutex::new(self.blas_workspace.get_mut().take()),
+                host_fn_panic: self.host_fn_panic.clone(),
+            };
+            let shared = self.shared.clone();
+            shared.defer_host_fn_drop(super::HostFnDrop::Handle(Box::new(moved)));
+            return;
+        }
         // Only this stream's GEMMs used the workspace, so freeing it on the stream orders the
         // free after them; the stream itself is destroyed afterwards, with its fields.
         if let Some(mut workspace) = self.blas_workspace.get_mut().take() {
@@ -425,7 +441,7 @@ impl CudaSyncWait {
     /// ([`Stream::synchronize`](crate::Stream::synchronize)) holds no lock of the runtime here.
     pub(crate) fn wait(self) -> Result<()> {
         self.event.synchronize()?;
-        self.event.shared.free_host_fn_drops();
+        self.event.shared.release_host_fn_drops();
         ErrorSink::here(&self.host_fn_panic).sync_result()
     }
 }
@@ -472,6 +488,17 @@ impl CudaEventHandle {
 
 impl Drop for CudaEventHandle {
     fn drop(&mut self) {
+        if self.timed && self.ev.is_some() && super::in_host_function() {
+            // The driver refuses the destroy here: it is made at the next synchronization.
+            let moved = CudaEventHandle {
+                ev: self.ev.take(),
+                timed: true,
+                shared: self.shared.clone(),
+            };
+            let shared = self.shared.clone();
+            shared.defer_host_fn_drop(super::HostFnDrop::Handle(Box::new(moved)));
+            return;
+        }
         if let Some(ev) = self.ev.take() {
             if self.timed {
                 super::destroy_event(&self.shared, ev);
