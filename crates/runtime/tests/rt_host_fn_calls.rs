@@ -161,3 +161,62 @@ fn memory_dropped_inside_a_host_function_is_freed_after_it() -> Result<(), Devic
     );
     assert_stream_usable(&s)
 }
+
+/// A launch inside a host function of a kernel whose module another thread is loading. Loading
+/// a module waits for the device's work in flight, and so for the host function: had the launch
+/// waited for that load (it used to, on the kernel's compile cache), neither would ever finish.
+/// It is refused at once instead, and the load finishes after the host function.
+#[test]
+fn a_launch_inside_a_host_function_never_waits_for_a_module_being_loaded() -> Result<(), DeviceError>
+{
+    let s = stream();
+    let other = s.device().new_stream()?;
+    let device = s.device().clone();
+    // A kernel of its own, so that no other test has compiled it.
+    let source =
+        r#"extern "C" __global__ void rt_loaded_while_host_fn(float* x) { x[0] += 2.0f; }"#;
+    // SAFETY: the kernel writes element 0 of its one buffer, which every launch passes.
+    let kernel = unsafe { Kernel::new("rt_loaded_while_host_fn", source) }.with_host(|args| {
+        args.output::<f32>(0)?[0] += 2.0;
+        Ok(())
+    });
+    let x = std::sync::Arc::new(DeviceBuffer::from_host(&other, &[1.0f32])?);
+    other.synchronize()?;
+
+    let (loading_tx, loading_rx) = mpsc::channel();
+    let loader = {
+        let kernel = kernel.clone();
+        std::thread::spawn(move || {
+            let _ = loading_rx.recv_timeout(Duration::from_secs(30));
+            kernel.compile(&device)
+        })
+    };
+    let launched = inside_a_host_function(&s, {
+        let (other, x, kernel) = (other.clone(), x.clone(), kernel.clone());
+        move || {
+            // The loader begins while this host function holds the device's work back, and
+            // is given time to take the kernel's compile slot.
+            let _ = loading_tx.send(());
+            std::thread::sleep(Duration::from_millis(200));
+            kernel.launch(
+                &other,
+                LaunchConfig::linear(1, 1),
+                KernelArgs::new().output(&*x),
+            )
+        }
+    });
+    loader.join().expect("the loading thread")?;
+    match s.device().kind() {
+        BackendKind::Host => {
+            launched?;
+            other.synchronize()?;
+            assert_eq!(x.to_host_vec(&other)?, vec![3.0]);
+        }
+        kind => {
+            assert_refused(launched, kind, "a launch while its module loads");
+            assert_eq!(x.to_host_vec(&other)?, vec![1.0]);
+        }
+    }
+    s.synchronize()?;
+    assert_stream_usable(&s)
+}
