@@ -485,12 +485,12 @@ impl Stream {
     /// Enqueues a host closure that runs on this stream, in order with its device work.
     ///
     /// On CUDA it becomes a host function node (`cuLaunchHostFunc`), run on a thread of the
-    /// driver's where the driver refuses its calls: a launch, copy, event, wait or allocation
-    /// made inside it fails at once with [`DeviceError::Reentrant`], before reaching the
-    /// driver. Device memory whose last handle it drops is freed at the next synchronization
-    /// with its device ([`Stream::synchronize`] or
-    /// [`Device::synchronize`](crate::Device::synchronize) on another thread, or after it),
-    /// since the driver refuses the free inside. On the host backend a wait inside it is
+    /// driver's where the driver refuses its calls. Inside it, a launch, copy, event, wait or
+    /// allocation fails at once with [`DeviceError::Reentrant`], before reaching the driver
+    /// (and before taking any lock that another thread's driver call could hold); what it drops
+    /// last (device or pinned memory, a stream, a graph) is released at the next
+    /// [`Stream::synchronize`] or [`Device::synchronize`](crate::Device::synchronize) of its
+    /// device made outside a host function. On the host backend a wait inside it is
     /// [`DeviceError::Reentrant`] too (it would wait for itself), and work it enqueues runs
     /// after it. So keep it to host work.
     ///
