@@ -285,8 +285,8 @@ impl Drop for CudaPinned {
                 shared: self.shared.clone(),
                 for_user: std::mem::replace(&mut self.for_user, false),
             };
-            let shared = self.shared.clone();
-            shared.defer_host_fn_drop(super::HostFnDrop::Handle(Box::new(moved)));
+            self.shared
+                .defer_host_fn_drop(super::HostFnDrop::Handle(Box::new(moved)));
             return;
         }
         if self.for_user {
