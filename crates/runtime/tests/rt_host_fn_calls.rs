@@ -1,8 +1,9 @@
-//! What a host function may do with cuflow. A call into the device inside one (a wait, which
-//! would wait for itself; a launch, an event, on CUDA anything the driver refuses on the thread
-//! of host functions) is refused at once with `DeviceError::Reentrant` on every backend,
-//! never a hang and never the driver's bare `CUDA_ERROR_NOT_PERMITTED`. A handle whose last
-//! copy a host function drops fails no later, unrelated call.
+//! What a host function may do with cuflow. A wait inside one (it would wait for itself) is
+//! refused at once with `DeviceError::Reentrant` on every backend; on CUDA, whose driver
+//! refuses every call on the thread of host functions, so is anything else that reaches the
+//! device (a launch, an event), before it takes a lock of the runtime: never a hang, never the
+//! driver's bare `CUDA_ERROR_NOT_PERMITTED`. What a host function drops last is released
+//! after it, and fails no later, unrelated call.
 
 use std::sync::mpsc;
 use std::time::Duration;
