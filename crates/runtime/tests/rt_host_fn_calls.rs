@@ -38,6 +38,30 @@ fn assert_refused(r: Result<(), DeviceError>, kind: BackendKind, what: &str) {
     );
 }
 
+/// `launched`, a launch that adds `added` to `x` (1.0 before it), made inside a host function on
+/// a stream of `x`'s device: on the host backend it runs after the host function, whose
+/// streams are threads of its own; on CUDA the driver would refuse it, and cuflow refuses it
+/// first, leaving `x` as it was.
+fn assert_launched_after_or_refused(
+    launched: Result<(), DeviceError>,
+    other: &Stream,
+    x: &DeviceBuffer<f32>,
+    added: f32,
+    what: &str,
+) -> Result<(), DeviceError> {
+    match other.device().kind() {
+        BackendKind::Host => {
+            launched?;
+            assert_eq!(x.to_host_vec(other)?, vec![1.0 + added], "{what}");
+        }
+        kind => {
+            assert_refused(launched, kind, what);
+            assert_eq!(x.to_host_vec(other)?, vec![1.0], "{what}");
+        }
+    }
+    Ok(())
+}
+
 #[test]
 fn waiting_inside_a_host_function_is_refused_at_once() -> Result<(), DeviceError> {
     let s = stream();
@@ -72,18 +96,7 @@ fn work_enqueued_inside_a_host_function_runs_or_is_refused() -> Result<(), Devic
         let (other, x) = (other.clone(), x.clone());
         move || launch_add_one(&other, &*x)
     });
-    match s.device().kind() {
-        // The host backend's streams are threads of its own: the work runs after. On CUDA
-        // the driver would refuse it, and cuflow refuses it first.
-        BackendKind::Host => {
-            launched?;
-            assert_eq!(x.to_host_vec(&other)?, vec![2.0]);
-        }
-        kind => {
-            assert_refused(launched, kind, "a launch");
-            assert_eq!(x.to_host_vec(&other)?, vec![1.0]);
-        }
-    }
+    assert_launched_after_or_refused(launched, &other, &x, 1.0, "a launch")?;
     s.synchronize()?;
     assert_stream_usable(&s)
 }
@@ -207,17 +220,7 @@ fn a_launch_inside_a_host_function_never_waits_for_a_module_being_loaded() -> Re
         }
     });
     loader.join().expect("the loading thread")?;
-    match s.device().kind() {
-        BackendKind::Host => {
-            launched?;
-            other.synchronize()?;
-            assert_eq!(x.to_host_vec(&other)?, vec![3.0]);
-        }
-        kind => {
-            assert_refused(launched, kind, "a launch while its module loads");
-            assert_eq!(x.to_host_vec(&other)?, vec![1.0]);
-        }
-    }
+    assert_launched_after_or_refused(launched, &other, &x, 2.0, "a launch while its module loads")?;
     s.synchronize()?;
     assert_stream_usable(&s)
 }

@@ -158,8 +158,7 @@ impl Drop for CudaGraphHandle {
                 graph: std::mem::replace(&mut self.graph, std::ptr::null_mut()),
                 shared: self.shared.clone(),
             };
-            self.shared
-                .defer_host_fn_drop(super::HostFnDrop::Handle(Box::new(moved)));
+            self.shared.defer_host_fn_handle(moved);
             return;
         }
         let (graph, ctx) = (self.graph, &self.shared.ctx);
@@ -228,8 +227,7 @@ impl Drop for CudaGraphExecHandle {
                 exec: std::mem::replace(&mut self.exec, std::ptr::null_mut()),
                 shared: self.shared.clone(),
             };
-            self.shared
-                .defer_host_fn_drop(super::HostFnDrop::Handle(Box::new(moved)));
+            self.shared.defer_host_fn_handle(moved);
             return;
         }
         let (exec, ctx) = (self.exec, &self.shared.ctx);

@@ -130,15 +130,6 @@ impl CudaMemory {
         }
         let _bound = match self.shared.bind() {
             Ok(bound) => bound,
-            // Inside a host function the driver refuses the free: the memory is leaked.
-            Err(e @ DeviceError::Reentrant { .. }) => {
-                tracing::warn!(
-                    "leaking {} bytes of device memory, whose last handle was dropped inside a \
-                     host function: {e}",
-                    self.bytes
-                );
-                return;
-            }
             // A faulted device's memory goes with its reset; a retired state's went already.
             Err(e) => {
                 tracing::debug!("not freeing {} bytes of device memory: {e}", self.bytes);
@@ -285,8 +276,7 @@ impl Drop for CudaPinned {
                 shared: self.shared.clone(),
                 for_user: std::mem::replace(&mut self.for_user, false),
             };
-            self.shared
-                .defer_host_fn_drop(super::HostFnDrop::Handle(Box::new(moved)));
+            self.shared.defer_host_fn_handle(moved);
             return;
         }
         if self.for_user {

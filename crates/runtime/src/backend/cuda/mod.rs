@@ -374,6 +374,12 @@ impl CudaDeviceShared {
         self.host_fn_drops.lock().push(drop);
     }
 
+    /// [`CudaDeviceShared::defer_host_fn_drop`] for a handle whose own drop makes the driver
+    /// calls.
+    pub(crate) fn defer_host_fn_handle(&self, handle: impl Send + 'static) {
+        self.defer_host_fn_drop(HostFnDrop::Handle(Box::new(handle)));
+    }
+
     /// Releases what host functions dropped since the last call (see
     /// [`CudaDeviceShared::defer_host_fn_drop`]). Called after a synchronization has waited,
     /// with no lock of the runtime held; does nothing inside a host function.
@@ -395,9 +401,7 @@ impl CudaDeviceShared {
     /// the device faulted or this state was reset, and with [`DeviceError::Reentrant`] inside a
     /// host function, without calling the driver.
     pub(crate) fn bind(&self) -> Result<Bound<'_>> {
-        if in_host_function() {
-            return Err(refused_in_host_function());
-        }
+        refuse_in_host_function()?;
         let gate = self.life.gate.read_recursive();
         self.life.check()?;
         BOUND_ORDINAL.with(|b| b.set(Some(self.ordinal)));

@@ -404,8 +404,7 @@ impl Drop for CudaStreamHandle {
                 blas_workspace: Mutex::new(self.blas_workspace.get_mut().take()),
                 host_fn_panic: self.host_fn_panic.clone(),
             };
-            self.shared
-                .defer_host_fn_drop(super::HostFnDrop::Handle(Box::new(moved)));
+            self.shared.defer_host_fn_handle(moved);
             return;
         }
         // Only this stream's GEMMs used the workspace, so freeing it on the stream orders the
@@ -495,8 +494,7 @@ impl Drop for CudaEventHandle {
                 timed: true,
                 shared: self.shared.clone(),
             };
-            self.shared
-                .defer_host_fn_drop(super::HostFnDrop::Handle(Box::new(moved)));
+            self.shared.defer_host_fn_handle(moved);
             return;
         }
         if let Some(ev) = self.ev.take() {
