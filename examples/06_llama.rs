@@ -27,7 +27,7 @@ use cuflow::prelude::*;
 use cuflow::runtime::BackendKind;
 
 const USAGE: &str =
-    "usage: 06_llama (--checkpoint DIR | --synthetic tiny|1b) [--prompt-ids 1,2,3] \
+    "usage: 06_llama (--checkpoint DIR | --synthetic tiny|1b|8b) [--prompt-ids 1,2,3] \
                      [--tokens N] [--sample] [--temperature T] [--top-k K] [--top-p P] [--seed S] \
                      [--tp N]";
 
@@ -118,8 +118,9 @@ fn synthetic_config(name: &str) -> Result<LlamaConfig, DeviceError> {
     match name {
         "tiny" => Ok(LlamaConfig::tiny()),
         "1b" => Ok(LlamaConfig::llama_3_2_1b()),
+        "8b" => Ok(LlamaConfig::llama_3_1_8b()),
         other => Err(DeviceError::usage(format!(
-            "--synthetic {other:?}: expected tiny or 1b\n{USAGE}"
+            "--synthetic {other:?}: expected tiny, 1b or 8b\n{USAGE}"
         ))),
     }
 }

@@ -30,6 +30,7 @@ mod graph;
 mod kernels;
 mod launch;
 mod llama;
+mod llama_tp;
 mod multigpu;
 mod ops;
 mod overlap;
@@ -114,6 +115,13 @@ const BENCHMARKS: &[Benchmark] = &[
         iters_meaning: "all-reduces per size (fewer for large sizes)",
         default_iters: 50,
         run: collectives::run,
+    },
+    Benchmark {
+        name: "llama_tp",
+        about: "1B and 8B Llama decode, tensor parallel over 1/2/4/8 GPUs, replayed (scaling)",
+        iters_meaning: "unused (fixed trial sizes)",
+        default_iters: 1,
+        run: llama_tp::run,
     },
     Benchmark {
         name: "multigpu",

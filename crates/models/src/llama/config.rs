@@ -170,6 +170,34 @@ impl LlamaConfig {
         }
     }
 
+    /// The shape of Llama 3.1 8B: 32 layers, hidden 4096, 32 query heads and 8 key/value
+    /// heads of 128, MLP 14336, vocabulary 128256, untied embeddings, Llama 3 rope scaling
+    /// (16.06 GB of `bf16` weights).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cuflow_models::llama::LlamaConfig;
+    /// let cfg = LlamaConfig::llama_3_1_8b();
+    /// assert_eq!((cfg.head_dim(), cfg.kv_heads()), (128, 8));
+    /// ```
+    pub fn llama_3_1_8b() -> LlamaConfig {
+        LlamaConfig {
+            hidden_size: 4096,
+            intermediate_size: 14_336,
+            num_hidden_layers: 32,
+            num_attention_heads: 32,
+            num_key_value_heads: Some(8),
+            head_dim: Some(128),
+            vocab_size: 128_256,
+            rms_norm_eps: 1e-5,
+            rope_theta: 500_000.0,
+            rope_scaling: Some(RopeScaling::llama3(8192)),
+            tie_word_embeddings: false,
+            max_position_embeddings: 131_072,
+        }
+    }
+
     /// Reads `config.json` from a checkpoint folder.
     ///
     /// # Errors
@@ -394,5 +422,19 @@ impl LlamaConfig {
             }
             _ => base,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LlamaConfig;
+
+    /// The presets hold as many weights as the published models: 1,235,814,400 for Llama 3.2
+    /// 1B (tied embeddings), 8,030,261,248 for Llama 3.1 8B.
+    #[test]
+    fn the_presets_have_the_published_parameter_counts() {
+        let bytes = |cfg: LlamaConfig| cfg.bf16_weight_bytes().expect("a valid preset");
+        assert_eq!(bytes(LlamaConfig::llama_3_2_1b()), 2 * 1_235_814_400);
+        assert_eq!(bytes(LlamaConfig::llama_3_1_8b()), 2 * 8_030_261_248);
     }
 }

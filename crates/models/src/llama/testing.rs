@@ -54,38 +54,74 @@ pub struct CheckpointTensor {
 }
 
 /// The synthetic weights of `cfg` and `seed`, stored as `dtype` (`bf16` values, converted;
-/// `I32` stores each value's bits).
+/// `I32` stores each value's bits). Tensors are drawn on several threads (each from its own
+/// generator, so the values do not depend on the threads): an 8B-shaped model has 16 GB of
+/// them.
 pub fn synthetic_tensors(
     cfg: &LlamaConfig,
     seed: u64,
     dtype: WeightDtype,
 ) -> Vec<CheckpointTensor> {
-    hf_tensors(cfg)
-        .map(|(name, shape)| {
-            let values = synthetic_values(&name, &shape, seed);
-            let data: Vec<u8> = match dtype {
-                WeightDtype::Bf16 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
-                WeightDtype::F32 => values
-                    .iter()
-                    .flat_map(|v| v.to_f32().to_le_bytes())
-                    .collect(),
-                WeightDtype::F16 => values
-                    .iter()
-                    .flat_map(|v| f16::from_f32(v.to_f32()).to_le_bytes())
-                    .collect(),
-                WeightDtype::I32 => values
-                    .iter()
-                    .flat_map(|v| i32::from(v.to_bits()).to_le_bytes())
-                    .collect(),
+    let specs: Vec<(String, Vec<usize>)> = hf_tensors(cfg).collect();
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .clamp(1, 16);
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let work = || {
+        let mut mine = Vec::new();
+        loop {
+            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let Some((name, shape)) = specs.get(i) else {
+                return mine;
             };
-            CheckpointTensor {
-                name,
-                dtype,
-                shape,
-                data,
-            }
-        })
-        .collect()
+            mine.push((i, synthetic_tensor(name, shape, seed, dtype)));
+        }
+    };
+    let mut made: Vec<(usize, CheckpointTensor)> = std::thread::scope(|s| {
+        // Helpers where the system gives them; this thread works too, so a refused thread
+        // only means fewer hands.
+        let helpers: Vec<_> = (1..threads)
+            .filter_map(|_| std::thread::Builder::new().spawn_scoped(s, work).ok())
+            .collect();
+        let mut all = work();
+        for h in helpers {
+            all.extend(h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)));
+        }
+        all
+    });
+    made.sort_by_key(|(i, _)| *i);
+    made.into_iter().map(|(_, t)| t).collect()
+}
+
+/// One synthetic tensor, stored as `dtype`.
+fn synthetic_tensor(
+    name: &str,
+    shape: &[usize],
+    seed: u64,
+    dtype: WeightDtype,
+) -> CheckpointTensor {
+    let values = synthetic_values(name, shape, seed);
+    let data: Vec<u8> = match dtype {
+        WeightDtype::Bf16 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        WeightDtype::F32 => values
+            .iter()
+            .flat_map(|v| v.to_f32().to_le_bytes())
+            .collect(),
+        WeightDtype::F16 => values
+            .iter()
+            .flat_map(|v| f16::from_f32(v.to_f32()).to_le_bytes())
+            .collect(),
+        WeightDtype::I32 => values
+            .iter()
+            .flat_map(|v| i32::from(v.to_bits()).to_le_bytes())
+            .collect(),
+    };
+    CheckpointTensor {
+        name: name.to_string(),
+        dtype,
+        shape: shape.to_vec(),
+        data,
+    }
 }
 
 /// The synthetic tensors of `cfg` and `seed` by name, as `bf16`.
