@@ -47,7 +47,8 @@ impl Event {
         self.inner.backend.is_complete()
     }
 
-    /// Blocks until the event has completed.
+    /// Blocks until the event has completed. Like [`Stream::synchronize`], it then releases
+    /// what host functions on the event's device dropped (see [`Stream::enqueue_host_fn`]).
     ///
     /// # Errors
     ///

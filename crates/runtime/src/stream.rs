@@ -489,8 +489,10 @@ impl Stream {
     /// allocation fails at once with [`DeviceError::Reentrant`], before reaching the driver
     /// (and before taking any lock that another thread's driver call could hold); what it drops
     /// last (device or pinned memory, a stream, a graph) is released at the next
-    /// [`Stream::synchronize`] or [`Device::synchronize`](crate::Device::synchronize) of its
-    /// device made outside a host function. On the host backend a wait inside it is
+    /// [`Stream::synchronize`], [`Device::synchronize`](crate::Device::synchronize) or
+    /// [`Event::synchronize`](crate::Event::synchronize) on its device made outside a host
+    /// function (a program that only awaits ops keeps it until one of those). On the host
+    /// backend a wait inside it is
     /// [`DeviceError::Reentrant`] too (it would wait for itself), and work it enqueues runs
     /// after it. So keep it to host work.
     ///

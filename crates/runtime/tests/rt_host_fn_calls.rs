@@ -176,6 +176,29 @@ fn memory_dropped_inside_a_host_function_is_freed_after_it() -> Result<(), Devic
     assert_stream_usable(&s)
 }
 
+/// The same, where the program waits on an event rather than on the stream: an event's wait
+/// releases what host functions dropped too.
+#[test]
+fn memory_dropped_inside_a_host_function_is_freed_after_an_event_wait() -> Result<(), DeviceError> {
+    const BYTES: usize = 256 << 20;
+    let s = stream();
+    let pool = s.device().memory_pool();
+    let buffer = DeviceBuffer::<u8>::alloc(&s, BYTES)?;
+    s.synchronize()?;
+    let holding = pool.stats()?.reserved;
+    inside_a_host_function(&s, move || drop(buffer));
+    s.record_event()?.synchronize()?;
+    s.record_event()?.synchronize()?;
+    pool.trim_to(0)?;
+    let after = pool.stats()?.reserved;
+    assert!(
+        after + BYTES / 2 <= holding,
+        "{BYTES} bytes dropped inside a host function were not freed by two event waits: \
+         {after} bytes reserved after them, {holding} with the buffer"
+    );
+    assert_stream_usable(&s)
+}
+
 /// A launch inside a host function of a kernel whose module another thread is loading. Loading
 /// a module waits for the device's work in flight, and so for the host function: had the launch
 /// waited for that load (it used to, on the kernel's compile cache), neither would ever finish.

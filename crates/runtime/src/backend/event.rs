@@ -20,7 +20,7 @@ impl EventBackend {
     pub(crate) fn synchronize(&self) -> Result<()> {
         match self {
             EventBackend::Host(e) => e.synchronize(),
-            EventBackend::Cuda(e) => e.synchronize(),
+            EventBackend::Cuda(e) => e.synchronize_and_release(),
         }
     }
 

@@ -477,6 +477,16 @@ impl CudaEventHandle {
             .map_err(|e| driver_err("cuEventSynchronize", e))
     }
 
+    /// [`CudaEventHandle::synchronize`], then the release of what host functions dropped (as
+    /// [`CudaSyncWait::wait`] does), so that a program waiting on events rather than on its
+    /// streams gets that memory back too. For [`Event::synchronize`](crate::Event::synchronize),
+    /// whose caller holds no lock of the runtime.
+    pub(crate) fn synchronize_and_release(&self) -> Result<()> {
+        self.synchronize()?;
+        self.shared.release_host_fn_drops();
+        Ok(())
+    }
+
     pub(crate) fn elapsed_ms(&self, end: &CudaEventHandle) -> Result<f32> {
         let _bound = self.shared.bind()?;
         // SAFETY: both events are alive and were created with timing enabled.
