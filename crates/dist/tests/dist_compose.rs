@@ -114,3 +114,98 @@ fn a_captured_step_with_an_all_reduce_replays() {
         }
     }
 }
+
+/// Small sums, eager and replayed, on either side of the size below which CUDA ranks of one
+/// process sum through each other's memory instead of NCCL (16,384 `f32`): every rank gets
+/// the same bits, within f32 rounding of a float64 sum, and eager calls between replays keep
+/// the ranks in step.
+#[test]
+fn small_all_reduces_agree_on_every_rank_eager_and_replayed() {
+    let seed = fresh_seed();
+    for n in [2, 4] {
+        let Some(comms) = communicators(n, TIMEOUT) else {
+            continue;
+        };
+        let sizes = [1usize, 5, 4096, 16_384, 16_385];
+        let eager = on_every_rank(&comms, |c| {
+            sizes
+                .iter()
+                .map(|&len| {
+                    let part = input(seed + len as u64, c.rank(), len);
+                    let x = api::from_slice(&part, &[len]);
+                    all_reduce(c, x, ReduceOp::Sum)
+                        .sync_on(c.stream())?
+                        .to_host_vec()
+                })
+                .collect::<Result<Vec<_>, _>>()
+        });
+        let eager: Vec<Vec<Vec<f32>>> = eager.into_iter().map(Result::unwrap).collect();
+        for (k, &len) in sizes.iter().enumerate() {
+            let parts: Vec<Vec<f32>> = (0..n).map(|r| input(seed + len as u64, r, len)).collect();
+            let want: Vec<f64> = (0..len)
+                .map(|i| parts.iter().map(|p| f64::from(p[i])).sum())
+                .collect();
+            for (r, got) in eager.iter().enumerate() {
+                assert_close_in_norm(&format!("{len} on rank {r} of {n}"), &got[k], &want, 1e-6);
+                assert_eq!(
+                    got[k], eager[0][k],
+                    "rank {r} of {n} differs from rank 0 at {len}"
+                );
+            }
+        }
+
+        // A step of three sums in a row, captured, replayed with new inputs, an eager sum
+        // between replays.
+        let (len, replays) = (4096, 4);
+        let step_input = |s: usize, r: usize| input(seed ^ (s as u64 + 1) << 20, r, len);
+        let replayed = on_every_rank(&comms, |c| {
+            let r = c.rank();
+            let mut x = api::zeros::<f32>(&[len]).sync_on(c.stream())?;
+            let step = all_reduce(c, x.clone(), ReduceOp::Sum)
+                .then(|y| all_reduce(c, y, ReduceOp::Sum))
+                .then(|y| all_reduce(c, y, ReduceOp::Sum));
+            let mut graph = step.graph_on(c.stream().clone())?;
+            let out = graph
+                .take_output()
+                .ok_or_else(|| DeviceError::usage("no output"))?;
+            let mut results = Vec::new();
+            for s in 0..replays {
+                let src = api::from_slice(&step_input(s, r), &[len]).sync_on(c.stream())?;
+                graph.update(api::memcpy(&mut x, &src))?;
+                graph.replay_and_wait()?;
+                results.push(out.to_host_vec()?);
+                let part = step_input(s + 100, r);
+                let between = api::from_slice(&part, &[len]);
+                results.push(
+                    all_reduce(c, between, ReduceOp::Sum)
+                        .sync_on(c.stream())?
+                        .to_host_vec()?,
+                );
+            }
+            Ok(results)
+        });
+        let replayed: Vec<Vec<Vec<f32>>> = replayed.into_iter().map(Result::unwrap).collect();
+        let nf = n as f64;
+        for s in 0..replays {
+            let sum_of = |s: usize| -> Vec<f64> {
+                let parts: Vec<Vec<f32>> = (0..n).map(|r| step_input(s, r)).collect();
+                (0..len)
+                    .map(|i| parts.iter().map(|p| f64::from(p[i])).sum())
+                    .collect()
+            };
+            let want: Vec<f64> = sum_of(s).into_iter().map(|v| nf * nf * v).collect();
+            let want_between = sum_of(s + 100);
+            for (r, got) in replayed.iter().enumerate() {
+                let what = format!("replay {s} on rank {r} of {n}");
+                assert_close_in_norm(&what, &got[2 * s], &want, 1e-6);
+                assert_close_in_norm(
+                    &format!("{what}, eager after"),
+                    &got[2 * s + 1],
+                    &want_between,
+                    1e-6,
+                );
+                assert_eq!(got[2 * s], replayed[0][2 * s], "{what} differs from rank 0");
+            }
+        }
+    }
+}

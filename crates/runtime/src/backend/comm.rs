@@ -6,6 +6,20 @@ use super::{cuda, host, StreamBackend};
 use crate::collective::{CollectiveCall, HostTransport};
 use crate::device::Device;
 use crate::error::{BackendKind, DeviceError, Result};
+use crate::memory::{DeviceBuffer, Memory};
+
+/// One zeroed one-shot area per device of `devices`, complete when this returns.
+fn oneshot_areas(devices: &[Device]) -> Result<Vec<Arc<Memory>>> {
+    devices
+        .iter()
+        .map(|d| {
+            let stream = d.new_stream()?;
+            let area = DeviceBuffer::<u8>::zeroed(&stream, cuda::ONESHOT_AREA_BYTES)?;
+            stream.synchronize()?;
+            Ok(area.mem.clone())
+        })
+        .collect()
+}
 
 /// A communicator's backend half.
 pub(crate) enum CommBackend {
@@ -57,10 +71,26 @@ impl CommBackend {
                 }
             }
         }
-        Ok(cuda::NcclComm::init_all(&shared)?
-            .into_iter()
-            .map(CommBackend::Cuda)
-            .collect())
+        let comms = cuda::NcclComm::init_all(&shared)?;
+        if comms.len() > 1 && cuda::NcclComm::oneshot_enabled() {
+            // The one-shot all-reduce's areas, zeroed before any rank can signal into them.
+            // Where it cannot be set up, every all-reduce goes through NCCL.
+            let attached = oneshot_areas(devices)
+                .and_then(|areas| cuda::NcclComm::attach_oneshot(&comms, areas));
+            if let Err(e) = attached {
+                tracing::debug!(error = %e, "no one-shot all-reduce for this communicator");
+            }
+        }
+        Ok(comms.into_iter().map(CommBackend::Cuda).collect())
+    }
+
+    /// The buffer a run of `calls` writes besides their receive buffers (see
+    /// `cuda::NcclComm::oneshot_area`), for the access tracker.
+    pub(crate) fn extra_write(&self, calls: &[&CollectiveCall<'_>]) -> Option<&Arc<Memory>> {
+        match self {
+            CommBackend::Host(_) => None,
+            CommBackend::Cuda(c) => c.oneshot_area(calls),
+        }
     }
 
     /// A fresh NCCL unique id.

@@ -29,7 +29,14 @@
 //! - **cuda**: NCCL, loaded at run time (`$CUFLOW_NCCL_LIB`, the loader's path, or the
 //!   `nvidia-nccl` wheels of the Python environments in sight); a missing library is
 //!   [`DeviceError::NoNccl`]. NCCL's own waits have no deadline: a rank that never arrives at
-//!   a collective stalls its stream, as in every NCCL program.
+//!   a collective stalls its stream, as in every NCCL program. Communicators made together in
+//!   one process ([`Comm::nccl_local`]) over devices that can all read each other's memory sum
+//!   an `f32` all-reduce of up to 16,384 elements with a one-shot kernel instead (each rank
+//!   stages its part, the ranks meet at flags in peer memory, each sums every part in rank
+//!   order): one kernel, where NCCL's latency dominates such small sums. Its call also writes
+//!   a staging area of the rank's own, which the access tracker orders like any buffer; its
+//!   waits trap the kernel after 300 s (a device fault) instead of hanging.
+//!   `CUFLOW_NCCL_ONESHOT=0` turns it off for communicators made afterwards.
 
 mod call;
 mod dtype;
@@ -277,6 +284,9 @@ pub fn collective(stream: &Stream, comm: &Comm, calls: &[CollectiveCall<'_>]) ->
         if let Some(recv) = call.recv {
             accesses.push((recv.mem, Access::Write));
         }
+    }
+    if let Some(area) = comm.inner.backend.extra_write(&calls) {
+        accesses.push((area, Access::Write));
     }
     let name = if calls.len() == 1 {
         calls[0].kind.name()

@@ -32,7 +32,7 @@ pub(crate) use blas::BlasWorkspace;
 pub(crate) use capture::{CudaGraphExecHandle, CudaGraphHandle};
 pub(crate) use kernel::CompiledKernel;
 pub(crate) use memory::{CudaMemory, CudaPinned};
-pub(crate) use nccl::{nccl_unique_id, NcclComm};
+pub(crate) use nccl::{nccl_unique_id, NcclComm, ONESHOT_AREA_BYTES};
 pub(crate) use peer::copy_staged;
 pub(crate) use stream::{CudaEventHandle, CudaStreamHandle, CudaSyncWait};
 pub(crate) use tools::{at_exit, nvtx_end, nvtx_start};
@@ -396,6 +396,34 @@ impl CudaDeviceShared {
         }
     }
 
+    /// The kernel compiled and loaded for this device: from the device's module cache, else
+    /// compiled now and kept for the device's lifetime.
+    pub(crate) fn compile(
+        self: &Arc<Self>,
+        name: &str,
+        source: &str,
+        options: &[String],
+    ) -> Result<Arc<CompiledKernel>> {
+        let key: ModuleKey = (name.to_owned(), source.to_owned(), options.to_vec());
+        // One compile per kernel: a thread that finds another compiling the same kernel waits
+        // for it rather than loading a second module. NVRTC takes milliseconds, and loading a
+        // module waits for the device's work in flight, so a duplicate load racing with a
+        // stream held by a host function would stall this thread until that function returns.
+        // The slot is filled outside the map's lock: other kernels load meanwhile.
+        let slot = self.modules.lock().entry(key.clone()).or_default().clone();
+        match slot.get_or_init(|| kernel::compile(self, name, source, options).map(Arc::new)) {
+            Ok(compiled) => Ok(compiled.clone()),
+            Err(e) => {
+                // Not kept: a later launch compiles again (the cause may pass, e.g. memory).
+                let mut modules = self.modules.lock();
+                if modules.get(&key).is_some_and(|s| Arc::ptr_eq(s, &slot)) {
+                    modules.remove(&key);
+                }
+                Err(e.clone())
+            }
+        }
+    }
+
     /// Binds the device's context to this thread for the driver calls that follow, which are
     /// made while the returned proof is held. Fails with [`DeviceError::DeviceFaulted`] once
     /// the device faulted or this state was reset, and with [`DeviceError::Reentrant`] inside a
@@ -583,40 +611,14 @@ impl CudaDevice {
         CudaStreamHandle::new(&self.shared, priority)
     }
 
-    /// The kernel compiled and loaded for this device: from the device's module cache, else
-    /// compiled now and kept for the device's lifetime.
+    /// The kernel compiled and loaded for this device (see [`CudaDeviceShared::compile`]).
     pub(crate) fn compile(
         &self,
         name: &str,
         source: &str,
         options: &[String],
     ) -> Result<Arc<CompiledKernel>> {
-        let key: ModuleKey = (name.to_owned(), source.to_owned(), options.to_vec());
-        // One compile per kernel: a thread that finds another compiling the same kernel waits
-        // for it rather than loading a second module. NVRTC takes milliseconds, and loading a
-        // module waits for the device's work in flight, so a duplicate load racing with a
-        // stream held by a host function would stall this thread until that function returns.
-        // The slot is filled outside the map's lock: other kernels load meanwhile.
-        let slot = self
-            .shared
-            .modules
-            .lock()
-            .entry(key.clone())
-            .or_default()
-            .clone();
-        match slot
-            .get_or_init(|| kernel::compile(&self.shared, name, source, options).map(Arc::new))
-        {
-            Ok(compiled) => Ok(compiled.clone()),
-            Err(e) => {
-                // Not kept: a later launch compiles again (the cause may pass, e.g. memory).
-                let mut modules = self.shared.modules.lock();
-                if modules.get(&key).is_some_and(|s| Arc::ptr_eq(s, &slot)) {
-                    modules.remove(&key);
-                }
-                Err(e.clone())
-            }
-        }
+        self.shared.compile(name, source, options)
     }
 
     /// Whether this device can read `peer`'s memory directly.

@@ -12,17 +12,21 @@
 //! lifetime.
 
 mod library;
+mod oneshot;
 
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 
 use self::library::{nccl, Nccl, RawComm, UniqueId, UNIQUE_ID_BYTES};
+use self::oneshot::OneShot;
+pub(crate) use self::oneshot::AREA_BYTES as ONESHOT_AREA_BYTES;
 use super::{CudaDeviceShared, CudaStreamHandle};
 use crate::collective::{CallKind, CollectiveCall, CollectiveDtype, ReduceOp};
 use crate::error::{DeviceError, Result};
+use crate::memory::Memory;
 
 /// The raw communicator, behind the lock that serializes the calls on it.
 struct Raw(RawComm);
@@ -38,6 +42,9 @@ pub(crate) struct NcclComm {
     lib: &'static Nccl,
     /// Whether a capture recorded a call of this communicator (then it is never destroyed).
     captured: AtomicBool,
+    /// The one-shot all-reduce state of its group and this communicator's rank in it, where
+    /// the group has one (see [`oneshot`]).
+    oneshot: OnceLock<(Arc<OneShot>, usize)>,
 }
 
 fn to_int(what: &str, value: usize) -> Result<c_int> {
@@ -77,6 +84,7 @@ impl NcclComm {
             shared,
             lib,
             captured: AtomicBool::new(false),
+            oneshot: OnceLock::new(),
         }
     }
 
@@ -135,6 +143,59 @@ impl NcclComm {
             .collect())
     }
 
+    /// Whether one-shot all-reduces are turned on for communicators made from now on
+    /// (`CUFLOW_NCCL_ONESHOT` is not `0`).
+    pub(crate) fn oneshot_enabled() -> bool {
+        OneShot::enabled()
+    }
+
+    /// Gives the communicators `comms` of one group (rank `r` is `comms[r]`, all made by
+    /// [`NcclComm::init_all`]) the one-shot all-reduce over the zeroed areas `areas` (rank `r`'s
+    /// on its device, [`ONESHOT_AREA_BYTES`] each), where their devices allow it; returns
+    /// whether they have it.
+    ///
+    /// # Errors
+    ///
+    /// A compile or driver error.
+    pub(crate) fn attach_oneshot(comms: &[NcclComm], areas: Vec<Arc<Memory>>) -> Result<bool> {
+        let shared: Vec<Arc<CudaDeviceShared>> = comms.iter().map(|c| c.shared.clone()).collect();
+        let Some(state) = OneShot::new(&shared, areas)? else {
+            return Ok(false);
+        };
+        for (rank, comm) in comms.iter().enumerate() {
+            if comm.oneshot.set((state.clone(), rank)).is_err() {
+                return Err(DeviceError::internal(
+                    "a communicator's one-shot state set twice",
+                ));
+            }
+        }
+        Ok(true)
+    }
+
+    /// The one-shot state and rank that the group `calls` runs on, if it is one all-reduce that
+    /// takes that path: an `f32` sum of at most `oneshot::CAP` elements. It depends only on
+    /// what every rank passes alike, so the ranks agree.
+    fn oneshot_for(&self, calls: &[&CollectiveCall<'_>]) -> Option<&(Arc<OneShot>, usize)> {
+        let state = self.oneshot.get()?;
+        match calls {
+            [call]
+                if call.kind == CallKind::AllReduce(ReduceOp::Sum)
+                    && call.dtype == CollectiveDtype::F32
+                    && call.count <= oneshot::CAP =>
+            {
+                Some(state)
+            }
+            _ => None,
+        }
+    }
+
+    /// The buffer a one-shot run of `calls` writes besides its receive buffer (this rank's
+    /// area), for the access tracker; `None` when `calls` go through NCCL.
+    pub(crate) fn oneshot_area(&self, calls: &[&CollectiveCall<'_>]) -> Option<&Arc<Memory>> {
+        self.oneshot_for(calls)
+            .map(|(state, rank)| state.area(*rank))
+    }
+
     /// Issues the group `calls` on `stream` (validated, none empty); `capturing` says that
     /// the stream is being captured.
     pub(crate) fn enqueue(
@@ -145,6 +206,25 @@ impl NcclComm {
     ) -> Result<()> {
         if capturing {
             self.captured.store(true, Ordering::Release);
+        }
+        if let Some((state, rank)) = self.oneshot_for(calls) {
+            let call = calls[0];
+            let ptr = |r: Option<crate::memory::Region<'_>>| -> Result<u64> {
+                match r {
+                    Some(r) => Ok(r.mem.backend.cuda()?.ptr() + r.offset as u64),
+                    None => Err(DeviceError::internal("an all-reduce without its buffer")),
+                }
+            };
+            // Held as for NCCL's calls: the communicator's calls are issued one at a time.
+            let _raw = self.raw.lock();
+            return state.enqueue(
+                *rank,
+                stream,
+                ptr(call.send)?,
+                ptr(call.recv)?,
+                call.count,
+                capturing,
+            );
         }
         let lib = self.lib;
         let ptr = |r: Option<crate::memory::Region<'_>>| -> Result<u64> {

@@ -1,0 +1,278 @@
+//! A one-shot all-reduce for small `f32` sums between the ranks of one process, over peer
+//! memory: the latency path of tensor-parallel decoding, where each layer sums a few KiB.
+//!
+//! NCCL spends 13–30 µs on an all-reduce of 16 KiB inside a replayed decode step (see
+//! `docs/perf/llama-tp.md`); here each rank's kernel copies its part into a staging area of its
+//! own, the ranks meet at a flag barrier in peer memory, and every rank sums all the staged
+//! parts itself, in rank order (so every rank gets the same bits), then meets the others again
+//! before it returns. That second barrier means that once a rank's kernel has finished, no peer
+//! reads its staging area or writes its flags any more for that call, so stream order on each
+//! rank is all its memory needs.
+//!
+//! Used by [`NcclComm`](super::NcclComm) for an all-reduce of one `f32` buffer of at most
+//! [`CAP`] elements, summed, when its communicator was made for every rank in this process
+//! (`ncclCommInitAll`) over 2 to [`MAX_WORLD`] devices that can all read each other's memory;
+//! `CUFLOW_NCCL_ONESHOT=0` turns it off. Which calls take it depends only on what every rank
+//! passes alike (the kind, type, operation and count), so all ranks take the same path.
+//!
+//! **The staging areas** are ordinary tracked device buffers (one per rank, zeroed at creation):
+//! a call names its rank's area as a buffer it writes, so the access tracker orders a rank's
+//! one-shot calls across streams and captures like any other writes to one buffer, and frees it
+//! after its last use. A rank's kernel also reads the other ranks' areas and writes their flags,
+//! which no tracker sees: the areas are shared by every rank's communicator and released only
+//! when the last of them goes, after every rank's device has finished its work; never when a
+//! capture recorded a call (a graph may replay it at any time), like the NCCL communicator.
+//!
+//! **Epochs.** Each block of each rank counts its calls in its area; a call's epoch is the
+//! count plus one. As every rank makes the same calls in the same order, their counts agree.
+//! A flag holds the epoch its writer reached, and waiting means until it reaches ours
+//! (compared with wrap-around). A wait has a deadline ([`DEADLINE_NS`]): a rank that never
+//! arrives traps the kernel (a device fault, reported as `DeviceFaulted`) instead of hanging.
+
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use cudarc::driver::result;
+
+use super::super::kernel::CompiledKernel;
+use super::super::{driver_err, CudaDeviceShared, CudaStreamHandle};
+use crate::error::{DeviceError, Result};
+use crate::memory::Memory;
+
+/// The most ranks.
+pub(crate) const MAX_WORLD: usize = 8;
+/// The most elements of one call, per staging half.
+pub(crate) const CAP: usize = 16 * 1024;
+/// Blocks of the kernel; each sums one slice of the buffer and meets the other ranks' block of
+/// the same number.
+const BLOCKS: usize = 8;
+/// Threads per block.
+const THREADS: u32 = 256;
+/// How long a rank waits for the others before the kernel traps: as long as the dist crate's
+/// default deadline for a peer.
+const DEADLINE_NS: u64 = 300_000_000_000;
+
+/// Bytes of one rank's area: two staging halves of `CAP` `f32`, the start and done flags
+/// (`BLOCKS × MAX_WORLD` `u32` each) and a call count per block.
+pub(crate) const AREA_BYTES: usize = 2 * CAP * 4 + 2 * BLOCKS * MAX_WORLD * 4 + BLOCKS * 4;
+
+const NAME: &str = "cuflow_all_reduce_oneshot_f32";
+
+fn source() -> String {
+    format!(
+        r#"
+#define MAX_WORLD {MAX_WORLD}
+#define CAP {CAP}
+#define BLOCKS {BLOCKS}
+struct Areas {{ unsigned long long base[MAX_WORLD]; }};
+__device__ __forceinline__ float* stage_of(unsigned long long base, unsigned half) {{
+  return (float*)base + half * CAP;
+}}
+__device__ __forceinline__ unsigned* flags_of(unsigned long long base, unsigned which) {{
+  return (unsigned*)((float*)base + 2 * CAP) + which * BLOCKS * MAX_WORLD;
+}}
+__device__ __forceinline__ unsigned* count_of(unsigned long long base) {{
+  return flags_of(base, 2);
+}}
+__device__ __forceinline__ unsigned long long now_ns() {{
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}}
+/* Every rank's block `b` reaches this point of call `epoch`: thread t < world tells rank t
+   (release, system scope, after the block's writes), then waits until rank t told it. */
+__device__ void meet(const Areas& a, unsigned which, unsigned b, unsigned rank, unsigned world,
+                     unsigned epoch, unsigned long long deadline) {{
+  __syncthreads();
+  if (threadIdx.x < world) {{
+    const unsigned t = threadIdx.x;
+    unsigned* theirs = flags_of(a.base[t], which) + b * MAX_WORLD + rank;
+    __threadfence_system();
+    asm volatile("st.release.sys.global.u32 [%0], %1;" :: "l"(theirs), "r"(epoch) : "memory");
+    const unsigned* mine = flags_of(a.base[rank], which) + b * MAX_WORLD + t;
+    const unsigned long long start = now_ns();
+    for (;;) {{
+      unsigned seen;
+      asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(seen) : "l"(mine) : "memory");
+      if ((int)(seen - epoch) >= 0) break;
+      if (now_ns() - start > deadline) __trap();
+    }}
+  }}
+  __syncthreads();
+}}
+extern "C" __global__ void __launch_bounds__({THREADS}) {NAME}(
+    const float* send, float* recv, unsigned n, Areas a, unsigned rank, unsigned world,
+    unsigned long long deadline) {{
+  const unsigned b = blockIdx.x;
+  unsigned* count = count_of(a.base[rank]) + b;
+  const unsigned epoch = *count + 1;
+  const unsigned half = epoch & 1u;
+  const unsigned per = (n + gridDim.x - 1) / gridDim.x;
+  const unsigned lo = min(n, b * per), hi = min(n, lo + per);
+  float* mine = stage_of(a.base[rank], half);
+  for (unsigned i = lo + threadIdx.x; i < hi; i += blockDim.x) mine[i] = send[i];
+  meet(a, 0, b, rank, world, epoch, deadline);
+  for (unsigned i = lo + threadIdx.x; i < hi; i += blockDim.x) {{
+    float s = 0.0f;
+    for (unsigned r = 0; r < world; ++r) s += __ldcg(stage_of(a.base[r], half) + i);
+    recv[i] = s;
+  }}
+  meet(a, 1, b, rank, world, epoch, deadline);
+  if (threadIdx.x == 0) *count = epoch;
+}}
+"#
+    )
+}
+
+/// The kernel's by-value parameter holding every rank's area.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Areas {
+    base: [u64; MAX_WORLD],
+}
+
+/// The one-shot state of a group of ranks, shared by their communicators.
+pub(crate) struct OneShot {
+    /// Rank `r`'s area, on its device.
+    areas: Vec<Arc<Memory>>,
+    /// Rank `r`'s device state and the kernel loaded there.
+    ranks: Vec<(Arc<CudaDeviceShared>, Arc<CompiledKernel>)>,
+    /// Whether a capture recorded a call (then nothing is ever released).
+    captured: AtomicBool,
+}
+
+impl OneShot {
+    /// Whether one-shot all-reduces are turned on (`CUFLOW_NCCL_ONESHOT` is not `0`).
+    pub(crate) fn enabled() -> bool {
+        std::env::var("CUFLOW_NCCL_ONESHOT").map_or(true, |v| v.trim() != "0")
+    }
+
+    /// The state over `shared` (rank `r` on `shared[r]`) with the zeroed areas `areas`, or
+    /// `None` when the group cannot use it: fewer than 2 or more than [`MAX_WORLD`] ranks, or
+    /// a pair of devices that cannot read each other's memory.
+    ///
+    /// # Errors
+    ///
+    /// A compile or driver error.
+    pub(crate) fn new(
+        shared: &[Arc<CudaDeviceShared>],
+        areas: Vec<Arc<Memory>>,
+    ) -> Result<Option<Arc<OneShot>>> {
+        let world = shared.len();
+        if !(2..=MAX_WORLD).contains(&world) || areas.len() != world {
+            return Ok(None);
+        }
+        for a in shared {
+            for b in shared {
+                if !super::super::peer::enable_peer_access(a, b)? {
+                    return Ok(None);
+                }
+            }
+        }
+        let source = source();
+        let mut ranks = Vec::with_capacity(world);
+        for s in shared {
+            ranks.push((s.clone(), s.compile(NAME, &source, &[])?));
+        }
+        Ok(Some(Arc::new(OneShot {
+            areas,
+            ranks,
+            captured: AtomicBool::new(false),
+        })))
+    }
+
+    /// Rank `rank`'s area, the buffer its calls write.
+    pub(crate) fn area(&self, rank: usize) -> &Arc<Memory> {
+        &self.areas[rank]
+    }
+
+    /// Enqueues rank `rank`'s part of the all-reduce of `n` `f32` (at most [`CAP`]) from
+    /// `send` into `recv` (device pointers of that rank's device, `n` elements each, possibly
+    /// the same) on `stream`; `capturing` says that the stream is being captured.
+    pub(crate) fn enqueue(
+        &self,
+        rank: usize,
+        stream: &CudaStreamHandle,
+        send: u64,
+        recv: u64,
+        n: usize,
+        capturing: bool,
+    ) -> Result<()> {
+        if capturing {
+            self.captured.store(true, Ordering::Release);
+        }
+        if n > CAP {
+            return Err(DeviceError::internal(
+                "a one-shot all-reduce above its capacity",
+            ));
+        }
+        let (shared, kernel) = &self.ranks[rank];
+        let mut areas = Areas {
+            base: [0; MAX_WORLD],
+        };
+        for (slot, area) in areas.base.iter_mut().zip(&self.areas) {
+            *slot = area.backend.cuda()?.ptr();
+        }
+        let (mut send, mut recv) = (send, recv);
+        let mut n = n as u32;
+        let (mut rank_arg, mut world) = (rank as u32, self.areas.len() as u32);
+        let mut deadline = DEADLINE_NS;
+        let mut params: [*mut c_void; 7] = [
+            (&mut send as *mut u64).cast(),
+            (&mut recv as *mut u64).cast(),
+            (&mut n as *mut u32).cast(),
+            (&mut areas as *mut Areas).cast(),
+            (&mut rank_arg as *mut u32).cast(),
+            (&mut world as *mut u32).cast(),
+            (&mut deadline as *mut u64).cast(),
+        ];
+        let _bound = shared.bind()?;
+        kernel.check_state(shared)?;
+        // SAFETY: the function was loaded in this device's context (checked above) and takes
+        // the seven parameters of `source()`, whose values live in this frame until the call
+        // returns. `send` and `recv` hold `n` elements on this device, alive until the work is
+        // done (the access tracker recorded them). Every area is alive: this state holds them
+        // until every rank's device finished its work, or for ever once captured; the kernel
+        // writes its rank's area (which the call declared as written, so its uses are ordered)
+        // and, through the flag protocol of the module docs, reads the others' staged halves
+        // only between the two barriers of the same call, and writes only their flag words.
+        unsafe {
+            result::launch_kernel(
+                kernel.function(),
+                (BLOCKS as u32, 1, 1),
+                (THREADS, 1, 1),
+                0,
+                stream.raw(),
+                &mut params,
+            )
+        }
+        .map_err(|e| driver_err("cuLaunchKernel", e))
+    }
+}
+
+impl Drop for OneShot {
+    /// Releases the areas once every rank's device has finished its work, so that no kernel
+    /// still reads or writes another rank's area; keeps them for ever when a capture recorded
+    /// a call, or when a device cannot be waited for (faulted, reset, or inside a host
+    /// function).
+    fn drop(&mut self) {
+        let mut keep = self.captured.load(Ordering::Acquire);
+        if !keep {
+            for (shared, _) in &self.ranks {
+                let done = shared.bind().and_then(|_bound| {
+                    result::ctx::synchronize().map_err(|e| driver_err("cuCtxSynchronize", e))
+                });
+                if done.is_err() {
+                    keep = true;
+                    break;
+                }
+            }
+        }
+        if keep {
+            for area in self.areas.drain(..) {
+                std::mem::forget(area);
+            }
+        }
+    }
+}
