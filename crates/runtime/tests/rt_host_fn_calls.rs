@@ -146,10 +146,14 @@ fn handles_dropped_inside_a_host_function_fail_no_later_call() -> Result<(), Dev
     })
 }
 
-/// Device memory whose last handle a host function drops is given back: on CUDA, where the
-/// driver refuses the free inside the host function, at the next synchronization.
-#[test]
-fn memory_dropped_inside_a_host_function_is_freed_after_it() -> Result<(), DeviceError> {
+/// Drops 256 MiB of device memory inside a host function on a fresh stream, then waits twice
+/// with `wait` (`how` names it): afterwards the pool can give the memory back. On CUDA, where
+/// the driver refuses the free inside the host function, the first wait after it frees the
+/// memory in stream order, and the second has waited for the free.
+fn assert_freed_after_host_function_drop(
+    how: &str,
+    wait: impl Fn(&Stream) -> Result<(), DeviceError>,
+) -> Result<(), DeviceError> {
     const BYTES: usize = 256 << 20;
     let s = stream();
     let pool = s.device().memory_pool();
@@ -161,42 +165,31 @@ fn memory_dropped_inside_a_host_function_is_freed_after_it() -> Result<(), Devic
         "the pool holds the buffer: {holding} bytes reserved"
     );
     inside_a_host_function(&s, move || drop(buffer));
-    // The synchronization after the host function frees the memory in stream order; the next
-    // one has waited for the free, so that trimming returns it to the driver.
-    s.synchronize()?;
-    s.synchronize()?;
+    wait(&s)?;
+    wait(&s)?;
     pool.trim_to(0)?;
     let after = pool.stats()?.reserved;
     // The other tests of this binary hold a few KiB at most.
     assert!(
         after + BYTES / 2 <= holding,
-        "{BYTES} bytes dropped inside a host function were not freed: {after} bytes reserved \
-         after it, {holding} with the buffer"
+        "{BYTES} bytes dropped inside a host function were not freed by two {how}: {after} \
+         bytes reserved after them, {holding} with the buffer"
     );
     assert_stream_usable(&s)
+}
+
+/// Device memory whose last handle a host function drops is given back at the next
+/// synchronization of the stream.
+#[test]
+fn memory_dropped_inside_a_host_function_is_freed_after_it() -> Result<(), DeviceError> {
+    assert_freed_after_host_function_drop("stream synchronizations", Stream::synchronize)
 }
 
 /// The same, where the program waits on an event rather than on the stream: an event's wait
 /// releases what host functions dropped too.
 #[test]
 fn memory_dropped_inside_a_host_function_is_freed_after_an_event_wait() -> Result<(), DeviceError> {
-    const BYTES: usize = 256 << 20;
-    let s = stream();
-    let pool = s.device().memory_pool();
-    let buffer = DeviceBuffer::<u8>::alloc(&s, BYTES)?;
-    s.synchronize()?;
-    let holding = pool.stats()?.reserved;
-    inside_a_host_function(&s, move || drop(buffer));
-    s.record_event()?.synchronize()?;
-    s.record_event()?.synchronize()?;
-    pool.trim_to(0)?;
-    let after = pool.stats()?.reserved;
-    assert!(
-        after + BYTES / 2 <= holding,
-        "{BYTES} bytes dropped inside a host function were not freed by two event waits: \
-         {after} bytes reserved after them, {holding} with the buffer"
-    );
-    assert_stream_usable(&s)
+    assert_freed_after_host_function_drop("event waits", |s| s.record_event()?.synchronize())
 }
 
 /// A launch inside a host function of a kernel whose module another thread is loading. Loading
