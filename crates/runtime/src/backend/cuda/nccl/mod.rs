@@ -207,14 +207,16 @@ impl NcclComm {
         if capturing {
             self.captured.store(true, Ordering::Release);
         }
+        let ptr = |r: Option<crate::memory::Region<'_>>| -> Result<u64> {
+            match r {
+                Some(r) => Ok(r.mem.backend.cuda()?.ptr() + r.offset as u64),
+                None => Err(DeviceError::internal(
+                    "a collective call without its buffer",
+                )),
+            }
+        };
         if let Some((state, rank)) = self.oneshot_for(calls) {
             let call = calls[0];
-            let ptr = |r: Option<crate::memory::Region<'_>>| -> Result<u64> {
-                match r {
-                    Some(r) => Ok(r.mem.backend.cuda()?.ptr() + r.offset as u64),
-                    None => Err(DeviceError::internal("an all-reduce without its buffer")),
-                }
-            };
             // Held as for NCCL's calls: the communicator's calls are issued one at a time.
             let _raw = self.raw.lock();
             return state.enqueue(
@@ -227,12 +229,6 @@ impl NcclComm {
             );
         }
         let lib = self.lib;
-        let ptr = |r: Option<crate::memory::Region<'_>>| -> Result<u64> {
-            match r {
-                Some(r) => Ok(r.mem.backend.cuda()?.ptr() + r.offset as u64),
-                None => Err(DeviceError::internal("an NCCL call without its buffer")),
-            }
-        };
         let raw = self.raw.lock();
         let comm = raw.0;
         let s = stream.raw() as *mut c_void;

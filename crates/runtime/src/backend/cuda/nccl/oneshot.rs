@@ -136,6 +136,8 @@ struct Areas {
 pub(crate) struct OneShot {
     /// Rank `r`'s area, on its device.
     areas: Vec<Arc<Memory>>,
+    /// Their device addresses, as the kernel takes them.
+    bases: Areas,
     /// Rank `r`'s device state and the kernel loaded there.
     ranks: Vec<(Arc<CudaDeviceShared>, Arc<CompiledKernel>)>,
     /// Whether a capture recorded a call (then nothing is ever released).
@@ -170,6 +172,12 @@ impl OneShot {
                 }
             }
         }
+        let mut bases = Areas {
+            base: [0; MAX_WORLD],
+        };
+        for (slot, area) in bases.base.iter_mut().zip(&areas) {
+            *slot = area.backend.cuda()?.ptr();
+        }
         let source = source();
         let mut ranks = Vec::with_capacity(world);
         for s in shared {
@@ -177,6 +185,7 @@ impl OneShot {
         }
         Ok(Some(Arc::new(OneShot {
             areas,
+            bases,
             ranks,
             captured: AtomicBool::new(false),
         })))
@@ -208,12 +217,7 @@ impl OneShot {
             ));
         }
         let (shared, kernel) = &self.ranks[rank];
-        let mut areas = Areas {
-            base: [0; MAX_WORLD],
-        };
-        for (slot, area) in areas.base.iter_mut().zip(&self.areas) {
-            *slot = area.backend.cuda()?.ptr();
-        }
+        let mut areas = self.bases;
         let (mut send, mut recv) = (send, recv);
         let mut n = n as u32;
         let (mut rank_arg, mut world) = (rank as u32, self.areas.len() as u32);
