@@ -5,7 +5,8 @@
 //! driver's bare `CUDA_ERROR_NOT_PERMITTED`. What a host function drops last is released
 //! after it, and fails no later, unrelated call.
 
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Mutex};
 use std::time::Duration;
 
 use cuflow_runtime::{
@@ -146,13 +147,52 @@ fn handles_dropped_inside_a_host_function_fail_no_later_call() -> Result<(), Dev
     })
 }
 
+/// Held by each test that reads the pool's reserved bytes, so that no other test of this
+/// binary allocates a large buffer between its two readings.
+static POOL_READINGS: Mutex<()> = Mutex::new(());
+
 /// Drops 256 MiB of device memory inside a host function on a fresh stream, then waits twice
 /// with `wait` (`how` names it): afterwards the pool can give the memory back. On CUDA, where
 /// the driver refuses the free inside the host function, the first wait after it frees the
 /// memory in stream order, and the second has waited for the free.
+///
+/// With `busy`, `busy` other threads synchronize streams of their own the whole time: each of
+/// their waits may be the one that takes the drop and enqueues its free, and the two waits of
+/// this thread must still see it done.
 fn assert_freed_after_host_function_drop(
     how: &str,
+    busy: usize,
     wait: impl Fn(&Stream) -> Result<(), DeviceError>,
+) -> Result<(), DeviceError> {
+    // A test that failed while holding the lock poisoned it; the readings are still sound.
+    let _readings = POOL_READINGS.lock().unwrap_or_else(|e| e.into_inner());
+    let done = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let others: Vec<_> = (0..busy)
+            .map(|_| {
+                scope.spawn(|| -> Result<usize, DeviceError> {
+                    let own = stream();
+                    let mut waits = 0;
+                    while !done.load(Ordering::Acquire) {
+                        own.synchronize()?;
+                        waits += 1;
+                    }
+                    Ok(waits)
+                })
+            })
+            .collect();
+        let checked = freed_after_host_function_drop(how, &wait);
+        done.store(true, Ordering::Release);
+        for other in others {
+            other.join().expect("a synchronizing thread")?;
+        }
+        checked
+    })
+}
+
+fn freed_after_host_function_drop(
+    how: &str,
+    wait: &impl Fn(&Stream) -> Result<(), DeviceError>,
 ) -> Result<(), DeviceError> {
     const BYTES: usize = 256 << 20;
     let s = stream();
@@ -169,7 +209,7 @@ fn assert_freed_after_host_function_drop(
     wait(&s)?;
     pool.trim_to(0)?;
     let after = pool.stats()?.reserved;
-    // The other tests of this binary hold a few KiB at most.
+    // The other tests of this binary hold a few KiB at most while this one holds the lock.
     assert!(
         after + BYTES / 2 <= holding,
         "{BYTES} bytes dropped inside a host function were not freed by two {how}: {after} \
@@ -182,14 +222,30 @@ fn assert_freed_after_host_function_drop(
 /// synchronization of the stream.
 #[test]
 fn memory_dropped_inside_a_host_function_is_freed_after_it() -> Result<(), DeviceError> {
-    assert_freed_after_host_function_drop("stream synchronizations", Stream::synchronize)
+    assert_freed_after_host_function_drop("stream synchronizations", 0, Stream::synchronize)
 }
 
 /// The same, where the program waits on an event rather than on the stream: an event's wait
 /// releases what host functions dropped too.
 #[test]
 fn memory_dropped_inside_a_host_function_is_freed_after_an_event_wait() -> Result<(), DeviceError> {
-    assert_freed_after_host_function_drop("event waits", |s| s.record_event()?.synchronize())
+    assert_freed_after_host_function_drop("event waits", 0, |s| s.record_event()?.synchronize())
+}
+
+/// The same while other threads synchronize with the device all the time: the drop may be
+/// taken up by another thread's wait, and this thread's waits still return only once its free
+/// is enqueued, so that the second of them has waited for it.
+#[test]
+fn memory_dropped_inside_a_host_function_is_freed_after_it_while_other_threads_wait(
+) -> Result<(), DeviceError> {
+    for _ in 0..8 {
+        assert_freed_after_host_function_drop(
+            "stream synchronizations beside three synchronizing threads",
+            3,
+            Stream::synchronize,
+        )?;
+    }
+    Ok(())
 }
 
 /// A launch inside a host function of a kernel whose module another thread is loading. Loading

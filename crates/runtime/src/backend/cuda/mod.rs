@@ -350,6 +350,11 @@ pub(crate) struct CudaDeviceShared {
     /// by the next synchronization with this device made outside one (see
     /// [`CudaDeviceShared::release_host_fn_drops`]).
     host_fn_drops: Mutex<Vec<HostFnDrop>>,
+    /// Held by the thread releasing `host_fn_drops` until it has enqueued the frees of the
+    /// device memory among them, so that a synchronization which finds the list emptied by
+    /// another thread still returns only after those frees are enqueued. Host functions never
+    /// take it (they only push to the list).
+    host_fn_release: Mutex<()>,
 }
 
 /// A release held back from a host function (see `CudaDeviceShared::host_fn_drops`).
@@ -383,17 +388,29 @@ impl CudaDeviceShared {
     /// Releases what host functions dropped since the last call (see
     /// [`CudaDeviceShared::defer_host_fn_drop`]). Called after a synchronization has waited,
     /// with no lock of the runtime held; does nothing inside a host function.
+    ///
+    /// Another thread's synchronization may have taken a drop this thread waited for: the
+    /// release lock makes this call return only once that thread has enqueued the frees of the
+    /// device memory it took (stream-ordered frees, which never wait for the device), so the
+    /// caller's next wait on the stream that used the memory also waits for its free. The
+    /// other handles are dropped after the lock is let go: dropping page-locked memory waits
+    /// for the device, and so for host functions in flight, which must never wait for a
+    /// thread that holds the lock.
     pub(crate) fn release_host_fn_drops(&self) {
         if in_host_function() {
             return;
         }
+        let releasing = self.host_fn_release.lock();
         let drops = std::mem::take(&mut *self.host_fn_drops.lock());
+        let mut handles = Vec::new();
         for d in drops {
             match d {
                 HostFnDrop::Memory(free) => free.release(),
-                HostFnDrop::Handle(handle) => drop(handle),
+                HostFnDrop::Handle(handle) => handles.push(handle),
             }
         }
+        drop(releasing);
+        drop(handles);
     }
 
     /// The kernel compiled and loaded for this device: from the device's module cache, else
@@ -580,6 +597,7 @@ impl CudaDevice {
             peers: Mutex::new(HashMap::new()),
             staging: Mutex::new(None),
             host_fn_drops: Mutex::new(Vec::new()),
+            host_fn_release: Mutex::new(()),
         });
         Ok((CudaDevice { shared }, name, limits))
     }
