@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use common::{communicators, on_every_rank};
 use cuflow_device_op::{zip, DeviceOpExt};
-use cuflow_dist::{all_gather, all_reduce, ReduceOp};
+use cuflow_dist::{all_gather, all_reduce, group, recv, GroupCall, ReduceOp};
 use cuflow_graph_capture::GraphCaptureExt;
 use cuflow_runtime::DeviceError;
 use cuflow_tensor::{api, kernels};
@@ -208,4 +208,93 @@ fn small_all_reduces_agree_on_every_rank_eager_and_replayed() {
             }
         }
     }
+}
+
+/// Small sums in groups beside other calls, against the same sums made alone on the other
+/// rank: which way a small `f32` sum goes (the one-shot kernel of CUDA ranks in one process, or
+/// NCCL) depends on the call, never on what else its group holds, and the group's other calls
+/// proceed beside it, so none of these valid programs waits for ever:
+/// - rank 0 groups a small sum with a send, rank 1 makes the sum alone, then the receive;
+/// - rank 0 groups a large sum and a small one, rank 1 makes them one after the other;
+/// - each rank groups the small sum with its half of a send/receive pair, in opposite orders.
+#[test]
+fn small_sums_grouped_with_other_calls_pair_with_the_same_sums_made_alone() {
+    let seed = fresh_seed();
+    let Some(comms) = communicators(2, TIMEOUT) else {
+        return;
+    };
+    let (small, large) = (4096usize, 16_385usize);
+    let part = |what: u64, r: usize, len: usize| input(seed ^ what << 24, r, len);
+    let sum_of = |what: u64, len: usize| -> Vec<f64> {
+        let (a, b) = (part(what, 0, len), part(what, 1, len));
+        a.iter()
+            .zip(&b)
+            .map(|(x, y)| f64::from(*x) + f64::from(*y))
+            .collect()
+    };
+    let got = on_every_rank(&comms, |c| {
+        let r = c.rank();
+        let t = |what: u64, len: usize| api::from_vec(part(what, r, len), &[len]);
+        let mut out = Vec::new();
+        // A small sum and a send in one group, against the sum and then the receive.
+        if r == 0 {
+            let calls = vec![
+                GroupCall::AllReduce(t(1, small).sync_on(c.stream())?, ReduceOp::Sum),
+                GroupCall::Send(t(2, 64).sync_on(c.stream())?, 1),
+            ];
+            let g = group(c, calls).sync_on(c.stream())?;
+            out.push(g[0].to_host_vec()?);
+        } else {
+            let y = all_reduce(c, t(1, small), ReduceOp::Sum)
+                .then(|y| recv::<f32>(c, &[64], 0).map(|got| (y, got)))
+                .sync_on(c.stream())?;
+            out.push(y.0.to_host_vec()?);
+            out.push(y.1.to_host_vec()?);
+        }
+        // A large sum and a small one in one group, against the two made one after the other.
+        if r == 0 {
+            let calls = vec![
+                GroupCall::AllReduce(t(3, large).sync_on(c.stream())?, ReduceOp::Sum),
+                GroupCall::AllReduce(t(4, small).sync_on(c.stream())?, ReduceOp::Sum),
+            ];
+            let g = group(c, calls).sync_on(c.stream())?;
+            out.push(g[0].to_host_vec()?);
+            out.push(g[1].to_host_vec()?);
+        } else {
+            let (a, b) = all_reduce(c, t(3, large), ReduceOp::Sum)
+                .then(|a| all_reduce(c, t(4, small), ReduceOp::Sum).map(|b| (a, b)))
+                .sync_on(c.stream())?;
+            out.push(a.to_host_vec()?);
+            out.push(b.to_host_vec()?);
+        }
+        // The small sum first on one rank, last on the other, each beside its half of a pair.
+        let sum = GroupCall::AllReduce(t(5, small).sync_on(c.stream())?, ReduceOp::Sum);
+        let calls = if r == 0 {
+            vec![GroupCall::Send(t(6, 64).sync_on(c.stream())?, 1), sum]
+        } else {
+            vec![sum, GroupCall::Recv(vec![64], 0)]
+        };
+        let g = group(c, calls).sync_on(c.stream())?;
+        let at = if r == 0 { 1 } else { 0 };
+        out.push(g[at].to_host_vec()?);
+        if r == 1 {
+            out.push(g[1].to_host_vec()?);
+        }
+        Ok(out)
+    });
+    let (g0, g1) = match &got[..] {
+        [Ok(a), Ok(b)] => (a, b),
+        other => panic!("a rank failed: {other:?}"),
+    };
+    let sums = [(1, small), (3, large), (4, small), (5, small)];
+    let rank0 = [&g0[0], &g0[1], &g0[2], &g0[3]];
+    let rank1 = [&g1[0], &g1[2], &g1[3], &g1[4]];
+    for (k, &(what, len)) in sums.iter().enumerate() {
+        let want = sum_of(what, len);
+        assert_close_in_norm(&format!("sum {what} on rank 0"), rank0[k], &want, 1e-6);
+        assert_close_in_norm(&format!("sum {what} on rank 1"), rank1[k], &want, 1e-6);
+        assert_eq!(rank0[k], rank1[k], "sum {what}: the ranks differ");
+    }
+    assert_eq!(g1[1], part(2, 0, 64), "the first send");
+    assert_eq!(g1[5], part(6, 0, 64), "the second send");
 }

@@ -31,12 +31,16 @@
 //!   [`DeviceError::NoNccl`]. NCCL's own waits have no deadline: a rank that never arrives at
 //!   a collective stalls its stream, as in every NCCL program. Communicators made together in
 //!   one process ([`Comm::nccl_local`]) over devices that can all read each other's memory sum
-//!   an `f32` all-reduce of up to 16,384 elements with a one-shot kernel instead (each rank
+//!   each `f32` all-reduce of up to 16,384 elements with a one-shot kernel instead (each rank
 //!   stages its part, the ranks meet at flags in peer memory, each sums every part in rank
-//!   order): one kernel, where NCCL's latency dominates such small sums. Its call also writes
-//!   a staging area of the rank's own, which the access tracker orders like any buffer; its
-//!   waits trap the kernel after 300 s (a device fault) instead of hanging.
-//!   `CUFLOW_NCCL_ONESHOT=0` turns it off for communicators made afterwards.
+//!   order): one kernel, where NCCL's latency dominates such small sums. Which calls take it
+//!   depends on the call alone, not on its group; in a group with other calls, the one-shot
+//!   kernels run beside the group's NCCL calls, as the calls of one group do. Such a call also
+//!   writes a staging area of the rank's own (about 130 KiB, kept for the process), which the
+//!   access tracker orders like any buffer; it is refused once a rank's device faulted or was
+//!   reset. Its waits trap the kernel after 300 s (a device fault) instead of hanging, and so
+//!   do ranks whose calls disagree on the element count. `CUFLOW_NCCL_ONESHOT=0` turns it off
+//!   for communicators made afterwards.
 
 mod call;
 mod dtype;

@@ -45,6 +45,13 @@ pub(crate) struct NcclComm {
     /// The one-shot all-reduce state of its group and this communicator's rank in it, where
     /// the group has one (see [`oneshot`]).
     oneshot: OnceLock<(Arc<OneShot>, usize)>,
+    /// The stream that the one-shot sums of an eager group run on beside the group's NCCL
+    /// calls (see [`NcclComm::enqueue`]), made at the first such group.
+    side: OnceLock<CudaStreamHandle>,
+    /// The same for groups recorded by captures, one stream each: a stream forked into a
+    /// capture stays in it until the capture ends, so it serves no other call; kept, like a
+    /// captured communicator.
+    captured_sides: Mutex<Vec<CudaStreamHandle>>,
 }
 
 fn to_int(what: &str, value: usize) -> Result<c_int> {
@@ -85,6 +92,8 @@ impl NcclComm {
             lib,
             captured: AtomicBool::new(false),
             oneshot: OnceLock::new(),
+            side: OnceLock::new(),
+            captured_sides: Mutex::new(Vec::new()),
         }
     }
 
@@ -172,32 +181,46 @@ impl NcclComm {
         Ok(true)
     }
 
-    /// The one-shot state and rank that the group `calls` runs on, if it is one all-reduce that
-    /// takes that path: an `f32` sum of at most `oneshot::CAP` elements. It depends only on
-    /// what every rank passes alike, so the ranks agree.
-    fn oneshot_for(&self, calls: &[&CollectiveCall<'_>]) -> Option<&(Arc<OneShot>, usize)> {
-        let state = self.oneshot.get()?;
-        match calls {
-            [call]
-                if call.kind == CallKind::AllReduce(ReduceOp::Sum)
-                    && call.dtype == CollectiveDtype::F32
-                    && call.count <= oneshot::CAP =>
-            {
-                Some(state)
-            }
-            _ => None,
-        }
+    /// Whether `call` takes the one-shot path: an `f32` sum of at most `oneshot::CAP`
+    /// elements, on a communicator whose group has it. It depends only on the call, which
+    /// every rank makes alike, never on what else the call's group holds (that differs between
+    /// ranks: one groups a sum with a send, another makes the sum alone), so the ranks agree.
+    fn takes_oneshot(&self, call: &CollectiveCall<'_>) -> bool {
+        self.oneshot.get().is_some()
+            && call.kind == CallKind::AllReduce(ReduceOp::Sum)
+            && call.dtype == CollectiveDtype::F32
+            && call.count <= oneshot::CAP
     }
 
-    /// The buffer a one-shot run of `calls` writes besides its receive buffer (this rank's
-    /// area), for the access tracker; `None` when `calls` go through NCCL.
+    /// The buffer a run of `calls` writes besides their receive buffers (this rank's one-shot
+    /// area), for the access tracker; `None` when none of them takes the one-shot path.
     pub(crate) fn oneshot_area(&self, calls: &[&CollectiveCall<'_>]) -> Option<&Arc<Memory>> {
-        self.oneshot_for(calls)
-            .map(|(state, rank)| state.area(*rank))
+        let (state, rank) = self.oneshot.get()?;
+        calls
+            .iter()
+            .any(|c| self.takes_oneshot(c))
+            .then(|| state.area(*rank))
+    }
+
+    /// The communicator's stream for the one-shot sums of eager groups that also have NCCL
+    /// calls, made at the first such group.
+    fn eager_side(&self) -> Result<&CudaStreamHandle> {
+        if let Some(side) = self.side.get() {
+            return Ok(side);
+        }
+        let (side, _) = CudaStreamHandle::new(&self.shared, None)?;
+        Ok(self.side.get_or_init(|| side))
     }
 
     /// Issues the group `calls` on `stream` (validated, none empty); `capturing` says that
     /// the stream is being captured.
+    ///
+    /// The calls that take the one-shot path (see [`NcclComm::takes_oneshot`]) run as one
+    /// kernel each, in their order. When the group has NCCL calls too, those kernels run on a
+    /// side stream forked from `stream` and joined back into it, so that they proceed beside
+    /// the NCCL calls as the calls of one NCCL group do: another rank may make the same calls
+    /// in another order around them (a send grouped before the sum here, the matching receive
+    /// after it there), and neither may wait for the other to finish.
     pub(crate) fn enqueue(
         &self,
         stream: &CudaStreamHandle,
@@ -207,44 +230,77 @@ impl NcclComm {
         if capturing {
             self.captured.store(true, Ordering::Release);
         }
-        let ptr = |r: Option<crate::memory::Region<'_>>| -> Result<u64> {
-            match r {
-                Some(r) => Ok(r.mem.backend.cuda()?.ptr() + r.offset as u64),
-                None => Err(DeviceError::internal(
-                    "a collective call without its buffer",
-                )),
-            }
-        };
-        if let Some((state, rank)) = self.oneshot_for(calls) {
-            let call = calls[0];
-            // Held as for NCCL's calls: the communicator's calls are issued one at a time.
-            let _raw = self.raw.lock();
-            return state.enqueue(
-                *rank,
-                stream,
-                ptr(call.send)?,
-                ptr(call.recv)?,
-                call.count,
-                capturing,
-            );
-        }
-        let lib = self.lib;
         let raw = self.raw.lock();
-        let comm = raw.0;
+        let Some((state, rank)) = self.oneshot.get() else {
+            return self.nccl_group(raw.0, stream, calls);
+        };
+        let (small, rest): (Vec<&CollectiveCall<'_>>, Vec<&CollectiveCall<'_>>) =
+            calls.iter().copied().partition(|c| self.takes_oneshot(c));
+        if small.is_empty() {
+            return self.nccl_group(raw.0, stream, &rest);
+        }
+        let run_small = |on: &CudaStreamHandle| -> Result<()> {
+            for call in &small {
+                state.enqueue(
+                    *rank,
+                    on,
+                    device_ptr(call.send)?,
+                    device_ptr(call.recv)?,
+                    call.count,
+                )?;
+            }
+            Ok(())
+        };
+        if rest.is_empty() {
+            return run_small(stream);
+        }
+        let captured_side = if capturing {
+            Some(CudaStreamHandle::new(&self.shared, None)?.0)
+        } else {
+            None
+        };
+        let side = match &captured_side {
+            Some(side) => side,
+            None => self.eager_side()?,
+        };
+        side.wait_event(&stream.record_event(false)?)?;
+        let small_done = run_small(side);
+        let rest_done = self.nccl_group(raw.0, stream, &rest);
+        // Joined back whatever failed: a capture ends only with its forks joined, and the
+        // stream's later work must follow the side's.
+        let joined = side
+            .record_event(false)
+            .and_then(|done| stream.wait_event(&done));
+        if let Some(side) = captured_side {
+            self.captured_sides.lock().push(side);
+        }
+        small_done.and(rest_done).and(joined)
+    }
+
+    /// Issues `calls` through NCCL, as one group on `stream`, on the locked communicator
+    /// `comm`.
+    fn nccl_group(
+        &self,
+        comm: RawComm,
+        stream: &CudaStreamHandle,
+        calls: &[&CollectiveCall<'_>],
+    ) -> Result<()> {
+        let lib = self.lib;
         let s = stream.raw() as *mut c_void;
         let _bound = self.shared.bind()?;
-        // SAFETY: the communicator is locked for this group; the context is current.
+        // SAFETY: the communicator is locked for this group (the caller holds its lock); the
+        // context is current.
         lib.check("ncclGroupStart", unsafe { (lib.group_start)() })?;
         let mut issued = Ok(());
         for call in calls {
             let (t, n) = (dtype(call.dtype), call.count);
             let resolved = (|| -> Result<_> {
                 let sp = match call.send {
-                    Some(_) => ptr(call.send)? as *const c_void,
+                    Some(_) => device_ptr(call.send)? as *const c_void,
                     None => std::ptr::null(),
                 };
                 let rp = match call.recv {
-                    Some(_) => ptr(call.recv)? as *mut c_void,
+                    Some(_) => device_ptr(call.recv)? as *mut c_void,
                     None => std::ptr::null_mut(),
                 };
                 let other = match call.kind {
@@ -287,6 +343,16 @@ impl NcclComm {
         // SAFETY: closes the group opened above, whatever was issued in it.
         let ended = lib.check("ncclGroupEnd", unsafe { (lib.group_end)() });
         issued.and(ended)
+    }
+}
+
+/// The device address of a call's buffer.
+fn device_ptr(r: Option<crate::memory::Region<'_>>) -> Result<u64> {
+    match r {
+        Some(r) => Ok(r.mem.backend.cuda()?.ptr() + r.offset as u64),
+        None => Err(DeviceError::internal(
+            "a collective call without its buffer",
+        )),
     }
 }
 

@@ -9,28 +9,30 @@
 //! reads its staging area or writes its flags any more for that call, so stream order on each
 //! rank is all its memory needs.
 //!
-//! Used by [`NcclComm`](super::NcclComm) for an all-reduce of one `f32` buffer of at most
+//! Used by [`NcclComm`](super::NcclComm) for each all-reduce of one `f32` buffer of at most
 //! [`CAP`] elements, summed, when its communicator was made for every rank in this process
 //! (`ncclCommInitAll`) over 2 to [`MAX_WORLD`] devices that can all read each other's memory;
-//! `CUFLOW_NCCL_ONESHOT=0` turns it off. Which calls take it depends only on what every rank
-//! passes alike (the kind, type, operation and count), so all ranks take the same path.
+//! `CUFLOW_NCCL_ONESHOT=0` turns it off. Which calls take it depends only on the call itself
+//! (the kind, type, operation and count, which every rank passes alike), not on the group it
+//! is made in, so all ranks take the same path; in a group that also has NCCL calls, the
+//! one-shot kernels run beside them on a stream of their own (see `NcclComm::enqueue`).
 //!
 //! **The staging areas** are ordinary tracked device buffers (one per rank, zeroed at creation):
 //! a call names its rank's area as a buffer it writes, so the access tracker orders a rank's
-//! one-shot calls across streams and captures like any other writes to one buffer, and frees it
-//! after its last use. A rank's kernel also reads the other ranks' areas and writes their flags,
-//! which no tracker sees: the areas are shared by every rank's communicator and released only
-//! when the last of them goes, after every rank's device has finished its work; never when a
-//! capture recorded a call (a graph may replay it at any time), like the NCCL communicator.
+//! one-shot calls across streams and captures like any other writes to one buffer. A rank's
+//! kernel also reads the other ranks' areas and writes their flags, which no tracker sees: the
+//! areas are kept for the rest of the process (see `Drop`), and a call is refused once the
+//! device of any rank faulted or was reset (its area went with its context).
 //!
 //! **Epochs.** Each block of each rank counts its calls in its area; a call's epoch is the
 //! count plus one. As every rank makes the same calls in the same order, their counts agree.
 //! A flag holds the epoch its writer reached, and waiting means until it reaches ours
-//! (compared with wrap-around). A wait has a deadline ([`DEADLINE_NS`]): a rank that never
-//! arrives traps the kernel (a device fault, reported as `DeviceFaulted`) instead of hanging.
+//! (compared with wrap-around); beside it, the element count of the writer's call, which must
+//! be ours. A wait has a deadline ([`DEADLINE_NS`]): a rank that never arrives traps the kernel
+//! (a device fault, reported as `DeviceFaulted`) instead of hanging, and so do ranks whose
+//! calls disagree on the count, instead of summing parts of other lengths.
 
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use cudarc::driver::result;
@@ -54,8 +56,9 @@ const THREADS: u32 = 256;
 const DEADLINE_NS: u64 = 300_000_000_000;
 
 /// Bytes of one rank's area: two staging halves of `CAP` `f32`, the start and done flags
-/// (`BLOCKS × MAX_WORLD` `u32` each) and a call count per block.
-pub(crate) const AREA_BYTES: usize = 2 * CAP * 4 + 2 * BLOCKS * MAX_WORLD * 4 + BLOCKS * 4;
+/// (`BLOCKS × MAX_WORLD` `u64` each: a call's epoch and element count) and a call count per
+/// block.
+pub(crate) const AREA_BYTES: usize = 2 * CAP * 4 + 2 * BLOCKS * MAX_WORLD * 8 + BLOCKS * 4;
 
 const NAME: &str = "cuflow_all_reduce_oneshot_f32";
 
@@ -69,33 +72,41 @@ struct Areas {{ unsigned long long base[MAX_WORLD]; }};
 __device__ __forceinline__ float* stage_of(unsigned long long base, unsigned half) {{
   return (float*)base + half * CAP;
 }}
-__device__ __forceinline__ unsigned* flags_of(unsigned long long base, unsigned which) {{
-  return (unsigned*)((float*)base + 2 * CAP) + which * BLOCKS * MAX_WORLD;
+__device__ __forceinline__ unsigned long long* flags_of(unsigned long long base, unsigned which) {{
+  return (unsigned long long*)((float*)base + 2 * CAP) + which * BLOCKS * MAX_WORLD;
 }}
 __device__ __forceinline__ unsigned* count_of(unsigned long long base) {{
-  return flags_of(base, 2);
+  return (unsigned*)flags_of(base, 2);
 }}
 __device__ __forceinline__ unsigned long long now_ns() {{
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
 }}
-/* Every rank's block `b` reaches this point of call `epoch`: thread t < world tells rank t
-   (release, system scope, after the block's writes), then waits until rank t told it. */
+/* Every rank's block `b` reaches this point of call `epoch` of `n` elements: thread t < world
+   tells rank t (release, system scope, after the block's writes), then waits until rank t told
+   it. A flag word holds the epoch its writer reached (low half) and that call's element count
+   (high half): ranks whose calls disagree on the count (a program that breaks the rule of the
+   same calls in the same order) trap rather than sum parts of other lengths. */
 __device__ void meet(const Areas& a, unsigned which, unsigned b, unsigned rank, unsigned world,
-                     unsigned epoch, unsigned long long deadline) {{
+                     unsigned epoch, unsigned n, unsigned long long deadline) {{
   __syncthreads();
   if (threadIdx.x < world) {{
     const unsigned t = threadIdx.x;
-    unsigned* theirs = flags_of(a.base[t], which) + b * MAX_WORLD + rank;
+    unsigned long long* theirs = flags_of(a.base[t], which) + b * MAX_WORLD + rank;
+    const unsigned long long word = ((unsigned long long)n << 32) | epoch;
     __threadfence_system();
-    asm volatile("st.release.sys.global.u32 [%0], %1;" :: "l"(theirs), "r"(epoch) : "memory");
-    const unsigned* mine = flags_of(a.base[rank], which) + b * MAX_WORLD + t;
+    asm volatile("st.release.sys.global.u64 [%0], %1;" :: "l"(theirs), "l"(word) : "memory");
+    const unsigned long long* mine = flags_of(a.base[rank], which) + b * MAX_WORLD + t;
     const unsigned long long start = now_ns();
     for (;;) {{
-      unsigned seen;
-      asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(seen) : "l"(mine) : "memory");
-      if ((int)(seen - epoch) >= 0) break;
+      unsigned long long seen;
+      asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(seen) : "l"(mine) : "memory");
+      const unsigned seen_epoch = (unsigned)seen;
+      if ((int)(seen_epoch - epoch) >= 0) {{
+        if (seen_epoch == epoch && (unsigned)(seen >> 32) != n) __trap();
+        break;
+      }}
       if (now_ns() - start > deadline) __trap();
     }}
   }}
@@ -112,13 +123,13 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {NAME}(
   const unsigned lo = min(n, b * per), hi = min(n, lo + per);
   float* mine = stage_of(a.base[rank], half);
   for (unsigned i = lo + threadIdx.x; i < hi; i += blockDim.x) mine[i] = send[i];
-  meet(a, 0, b, rank, world, epoch, deadline);
+  meet(a, 0, b, rank, world, epoch, n, deadline);
   for (unsigned i = lo + threadIdx.x; i < hi; i += blockDim.x) {{
     float s = 0.0f;
     for (unsigned r = 0; r < world; ++r) s += __ldcg(stage_of(a.base[r], half) + i);
     recv[i] = s;
   }}
-  meet(a, 1, b, rank, world, epoch, deadline);
+  meet(a, 1, b, rank, world, epoch, n, deadline);
   if (threadIdx.x == 0) *count = epoch;
 }}
 "#
@@ -140,8 +151,6 @@ pub(crate) struct OneShot {
     bases: Areas,
     /// Rank `r`'s device state and the kernel loaded there.
     ranks: Vec<(Arc<CudaDeviceShared>, Arc<CompiledKernel>)>,
-    /// Whether a capture recorded a call (then nothing is ever released).
-    captured: AtomicBool,
 }
 
 impl OneShot {
@@ -187,7 +196,6 @@ impl OneShot {
             areas,
             bases,
             ranks,
-            captured: AtomicBool::new(false),
         })))
     }
 
@@ -198,7 +206,13 @@ impl OneShot {
 
     /// Enqueues rank `rank`'s part of the all-reduce of `n` `f32` (at most [`CAP`]) from
     /// `send` into `recv` (device pointers of that rank's device, `n` elements each, possibly
-    /// the same) on `stream`; `capturing` says that the stream is being captured.
+    /// the same) on `stream`.
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceError::Collective`] when the device of a rank faulted or was reset since the
+    /// group was made: its area went with its context, and the address may be another
+    /// allocation's by now, so no kernel may write there; a driver error of the launch.
     pub(crate) fn enqueue(
         &self,
         rank: usize,
@@ -206,10 +220,23 @@ impl OneShot {
         send: u64,
         recv: u64,
         n: usize,
-        capturing: bool,
     ) -> Result<()> {
-        if capturing {
-            self.captured.store(true, Ordering::Release);
+        // Every rank's device state is held from its check until the launch is enqueued, so
+        // that no reset comes between them (a reset waits for these gates).
+        let mut held = Vec::with_capacity(self.ranks.len());
+        for (r, (peer, _)) in self.ranks.iter().enumerate() {
+            held.push(peer.life.gate.read_recursive());
+            if r != rank && peer.life.check().is_err() {
+                return Err(DeviceError::Collective {
+                    op: "all_reduce",
+                    rank,
+                    reason: format!(
+                        "the device of rank {r} (cuda:{}) faulted or was reset since this \
+                         communicator was made; make new communicators for the group",
+                        peer.ordinal
+                    ),
+                });
+            }
         }
         if n > CAP {
             return Err(DeviceError::internal(
@@ -236,8 +263,8 @@ impl OneShot {
         // SAFETY: the function was loaded in this device's context (checked above) and takes
         // the seven parameters of `source()`, whose values live in this frame until the call
         // returns. `send` and `recv` hold `n` elements on this device, alive until the work is
-        // done (the access tracker recorded them). Every area is alive: this state holds them
-        // until every rank's device finished its work, or for ever once captured; the kernel
+        // done (the access tracker recorded them). Every area is alive: none is ever freed
+        // (`Drop`), and no rank's device was reset (checked above, under the gates); the kernel
         // writes its rank's area (which the call declared as written, so its uses are ordered)
         // and, through the flag protocol of the module docs, reads the others' staged halves
         // only between the two barriers of the same call, and writes only their flag words.
@@ -256,27 +283,15 @@ impl OneShot {
 }
 
 impl Drop for OneShot {
-    /// Releases the areas once every rank's device has finished its work, so that no kernel
-    /// still reads or writes another rank's area; keeps them for ever when a capture recorded
-    /// a call, or when a device cannot be waited for (faulted, reset, or inside a host
-    /// function).
+    /// Keeps the areas for the rest of the process (`AREA_BYTES`, about 130 KiB, a rank). A
+    /// rank's area is read and written by the other ranks' kernels, which no access tracker
+    /// of its device sees; a kernel of a rank that made one call more than the others (a
+    /// broken program) writes its flags into every peer's area before it waits. Freeing them
+    /// safely would take a wait for every rank's device, which may run into another thread's
+    /// capture on one of them, so they are not freed at all.
     fn drop(&mut self) {
-        let mut keep = self.captured.load(Ordering::Acquire);
-        if !keep {
-            for (shared, _) in &self.ranks {
-                let done = shared.bind().and_then(|_bound| {
-                    result::ctx::synchronize().map_err(|e| driver_err("cuCtxSynchronize", e))
-                });
-                if done.is_err() {
-                    keep = true;
-                    break;
-                }
-            }
-        }
-        if keep {
-            for area in self.areas.drain(..) {
-                std::mem::forget(area);
-            }
+        for area in self.areas.drain(..) {
+            std::mem::forget(area);
         }
     }
 }
