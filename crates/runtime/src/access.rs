@@ -19,7 +19,9 @@
 //!   cycle), from before the waits until after the work is enqueued and the state updated, so
 //!   another thread's conflicting access either sees this one or is seen by it: an event that
 //!   another stream records on `S` to order itself after this access is recorded after the
-//!   work was enqueued.
+//!   work was enqueued. Work enqueued on two streams at once (a copy staged between devices)
+//!   is one access on each, under the locks of both its buffers until the work of both
+//!   streams is enqueued ([`order_enqueue_record_across`]).
 //! - A stream's sequence number grows only after the work it stands for was enqueued, and an
 //!   event carries the number read *before* it was recorded: an event never claims to cover
 //!   work enqueued after it.
@@ -340,6 +342,37 @@ pub(crate) fn ordered_copy<R>(
     )
 }
 
+/// [`ordered_copy`] for a copy of `bytes` bytes between two devices whose work is enqueued on
+/// two streams: it reads `src` on `src_stream` and writes `dst` on `dst_stream`, the
+/// destination's stream (a copy staged through host memory). `enqueue` enqueues the work of
+/// both streams while both buffers' states are locked ([`order_enqueue_record_across`]).
+///
+/// # Errors
+///
+/// [`DeviceError::Capture`](crate::DeviceError::Capture) when either stream is being captured
+/// (work across devices cannot be recorded into a graph); the error of waiting; the error of
+/// `enqueue`.
+pub(crate) fn ordered_copy_across<R>(
+    (src_stream, src): (&Stream, &Arc<Memory>),
+    (dst_stream, dst): (&Stream, &Arc<Memory>),
+    op: &'static str,
+    bytes: usize,
+    enqueue: impl FnOnce() -> Result<R>,
+) -> Result<R> {
+    let _src_gate = src_stream.enqueue_gate()?;
+    let _dst_gate = dst_stream.enqueue_gate()?;
+    src_stream.forbid_in_capture(op)?;
+    dst_stream.forbid_in_capture(op)?;
+    let work = || Work::Copy { what: op, bytes };
+    order_enqueue_record_across((src_stream, src), (dst_stream, dst), || {
+        if trace::is_enabled() {
+            trace::traced_enqueue(dst_stream, work, enqueue)
+        } else {
+            enqueue()
+        }
+    })
+}
+
 /// The traced path of [`ordered_traced`]: the work is enqueued between the trace's events.
 #[cold]
 #[inline(never)]
@@ -413,6 +446,48 @@ pub(crate) fn order_enqueue_record<B: TrackedBuffer, R>(
     for (state, (buffer, access)) in states.iter_mut().zip(&accesses) {
         record_enqueued(*buffer, state, *access, stream, seq, capture);
     }
+    result
+}
+
+/// [`order_enqueue_record`] for eager work enqueued on two streams at once, that reads `src` on
+/// `src_stream` and writes `dst` (another buffer) on `dst_stream`: both states are locked, in
+/// address order, from before either stream waits until `enqueue` has enqueued the work of
+/// both, both clocks have counted it and both buffers recorded it. Recording the read on
+/// `src_stream` before its work is enqueued there would let a writer of `src` order itself
+/// after an event that precedes that work.
+///
+/// # Errors
+///
+/// As [`order_enqueue_record`].
+pub(crate) fn order_enqueue_record_across<B: TrackedBuffer, R>(
+    (src_stream, src): (&B::Stream, &B),
+    (dst_stream, dst): (&B::Stream, &B),
+    enqueue: impl FnOnce() -> Result<R>,
+) -> Result<R> {
+    debug_assert!(!std::ptr::eq(src.state(), dst.state()));
+    let (mut src_state, mut dst_state);
+    if std::ptr::from_ref(src.state()) < std::ptr::from_ref(dst.state()) {
+        src_state = src.state().lock();
+        dst_state = dst.state().lock();
+    } else {
+        dst_state = dst.state().lock();
+        src_state = src.state().lock();
+    }
+    let mut waits: SmallVec<[Point<B::Stream>; 4]> = SmallVec::new();
+    if let Some(h) = B::access_state(&mut src_state).scope(None) {
+        h.conflicts(Access::Read, src_stream, &mut waits);
+    }
+    wait_for_points(src_stream, &waits)?;
+    waits.clear();
+    if let Some(h) = B::access_state(&mut dst_state).scope(None) {
+        h.conflicts(Access::Write, dst_stream, &mut waits);
+    }
+    wait_for_points(dst_stream, &waits)?;
+    let result = enqueue();
+    let seq = src_stream.clock().advance();
+    record_enqueued(src, &mut src_state, Access::Read, src_stream, seq, None);
+    let seq = dst_stream.clock().advance();
+    record_enqueued(dst, &mut dst_state, Access::Write, dst_stream, seq, None);
     result
 }
 

@@ -1,4 +1,5 @@
-//! The access tracker ([`order_enqueue_record`], [`AccessClock`], [`AccessState`]) under loom.
+//! The access tracker ([`order_enqueue_record`], [`order_enqueue_record_across`],
+//! [`AccessClock`], [`AccessState`]) under loom.
 //!
 //! Model streams stand in for a backend: each is a queue of entries, the work of a tracked
 //! access or a wait on an event of another stream, and an event is a prefix of its stream's
@@ -9,7 +10,8 @@
 //!
 //! The models check, in every interleaving of two threads accessing buffers from two streams:
 //! of two conflicting accesses (a write and any other access), the one enqueued second follows
-//! the one enqueued first; two reads never follow each other.
+//! the one enqueued first; two reads never follow each other. A copy staged between devices
+//! (work on two streams, a read on one and a write on the other) is ordered the same way.
 
 use std::collections::HashMap;
 
@@ -17,7 +19,8 @@ use loom::model;
 use smallvec::SmallVec;
 
 use crate::access::{
-    order_enqueue_record, Access, AccessClock, AccessState, TrackedBuffer, TrackedStream,
+    order_enqueue_record, order_enqueue_record_across, Access, AccessClock, AccessState,
+    TrackedBuffer, TrackedStream,
 };
 use crate::error::Result;
 use crate::stream::StreamId;
@@ -144,6 +147,42 @@ impl World {
             Ok(())
         })
         .expect("model streams never fail");
+    }
+
+    /// Enqueues a copy staged between two devices through the tracker, as `copy.rs` does: a
+    /// read of buffer `src` on stream `src_stream` (its work `read`), then, after an event of
+    /// it, a write of buffer `dst` on stream `dst_stream` (its work `write`).
+    fn staged_copy(
+        &self,
+        (src_stream, src): (usize, usize),
+        (dst_stream, dst): (usize, usize),
+        (read, write): (&'static str, &'static str),
+    ) {
+        let (ss, ds) = (&self.streams[src_stream], &self.streams[dst_stream]);
+        let enqueue = || {
+            let ticket = self.tickets.fetch_add(1, Ordering::Relaxed);
+            let mut queue = ss.0.queue.lock();
+            queue.push(Entry::Work {
+                label: read,
+                ticket,
+            });
+            let staged = queue.len();
+            drop(queue);
+            // The join of the two halves is the copy's own event, unknown to the clocks.
+            let ticket = self.tickets.fetch_add(1, Ordering::Relaxed);
+            let mut queue = ds.0.queue.lock();
+            queue.push(Entry::Wait {
+                stream: ss.0.id,
+                covers: staged,
+            });
+            queue.push(Entry::Work {
+                label: write,
+                ticket,
+            });
+            Ok(())
+        };
+        order_enqueue_record_across((ss, &self.buffers[src]), (ds, &self.buffers[dst]), enqueue)
+            .expect("model streams never fail");
     }
 
     fn queues(&self) -> Queues {
@@ -291,5 +330,43 @@ fn accesses_of_several_buffers_lock_them_in_one_order() {
         world.access(0, &[(0, Access::Write), (1, Access::Read)], "a");
         t.join().unwrap();
         world.queues().assert_ordered("a", "b");
+    });
+}
+
+/// A copy staged between two devices reads its source on one stream and writes its
+/// destination on another: a write of the source on a third stream, made while the copy is
+/// being enqueued, follows the copy's read or precedes it, and so does a later write of that
+/// stream, made once the copy was enqueued.
+#[test]
+fn a_staged_copy_and_a_write_of_its_source_follow_each_other() {
+    model(|| {
+        let world = World::new(3, 2);
+        let other = world.clone();
+        let t = loom::thread::spawn(move || other.access(2, &[(0, Access::Write)], "w"));
+        world.staged_copy((0, 0), (1, 1), ("read", "write"));
+        t.join().unwrap();
+        world.access(2, &[(0, Access::Write)], "w2");
+        let queues = world.queues();
+        queues.assert_ordered("read", "w");
+        queues.assert_ordered("read", "w2");
+        assert!(queues.follows("write", "read"));
+    });
+}
+
+/// Two copies staged in opposite directions between two buffers lock them in one order: no
+/// deadlock, and each copy's read follows the other's write or precedes it.
+#[test]
+fn staged_copies_in_opposite_directions_lock_in_one_order() {
+    model(|| {
+        let world = World::new(4, 2);
+        let other = world.clone();
+        let t = loom::thread::spawn(move || {
+            other.staged_copy((2, 1), (3, 0), ("b.read", "b.write"));
+        });
+        world.staged_copy((0, 0), (1, 1), ("a.read", "a.write"));
+        t.join().unwrap();
+        let queues = world.queues();
+        queues.assert_ordered("a.read", "b.write");
+        queues.assert_ordered("a.write", "b.read");
     });
 }

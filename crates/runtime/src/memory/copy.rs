@@ -6,7 +6,7 @@
 use smallvec::smallvec;
 
 use super::{check_len, BufferView, DeviceCopy};
-use crate::access::{ordered, ordered_copy, Access, Accesses};
+use crate::access::{ordered_copy, ordered_copy_across, Access, Accesses};
 #[cfg(doc)]
 use crate::error::DeviceError;
 use crate::error::Result;
@@ -91,15 +91,13 @@ impl<T: DeviceCopy> BufferView<'_, T> {
             }
             let staging = src.mem.device.staging_stream()?;
             // The source is read on the staging stream, the destination written on `stream`;
-            // the staged copy joins the two with events, and the staging stream's reads are
-            // recorded before the copy's chunks are enqueued on it.
-            ordered(&staging, op, smallvec![(src.mem, Access::Read)], || Ok(()))?;
-            stream.order_after(&staging, u64::MAX)?;
-            return ordered_copy(
-                stream,
+            // the staged copy joins the two with events, and both accesses are recorded with
+            // its chunks enqueued on both streams.
+            return ordered_copy_across(
+                (&staging, src.mem),
+                (stream, self.mem),
                 op,
                 to.len,
-                smallvec![(self.mem, Access::Write)],
                 || stream.backend().copy_staged(staging.backend(), from, to),
             );
         }
