@@ -148,7 +148,7 @@ impl<T: DType> Tensor<T> {
     }
 
     /// The index in [`buffer`](Tensor::buffer) of the tensor's first element (0 unless the
-    /// tensor is a view).
+    /// tensor is a view with elements: one without any starts at 0).
     pub fn offset(&self) -> usize {
         self.offset
     }

@@ -5,6 +5,10 @@
 //! A view holds the same `Arc` of the buffer as the tensor it was taken from, so its reads and
 //! writes are ordered against every other user of that buffer exactly as the tensor's own:
 //! the runtime orders accesses per buffer range, whichever tensor names them.
+//!
+//! Offsets never leave `usize`: a view with elements lies inside its buffer, so the offset of
+//! any of its elements fits, and a view without elements starts at 0 (its offset would
+//! otherwise grow with each narrow of an axis longer than any buffer, and overflow).
 
 use std::ops::{Bound, Range, RangeBounds};
 
@@ -194,13 +198,37 @@ fn bounds(range: &impl RangeBounds<usize>, len: usize) -> (usize, usize) {
 }
 
 impl<T: DType> Tensor<T> {
+    /// A view of this tensor's buffer; one without elements starts at 0, whatever `offset`.
     fn with_layout(&self, shape: Shape, strides: Shape, offset: usize) -> Tensor<T> {
+        let offset = if shape.contains(&0) { 0 } else { offset };
         Tensor {
             buf: self.buf.clone(),
             shape,
             strides,
             offset,
         }
+    }
+
+    /// The buffer offset of index `index` along `axis` (the other indices 0), for the view
+    /// `op` takes from this tensor, checked. Within a view with elements it always fits, but
+    /// a wrong offset must not come from arithmetic that wraps.
+    fn offset_along(
+        &self,
+        op: &'static str,
+        axis: usize,
+        index: usize,
+    ) -> Result<usize, DeviceError> {
+        index
+            .checked_mul(self.strides[axis])
+            .and_then(|step| step.checked_add(self.offset))
+            .ok_or_else(|| DeviceError::InvalidShape {
+                op,
+                reason: format!(
+                    "index {index} along axis {axis} of {:?} (strides {:?}, from element {}) \
+                     lies past usize::MAX",
+                    self.shape, self.strides, self.offset
+                ),
+            })
     }
 
     /// The view of elements `start..start + len` along `axis`, sharing memory.
@@ -263,10 +291,10 @@ impl<T: DType> Tensor<T> {
         }
         let mut shape = self.shape.clone();
         shape[axis] = end - start;
-        let offset = if end > start {
-            self.offset + start * self.strides[axis]
+        let offset = if shape.contains(&0) {
+            0
         } else {
-            self.offset
+            self.offset_along("narrow", axis, start)?
         };
         Ok(self.with_layout(shape, self.strides.clone(), offset))
     }
@@ -334,11 +362,15 @@ impl<T: DType> Tensor<T> {
                 ),
             });
         }
-        let offset = self.offset + index * self.strides[axis];
         let mut shape = self.shape.clone();
         let mut strides = self.strides.clone();
         shape.remove(axis);
         strides.remove(axis);
+        let offset = if shape.contains(&0) {
+            0
+        } else {
+            self.offset_along("select", axis, index)?
+        };
         Ok(self.with_layout(shape, strides, offset))
     }
 
@@ -540,10 +572,17 @@ impl<T: DType> Tensor<T> {
             });
         }
         let stride = if axis == self.rank() {
-            1
+            Some(1)
         } else {
-            self.strides[axis] * self.shape[axis]
+            self.strides[axis].checked_mul(self.shape[axis])
         };
+        let stride = stride.ok_or_else(|| DeviceError::InvalidShape {
+            op: "unsqueeze",
+            reason: format!(
+                "the step over axis {axis} of {:?} (strides {:?}) is past usize::MAX",
+                self.shape, self.strides
+            ),
+        })?;
         let mut shape = self.shape.clone();
         let mut strides = self.strides.clone();
         shape.insert(axis, 1);

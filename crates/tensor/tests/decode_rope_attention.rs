@@ -3,8 +3,9 @@
 //! random cache: the cache each leaves must agree, and the result must match a float64
 //! reference of attention over that cache with the rotated queries. Every head width and
 //! group size, positions in the first partition, on partition edges, in later ones, on the
-//! cache's last row and past the cache (no append, the context clamped); outputs poisoned,
-//! each case run twice on the same counters; on whatever `Device::auto()` gives.
+//! cache's last row and past the cache up to `u32::MAX` (no append, the context clamped);
+//! outputs poisoned, each case run twice on the same counters; on whatever `Device::auto()`
+//! gives.
 
 use cuflow_device_op::DeviceOpExt;
 use cuflow_runtime::{DeviceError, Stream};
@@ -20,8 +21,8 @@ use rand::Rng;
 const CHUNK: usize = 64;
 /// Positions the cache holds: five partitions, the last one short.
 const MAX_SEQ: usize = 300;
-/// Positions of the decoded row.
-const POSITIONS: &[usize] = &[0, 1, 63, 64, 65, 200, 299, 300, 350];
+/// Positions of the decoded row, up to the largest `pos` holds.
+const POSITIONS: &[usize] = &[0, 1, 63, 64, 65, 200, 299, 300, 350, u32::MAX as usize];
 
 fn random_f32(rng: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
     (0..n).map(|_| rng.gen_range(-scale..scale)).collect()

@@ -3,7 +3,9 @@
 //! counts or caches (and [`AttentionShape::cache_len`] of them), a GEMV row index past the
 //! address space, an embedding table of 2^63 empty rows, and an expanded output of 2^62 rows.
 //! None of them panics (in debug builds) or wraps to a small size that passes the shape checks
-//! (in release builds, where a wrapped row index read row 0 instead of failing).
+//! (in release builds, where a wrapped row index read row 0 instead of failing). Attention
+//! shapes with a size of zero are refused the same way, the error naming the size, before
+//! anything divides by it.
 
 use cuflow_device_op::DeviceOpExt;
 use cuflow_runtime::DeviceError;
@@ -108,6 +110,71 @@ fn attention_kernels_refuse_shapes_whose_sizes_overflow() {
         assert_invalid(r, "rope_kv_append", "overflow");
         let r = decode::compile_all(s.device(), shape);
         assert_invalid(r, "compile_all", "overflow");
+    }
+    assert_eq!(read(&cache), cache_h, "the cache after refused launches");
+}
+
+#[test]
+fn attention_kernels_refuse_zero_sizes_naming_them() {
+    let s = stream();
+    let f32s = |shape: &[usize]| api::zeros::<f32>(shape).sync_on(&s).expect("a tensor");
+    let good = AttentionShape {
+        heads: 2,
+        kv_heads: 1,
+        head_dim: 16,
+        max_seq: 4,
+    };
+    let cache_h = vec![bf16::from_f32(0.5); good.cache_len()];
+    let mut cache = upload(&s, &cache_h, &[good.cache_len()]);
+    let pos = upload(&s, &[0u32], &[1]);
+    // No query rows: with `heads == 0` a row is empty too, and counting the rows divided by
+    // its length.
+    let (q, qkv, inv_freq) = (f32s(&[0]), f32s(&[64]), f32s(&[8]));
+    for (field, shape) in [
+        ("heads", AttentionShape { heads: 0, ..good }),
+        (
+            "kv_heads",
+            AttentionShape {
+                kv_heads: 0,
+                ..good
+            },
+        ),
+        (
+            "head_dim",
+            AttentionShape {
+                head_dim: 0,
+                ..good
+            },
+        ),
+        ("max_seq", AttentionShape { max_seq: 0, ..good }),
+    ] {
+        let what = format!("`{field}` is 0");
+        let mut out = f32s(&[0]);
+        let mut scratch = f32s(&[0, shape.heads, 1, shape.head_dim + 2]);
+        let mut counts = AttentionCounters::zeroed(0, shape.kv_heads)
+            .sync_on(&s)
+            .expect("counters");
+        let r = decode::attention(&mut out, &mut scratch, &mut counts, &q, &cache, &pos, shape)
+            .sync_on(&s);
+        assert_invalid(r, "attention", &what);
+        let r = decode::rope_attention(
+            &mut out,
+            &mut scratch,
+            &mut counts,
+            &mut cache,
+            &qkv,
+            &inv_freq,
+            &pos,
+            shape,
+        )
+        .sync_on(&s);
+        assert_invalid(r, "rope_attention", &what);
+        let mut q_out = f32s(&[0]);
+        let r = decode::rope_kv_append(&mut q_out, &mut cache, &qkv, &inv_freq, &pos, shape)
+            .sync_on(&s);
+        assert_invalid(r, "rope_kv_append", &what);
+        let r = decode::compile_all(s.device(), shape);
+        assert_invalid(r, "compile_all", &what);
     }
     assert_eq!(read(&cache), cache_h, "the cache after refused launches");
 }

@@ -466,6 +466,56 @@ fn bad_axes_and_ranges_name_the_axis() -> Result<(), DeviceError> {
     Ok(())
 }
 
+/// Views of a tensor without elements never step past the address space: after a narrow near
+/// the end of an axis of `usize::MAX` elements, viewed whole again, every view method gives an
+/// empty view (which starts at element 0) instead of overflowing its offset.
+#[test]
+fn views_without_elements_never_overflow_their_offset() -> Result<(), DeviceError> {
+    let s = stream();
+    let empty = api::zeros::<f32>(&[0, usize::MAX]).sync_on(&s)?;
+    let far = empty
+        .narrow(1, usize::MAX - 1, 1)?
+        .reshape(&[0, usize::MAX])?;
+    let views: Vec<(&str, Result<Tensor<f32>, DeviceError>)> = vec![
+        ("narrow", far.narrow(1, 2, 1)),
+        ("slice_axis", far.slice_axis(1, usize::MAX - 1..)),
+        ("slice", far.slice(&[0..0, 3..usize::MAX])),
+        ("select", far.select(1, usize::MAX - 1)),
+        (
+            "transpose",
+            far.transpose(0, 1).and_then(|t| t.narrow(0, 5, 1)),
+        ),
+        ("permute", far.permute(&[1, 0]).and_then(|t| t.select(0, 7))),
+        (
+            "unsqueeze",
+            far.unsqueeze(2).and_then(|t| t.narrow(1, 9, 2)),
+        ),
+        (
+            "squeeze",
+            far.unsqueeze(0)
+                .and_then(|t| t.squeeze(0))
+                .and_then(|t| t.select(1, 3)),
+        ),
+        (
+            "expand",
+            far.narrow(1, usize::MAX - 1, 1)
+                .and_then(|t| t.expand(&[0, 5]))
+                .and_then(|t| t.narrow(1, 3, 1)),
+        ),
+    ];
+    for (op, view) in views {
+        let view = view?;
+        assert!(view.is_empty(), "{op}: {:?}", view.shape());
+        assert_eq!(
+            view.offset(),
+            0,
+            "{op}: a view without elements starts at 0"
+        );
+        assert_eq!(view.to_host_vec()?, Vec::<f32>::new(), "{op}");
+    }
+    Ok(())
+}
+
 /// A view of more axes than the strided kernel indexes (none of them mergeable) is still
 /// copied densely, and every kind of kernel takes it: those that read dense rows, the axis
 /// reductions and the strided elementwise kernels.

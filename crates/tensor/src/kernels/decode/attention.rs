@@ -46,13 +46,13 @@ const MAX_GROUP: usize = 8;
 /// The sizes of multi-head attention over a cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AttentionShape {
-    /// Query heads; a multiple of `kv_heads`, at most 8 per key/value head.
+    /// Query heads; a positive multiple of `kv_heads`, at most 8 per key/value head.
     pub heads: usize,
-    /// Key/value heads.
+    /// Key/value heads; positive.
     pub kv_heads: usize,
     /// Width of a head: a power of two from 16 to 256.
     pub head_dim: usize,
-    /// Positions the cache holds.
+    /// Positions the cache holds; positive.
     pub max_seq: usize,
 }
 
@@ -79,7 +79,18 @@ impl AttentionShape {
 
     pub(super) fn check(&self, op: &'static str) -> Result<(), DeviceError> {
         let bad = |reason: String| Err(DeviceError::InvalidShape { op, reason });
-        if self.kv_heads == 0 || !self.heads.is_multiple_of(self.kv_heads) {
+        // Rows, groups and partitions are counted by dividing by these sizes.
+        for (field, size) in [
+            ("heads", self.heads),
+            ("kv_heads", self.kv_heads),
+            ("head_dim", self.head_dim),
+            ("max_seq", self.max_seq),
+        ] {
+            if size == 0 {
+                return bad(format!("`{field}` is 0; it must be positive"));
+            }
+        }
+        if !self.heads.is_multiple_of(self.kv_heads) {
             return bad(format!(
                 "{} query heads are not a multiple of {} key/value heads",
                 self.heads, self.kv_heads
@@ -96,9 +107,6 @@ impl AttentionShape {
                 "head_dim {} must be a power of two from 16 to 256",
                 self.head_dim
             ));
-        }
-        if self.max_seq == 0 {
-            return bad("max_seq must be positive".into());
         }
         if !self.sizes_fit() {
             return bad(format!(
@@ -483,8 +491,10 @@ extern "C" __global__ void __launch_bounds__(THREADS) decode_attention_split(
   const unsigned pi = b % parts; b /= parts;
   const unsigned kvh = b % kv_heads;
   const unsigned row = b / kv_heads;
-  unsigned qp = pos[0] + row;
-  if (qp >= max_seq) qp = max_seq - 1;
+  // The row's position in 64 bits (pos[0] + row passes u32::MAX near its top), clamped to
+  // the cache's last position as on the host.
+  const unsigned long long p = (unsigned long long)pos[0] + row;
+  const unsigned qp = p < max_seq ? (unsigned)p : max_seq - 1;
   const unsigned n = qp + 1;
   // Partitions past the row's last position do nothing: only the live ones count.
   if (pi * chunk >= n) return;
@@ -733,8 +743,9 @@ impl AttentionCounters {
 ///
 /// # Errors
 ///
-/// [`DeviceError::InvalidShape`] naming `attention` when a shape disagrees with `shape`, or
-/// the partitions are longer than 1024 positions.
+/// [`DeviceError::InvalidShape`] naming `attention` when `shape` breaks a rule of
+/// [`AttentionShape`] (a size of zero among them, the error naming it), a shape disagrees
+/// with `shape`, or the partitions are longer than 1024 positions.
 pub fn attention<'a>(
     out: &'a mut Tensor<f32>,
     scratch: &'a mut Tensor<f32>,

@@ -27,7 +27,9 @@ extern "C" __global__ void decode_rope_kv_append(float* q_out, T_bf16* cache, co
                                                  unsigned head_dim, unsigned max_seq) {{
   const unsigned all = heads + kv_heads;
   const unsigned row = blockIdx.x / all, h = blockIdx.x % all;
-  const unsigned p = pos[0] + row;
+  // The row's position in 64 bits, as on the host: near the top of u32, pos[0] + row passes
+  // it, and such a row writes nothing into the cache (not row 0).
+  const unsigned long long p = (unsigned long long)pos[0] + row;
   const unsigned half = head_dim / 2;
   const float* src = qkv + (unsigned long long)row * (heads + 2 * kv_heads) * head_dim;
   for (unsigned i = threadIdx.x; i < half; i += blockDim.x) {{
@@ -109,8 +111,9 @@ extern "C" __global__ void decode_rope_kv_append(float* q_out, T_bf16* cache, co
 ///
 /// # Errors
 ///
-/// [`DeviceError::InvalidShape`] naming `rope_kv_append` when a shape disagrees with `shape`
-/// or `head_dim` is odd.
+/// [`DeviceError::InvalidShape`] naming `rope_kv_append` when `shape` breaks a rule of
+/// [`AttentionShape`] (a size of zero among them, the error naming it) or a shape disagrees
+/// with it.
 pub fn rope_kv_append<'a>(
     q: &'a mut Tensor<f32>,
     cache: &'a mut Tensor<bf16>,

@@ -331,6 +331,12 @@ const ARGMAX_THREADS: u32 = 256;
 
 /// `u32` elements of the scratch tensor [`sample`] takes: a `u64` key per block of the
 /// greedy choice's first stage.
+///
+/// The scratch carries those keys from one launch of [`sample`] to the next, so it belongs to
+/// one sampling at a time: samplings that may run concurrently (on other streams, or in
+/// graphs replayed side by side) each need their own, and no other op may write it, or a
+/// clone of it, while a sampling runs: the greedy choice would then be taken from keys it did
+/// not compute.
 pub const SAMPLE_SCRATCH_LEN: usize = 2 * ARGMAX_BLOCKS;
 
 pub(super) fn argmax_kernel() -> Kernel {
@@ -458,6 +464,12 @@ fn host_pick(logits: &[f32], p: SampleParams, u: f32) -> u32 {
 /// and so does the generator's counter `rng[2]` (`rng`: `u32` `[3]`, see the module docs).
 /// `scratch` (`u32`, at least [`SAMPLE_SCRATCH_LEN`] elements, any contents) holds the
 /// partial results of the greedy choice between its two kernels.
+///
+/// `scratch` must not be shared with a concurrent sampling, nor written by any other op,
+/// through a clone or another view of its buffer, while this one runs: the accesses of the
+/// two kernels are ordered one by one against other work on the buffer, not as a pair, so a
+/// write that lands between them makes the greedy choice pick a token from keys it did not
+/// compute. Give each sampling that may overlap another its own scratch.
 ///
 /// # Errors
 ///
