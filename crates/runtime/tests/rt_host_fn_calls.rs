@@ -156,9 +156,11 @@ static POOL_READINGS: Mutex<()> = Mutex::new(());
 /// the driver refuses the free inside the host function, the first wait after it frees the
 /// memory in stream order, and the second has waited for the free.
 ///
-/// With `busy`, `busy` other threads synchronize streams of their own the whole time: each of
-/// their waits may be the one that takes the drop and enqueues its free, and the two waits of
-/// this thread must still see it done.
+/// With `busy`, `busy` other threads drop page-locked buffers inside host functions of
+/// streams of their own and synchronize those streams, the whole time: each of their waits may
+/// be the one that takes this thread's drop with theirs, and release theirs first (freeing
+/// page-locked memory waits for the whole device), and the two waits of this thread must still
+/// see its free done.
 fn assert_freed_after_host_function_drop(
     how: &str,
     busy: usize,
@@ -174,6 +176,8 @@ fn assert_freed_after_host_function_drop(
                     let own = stream();
                     let mut waits = 0;
                     while !done.load(Ordering::Acquire) {
+                        let pinned = PinnedBuffer::<u8>::new(own.device(), 4096)?;
+                        inside_a_host_function(&own, move || drop(pinned));
                         own.synchronize()?;
                         waits += 1;
                     }
@@ -181,13 +185,26 @@ fn assert_freed_after_host_function_drop(
                 })
             })
             .collect();
-        let checked = freed_after_host_function_drop(how, &wait);
-        done.store(true, Ordering::Release);
+        let checked = {
+            // Set however the check ends, a failed assertion included: the scope waits for
+            // the other threads, which stop only then.
+            let _stop = SetOnDrop(&done);
+            freed_after_host_function_drop(how, &wait)
+        };
         for other in others {
             other.join().expect("a synchronizing thread")?;
         }
         checked
     })
+}
+
+/// Sets its flag when dropped.
+struct SetOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for SetOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+    }
 }
 
 fn freed_after_host_function_drop(
@@ -232,15 +249,15 @@ fn memory_dropped_inside_a_host_function_is_freed_after_an_event_wait() -> Resul
     assert_freed_after_host_function_drop("event waits", 0, |s| s.record_event()?.synchronize())
 }
 
-/// The same while other threads synchronize with the device all the time: the drop may be
-/// taken up by another thread's wait, and this thread's waits still return only once its free
-/// is enqueued, so that the second of them has waited for it.
+/// The same while other threads drop page-locked memory in host functions and synchronize
+/// all the time: the drop may be taken up by another thread's wait, and this thread's waits
+/// still return only once its free is enqueued, so that the second of them has waited for it.
 #[test]
 fn memory_dropped_inside_a_host_function_is_freed_after_it_while_other_threads_wait(
 ) -> Result<(), DeviceError> {
     for _ in 0..8 {
         assert_freed_after_host_function_drop(
-            "stream synchronizations beside three synchronizing threads",
+            "stream synchronizations beside three threads dropping page-locked memory",
             3,
             Stream::synchronize,
         )?;
