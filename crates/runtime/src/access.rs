@@ -96,6 +96,9 @@ pub(crate) trait TrackedBuffer {
         access: Access,
         capture: Option<u64>,
     );
+
+    /// Whether the capture `id` is still open: the hazards of closed captures are forgotten.
+    fn capture_open(id: u64) -> bool;
 }
 
 /// A stream's side of the tracker: its sequence number (the tracked accesses enqueued on it so
@@ -240,18 +243,20 @@ impl<S: TrackedStream> Hazards<S> {
     }
 }
 
-/// The eager hazards of a buffer, and those of the capture currently recording it.
+/// The eager hazards of a buffer, and those of each open capture recording it.
 pub(crate) struct AccessState<S = Stream> {
     eager: Hazards<S>,
-    /// Hazards of captured work, tagged with the id of the capture they belong to.
-    captured: Option<(u64, Hazards<S>)>,
+    /// Hazards of captured work, one entry per capture, tagged with its id: two captures open
+    /// at once (on two threads, or one thread's two streams) each keep their own, so that one
+    /// capture's accesses never erase the order another capture's later work must keep.
+    captured: SmallVec<[(u64, Hazards<S>); 1]>,
 }
 
 impl<S> Default for AccessState<S> {
     fn default() -> Self {
         AccessState {
             eager: Hazards::default(),
-            captured: None,
+            captured: SmallVec::new(),
         }
     }
 }
@@ -260,26 +265,33 @@ impl<S> AccessState<S> {
     fn scope(&mut self, capture: Option<u64>) -> Option<&mut Hazards<S>> {
         match capture {
             None => Some(&mut self.eager),
-            Some(id) => match &mut self.captured {
-                Some((cid, h)) if *cid == id => Some(h),
-                _ => None,
-            },
+            Some(id) => self
+                .captured
+                .iter_mut()
+                .find(|(cid, _)| *cid == id)
+                .map(|(_, h)| h),
         }
     }
 
-    fn scope_or_new(&mut self, capture: Option<u64>) -> &mut Hazards<S> {
-        match capture {
-            None => &mut self.eager,
-            Some(id) => {
-                if !matches!(&self.captured, Some((cid, _)) if *cid == id) {
-                    self.captured = Some((id, Hazards::default()));
-                }
-                match &mut self.captured {
-                    Some((_, h)) => h,
-                    None => &mut self.eager,
-                }
+    /// The hazards of the scope `capture`, made when the capture first touches the buffer;
+    /// then the entries of captures that have closed (`open` says which are open) are dropped.
+    fn scope_or_new(
+        &mut self,
+        capture: Option<u64>,
+        open: impl Fn(u64) -> bool,
+    ) -> &mut Hazards<S> {
+        let Some(id) = capture else {
+            return &mut self.eager;
+        };
+        let at = match self.captured.iter().position(|(cid, _)| *cid == id) {
+            Some(at) => at,
+            None => {
+                self.captured.retain(|(cid, _)| open(*cid));
+                self.captured.push((id, Hazards::default()));
+                self.captured.len() - 1
             }
-        }
+        };
+        &mut self.captured[at].1
     }
 }
 
@@ -516,7 +528,7 @@ fn record_enqueued<B: TrackedBuffer>(
     capture: Option<u64>,
 ) {
     B::access_state(state)
-        .scope_or_new(capture)
+        .scope_or_new(capture, B::capture_open)
         .record(access, stream, seq);
     buffer.note_enqueued(state, stream, access, capture);
 }
@@ -558,5 +570,9 @@ impl TrackedBuffer for Arc<Memory> {
         if capture.is_some() {
             stream.note_capture_use(self, access);
         }
+    }
+
+    fn capture_open(id: u64) -> bool {
+        crate::capture::capture_is_open(id)
     }
 }

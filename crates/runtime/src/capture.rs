@@ -52,11 +52,29 @@ pub(crate) struct CaptureSession {
     blas_workspaces: Mutex<Vec<(StreamId, Arc<Memory>)>>,
 }
 
+/// The ids of the captures open now: a buffer's access state keeps the hazards of each open
+/// capture that touched it, and forgets those of closed ones (see [`crate::access`]).
+static OPEN_CAPTURES: Mutex<Vec<u64>> = Mutex::new(Vec::new());
+
+/// Whether the capture `id` is still open (begun and not yet ended).
+pub(crate) fn capture_is_open(id: u64) -> bool {
+    OPEN_CAPTURES.lock().contains(&id)
+}
+
+impl Drop for CaptureSession {
+    /// A session dropped without being closed (its capture abandoned) is closed here.
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
 impl CaptureSession {
     pub(crate) fn new(origin: StreamId, backend: CaptureBackend) -> Self {
         static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        OPEN_CAPTURES.lock().push(id);
         CaptureSession {
-            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            id,
             owner: std::thread::current().id(),
             origin,
             members: Mutex::new(Vec::new()),
@@ -108,7 +126,9 @@ impl CaptureSession {
     }
 
     pub(crate) fn close(&self) {
-        self.open.store(false, Ordering::Release);
+        if self.open.swap(false, Ordering::AcqRel) {
+            OPEN_CAPTURES.lock().retain(|&id| id != self.id);
+        }
     }
 
     /// Refuses work that a thread other than the one capturing aims at a stream of this

@@ -115,6 +115,11 @@ impl TrackedBuffer for ModelBuffer {
     }
 
     fn note_enqueued(&self, _: &mut Self::State, _: &ModelStream, _: Access, _: Option<u64>) {}
+
+    /// Every capture of a model stays open.
+    fn capture_open(_: u64) -> bool {
+        true
+    }
 }
 
 /// The streams and buffers of one model, shared by its threads.
@@ -142,6 +147,27 @@ impl World {
             .map(|&(buffer, access)| (&self.buffers[buffer], access))
             .collect();
         order_enqueue_record(stream, None, accesses, || {
+            let ticket = self.tickets.fetch_add(1, Ordering::Relaxed);
+            stream.0.queue.lock().push(Entry::Work { label, ticket });
+            Ok(())
+        })
+        .expect("model streams never fail");
+    }
+
+    /// [`World::access`] as captured work of the capture `capture`.
+    fn access_in(
+        &self,
+        capture: u64,
+        stream: usize,
+        uses: &[(usize, Access)],
+        label: &'static str,
+    ) {
+        let stream = &self.streams[stream];
+        let accesses: SmallVec<[(&ModelBuffer, Access); 4]> = uses
+            .iter()
+            .map(|&(buffer, access)| (&self.buffers[buffer], access))
+            .collect();
+        order_enqueue_record(stream, Some(capture), accesses, || {
             let ticket = self.tickets.fetch_add(1, Ordering::Relaxed);
             stream.0.queue.lock().push(Entry::Work { label, ticket });
             Ok(())
@@ -368,5 +394,20 @@ fn staged_copies_in_opposite_directions_lock_in_one_order() {
         let queues = world.queues();
         queues.assert_ordered("a.read", "b.write");
         queues.assert_ordered("a.write", "b.read");
+    });
+}
+
+/// Two captures open at once touch one buffer: the second capture's read, on another stream,
+/// does not erase what the first capture recorded, so the first capture's later read on a
+/// third stream still follows the first capture's write.
+#[test]
+fn two_open_captures_keep_their_own_hazards() {
+    model(|| {
+        let w = World::new(3, 1);
+        w.access_in(1, 0, &[(0, Access::Write)], "write in capture 1");
+        w.access_in(2, 1, &[(0, Access::Read)], "read in capture 2");
+        w.access_in(1, 2, &[(0, Access::Read)], "read in capture 1");
+        w.queues()
+            .assert_ordered("write in capture 1", "read in capture 1");
     });
 }
