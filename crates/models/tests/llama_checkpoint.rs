@@ -26,7 +26,7 @@ fn loaded_checkpoints_equal_synthetic_weights() -> Result<(), DeviceError> {
     // bf16 and f32 files hold the same values exactly; f16 ones round some small values.
     for dtype in [WeightDtype::Bf16, WeightDtype::F32, WeightDtype::F16] {
         let dir = temp_dir(&format!("{dtype:?}"));
-        write_checkpoint(&dir, &cfg, &synthetic_tensors(&cfg, 21, dtype))?;
+        write_checkpoint(&dir, &cfg, &synthetic_tensors(&cfg, 21, dtype)?)?;
         let loaded = Llama::load(&device, &dir)?;
         assert_eq!(loaded.config(), &cfg);
         let stats = loaded.load_stats().expect("a loaded model has load stats");
@@ -57,7 +57,7 @@ fn load_edited(
     edit: impl FnOnce(&mut Vec<cuflow_models::llama::testing::CheckpointTensor>),
 ) -> Result<String, DeviceError> {
     let cfg = LlamaConfig::tiny();
-    let mut tensors = synthetic_tensors(&cfg, 1, WeightDtype::Bf16);
+    let mut tensors = synthetic_tensors(&cfg, 1, WeightDtype::Bf16)?;
     edit(&mut tensors);
     let dir = temp_dir(name);
     write_checkpoint(&dir, &cfg, &tensors)?;
@@ -106,7 +106,7 @@ fn bad_configs_and_folders_are_errors() -> Result<(), DeviceError> {
     let device = Device::auto()?;
     let cfg = LlamaConfig::tiny();
     let dir = temp_dir("config");
-    write_checkpoint(&dir, &cfg, &synthetic_tensors(&cfg, 1, WeightDtype::Bf16))?;
+    write_checkpoint(&dir, &cfg, &synthetic_tensors(&cfg, 1, WeightDtype::Bf16)?)?;
     let config = dir.join("config.json");
 
     std::fs::write(&config, "{ not json").map_err(|e| DeviceError::usage(e.to_string()))?;
@@ -163,7 +163,7 @@ fn load_with_header(
 ) -> Result<String, DeviceError> {
     let cfg = LlamaConfig::tiny();
     let dir = temp_dir(name);
-    write_checkpoint(&dir, &cfg, &synthetic_tensors(&cfg, 1, WeightDtype::Bf16))?;
+    write_checkpoint(&dir, &cfg, &synthetic_tensors(&cfg, 1, WeightDtype::Bf16)?)?;
     edit_header(&dir, edit);
     let result = Llama::load(&Device::auto()?, &dir);
     std::fs::remove_dir_all(&dir).ok();
@@ -200,15 +200,45 @@ fn corrupt_byte_ranges_are_errors_naming_the_tensor() -> Result<(), DeviceError>
     Ok(())
 }
 
+/// Two tensors whose byte ranges overlap (a header edited to point the final norm at the first
+/// layer's norm, which has its shape and dtype) are an error naming both, not two tensors read
+/// from the same bytes.
+#[test]
+fn overlapping_byte_ranges_are_errors_naming_both_tensors() -> Result<(), DeviceError> {
+    let (norm, first) = ("model.norm.weight", "model.layers.0.input_layernorm.weight");
+    let err = load_with_header("overlap", |t| {
+        t[norm]["data_offsets"] = t[first]["data_offsets"].clone();
+    })?;
+    assert!(
+        err.contains(norm) && err.contains(first) && err.contains("overlap"),
+        "{err}"
+    );
+
+    // A range that starts inside another and runs past it overlaps too.
+    let err = load_with_header("overlap-partial", |t| {
+        let begin = t[first]["data_offsets"][0].as_u64().expect("an offset");
+        t[norm]["data_offsets"] = serde_json::json!([begin + 64, begin + 192]);
+    })?;
+    assert!(
+        err.contains(norm) && err.contains(first) && err.contains("overlap"),
+        "{err}"
+    );
+    Ok(())
+}
+
 /// A tensor found in two files of one folder (a stale shard beside a new download) is an
 /// error naming it and both files, not whichever file sorts last.
 #[test]
 fn a_tensor_in_two_files_is_an_error() -> Result<(), DeviceError> {
     let cfg = LlamaConfig::tiny();
     let dir = temp_dir("twice");
-    write_checkpoint(&dir, &cfg, &synthetic_tensors(&cfg, 1, WeightDtype::Bf16))?;
+    write_checkpoint(&dir, &cfg, &synthetic_tensors(&cfg, 1, WeightDtype::Bf16)?)?;
     let other = temp_dir("twice-other");
-    write_checkpoint(&other, &cfg, &synthetic_tensors(&cfg, 2, WeightDtype::Bf16))?;
+    write_checkpoint(
+        &other,
+        &cfg,
+        &synthetic_tensors(&cfg, 2, WeightDtype::Bf16)?,
+    )?;
     std::fs::copy(
         other.join("model.safetensors"),
         dir.join("model-00002-of-00002.safetensors"),
@@ -236,7 +266,7 @@ fn a_tensor_in_two_files_is_an_error() -> Result<(), DeviceError> {
 fn a_config_larger_than_its_checkpoint_allocates_nothing() -> Result<(), DeviceError> {
     let cfg = LlamaConfig::tiny();
     let dir = temp_dir("wide");
-    write_checkpoint(&dir, &cfg, &synthetic_tensors(&cfg, 1, WeightDtype::Bf16))?;
+    write_checkpoint(&dir, &cfg, &synthetic_tensors(&cfg, 1, WeightDtype::Bf16)?)?;
     let wide = LlamaConfig {
         intermediate_size: 128 << 15,
         ..cfg
@@ -298,7 +328,11 @@ fn configs_whose_sizes_overflow_are_errors() -> Result<(), DeviceError> {
         ),
     ];
     let dir = temp_dir("overflow");
-    write_checkpoint(&dir, &tiny, &synthetic_tensors(&tiny, 1, WeightDtype::Bf16))?;
+    write_checkpoint(
+        &dir,
+        &tiny,
+        &synthetic_tensors(&tiny, 1, WeightDtype::Bf16)?,
+    )?;
     for (field, cfg) in cases {
         let err = cfg.validate().expect_err(field).to_string();
         assert!(err.contains(field) && err.contains("overflow"), "{err}");
@@ -325,7 +359,7 @@ fn a_config_of_more_layers_than_its_checkpoint_names_the_first_missing_one(
 ) -> Result<(), DeviceError> {
     let cfg = LlamaConfig::tiny();
     let dir = temp_dir("deep");
-    write_checkpoint(&dir, &cfg, &synthetic_tensors(&cfg, 1, WeightDtype::Bf16))?;
+    write_checkpoint(&dir, &cfg, &synthetic_tensors(&cfg, 1, WeightDtype::Bf16)?)?;
     let deep = LlamaConfig {
         num_hidden_layers: 1 << 40,
         ..cfg

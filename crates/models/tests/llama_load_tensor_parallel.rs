@@ -72,7 +72,7 @@ fn loaded_slices_equal_synthetic_slices_and_the_whole_model() -> Result<(), Devi
     // bf16 and f32 files hold the same (bf16) values, so both load into the same weights.
     for dtype in [WeightDtype::Bf16, WeightDtype::F32] {
         let dir = temp_dir(&format!("{dtype:?}"));
-        write_checkpoint(&dir, &cfg, &synthetic_tensors(&cfg, SEED, dtype))?;
+        write_checkpoint(&dir, &cfg, &synthetic_tensors(&cfg, SEED, dtype)?)?;
         let whole = Llama::load(&whole_device, &dir)?;
         let want = whole.generate(&stream, &PROMPT, TOKENS, &GenerateOptions::greedy())?;
         let whole_bytes = whole.load_stats().expect("load stats").bytes;
@@ -106,7 +106,7 @@ fn a_split_that_does_not_divide_the_checkpoint_is_an_error() -> Result<(), Devic
     write_checkpoint(
         &dir,
         &cfg,
-        &synthetic_tensors(&cfg, SEED, WeightDtype::Bf16),
+        &synthetic_tensors(&cfg, SEED, WeightDtype::Bf16)?,
     )?;
     for (tp, what) in [
         (3, "num_attention_heads (4)"),
@@ -135,7 +135,7 @@ fn checkpoint_errors_name_the_tensor_under_a_split() -> Result<(), DeviceError> 
     let cfg = LlamaConfig::tiny();
     let name = "model.layers.1.self_attn.o_proj.weight";
     let load_edited = |what: &str, edit: &dyn Fn(&mut Vec<_>)| -> Result<String, DeviceError> {
-        let mut tensors = synthetic_tensors(&cfg, SEED, WeightDtype::Bf16);
+        let mut tensors = synthetic_tensors(&cfg, SEED, WeightDtype::Bf16)?;
         edit(&mut tensors);
         let dir = temp_dir(what);
         write_checkpoint(&dir, &cfg, &tensors)?;

@@ -24,6 +24,7 @@ struct RefModel {
 impl RefModel {
     fn new(cfg: &LlamaConfig, seed: u64) -> RefModel {
         let w = synthetic_tensors(cfg, seed, WeightDtype::Bf16)
+            .expect("the reference config is valid")
             .into_iter()
             .map(|t| {
                 let v = t

@@ -98,3 +98,37 @@ fn a_split_that_does_not_divide_the_heads_is_an_error() {
     let e = Llama::synthetic_tp(&comms[0], LlamaConfig::tiny(), SEED).unwrap_err();
     assert!(e.to_string().contains("num_key_value_heads (2)"), "{e}");
 }
+
+/// A split model larger than memory is an `OutOfMemory` error before anything is made, as
+/// for `synthetic`: every rank makes the whole model's weights in host memory before taking
+/// its slice (each of the host's ranks at once), and a vocabulary of 2^30 by a hidden size of
+/// 2^16 is an embedding table alone of 2^47 bf16 weights, 256 TB.
+#[test]
+fn a_split_model_larger_than_memory_is_an_error() {
+    let Some(devices) = rank_devices(2) else {
+        return;
+    };
+    let comms = Communicator::local(&devices).unwrap();
+    let cfg = LlamaConfig {
+        hidden_size: 1 << 16,
+        intermediate_size: 1 << 18,
+        num_hidden_layers: 24,
+        num_attention_heads: 1 << 10,
+        num_key_value_heads: Some(1 << 8),
+        head_dim: Some(64),
+        vocab_size: 1 << 30,
+        ..LlamaConfig::tiny()
+    };
+    cfg.validate().unwrap();
+    let before = comms[0].device().bytes_in_use();
+    let err = Llama::synthetic_tp(&comms[0], cfg, SEED).expect_err("256 TB of weights");
+    assert!(
+        matches!(err, cuflow_runtime::DeviceError::OutOfMemory { bytes, .. } if bytes > 1 << 47),
+        "{err}"
+    );
+    assert_eq!(
+        comms[0].device().bytes_in_use(),
+        before,
+        "nothing stays allocated"
+    );
+}

@@ -7,37 +7,179 @@ use std::path::Path;
 use cuflow_runtime::DeviceError;
 use serde::{Deserialize, Serialize};
 
+use super::files::read_config;
+
 /// Llama 3 frequency scaling of rotary embeddings (`rope_scaling` in `config.json`).
+///
+/// Parsed as transformers reads it: the type is `rope_type` or its older spelling `type` (both,
+/// when they agree, as a re-saved config has them); `"llama3"` scaling needs all four of its
+/// numbers, `"linear"` scaling its `factor` (the Llama 3 fields then keep the values of
+/// [`LlamaConfig::tiny`]'s, which linear scaling does not read).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "RopeScalingFields")]
 pub struct RopeScaling {
-    /// `"llama3"` (wavelength-dependent scaling) or `"linear"` (every frequency divided by
-    /// `factor`).
-    #[serde(alias = "type")]
+    /// `"llama3"` (wavelength-dependent scaling), `"linear"` (every frequency divided by
+    /// `factor`) or `"default"` (no scaling).
     pub rope_type: String,
     /// How much longer the context is than the one the model was trained on.
     pub factor: f64,
     /// Wavelengths longer than `original_max_position_embeddings / low_freq_factor` are
     /// scaled fully (Llama 3 only).
-    #[serde(default = "one")]
     pub low_freq_factor: f64,
     /// Wavelengths shorter than `original_max_position_embeddings / high_freq_factor` are
     /// kept (Llama 3 only).
-    #[serde(default = "four")]
     pub high_freq_factor: f64,
     /// The training context of the unscaled model (Llama 3 only).
-    #[serde(default = "eight_k")]
     pub original_max_position_embeddings: usize,
 }
 
-fn one() -> f64 {
-    1.0
+impl RopeScaling {
+    /// The largest `factor` accepted: a context 1024 times the trained one.
+    const MAX_FACTOR: f64 = 1024.0;
+
+    /// Checks the numbers its type reads: why not, if they are out of range.
+    fn validate(&self) -> Result<(), String> {
+        match self.rope_type.as_str() {
+            "llama3" | "linear" => {}
+            // No scaling: the numbers are not read.
+            "default" => return Ok(()),
+            other => {
+                return Err(format!(
+                    "rope_scaling type {other:?}: only \"llama3\", \"linear\" and \
+                     \"default\" are supported"
+                ))
+            }
+        }
+        if !(1.0..=Self::MAX_FACTOR).contains(&self.factor) {
+            return Err(format!(
+                "rope_scaling factor {:?} must be from 1 to {} (a factor below 1 shortens the \
+                 context)",
+                self.factor,
+                Self::MAX_FACTOR
+            ));
+        }
+        let (low, high) = (self.low_freq_factor, self.high_freq_factor);
+        let finite_positive = |v: f64| v.is_finite() && v > 0.0;
+        if self.rope_type == "llama3"
+            && !(finite_positive(low) && finite_positive(high) && high > low)
+        {
+            return Err(format!(
+                "rope_scaling needs finite low_freq_factor ({low:?}) and high_freq_factor \
+                 ({high:?}) with 0 < low_freq_factor < high_freq_factor"
+            ));
+        }
+        if self.rope_type == "llama3" && self.original_max_position_embeddings == 0 {
+            return Err("rope_scaling original_max_position_embeddings must be positive".into());
+        }
+        Ok(())
+    }
 }
-fn four() -> f64 {
-    4.0
+
+/// A `rope_scaling` block as written, every field optional: [`RopeScaling`]'s `TryFrom` says
+/// which ones its type needs.
+#[derive(Deserialize)]
+struct RopeScalingFields {
+    #[serde(rename = "type")]
+    legacy_type: Option<String>,
+    rope_type: Option<String>,
+    factor: Option<f64>,
+    low_freq_factor: Option<f64>,
+    high_freq_factor: Option<f64>,
+    original_max_position_embeddings: Option<usize>,
 }
-fn eight_k() -> usize {
-    8192
+
+impl TryFrom<RopeScalingFields> for RopeScaling {
+    type Error = String;
+
+    fn try_from(raw: RopeScalingFields) -> Result<RopeScaling, String> {
+        let rope_type = match (raw.rope_type, raw.legacy_type) {
+            (Some(a), Some(b)) if a != b => {
+                return Err(format!(
+                    "rope_scaling has rope_type {a:?} and type {b:?}; they name the same thing \
+                     and must agree"
+                ))
+            }
+            (Some(t), _) | (None, Some(t)) => t,
+            (None, None) => {
+                return Err("rope_scaling needs rope_type (\"llama3\", \"linear\" or \
+                            \"default\")"
+                    .into())
+            }
+        };
+        let needs = |field: &str| {
+            format!("rope_scaling of rope_type {rope_type:?} needs {field} (none is assumed)")
+        };
+        let preset = RopeScaling::llama3(8192);
+        let scaling = match rope_type.as_str() {
+            "llama3" => RopeScaling {
+                factor: raw.factor.ok_or_else(|| needs("factor"))?,
+                low_freq_factor: raw
+                    .low_freq_factor
+                    .ok_or_else(|| needs("low_freq_factor"))?,
+                high_freq_factor: raw
+                    .high_freq_factor
+                    .ok_or_else(|| needs("high_freq_factor"))?,
+                original_max_position_embeddings: raw
+                    .original_max_position_embeddings
+                    .ok_or_else(|| needs("original_max_position_embeddings"))?,
+                rope_type,
+            },
+            "linear" => RopeScaling {
+                factor: raw.factor.ok_or_else(|| needs("factor"))?,
+                rope_type,
+                ..preset
+            },
+            // Unscaled (or a type `validate` refuses, by name): the numbers are not read.
+            _ => RopeScaling {
+                factor: raw.factor.unwrap_or(1.0),
+                rope_type,
+                ..preset
+            },
+        };
+        Ok(scaling)
+    }
 }
+
+/// The `config.json` fields that say which architecture a checkpoint is, or turn on Llama
+/// features this model does not compute: [`LlamaConfig::from_file`] refuses a checkpoint
+/// whose weights it would read only in part.
+#[derive(Deserialize)]
+struct ArchitectureFields {
+    model_type: Option<String>,
+    attention_bias: Option<bool>,
+    mlp_bias: Option<bool>,
+    hidden_act: Option<String>,
+}
+
+impl ArchitectureFields {
+    /// Why a checkpoint with these fields is not one this model computes, if it is not.
+    fn unsupported(&self) -> Option<String> {
+        if let Some(t) = self.model_type.as_deref().filter(|t| *t != "llama") {
+            return Some(format!(
+                "model_type {t:?} is not \"llama\"; only Llama checkpoints load (other \
+                 architectures have biases, norms or activations this model does not compute)"
+            ));
+        }
+        for (field, on) in [
+            ("attention_bias", self.attention_bias),
+            ("mlp_bias", self.mlp_bias),
+        ] {
+            if on == Some(true) {
+                return Some(format!(
+                    "{field} is true; this model has no bias terms, and would ignore the \
+                     checkpoint's"
+                ));
+            }
+        }
+        if let Some(act) = self.hidden_act.as_deref().filter(|a| *a != "silu") {
+            return Some(format!(
+                "hidden_act {act:?} is not \"silu\"; the MLP computes SwiGLU only"
+            ));
+        }
+        None
+    }
+}
+
 fn default_theta() -> f64 {
     10_000.0
 }
@@ -49,7 +191,9 @@ fn default_max_pos() -> usize {
 }
 
 /// The sizes and constants of a Llama model, with the field names of Hugging Face's
-/// `config.json` (unknown fields are ignored).
+/// `config.json`. Other fields are ignored when parsing, but [`LlamaConfig::from_file`]
+/// refuses the ones that describe another model (`model_type` other than `"llama"`,
+/// `attention_bias` or `mlp_bias` true, `hidden_act` other than `"silu"`).
 ///
 /// # Examples
 ///
@@ -202,23 +346,28 @@ impl LlamaConfig {
     ///
     /// # Errors
     ///
-    /// [`DeviceError::Usage`] naming the file when it cannot be read, is not valid JSON
-    /// with the fields above, or describes an unsupported model.
+    /// [`DeviceError::Usage`] naming the file when it is not a regular file, is larger than
+    /// 16 MiB or cannot be read, is not valid JSON with the fields above, is the config of
+    /// another architecture (`model_type`, `attention_bias`, `mlp_bias`, `hidden_act`), or
+    /// describes an unsupported model.
     pub fn from_file(path: &Path) -> Result<LlamaConfig, DeviceError> {
-        let text = std::fs::read_to_string(path).map_err(|e| {
+        let bytes = read_config(path).map_err(|e| {
             DeviceError::usage(format!(
-                "cannot read {}: {e}; a checkpoint folder holds config.json beside its \
-                 *.safetensors files",
-                path.display()
+                "{e}; a checkpoint folder holds config.json beside its *.safetensors files"
             ))
         })?;
-        let cfg: LlamaConfig = serde_json::from_str(&text).map_err(|e| {
+        let not_llama = |e: serde_json::Error| {
             DeviceError::usage(format!(
                 "{} is not a Llama config.json: {e}; it needs hidden_size, \
                  intermediate_size, num_hidden_layers, num_attention_heads and vocab_size",
                 path.display()
             ))
-        })?;
+        };
+        let architecture: ArchitectureFields = serde_json::from_slice(&bytes).map_err(not_llama)?;
+        if let Some(why) = architecture.unsupported() {
+            return Err(DeviceError::usage(format!("{}: {why}", path.display())));
+        }
+        let cfg: LlamaConfig = serde_json::from_slice(&bytes).map_err(not_llama)?;
         cfg.validate()
             .map_err(|e| DeviceError::usage(format!("{}: {e}", path.display())))?;
         Ok(cfg)
@@ -368,38 +517,42 @@ impl LlamaConfig {
                 self.vocab_size
             ));
         }
-        let positive = |v: f64| v > 0.0;
-        if !positive(self.rope_theta) || self.rms_norm_eps.is_nan() || self.rms_norm_eps < 0.0 {
-            return bad("rope_theta must be positive and rms_norm_eps not negative".into());
+        if !(self.rope_theta.is_finite() && self.rope_theta > 1.0) {
+            return bad(format!(
+                "rope_theta {:?} must be finite and greater than 1",
+                self.rope_theta
+            ));
         }
-        if let Some(s) = &self.rope_scaling {
-            if !matches!(s.rope_type.as_str(), "llama3" | "linear" | "default") {
-                return bad(format!(
-                    "rope_scaling type {:?}: only \"llama3\", \"linear\" and \"default\" are \
-                     supported",
-                    s.rope_type
-                ));
-            }
-            if !positive(s.factor) || !positive(s.high_freq_factor - s.low_freq_factor) {
-                return bad(
-                    "rope_scaling needs factor > 0 and high_freq_factor > low_freq_factor".into(),
-                );
-            }
+        // The kernels use eps as f32: it must be positive and finite there too.
+        let eps = self.rms_norm_eps as f32;
+        if !(eps > 0.0 && eps <= 1.0) {
+            return bad(format!(
+                "rms_norm_eps {:?} must be positive and at most 1 (and positive in f32)",
+                self.rms_norm_eps
+            ));
+        }
+        if let Some(Err(what)) = self.rope_scaling.as_ref().map(RopeScaling::validate) {
+            return bad(what);
         }
         Ok(())
     }
 
     /// The `head_dim / 2` rotary frequencies, `1 / rope_theta^(2i / head_dim)`, with the
     /// config's scaling applied exactly as Hugging Face transformers applies it.
-    pub fn inv_freq(&self) -> Vec<f64> {
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceError::Usage`] for a config [`validate`](Self::validate) refuses.
+    pub fn inv_freq(&self) -> Result<Vec<f64>, DeviceError> {
+        self.validate()?;
         let hd = self.head_dim();
         let base: Vec<f64> = (0..hd / 2)
             .map(|i| 1.0 / self.rope_theta.powf((2 * i) as f64 / hd as f64))
             .collect();
         let Some(s) = &self.rope_scaling else {
-            return base;
+            return Ok(base);
         };
-        match s.rope_type.as_str() {
+        let scaled = match s.rope_type.as_str() {
             "linear" => base.iter().map(|f| f / s.factor).collect(),
             "llama3" => {
                 let old = s.original_max_position_embeddings as f64;
@@ -421,7 +574,8 @@ impl LlamaConfig {
                     .collect()
             }
             _ => base,
-        }
+        };
+        Ok(scaled)
     }
 }
 

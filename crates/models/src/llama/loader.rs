@@ -18,7 +18,7 @@
 //! completed (its `PinnedTransfer` was waited for), so the device never reads a chunk that
 //! the host is overwriting.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::ops::Range;
@@ -29,6 +29,7 @@ use cuflow_tensor::{bf16, f16};
 use safetensors::tensor::TensorInfo;
 use safetensors::Dtype;
 
+use super::files::{io_error, open_regular};
 use super::tensor_parallel::Split;
 use super::testing::CheckpointTensor;
 
@@ -54,10 +55,6 @@ pub(crate) struct Checkpoint {
     entries: HashMap<String, Entry>,
 }
 
-fn io_error(path: &Path, what: &str, e: std::io::Error) -> DeviceError {
-    DeviceError::usage(format!("cannot {what} {}: {e}", path.display()))
-}
-
 impl Checkpoint {
     /// Indexes every `*.safetensors` file of `dir`.
     pub(crate) fn open(dir: &Path) -> Result<Checkpoint, DeviceError> {
@@ -76,7 +73,7 @@ impl Checkpoint {
         }
         let mut entries = HashMap::new();
         for (index, path) in files.iter().enumerate() {
-            let mut file = File::open(path).map_err(|e| io_error(path, "open", e))?;
+            let mut file = open_regular(path)?;
             let file_len = file
                 .metadata()
                 .map_err(|e| io_error(path, "stat", e))?
@@ -103,6 +100,7 @@ impl Checkpoint {
                     ))
                 })?;
             let data_start = 8 + header_len;
+            let mut ranges = Vec::with_capacity(table.len());
             for (name, value) in table {
                 if name == "__metadata__" {
                     continue;
@@ -133,6 +131,7 @@ impl Checkpoint {
                         path.display()
                     )));
                 }
+                ranges.push((begin, end, name.clone()));
                 entries.insert(
                     name,
                     Entry {
@@ -144,6 +143,7 @@ impl Checkpoint {
                     },
                 );
             }
+            ensure_disjoint(path, ranges)?;
         }
         Ok(Checkpoint {
             dir: dir.to_path_buf(),
@@ -152,10 +152,138 @@ impl Checkpoint {
         })
     }
 
-    /// Bytes of every tensor of the checkpoint.
-    pub(crate) fn total_bytes(&self) -> usize {
-        self.entries.values().map(|e| e.bytes).sum()
+    /// Refuses a checkpoint holding tensors that the model does not read: `read` names every
+    /// tensor it reads (whole, or a slice of it under tensor parallelism), and `tied` says
+    /// whether the embedding table is the head. Allowed besides: the rotary tables
+    /// (`*.rotary_emb.inv_freq`) that older checkpoints carry and the model computes itself,
+    /// and, when the embeddings are tied, an `lm_head.weight` that is the embedding table.
+    pub(crate) fn ensure_all_read(
+        &self,
+        read: &HashSet<String>,
+        tied: bool,
+    ) -> Result<(), DeviceError> {
+        let mut unread: Vec<&String> = self
+            .entries
+            .keys()
+            .filter(|name| !read.contains(*name) && !name.ends_with(".rotary_emb.inv_freq"))
+            .collect();
+        if tied && unread.iter().any(|n| *n == "lm_head.weight") {
+            self.ensure_head_is_embedding()?;
+            unread.retain(|n| *n != "lm_head.weight");
+        }
+        if unread.is_empty() {
+            return Ok(());
+        }
+        unread.sort();
+        let shown: Vec<String> = unread
+            .iter()
+            .take(6)
+            .map(|name| {
+                let file = self.entries.get(*name).and_then(|e| self.files.get(e.file));
+                let file = file.and_then(|f| f.file_name()).unwrap_or_default();
+                format!("`{name}` (in {})", file.to_string_lossy())
+            })
+            .collect();
+        let more = unread.len().saturating_sub(shown.len());
+        let more = if more > 0 {
+            format!(" and {more} more")
+        } else {
+            String::new()
+        };
+        Err(DeviceError::usage(format!(
+            "checkpoint {}: the model does not read {} of its tensors: {}{more}; they belong to \
+             another architecture (biases, extra norms) or to another file in the folder (an \
+             adapter?), and loading without them would compute another model: load a Llama \
+             checkpoint, with only its own *.safetensors files in the folder",
+            self.dir.display(),
+            unread.len(),
+            shown.join(", ")
+        )))
     }
+
+    /// Checks that `lm_head.weight` holds the embedding table: same dtype, shape and bytes.
+    fn ensure_head_is_embedding(&self) -> Result<(), DeviceError> {
+        let (head, embed) = ("lm_head.weight", "model.embed_tokens.weight");
+        let same = match (self.entries.get(head), self.entries.get(embed)) {
+            (Some(h), Some(e)) if h.dtype == e.dtype && h.shape == e.shape => {
+                self.same_bytes(head, h, e)?
+            }
+            _ => false,
+        };
+        if same {
+            return Ok(());
+        }
+        Err(DeviceError::usage(format!(
+            "checkpoint {}: config.json ties the head to the embeddings \
+             (tie_word_embeddings: true), but `{head}` is not `{embed}`; set \
+             tie_word_embeddings to false if this model has a head of its own",
+            self.dir.display()
+        )))
+    }
+
+    /// Whether the bytes of entries `a` (of tensor `name`) and `b` are equal, read 1 MiB at a
+    /// time.
+    fn same_bytes(&self, name: &str, a: &Entry, b: &Entry) -> Result<bool, DeviceError> {
+        if a.bytes != b.bytes {
+            return Ok(false);
+        }
+        let open = |e: &Entry| -> Result<(File, &Path), DeviceError> {
+            let path = self
+                .files
+                .get(e.file)
+                .ok_or_else(|| DeviceError::internal(format!("no file for `{name}`")))?;
+            let mut file = open_regular(path)?;
+            file.seek(SeekFrom::Start(e.start))
+                .map_err(|err| io_error(path, "seek in", err))?;
+            Ok((file, path))
+        };
+        let ((mut fa, pa), (mut fb, pb)) = (open(a)?, open(b)?);
+        let (mut ba, mut bb) = (vec![0u8; 1 << 20], vec![0u8; 1 << 20]);
+        let mut left = a.bytes;
+        while left > 0 {
+            let n = left.min(ba.len());
+            fa.read_exact(&mut ba[..n])
+                .map_err(|err| io_error(pa, "read", err))?;
+            fb.read_exact(&mut bb[..n])
+                .map_err(|err| io_error(pb, "read", err))?;
+            if ba[..n] != bb[..n] {
+                return Ok(false);
+            }
+            left -= n;
+        }
+        Ok(true)
+    }
+}
+
+/// Refuses tensors of the file `path` whose byte ranges (`begin..end`, tensor name) overlap:
+/// each tensor is its own bytes.
+fn ensure_disjoint(
+    path: &Path,
+    mut ranges: Vec<(usize, usize, String)>,
+) -> Result<(), DeviceError> {
+    // Empty tensors hold no bytes, wherever they claim them.
+    ranges.retain(|(begin, end, _)| begin < end);
+    ranges.sort();
+    let mut furthest: Option<&(usize, usize, String)> = None;
+    for range in &ranges {
+        if let Some(prev) = furthest.filter(|prev| range.0 < prev.1) {
+            return Err(DeviceError::usage(format!(
+                "{}: tensors `{}` (bytes {}..{}) and `{}` (bytes {}..{}) overlap; each tensor \
+                 of a safetensors file has bytes of its own (a corrupt or edited header?)",
+                path.display(),
+                prev.2,
+                prev.0,
+                prev.1,
+                range.2,
+                range.0,
+                range.1
+            )));
+        }
+        if furthest.is_none_or(|prev| range.1 > prev.1) {
+            furthest = Some(range);
+        }
+    }
+    Ok(())
 }
 
 /// Which elements of a checkpoint tensor a [`Stager`] reads.
@@ -265,20 +393,28 @@ impl<'a> Stager<'a> {
     }
 
     /// Checks every tensor of `tensors` (names with this rank's shapes) against the source,
-    /// as [`Stager::read`] will read them: a load finds a missing, misshapen or corrupt tensor
-    /// before it allocates anything.
+    /// as [`Stager::read`] will read them, and that a checkpoint holds no tensor besides them
+    /// (see [`Checkpoint::ensure_all_read`]; `tied` says whether the embeddings are the head):
+    /// a load finds a missing, misshapen, corrupt or unread tensor before it allocates
+    /// anything.
     pub(crate) fn check_all(
         &self,
         tensors: impl IntoIterator<Item = (String, Vec<usize>)>,
+        tied: bool,
     ) -> Result<(), DeviceError> {
+        let mut read = HashSet::new();
         for (name, shape) in tensors {
             let full = match &self.split {
                 Some(split) => split.part(&name, &shape).0,
                 None => shape,
             };
             self.lookup(&name, &full)?;
+            read.insert(name);
         }
-        Ok(())
+        match &self.source {
+            Source::Files(c) => c.ensure_all_read(&read, tied),
+            Source::Memory(_) => Ok(()),
+        }
     }
 
     /// Checks tensor `name` against `shape`, and its bytes against its shape and dtype, and
@@ -438,9 +574,7 @@ impl<'a> Stager<'a> {
                 let path = &c.files[e.file];
                 let file = match self.open_files.entry(e.file) {
                     std::collections::hash_map::Entry::Occupied(f) => f.into_mut(),
-                    std::collections::hash_map::Entry::Vacant(v) => {
-                        v.insert(File::open(path).map_err(|err| io_error(path, "open", err))?)
-                    }
+                    std::collections::hash_map::Entry::Vacant(v) => v.insert(open_regular(path)?),
                 };
                 file.seek(SeekFrom::Start(e.start + offset as u64))
                     .and_then(|_| file.read_exact(out))

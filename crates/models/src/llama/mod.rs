@@ -36,6 +36,7 @@
 //! ```
 
 mod config;
+mod files;
 mod loader;
 mod model;
 mod options;

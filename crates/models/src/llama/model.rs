@@ -274,7 +274,7 @@ impl Llama {
         let stream = device.new_stream()?;
         let mut stager = Stager::new(&stream, source, tp.as_ref().map(Split::of))?;
         let weights = build(&stream, &cfg, &mut stager)?;
-        let inv_freq: Vec<f32> = cfg.inv_freq().iter().map(|&f| f as f32).collect();
+        let inv_freq: Vec<f32> = cfg.inv_freq()?.iter().map(|&f| f as f32).collect();
         let n = inv_freq.len();
         let inv_freq = api::from_vec(inv_freq, &[n]).sync_on(&stream)?;
         let weights_done = Instant::now();
@@ -329,7 +329,6 @@ impl Llama {
         let dir = path.as_ref();
         let cfg = LlamaConfig::from_file(&dir.join("config.json"))?;
         let checkpoint = Checkpoint::open(dir)?;
-        let _ = checkpoint.total_bytes();
         let (mut model, built) = Llama::new(device, cfg, Source::Files(&checkpoint))?;
         model.load = Some(built.stats(start));
         Ok(model)
@@ -346,8 +345,9 @@ impl Llama {
     /// memory, or than the host's, which holds them all while they are made; device errors.
     pub fn synthetic(device: &Device, cfg: LlamaConfig, seed: u64) -> Result<Llama, DeviceError> {
         cfg.validate()?;
-        ensure_fits(device, cfg.bf16_weight_bytes()?)?;
-        let tensors = synthetic_map(&cfg, seed);
+        let bytes = cfg.bf16_weight_bytes()?;
+        ensure_fits(device, bytes, bytes)?;
+        let tensors = synthetic_map(&cfg, seed)?;
         Ok(Llama::new(device, cfg, Source::Memory(&tensors))?.0)
     }
 
@@ -471,12 +471,20 @@ impl Llama {
     }
 }
 
-/// Refuses `bytes` of weights that the memory of `device`, or of the host that stages them,
-/// cannot hold (a memory whose size is unknown, reported as 0, is not checked).
-fn ensure_fits(device: &Device, bytes: usize) -> Result<(), DeviceError> {
-    // A host device's memory is the host's: read once.
-    let staging = (device.kind() != BackendKind::Host).then(Device::host);
-    for d in std::iter::once(device).chain(staging.as_ref()) {
+/// Refuses weights that the memory of `device` (`device_bytes` of them), or of the host that
+/// makes and stages them (`host_bytes`), cannot hold; a host device's memory is the host's,
+/// checked against the larger. A memory whose size is unknown, reported as 0, is not checked.
+pub(super) fn ensure_fits(
+    device: &Device,
+    device_bytes: usize,
+    host_bytes: usize,
+) -> Result<(), DeviceError> {
+    let checks = if device.kind() == BackendKind::Host {
+        vec![(device.clone(), device_bytes.max(host_bytes))]
+    } else {
+        vec![(device.clone(), device_bytes), (Device::host(), host_bytes)]
+    };
+    for (d, bytes) in checks {
         let total = d.memory_info()?.total;
         if total > 0 && bytes > total {
             return Err(DeviceError::OutOfMemory {

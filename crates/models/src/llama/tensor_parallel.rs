@@ -24,7 +24,7 @@ use cuflow_runtime::DeviceError;
 
 use super::config::LlamaConfig;
 use super::loader::{Checkpoint, Part, Source};
-use super::model::Llama;
+use super::model::{ensure_fits, Llama};
 use super::testing::synthetic_map;
 
 /// The config of one rank's slice of `cfg` split over `tp` ranks.
@@ -123,7 +123,11 @@ impl Llama {
     /// # Errors
     ///
     /// [`DeviceError::Usage`] for an unsupported config, or one whose query heads, key/value
-    /// heads or MLP width do not divide by the world size; device and collective errors.
+    /// heads or MLP width do not divide by the world size; [`DeviceError::OutOfMemory`] before
+    /// anything is allocated when this rank's slice (2 bytes a weight) is larger than the
+    /// device's memory, or the whole model's weights times the world size (every rank makes
+    /// them all while it takes its slice, the host's ranks at once) larger than the host's;
+    /// device and collective errors.
     pub fn synthetic_tp(
         comm: &Communicator,
         cfg: LlamaConfig,
@@ -131,7 +135,11 @@ impl Llama {
     ) -> Result<Llama, DeviceError> {
         cfg.validate()?;
         let local = local_config(&cfg, comm.world_size())?;
-        let tensors = synthetic_map(&cfg, seed);
+        // Every rank makes the whole model's weights on the host before taking its slice, and
+        // the ranks of one host do so at once.
+        let host_bytes = cfg.bf16_weight_bytes()?.saturating_mul(comm.world_size());
+        ensure_fits(comm.device(), local.bf16_weight_bytes()?, host_bytes)?;
+        let tensors = synthetic_map(&cfg, seed)?;
         let source = Source::Memory(&tensors);
         Ok(Llama::new_slice(comm.device(), cfg, local, source, Some(comm.clone()))?.0)
     }

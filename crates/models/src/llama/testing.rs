@@ -57,11 +57,16 @@ pub struct CheckpointTensor {
 /// `I32` stores each value's bits). Tensors are drawn on several threads (each from its own
 /// generator, so the values do not depend on the threads): an 8B-shaped model has 16 GB of
 /// them.
+///
+/// # Errors
+///
+/// [`DeviceError::Usage`] for a config [`LlamaConfig::validate`] refuses.
 pub fn synthetic_tensors(
     cfg: &LlamaConfig,
     seed: u64,
     dtype: WeightDtype,
-) -> Vec<CheckpointTensor> {
+) -> Result<Vec<CheckpointTensor>, DeviceError> {
+    cfg.validate()?;
     let specs: Vec<(String, Vec<usize>)> = hf_tensors(cfg).collect();
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
@@ -90,7 +95,7 @@ pub fn synthetic_tensors(
         all
     });
     made.sort_by_key(|(i, _)| *i);
-    made.into_iter().map(|(_, t)| t).collect()
+    Ok(made.into_iter().map(|(_, t)| t).collect())
 }
 
 /// One synthetic tensor, stored as `dtype`.
@@ -125,11 +130,14 @@ fn synthetic_tensor(
 }
 
 /// The synthetic tensors of `cfg` and `seed` by name, as `bf16`.
-pub(crate) fn synthetic_map(cfg: &LlamaConfig, seed: u64) -> HashMap<String, CheckpointTensor> {
-    synthetic_tensors(cfg, seed, WeightDtype::Bf16)
+pub(crate) fn synthetic_map(
+    cfg: &LlamaConfig,
+    seed: u64,
+) -> Result<HashMap<String, CheckpointTensor>, DeviceError> {
+    Ok(synthetic_tensors(cfg, seed, WeightDtype::Bf16)?
         .into_iter()
         .map(|t| (t.name.clone(), t))
-        .collect()
+        .collect())
 }
 
 /// Writes `cfg` as `dir/config.json` and `tensors` as `dir/model.safetensors`, creating
@@ -176,7 +184,7 @@ pub fn write_checkpoint(
 ///
 /// # Errors
 ///
-/// As [`write_checkpoint`].
+/// As [`synthetic_tensors`] (before anything is written) and [`write_checkpoint`].
 ///
 /// # Examples
 ///
@@ -192,5 +200,5 @@ pub fn write_checkpoint(
 /// # Ok(()) }
 /// ```
 pub fn write_tiny_checkpoint(dir: &Path, cfg: &LlamaConfig, seed: u64) -> Result<(), DeviceError> {
-    write_checkpoint(dir, cfg, &synthetic_tensors(cfg, seed, WeightDtype::Bf16))
+    write_checkpoint(dir, cfg, &synthetic_tensors(cfg, seed, WeightDtype::Bf16)?)
 }

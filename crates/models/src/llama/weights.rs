@@ -123,9 +123,10 @@ pub(crate) fn build(
     cfg: &LlamaConfig,
     stager: &mut Stager<'_>,
 ) -> Result<Weights, DeviceError> {
-    // Every tensor is found, and of the right shape, dtype and size, before the first
-    // allocation: a config that does not describe the checkpoint allocates nothing.
-    stager.check_all(hf_tensors(cfg))?;
+    // Every tensor is found, and of the right shape, dtype and size, and no other is in the
+    // checkpoint, before the first allocation: a config that does not describe the
+    // checkpoint allocates nothing.
+    stager.check_all(hf_tensors(cfg), cfg.tie_word_embeddings)?;
     let mut names = hf_tensors(cfg);
     let mut next = || {
         names
