@@ -37,6 +37,34 @@ fn load_error(dir: &Path) -> String {
     }
 }
 
+/// Replaces the file `name` of the tiny checkpoint in `dir` by a link to `/dev/zero`, then a
+/// FIFO, then a folder, and checks that each is refused as not a regular file, naming it.
+#[cfg(unix)]
+fn assert_special_files_refused(dir: &Path, name: &str) -> Result<(), DeviceError> {
+    let path = dir.join(name);
+    std::fs::remove_file(&path).map_err(io)?;
+    std::os::unix::fs::symlink("/dev/zero", &path).map_err(io)?;
+    let mut what = "a link to /dev/zero";
+    for next in ["a FIFO", "a folder", ""] {
+        let err = load_error(dir);
+        assert!(
+            err.contains(name) && err.contains("not a regular file"),
+            "{name} as {what}: {err}"
+        );
+        std::fs::remove_file(&path)
+            .or_else(|_| std::fs::remove_dir(&path))
+            .map_err(io)?;
+        match next {
+            "a FIFO" => mkfifo(&path)?,
+            "a folder" => std::fs::create_dir(&path).map_err(io)?,
+            _ => {}
+        }
+        what = next;
+    }
+    std::fs::remove_dir_all(dir).ok();
+    Ok(())
+}
+
 /// A `config.json` that is a symbolic link to `/dev/zero`, a FIFO, or a folder is refused as
 /// not a regular file.
 #[cfg(unix)]
@@ -44,33 +72,7 @@ fn load_error(dir: &Path) -> String {
 fn a_config_that_is_not_a_regular_file_is_refused() -> Result<(), DeviceError> {
     let dir = temp_dir("config-special");
     write_tiny_checkpoint(&dir, &LlamaConfig::tiny(), 1)?;
-    let config = dir.join("config.json");
-
-    std::fs::remove_file(&config).map_err(io)?;
-    std::os::unix::fs::symlink("/dev/zero", &config).map_err(io)?;
-    let err = load_error(&dir);
-    assert!(
-        err.contains("config.json") && err.contains("not a regular file"),
-        "{err}"
-    );
-
-    std::fs::remove_file(&config).map_err(io)?;
-    mkfifo(&config)?;
-    let err = load_error(&dir);
-    assert!(
-        err.contains("config.json") && err.contains("not a regular file"),
-        "{err}"
-    );
-
-    std::fs::remove_file(&config).map_err(io)?;
-    std::fs::create_dir(&config).map_err(io)?;
-    let err = load_error(&dir);
-    assert!(
-        err.contains("config.json") && err.contains("not a regular file"),
-        "{err}"
-    );
-    std::fs::remove_dir_all(&dir).ok();
-    Ok(())
+    assert_special_files_refused(&dir, "config.json")
 }
 
 /// A `config.json` of more than 16 MiB is refused before it is parsed, though it is valid
@@ -99,33 +101,7 @@ fn an_oversized_config_is_refused() -> Result<(), DeviceError> {
 fn a_weights_file_that_is_not_a_regular_file_is_refused() -> Result<(), DeviceError> {
     let dir = temp_dir("weights-special");
     write_tiny_checkpoint(&dir, &LlamaConfig::tiny(), 1)?;
-    let weights = dir.join("model.safetensors");
-
-    std::fs::remove_file(&weights).map_err(io)?;
-    mkfifo(&weights)?;
-    let err = load_error(&dir);
-    assert!(
-        err.contains("model.safetensors") && err.contains("not a regular file"),
-        "{err}"
-    );
-
-    std::fs::remove_file(&weights).map_err(io)?;
-    std::os::unix::fs::symlink("/dev/zero", &weights).map_err(io)?;
-    let err = load_error(&dir);
-    assert!(
-        err.contains("model.safetensors") && err.contains("not a regular file"),
-        "{err}"
-    );
-
-    std::fs::remove_file(&weights).map_err(io)?;
-    std::fs::create_dir(&weights).map_err(io)?;
-    let err = load_error(&dir);
-    assert!(
-        err.contains("model.safetensors") && err.contains("not a regular file"),
-        "{err}"
-    );
-    std::fs::remove_dir_all(&dir).ok();
-    Ok(())
+    assert_special_files_refused(&dir, "model.safetensors")
 }
 
 #[cfg(unix)]
