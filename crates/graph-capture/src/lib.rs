@@ -159,6 +159,11 @@ impl<T: Send> CudaGraph<T> {
     }
 
     /// The output of the captured op: buffers whose contents each replay rewrites. Taken once.
+    ///
+    /// Capturing records the op's work without running it, so until a replay has finished
+    /// (for instance [`CudaGraph::replay_and_wait`]) the output holds whatever its memory held
+    /// when it was allocated: unspecified contents, as a fresh `DeviceBuffer::alloc` has. Read
+    /// it after a replay.
     pub fn take_output(&mut self) -> Option<T> {
         self.output.take()
     }
