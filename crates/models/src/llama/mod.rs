@@ -35,6 +35,7 @@
 //! # Ok(()) }
 //! ```
 
+mod checkpoint;
 mod config;
 mod files;
 mod loader;

@@ -12,8 +12,9 @@ use cuflow_tensor::kernels::decode::GemvEpilogue::{Accumulate, Store, SwiGlu};
 use cuflow_tensor::kernels::decode::{self, AttentionShape, GemvInput, SampleParams};
 use cuflow_tensor::{api, bf16, kernels, Tensor};
 
+use super::checkpoint::Checkpoint;
 use super::config::LlamaConfig;
-use super::loader::{Checkpoint, Source, Stager};
+use super::loader::{Source, Stager};
 use super::options::GenerateOptions;
 use super::step::{LlamaStep, State};
 use super::tensor_parallel::Split;

@@ -22,8 +22,9 @@ use std::time::Instant;
 use cuflow_dist::Communicator;
 use cuflow_runtime::DeviceError;
 
+use super::checkpoint::Checkpoint;
 use super::config::LlamaConfig;
-use super::loader::{Checkpoint, Part, Source};
+use super::loader::{Part, Source};
 use super::model::{ensure_fits, Llama};
 use super::testing::synthetic_map;
 

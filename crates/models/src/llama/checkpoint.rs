@@ -1,0 +1,265 @@
+//! The tensor index of a checkpoint folder: every `*.safetensors` file's header, parsed with
+//! the `safetensors` crate's own types, each tensor's dtype, shape and byte range checked
+//! against its file, and the checks of the whole index (tensors the model never reads, a tied
+//! head that differs from the embeddings). [`super::loader`] reads the bytes.
+
+use std::collections::{HashMap, HashSet};
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+
+use cuflow_runtime::DeviceError;
+use safetensors::tensor::TensorInfo;
+use safetensors::Dtype;
+
+use super::files::{io_error, open_regular};
+
+/// Where a tensor's bytes are: one of the checkpoint's files at an offset.
+#[derive(Debug)]
+pub(super) struct Entry {
+    pub(super) file: usize,
+    pub(super) dtype: Dtype,
+    pub(super) shape: Vec<usize>,
+    /// Absolute byte offset in the file.
+    pub(super) start: u64,
+    pub(super) bytes: usize,
+}
+
+/// The tensors of a checkpoint folder's `*.safetensors` files.
+#[derive(Debug)]
+pub(crate) struct Checkpoint {
+    pub(super) dir: PathBuf,
+    pub(super) files: Vec<PathBuf>,
+    pub(super) entries: HashMap<String, Entry>,
+}
+
+impl Checkpoint {
+    /// Indexes every `*.safetensors` file of `dir`.
+    pub(crate) fn open(dir: &Path) -> Result<Checkpoint, DeviceError> {
+        let listing = std::fs::read_dir(dir).map_err(|e| io_error(dir, "list", e))?;
+        let mut files: Vec<PathBuf> = listing
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+            .collect();
+        files.sort();
+        if files.is_empty() {
+            return Err(DeviceError::usage(format!(
+                "{} holds no *.safetensors file; a Hugging Face checkpoint folder holds \
+                 config.json and model.safetensors (or model-0000N-of-0000M.safetensors)",
+                dir.display()
+            )));
+        }
+        let mut entries = HashMap::new();
+        for (index, path) in files.iter().enumerate() {
+            let mut file = open_regular(path)?;
+            let file_len = file
+                .metadata()
+                .map_err(|e| io_error(path, "stat", e))?
+                .len();
+            let mut len = [0u8; 8];
+            file.read_exact(&mut len)
+                .map_err(|e| io_error(path, "read the header of", e))?;
+            let header_len = u64::from_le_bytes(len);
+            if header_len > 100 << 20 || 8 + header_len > file_len {
+                return Err(DeviceError::usage(format!(
+                    "{} is not a safetensors file: its header length {header_len} does not \
+                     fit its {file_len} bytes",
+                    path.display()
+                )));
+            }
+            let mut header = vec![0u8; header_len as usize];
+            file.read_exact(&mut header)
+                .map_err(|e| io_error(path, "read the header of", e))?;
+            let table: HashMap<String, serde_json::Value> = serde_json::from_slice(&header)
+                .map_err(|e| {
+                    DeviceError::usage(format!(
+                        "{} has an unreadable safetensors header: {e}",
+                        path.display()
+                    ))
+                })?;
+            let data_start = 8 + header_len;
+            let mut ranges = Vec::with_capacity(table.len());
+            for (name, value) in table {
+                if name == "__metadata__" {
+                    continue;
+                }
+                let info: TensorInfo = serde_json::from_value(value).map_err(|e| {
+                    DeviceError::usage(format!(
+                        "{}: tensor `{name}` has an unreadable header entry: {e}",
+                        path.display()
+                    ))
+                })?;
+                let (begin, end) = info.data_offsets;
+                let past_the_end = u64::try_from(end)
+                    .ok()
+                    .and_then(|end| data_start.checked_add(end))
+                    .is_none_or(|last| last > file_len);
+                if end < begin || past_the_end {
+                    return Err(DeviceError::usage(format!(
+                        "{}: tensor `{name}` claims bytes {begin}..{end} past the end of the \
+                         file (truncated download?)",
+                        path.display()
+                    )));
+                }
+                if let Some(earlier) = entries.get(&name).and_then(|e: &Entry| files.get(e.file)) {
+                    return Err(DeviceError::usage(format!(
+                        "tensor `{name}` is in both {} and {}; a checkpoint folder holds each \
+                         tensor once (remove the files of another download)",
+                        earlier.display(),
+                        path.display()
+                    )));
+                }
+                ranges.push((begin, end, name.clone()));
+                entries.insert(
+                    name,
+                    Entry {
+                        file: index,
+                        dtype: info.dtype,
+                        shape: info.shape,
+                        start: data_start + begin as u64,
+                        bytes: end - begin,
+                    },
+                );
+            }
+            ensure_disjoint(path, ranges)?;
+        }
+        Ok(Checkpoint {
+            dir: dir.to_path_buf(),
+            files,
+            entries,
+        })
+    }
+
+    /// Refuses a checkpoint holding tensors that the model does not read: `read` names every
+    /// tensor it reads (whole, or a slice of it under tensor parallelism), and `tied` says
+    /// whether the embedding table is the head. Allowed besides: the rotary tables
+    /// (`*.rotary_emb.inv_freq`) that older checkpoints carry and the model computes itself,
+    /// and, when the embeddings are tied, an `lm_head.weight` that is the embedding table.
+    pub(crate) fn ensure_all_read(
+        &self,
+        read: &HashSet<String>,
+        tied: bool,
+    ) -> Result<(), DeviceError> {
+        let mut unread: Vec<&String> = self
+            .entries
+            .keys()
+            .filter(|name| !read.contains(*name) && !name.ends_with(".rotary_emb.inv_freq"))
+            .collect();
+        if tied && unread.iter().any(|n| *n == "lm_head.weight") {
+            self.ensure_head_is_embedding()?;
+            unread.retain(|n| *n != "lm_head.weight");
+        }
+        if unread.is_empty() {
+            return Ok(());
+        }
+        unread.sort();
+        let shown: Vec<String> = unread
+            .iter()
+            .take(6)
+            .map(|name| {
+                let file = self.entries.get(*name).and_then(|e| self.files.get(e.file));
+                let file = file.and_then(|f| f.file_name()).unwrap_or_default();
+                format!("`{name}` (in {})", file.to_string_lossy())
+            })
+            .collect();
+        let more = unread.len().saturating_sub(shown.len());
+        let more = if more > 0 {
+            format!(" and {more} more")
+        } else {
+            String::new()
+        };
+        Err(DeviceError::usage(format!(
+            "checkpoint {}: the model does not read {} of its tensors: {}{more}; they belong to \
+             another architecture (biases, extra norms) or to another file in the folder (an \
+             adapter?), and loading without them would compute another model: load a Llama \
+             checkpoint, with only its own *.safetensors files in the folder",
+            self.dir.display(),
+            unread.len(),
+            shown.join(", ")
+        )))
+    }
+
+    /// Checks that `lm_head.weight` holds the embedding table: same dtype, shape and bytes.
+    fn ensure_head_is_embedding(&self) -> Result<(), DeviceError> {
+        let (head, embed) = ("lm_head.weight", "model.embed_tokens.weight");
+        let same = match (self.entries.get(head), self.entries.get(embed)) {
+            (Some(h), Some(e)) if h.dtype == e.dtype && h.shape == e.shape => {
+                self.same_bytes(head, h, e)?
+            }
+            _ => false,
+        };
+        if same {
+            return Ok(());
+        }
+        Err(DeviceError::usage(format!(
+            "checkpoint {}: config.json ties the head to the embeddings \
+             (tie_word_embeddings: true), but `{head}` is not `{embed}`; set \
+             tie_word_embeddings to false if this model has a head of its own",
+            self.dir.display()
+        )))
+    }
+
+    /// Whether the bytes of entries `a` (of tensor `name`) and `b` are equal, read 1 MiB at a
+    /// time.
+    fn same_bytes(&self, name: &str, a: &Entry, b: &Entry) -> Result<bool, DeviceError> {
+        if a.bytes != b.bytes {
+            return Ok(false);
+        }
+        let open = |e: &Entry| -> Result<(File, &Path), DeviceError> {
+            let path = self
+                .files
+                .get(e.file)
+                .ok_or_else(|| DeviceError::internal(format!("no file for `{name}`")))?;
+            let mut file = open_regular(path)?;
+            file.seek(SeekFrom::Start(e.start))
+                .map_err(|err| io_error(path, "seek in", err))?;
+            Ok((file, path))
+        };
+        let ((mut fa, pa), (mut fb, pb)) = (open(a)?, open(b)?);
+        let (mut ba, mut bb) = (vec![0u8; 1 << 20], vec![0u8; 1 << 20]);
+        let mut left = a.bytes;
+        while left > 0 {
+            let n = left.min(ba.len());
+            fa.read_exact(&mut ba[..n])
+                .map_err(|err| io_error(pa, "read", err))?;
+            fb.read_exact(&mut bb[..n])
+                .map_err(|err| io_error(pb, "read", err))?;
+            if ba[..n] != bb[..n] {
+                return Ok(false);
+            }
+            left -= n;
+        }
+        Ok(true)
+    }
+}
+
+/// Refuses tensors of the file `path` whose byte ranges (`begin..end`, tensor name) overlap:
+/// each tensor is its own bytes.
+fn ensure_disjoint(
+    path: &Path,
+    mut ranges: Vec<(usize, usize, String)>,
+) -> Result<(), DeviceError> {
+    // Empty tensors hold no bytes, wherever they claim them.
+    ranges.retain(|(begin, end, _)| begin < end);
+    ranges.sort();
+    let mut furthest: Option<&(usize, usize, String)> = None;
+    for range in &ranges {
+        if let Some(prev) = furthest.filter(|prev| range.0 < prev.1) {
+            return Err(DeviceError::usage(format!(
+                "{}: tensors `{}` (bytes {}..{}) and `{}` (bytes {}..{}) overlap; each tensor \
+                 of a safetensors file has bytes of its own (a corrupt or edited header?)",
+                path.display(),
+                prev.2,
+                prev.0,
+                prev.1,
+                range.2,
+                range.0,
+                range.1
+            )));
+        }
+        if furthest.is_none_or(|prev| range.1 > prev.1) {
+            furthest = Some(range);
+        }
+    }
+    Ok(())
+}
