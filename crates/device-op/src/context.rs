@@ -429,7 +429,30 @@ impl ExecutionContext {
     ///
     /// The error of recording an unjoined branch's event, or of waiting on it.
     pub(crate) fn join_dropped_branches(&mut self) -> Result<(), DeviceError> {
-        let unjoined = std::mem::take(&mut self.streams.lock().unjoined);
+        self.join_dropped_branches_since(0)
+    }
+
+    /// How many branches of the execution have been dropped unjoined so far: the mark from
+    /// which [`ExecutionContext::join_dropped_branches_since`] joins.
+    pub(crate) fn dropped_branches(&self) -> usize {
+        self.streams.lock().unjoined.len()
+    }
+
+    /// [`ExecutionContext::join_dropped_branches`] for the branches dropped since `mark` (from
+    /// [`ExecutionContext::dropped_branches`]) only: those of an op that ran since, not those
+    /// that other ops of the execution dropped before it, which stay for the execution's end.
+    ///
+    /// # Errors
+    ///
+    /// As [`ExecutionContext::join_dropped_branches`].
+    pub(crate) fn join_dropped_branches_since(&mut self, mark: usize) -> Result<(), DeviceError> {
+        let unjoined = {
+            let mut streams = self.streams.lock();
+            if mark >= streams.unjoined.len() {
+                return Ok(());
+            }
+            streams.unjoined.split_off(mark)
+        };
         for (stream, event) in unjoined {
             let event = event?;
             if stream == self.stream {

@@ -586,3 +586,27 @@ fn a_failure_beside_a_shared_producer_does_not_reach_its_consumers_elsewhere(
     }
     Ok(())
 }
+
+/// A branch that another op of the same execution forked, dropped without joining, and whose
+/// work failed, is not the shared op's: the producer does not take it up, so a consumer of the
+/// shared op in another execution gets the value, and the failure is the execution's own.
+#[test]
+fn a_failed_branch_dropped_beside_a_shared_producer_does_not_reach_its_consumers_elsewhere(
+) -> Result<(), DeviceError> {
+    let policy = StreamPoolRoundRobin::new(&device(), 4)?;
+    let produced = buffer(0.0);
+    let shared = fill(&produced, 5.0).shared();
+    let producing =
+        zip!(on_unjoined_branch(panic_on_stream()), shared.clone()).schedule(&policy)?;
+    let consumed = shared.clone().sync_with_policy(&policy).map(|(out, _)| out);
+    match consumed {
+        Ok(out) => assert_all(&out, 5.0, "the consumer's output"),
+        Err(e) => panic!("a consumer of the shared op got a dropped sibling branch's failure: {e}"),
+    }
+    let produced = futures::executor::block_on(producing).map(drop);
+    assert_panicked(
+        &produced,
+        format_args!("the execution whose dropped branch failed"),
+    );
+    Ok(())
+}

@@ -372,14 +372,17 @@ where
                 let scope = ErrorScope::nested();
                 let result = match op {
                     Some(op) => {
-                        // The event covers the branches the op dropped unjoined too. It is
-                        // recorded only when the op itself enqueued device work: work the
-                        // consumer's context did before is not the shared op's.
+                        // The event covers the branches the op dropped unjoined too, and
+                        // only those: branches that other ops of the execution dropped before
+                        // are theirs, joined at the execution's end. It is recorded only when
+                        // the op itself enqueued device work: work the consumer's context did
+                        // before is not the shared op's.
                         let (output, did_work) = {
                             let _entered = scope.as_ref().map(ErrorScope::enter);
+                            let mark = ctx.dropped_branches();
                             ctx.tracking_work(|ctx| {
                                 let output = op.execute(ctx)?;
-                                ctx.join_dropped_branches()?;
+                                ctx.join_dropped_branches_since(mark)?;
                                 Ok(output)
                             })
                         };
