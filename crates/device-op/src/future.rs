@@ -83,6 +83,15 @@ impl<T: Send> Future for DeviceFuture<T> {
                 completion,
                 scope,
             } => {
+                // Inside a host function the op's work may sit behind it on its stream, and a
+                // wait there would never end (on CUDA, the driver runs every host function on
+                // one thread): refused, as every wait inside one is.
+                if cuflow_runtime::in_host_function() {
+                    this.state = State::Done;
+                    return Poll::Ready(Err(DeviceError::Reentrant {
+                        what: "waiting for a DeviceFuture inside a host function",
+                    }));
+                }
                 if let Some(slot) = completion {
                     match slot.poll(cx) {
                         Poll::Pending => return Poll::Pending,

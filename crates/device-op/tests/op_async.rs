@@ -13,7 +13,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use cuflow_device_op::{value, DeviceError, DeviceFuture, DeviceOpExt};
-use cuflow_scheduler::StreamPoolRoundRobin;
+use cuflow_scheduler::{SingleStream, StreamPoolRoundRobin};
 use cuflow_testing::{device::device, ops::*};
 use rand::{Rng, SeedableRng};
 
@@ -239,5 +239,47 @@ fn a_waker_that_panics_leaves_later_futures_completing() -> Result<(), DeviceErr
     assert_all(&out, 3.0, "the later future's output");
     let out = futures::executor::block_on(future)?;
     assert_all(&out, 2.0, "the first future's output");
+    Ok(())
+}
+
+/// Waiting for a future inside a host function, whose op's work sits behind that host function
+/// on its stream, would wait for ever: it is refused with `Reentrant` at once, on every backend,
+/// and so is scheduling an op there.
+#[test]
+fn a_future_waited_for_inside_a_host_function_is_refused_at_once() -> Result<(), DeviceError> {
+    let device = device();
+    let s = device.new_stream()?;
+    let policy = SingleStream::on(&s);
+    let (send_future, take_future) = mpsc::channel::<DeviceFuture<_>>();
+    let (answer, answered) = mpsc::channel();
+    let inner_policy = policy.clone();
+    let late = buffer(0.0);
+    s.enqueue_host_fn(move || {
+        let waited = take_future
+            .recv_timeout(Duration::from_secs(30))
+            .map_err(|e| DeviceError::usage(format!("no future to wait for: {e}")))
+            .and_then(futures::executor::block_on)
+            .map(drop);
+        let scheduled = fill(&late, 2.0).schedule(&inner_policy).map(drop);
+        let _ = answer.send((waited, scheduled));
+    })?;
+    // Enqueued after the host function, on its stream: its work runs after the host function.
+    let buf = buffer(0.0);
+    send_future
+        .send(fill(&buf, 1.0).schedule(&policy)?)
+        .expect("the host function is waiting for the future");
+    let (waited, scheduled) = answered
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the host function returned instead of waiting for ever");
+    for (what, r) in [
+        ("waiting for a future", &waited),
+        ("scheduling an op", &scheduled),
+    ] {
+        assert!(
+            matches!(r, Err(DeviceError::Reentrant { .. })),
+            "{what} inside a host function: {r:?}"
+        );
+    }
+    s.synchronize()?;
     Ok(())
 }

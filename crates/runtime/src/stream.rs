@@ -77,13 +77,15 @@ pub struct Stream {
 
 static NEXT_STREAM_ID: AtomicU64 = AtomicU64::new(1);
 
-/// Whether this thread is running a host function of a CUDA stream
-/// ([`Stream::enqueue_host_fn`]), where every call into the device is refused with
-/// [`DeviceError::Reentrant`](crate::DeviceError::Reentrant).
+/// Whether this thread is running a host function ([`Stream::enqueue_host_fn`]) of a CUDA
+/// stream, where every call into the device is refused with
+/// [`DeviceError::Reentrant`](crate::DeviceError::Reentrant), or is a host stream's worker
+/// (running a host function or a host kernel), where every wait is.
 ///
 /// Crates built on the runtime check it before they take a lock that their own device calls
-/// may hold: another thread's driver call can wait for the device's work in flight, the host
-/// function included, so blocking on such a lock there could deadlock.
+/// may hold, or before they wait for work: another thread's driver call can wait for the
+/// device's work in flight, the host function included, so blocking on such a lock there could
+/// deadlock, and work enqueued behind the host function never runs while it waits.
 ///
 /// # Examples
 ///
@@ -91,7 +93,7 @@ static NEXT_STREAM_ID: AtomicU64 = AtomicU64::new(1);
 /// assert!(!cuflow_runtime::in_host_function());
 /// ```
 pub fn in_host_function() -> bool {
-    crate::backend::cuda::in_host_function()
+    crate::backend::cuda::in_host_function() || crate::backend::host::on_worker_thread()
 }
 
 impl Stream {
