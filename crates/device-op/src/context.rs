@@ -81,6 +81,11 @@ struct ExecutionStreams {
     /// Streams created for this execution alone, one per device (see
     /// [`ExecutionContext::on_device`] during a capture).
     private: Vec<Stream>,
+    /// Contexts of the execution that enqueued device work and have not been settled yet:
+    /// joined into another ([`ExecutionContext::join_branch`]) or handed over when dropped
+    /// unjoined. At the end only the execution's final context may be left; any other was lost
+    /// by the op (replaced, swapped or forgotten: see [`ExecutionContext::join_stray_work`]).
+    open: usize,
 }
 
 impl ExecutionContext {
@@ -172,6 +177,7 @@ impl ExecutionContext {
         if !self.counted {
             self.counted = true;
             self.note_used(&self.stream);
+            self.streams.lock().open += 1;
         }
         Ok(&self.stream)
     }
@@ -406,6 +412,10 @@ impl ExecutionContext {
     /// The error of recording or waiting on the join event.
     pub fn join_branch(&mut self, mut branch: ExecutionContext) -> Result<(), DeviceError> {
         branch.unjoined = false;
+        if branch.counted {
+            let mut streams = self.streams.lock();
+            streams.open = streams.open.saturating_sub(1);
+        }
         if !branch.touched {
             return Ok(());
         }
@@ -525,6 +535,44 @@ impl ExecutionContext {
     pub(crate) fn used_streams(&self) -> Vec<Stream> {
         self.streams.lock().used.clone()
     }
+
+    /// The stream this context enqueues on now.
+    pub(crate) fn current_stream(&self) -> &Stream {
+        &self.stream
+    }
+
+    /// Called by the executor on the execution's final context, after
+    /// [`ExecutionContext::join_dropped_branches`]: when a context that enqueued work was
+    /// neither joined, handed over when dropped, nor is this one (an op replaced its context
+    /// with a branch, swapped the two, or forgot a branch), this context's stream waits for the
+    /// work of every other stream of the execution, so that the execution still completes
+    /// after all of it and its failures are the execution's. An execution whose contexts were
+    /// all settled pays one lock here.
+    ///
+    /// # Errors
+    ///
+    /// The error of recording an event or waiting on it.
+    pub(crate) fn join_stray_work(&mut self) -> Result<(), DeviceError> {
+        let (open, used) = {
+            let streams = self.streams.lock();
+            (streams.open, streams.used.clone())
+        };
+        if open <= usize::from(self.counted) {
+            return Ok(());
+        }
+        for stream in used {
+            if stream == self.stream {
+                continue;
+            }
+            let event = stream.record_event()?;
+            self.stream()?.wait_event(&event)?;
+            let mut stats = self.stats.lock();
+            stats.events_recorded += 1;
+            stats.event_waits += 1;
+        }
+        self.stream()?;
+        Ok(())
+    }
 }
 
 impl Drop for ExecutionContext {
@@ -537,10 +585,11 @@ impl Drop for ExecutionContext {
             if event.is_ok() {
                 self.stats.lock().events_recorded += 1;
             }
-            self.streams
-                .lock()
-                .unjoined
-                .push((self.stream.clone(), event));
+            let mut streams = self.streams.lock();
+            streams.unjoined.push((self.stream.clone(), event));
+            if self.counted {
+                streams.open = streams.open.saturating_sub(1);
+            }
         }
     }
 }

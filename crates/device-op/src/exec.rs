@@ -144,6 +144,7 @@ fn execute_root<O: DeviceOp>(op: O, ctx: &mut ExecutionContext) -> Result<O::Out
     let executed = catch_unwind(AssertUnwindSafe(|| {
         let out = op.execute(ctx)?;
         ctx.join_dropped_branches()?;
+        ctx.join_stray_work()?;
         Ok(out)
     }));
     let result = match executed {
@@ -185,7 +186,9 @@ fn run_and_wait<O: DeviceOp>(
     let mut ctx = ExecutionContext::root(policy, stream.clone(), prior_work);
     let out = execute_root(op, &mut ctx)?;
     if ctx.has_device_work() {
-        stream.synchronize()?;
+        // The root's stream, unless the op replaced its context: the final context's stream
+        // waited for every other one (`join_stray_work`).
+        ctx.current_stream().synchronize()?;
     }
     // All of the op's work has completed, and with it the work it depends on.
     scope.settle();
@@ -272,5 +275,11 @@ pub fn enqueue_on<O: DeviceOp>(
     let _guard = ExecutionGuard::enter("enqueue_on")?;
     let mut ctx = ExecutionContext::root(policy, stream.clone(), true);
     let out = execute_root(op, &mut ctx)?;
+    if ctx.current_stream() != stream && ctx.has_device_work() {
+        // The op replaced its context: its work joins `stream` back (a capture ends only
+        // with every stream that joined it joined back).
+        let done = ctx.record_event()?;
+        stream.wait_event(&done)?;
+    }
     Ok((out, ctx.stats()))
 }

@@ -6,7 +6,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use cuflow_device_op::{
-    default_device, enqueue_on, value, with_context, DeviceError, DeviceOp, DeviceOpExt,
+    default_device, enqueue_on, from_fn, value, with_context, DeviceError, DeviceOp, DeviceOpExt,
+    FromFn,
 };
 use cuflow_runtime::Device;
 use cuflow_scheduler::{SingleStream, StreamPoolRoundRobin};
@@ -210,6 +211,88 @@ fn a_branch_an_op_forks_and_drops_unjoined_completes_before_the_op() -> Result<(
         assert!(
             matches!(outcome, Err(DeviceError::Panicked { .. })),
             "{entry}: the unjoined branch's failure is the op's: {outcome:?}"
+        );
+    }
+    Ok(())
+}
+
+/// How an op loses track of the context its work went through: it replaces its context with a
+/// branch it forks, swaps the two, or forgets a branch it ran its work on. Safe code, all three.
+#[derive(Clone, Copy, Debug)]
+enum Lost {
+    Replaced,
+    Swapped,
+    Forgotten,
+}
+
+/// Runs `op` and then loses its context as `how` says.
+fn losing_its_context<O: DeviceOp + 'static>(op: O, how: Lost) -> FromFn<impl OpFn<O::Output>> {
+    from_fn(move |ctx| match how {
+        Lost::Replaced => {
+            let out = op.execute(ctx)?;
+            *ctx = ctx.fork_branch(0, 1)?;
+            Ok(out)
+        }
+        Lost::Swapped => {
+            let mut branch = ctx.fork_branch(0, 1)?;
+            let out = op.execute(ctx)?;
+            std::mem::swap(ctx, &mut branch);
+            Ok(out)
+        }
+        Lost::Forgotten => {
+            let mut branch = ctx.fork_branch(0, 1)?;
+            let out = op.execute(&mut branch)?;
+            std::mem::forget(branch);
+            Ok(out)
+        }
+    })
+}
+
+/// Whatever an op does with its context, every entry point returns after all of the work it
+/// enqueued, and a failure of that work is the op's error.
+#[test]
+fn an_op_that_replaces_swaps_or_forgets_its_context_still_completes_after_its_work(
+) -> Result<(), DeviceError> {
+    let device = device();
+    let policy = StreamPoolRoundRobin::new(&device, 4)?;
+    let buf = buffer(0.0);
+    for how in [Lost::Replaced, Lost::Swapped, Lost::Forgotten] {
+        let op =
+            |v: f32, flag: &Arc<AtomicBool>| losing_its_context(slow_then_flag(&buf, v, flag), how);
+        type Entry<'a> = Box<dyn Fn(f32, &Arc<AtomicBool>) -> Result<Buf, DeviceError> + 'a>;
+        let entries: Vec<(&str, Entry<'_>)> = vec![
+            ("sync", Box::new(|v, flag| op(v, flag).sync())),
+            (
+                "sync_with_policy",
+                Box::new(|v, flag| op(v, flag).sync_with_policy(&policy).map(|(b, _)| b)),
+            ),
+            (
+                "schedule",
+                Box::new(|v, flag| {
+                    op(v, flag)
+                        .schedule(&policy)
+                        .and_then(futures::executor::block_on)
+                }),
+            ),
+            (
+                ".await",
+                Box::new(|v, flag| futures::executor::block_on(op(v, flag).into_future())),
+            ),
+        ];
+        for (i, (entry, run)) in entries.iter().enumerate() {
+            let flag = Arc::new(AtomicBool::new(false));
+            let v = i as f32 + 1.0;
+            let out = run(v, &flag)?;
+            assert!(
+                flag.load(Ordering::SeqCst),
+                "{entry} of an op whose context was {how:?} returned before its work completed"
+            );
+            assert_all(&out, v, entry);
+        }
+        let failing = losing_its_context(panic_on_stream(), how).sync_with_policy(&policy);
+        assert!(
+            matches!(failing, Err(DeviceError::Panicked { .. })),
+            "an op whose context was {how:?} and whose work failed: {failing:?}"
         );
     }
     Ok(())
