@@ -9,7 +9,7 @@ use cuflow_device_op::{
     default_device, enqueue_on, from_fn, value, with_context, DeviceError, DeviceOp, DeviceOpExt,
     FromFn,
 };
-use cuflow_runtime::Device;
+use cuflow_runtime::{Device, Stream};
 use cuflow_scheduler::{SingleStream, StreamPoolRoundRobin};
 use cuflow_testing::{
     device::{device, stream},
@@ -148,27 +148,32 @@ fn sync_and_await_run_on_the_default_device() -> Result<(), DeviceError> {
     Ok(())
 }
 
-#[test]
-fn a_branch_an_op_forks_and_drops_unjoined_completes_before_the_op() -> Result<(), DeviceError> {
-    let device = device();
-    let policy = StreamPoolRoundRobin::new(&device, 4)?;
-    let stream = device.new_stream()?;
-    let buf = buffer(0.0);
-    // The branch's work: a slow write, then a flag; the op's own stream gets nothing.
-    let op = |v: f32, flag: &Arc<AtomicBool>| on_unjoined_branch(slow_then_flag(&buf, v, flag));
+/// Runs `op(v, flag)` through every entry point (`sync_on` on `stream`, the policy ones on
+/// `policy`), a value `v` each, and checks that each returned the op's output only after its
+/// work (`what`) had set the flag.
+fn assert_every_entry_point_waits_for_the_work<O>(
+    what: &str,
+    stream: &Stream,
+    policy: &StreamPoolRoundRobin,
+    op: impl Fn(f32, &Arc<AtomicBool>) -> O,
+) -> Result<(), DeviceError>
+where
+    O: DeviceOp<Output = Buf> + IntoFuture<Output = Result<Buf, DeviceError>>,
+{
     type Entry<'a> = Box<dyn Fn(f32, &Arc<AtomicBool>) -> Result<Buf, DeviceError> + 'a>;
+    let op = &op;
     let entries: Vec<(&str, Entry<'_>)> = vec![
         ("sync", Box::new(|v, flag| op(v, flag).sync())),
-        ("sync_on", Box::new(|v, flag| op(v, flag).sync_on(&stream))),
+        ("sync_on", Box::new(|v, flag| op(v, flag).sync_on(stream))),
         (
             "sync_with_policy",
-            Box::new(|v, flag| op(v, flag).sync_with_policy(&policy).map(|(b, _)| b)),
+            Box::new(|v, flag| op(v, flag).sync_with_policy(policy).map(|(b, _)| b)),
         ),
         (
             "schedule",
             Box::new(|v, flag| {
                 op(v, flag)
-                    .schedule(&policy)
+                    .schedule(policy)
                     .and_then(futures::executor::block_on)
             }),
         ),
@@ -183,10 +188,26 @@ fn a_branch_an_op_forks_and_drops_unjoined_completes_before_the_op() -> Result<(
         let out = run(v, &flag)?;
         assert!(
             flag.load(Ordering::SeqCst),
-            "{entry} returned before the work of the op's unjoined branch completed"
+            "{entry} returned before the work of {what} completed"
         );
         assert_all(&out, v, entry);
     }
+    Ok(())
+}
+
+#[test]
+fn a_branch_an_op_forks_and_drops_unjoined_completes_before_the_op() -> Result<(), DeviceError> {
+    let device = device();
+    let policy = StreamPoolRoundRobin::new(&device, 4)?;
+    let stream = device.new_stream()?;
+    let buf = buffer(0.0);
+    // The branch's work: a slow write, then a flag; the op's own stream gets nothing.
+    assert_every_entry_point_waits_for_the_work(
+        "the op's unjoined branch",
+        &stream,
+        &policy,
+        |v, flag| on_unjoined_branch(slow_then_flag(&buf, v, flag)),
+    )?;
     // The branch's failure after it was enqueued is the op's error.
     let failing = || on_unjoined_branch(fill(&buf, 9.0).then(|_| panic_on_stream()));
     let outcomes = [
@@ -255,40 +276,15 @@ fn an_op_that_replaces_swaps_or_forgets_its_context_still_completes_after_its_wo
 ) -> Result<(), DeviceError> {
     let device = device();
     let policy = StreamPoolRoundRobin::new(&device, 4)?;
+    let stream = device.new_stream()?;
     let buf = buffer(0.0);
     for how in [Lost::Replaced, Lost::Swapped, Lost::Forgotten] {
-        let op =
-            |v: f32, flag: &Arc<AtomicBool>| losing_its_context(slow_then_flag(&buf, v, flag), how);
-        type Entry<'a> = Box<dyn Fn(f32, &Arc<AtomicBool>) -> Result<Buf, DeviceError> + 'a>;
-        let entries: Vec<(&str, Entry<'_>)> = vec![
-            ("sync", Box::new(|v, flag| op(v, flag).sync())),
-            (
-                "sync_with_policy",
-                Box::new(|v, flag| op(v, flag).sync_with_policy(&policy).map(|(b, _)| b)),
-            ),
-            (
-                "schedule",
-                Box::new(|v, flag| {
-                    op(v, flag)
-                        .schedule(&policy)
-                        .and_then(futures::executor::block_on)
-                }),
-            ),
-            (
-                ".await",
-                Box::new(|v, flag| futures::executor::block_on(op(v, flag).into_future())),
-            ),
-        ];
-        for (i, (entry, run)) in entries.iter().enumerate() {
-            let flag = Arc::new(AtomicBool::new(false));
-            let v = i as f32 + 1.0;
-            let out = run(v, &flag)?;
-            assert!(
-                flag.load(Ordering::SeqCst),
-                "{entry} of an op whose context was {how:?} returned before its work completed"
-            );
-            assert_all(&out, v, entry);
-        }
+        assert_every_entry_point_waits_for_the_work(
+            &format!("an op whose context was {how:?}"),
+            &stream,
+            &policy,
+            |v, flag| losing_its_context(slow_then_flag(&buf, v, flag), how),
+        )?;
         let failing = losing_its_context(panic_on_stream(), how).sync_with_policy(&policy);
         assert!(
             matches!(failing, Err(DeviceError::Panicked { .. })),

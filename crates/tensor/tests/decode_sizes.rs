@@ -8,7 +8,7 @@
 //! anything divides by it.
 
 use cuflow_device_op::DeviceOpExt;
-use cuflow_runtime::DeviceError;
+use cuflow_runtime::{DeviceError, Stream};
 use cuflow_tensor::kernels::decode::{self, AttentionCounters, AttentionShape};
 use cuflow_tensor::{api, bf16, Tensor};
 use cuflow_testing::device::stream;
@@ -75,6 +75,45 @@ fn cache_len_saturates_instead_of_overflowing() {
     assert_eq!(small.cache_len(), 2 * 2 * 8 * 16);
 }
 
+/// What the attention kernels read in these tests.
+struct Inputs<'a> {
+    q: &'a Tensor<f32>,
+    qkv: &'a Tensor<f32>,
+    inv_freq: &'a Tensor<f32>,
+    pos: &'a Tensor<u32>,
+}
+
+/// What they write.
+struct Outputs<'a> {
+    out: &'a mut Tensor<f32>,
+    scratch: &'a mut Tensor<f32>,
+    counts: &'a mut AttentionCounters,
+    q_out: &'a mut Tensor<f32>,
+    cache: &'a mut Tensor<bf16>,
+}
+
+/// `attention`, `rope_attention`, `rope_kv_append` and `compile_all` each refuse `shape` with
+/// an `InvalidShape` whose reason holds `what`.
+fn assert_every_attention_kernel_refuses(
+    s: &Stream,
+    shape: AttentionShape,
+    i: &Inputs<'_>,
+    o: Outputs<'_>,
+    what: &str,
+) {
+    let r = decode::attention(o.out, o.scratch, o.counts, i.q, o.cache, i.pos, shape).sync_on(s);
+    assert_invalid(r, "attention", what);
+    let r = decode::rope_attention(
+        o.out, o.scratch, o.counts, o.cache, i.qkv, i.inv_freq, i.pos, shape,
+    )
+    .sync_on(s);
+    assert_invalid(r, "rope_attention", what);
+    let r = decode::rope_kv_append(o.q_out, o.cache, i.qkv, i.inv_freq, i.pos, shape).sync_on(s);
+    assert_invalid(r, "rope_kv_append", what);
+    let r = decode::compile_all(s.device(), shape);
+    assert_invalid(r, "compile_all", what);
+}
+
 #[test]
 fn attention_kernels_refuse_shapes_whose_sizes_overflow() {
     let s = stream();
@@ -83,33 +122,27 @@ fn attention_kernels_refuse_shapes_whose_sizes_overflow() {
     let mut cache = upload(&s, &cache_h, &[128]);
     let pos = upload(&s, &[0u32], &[1]);
     let (q, qkv, inv_freq) = (f32s(&[16]), f32s(&[48]), f32s(&[8]));
+    let inputs = Inputs {
+        q: &q,
+        qkv: &qkv,
+        inv_freq: &inv_freq,
+        pos: &pos,
+    };
     for shape in huge_shapes() {
         let mut out = f32s(&[16]);
         let mut scratch = f32s(&[1, 1, 1, 18]);
         let mut counts = AttentionCounters::zeroed(1, 1)
             .sync_on(&s)
             .expect("counters");
-        let r = decode::attention(&mut out, &mut scratch, &mut counts, &q, &cache, &pos, shape)
-            .sync_on(&s);
-        assert_invalid(r, "attention", "overflow");
-        let r = decode::rope_attention(
-            &mut out,
-            &mut scratch,
-            &mut counts,
-            &mut cache,
-            &qkv,
-            &inv_freq,
-            &pos,
-            shape,
-        )
-        .sync_on(&s);
-        assert_invalid(r, "rope_attention", "overflow");
         let mut q_out = f32s(&[16]);
-        let r = decode::rope_kv_append(&mut q_out, &mut cache, &qkv, &inv_freq, &pos, shape)
-            .sync_on(&s);
-        assert_invalid(r, "rope_kv_append", "overflow");
-        let r = decode::compile_all(s.device(), shape);
-        assert_invalid(r, "compile_all", "overflow");
+        let outputs = Outputs {
+            out: &mut out,
+            scratch: &mut scratch,
+            counts: &mut counts,
+            q_out: &mut q_out,
+            cache: &mut cache,
+        };
+        assert_every_attention_kernel_refuses(&s, shape, &inputs, outputs, "overflow");
     }
     assert_eq!(read(&cache), cache_h, "the cache after refused launches");
 }
@@ -130,6 +163,12 @@ fn attention_kernels_refuse_zero_sizes_naming_them() {
     // No query rows: with `heads == 0` a row is empty too, and counting the rows divided by
     // its length.
     let (q, qkv, inv_freq) = (f32s(&[0]), f32s(&[64]), f32s(&[8]));
+    let inputs = Inputs {
+        q: &q,
+        qkv: &qkv,
+        inv_freq: &inv_freq,
+        pos: &pos,
+    };
     for (field, shape) in [
         ("heads", AttentionShape { heads: 0, ..good }),
         (
@@ -154,27 +193,15 @@ fn attention_kernels_refuse_zero_sizes_naming_them() {
         let mut counts = AttentionCounters::zeroed(0, shape.kv_heads)
             .sync_on(&s)
             .expect("counters");
-        let r = decode::attention(&mut out, &mut scratch, &mut counts, &q, &cache, &pos, shape)
-            .sync_on(&s);
-        assert_invalid(r, "attention", &what);
-        let r = decode::rope_attention(
-            &mut out,
-            &mut scratch,
-            &mut counts,
-            &mut cache,
-            &qkv,
-            &inv_freq,
-            &pos,
-            shape,
-        )
-        .sync_on(&s);
-        assert_invalid(r, "rope_attention", &what);
         let mut q_out = f32s(&[0]);
-        let r = decode::rope_kv_append(&mut q_out, &mut cache, &qkv, &inv_freq, &pos, shape)
-            .sync_on(&s);
-        assert_invalid(r, "rope_kv_append", &what);
-        let r = decode::compile_all(s.device(), shape);
-        assert_invalid(r, "compile_all", &what);
+        let outputs = Outputs {
+            out: &mut out,
+            scratch: &mut scratch,
+            counts: &mut counts,
+            q_out: &mut q_out,
+            cache: &mut cache,
+        };
+        assert_every_attention_kernel_refuses(&s, shape, &inputs, outputs, &what);
     }
     assert_eq!(read(&cache), cache_h, "the cache after refused launches");
 }
