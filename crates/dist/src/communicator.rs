@@ -93,8 +93,9 @@ impl Communicator {
         Self::local_with_timeout(devices, default_timeout())
     }
 
-    /// [`Communicator::local`] with another deadline for every wait for a peer (host devices);
-    /// one past what the clock can represent (`Duration::MAX`) waits as long as it takes.
+    /// [`Communicator::local`] with another deadline for every wait for a peer (host devices;
+    /// on CUDA devices, the one-shot sums' waits, see [`all_reduce`](crate::all_reduce)); one
+    /// past what the clock can represent (`Duration::MAX`) waits as long as it takes.
     ///
     /// # Errors
     ///
@@ -123,7 +124,7 @@ impl Communicator {
             }
         }
         let comms = match first.kind() {
-            BackendKind::Cuda => Comm::nccl_local(devices)?,
+            BackendKind::Cuda => Comm::nccl_local_with_timeout(devices, timeout)?,
             _ => LocalTransport::group(devices.len(), timeout)
                 .into_iter()
                 .zip(devices)

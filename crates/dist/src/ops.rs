@@ -167,7 +167,8 @@ fn scattered(shape: &[usize], world: usize) -> Result<Vec<usize>, DeviceError> {
 /// [`DeviceError::DeviceMismatch`] when `x` is not on `comm`'s device; the errors of
 /// [`cuflow_runtime::collective`]; on host devices a [`DeviceError::Timeout`] when a rank does
 /// not take part (on CUDA, NCCL waits for it without a deadline, and the one-shot path of small
-/// sums faults the device after 300 s: see [`cuflow_runtime::collective`]).
+/// sums faults the device after the communicator's timeout, 300 s unless
+/// [`Communicator::local_with_timeout`] said otherwise: see [`cuflow_runtime::collective`]).
 pub fn all_reduce<T: CollectiveType, X: TensorInput<T>>(
     comm: &Communicator,
     x: X,

@@ -46,7 +46,8 @@ pub(crate) struct CaptureSession {
     /// Events of eager work that captured work waited for: every launch of the graph waits
     /// for them (see [`CaptureSession::add_prerequisite`]).
     prerequisites: Mutex<Vec<Event>>,
-    deferred_frees: Mutex<Vec<DeferredFree>>,
+    /// `None` once the capture has ended and its held frees have run.
+    deferred_frees: Mutex<Option<Vec<DeferredFree>>>,
     /// The cuBLAS workspace of each member stream (see `crate::blas::capture_workspace`);
     /// those that captured GEMMs used are also in `keep_alive`.
     blas_workspaces: Mutex<Vec<(StreamId, Arc<Memory>)>>,
@@ -83,7 +84,7 @@ impl CaptureSession {
             open: AtomicBool::new(true),
             keep_alive: Mutex::new(Vec::new()),
             prerequisites: Mutex::new(Vec::new()),
-            deferred_frees: Mutex::new(Vec::new()),
+            deferred_frees: Mutex::new(Some(Vec::new())),
             blas_workspaces: Mutex::new(Vec::new()),
         }
     }
@@ -108,16 +109,25 @@ impl CaptureSession {
         drop(std::mem::take(&mut *self.blas_workspaces.lock()));
     }
 
-    /// Holds a free that would otherwise be ordered after a capturing stream.
-    pub(crate) fn defer_free(&self, free: DeferredFree) {
-        self.deferred_frees.lock().push(free);
+    /// Holds a free that would otherwise be ordered after a capturing stream, until the capture
+    /// ends; hands it back when the capture has ended already (its held frees have run).
+    pub(crate) fn defer_free(&self, free: DeferredFree) -> Option<DeferredFree> {
+        let mut held = self.deferred_frees.lock();
+        match &mut *held {
+            Some(frees) => {
+                frees.push(free);
+                None
+            }
+            None => Some(free),
+        }
     }
 
-    /// Runs the frees held during the capture (call once every member left the capture).
+    /// Runs the frees held during the capture (call once every member left the capture); a free
+    /// offered later is handed back.
     pub(crate) fn run_deferred_frees(&self) {
-        let frees = std::mem::take(&mut *self.deferred_frees.lock());
+        let frees = self.deferred_frees.lock().take().unwrap_or_default();
         for free in frees {
-            free.run();
+            free.release();
         }
     }
 

@@ -274,6 +274,12 @@ impl Stream {
         Ok(self.inner.gate.read_recursive())
     }
 
+    /// The shared side of the capture gate without the host-function check, for the runtime's
+    /// own frees (which a host function defers before coming here).
+    pub(crate) fn hold_gate(&self) -> RwLockReadGuard<'_, ()> {
+        self.inner.gate.read_recursive()
+    }
+
     /// Makes work enqueued on this stream from now on wait for `other`'s work up to sequence
     /// number `seq` (`u64::MAX`: all of it), without ever pulling this stream into a capture it
     /// is not part of (see [`crate::access`]):

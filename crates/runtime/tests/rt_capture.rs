@@ -577,3 +577,106 @@ fn replaying_a_graph_during_a_capture_is_a_capture_error() -> Result<(), DeviceE
     );
     Ok(())
 }
+
+/// One graph and one executable shared by several threads, which instantiate, describe and
+/// launch them at once: the driver does not synchronize graph objects, so each call on one is
+/// made alone, and every replay lands.
+#[test]
+fn one_graph_shared_by_threads_is_instantiated_described_and_replayed_at_once(
+) -> Result<(), DeviceError> {
+    let device = device();
+    let (origin, side) = (device.new_stream()?, device.new_stream()?);
+    let n = 257;
+    let mut rng = rng();
+    let (a0, b0) = (random_f32(&mut rng, n), random_f32(&mut rng, n));
+    let a = DeviceBuffer::from_host(&origin, &a0)?;
+    let b = DeviceBuffer::from_host(&origin, &b0)?;
+    origin.synchronize()?;
+    origin.begin_capture()?;
+    side.wait_event(&origin.record_event()?)?;
+    let captured = launch_add_one(&origin, &a).and_then(|()| launch_add_one(&side, &b));
+    let joined = side.record_event().and_then(|e| origin.wait_event(&e));
+    let graph = origin.end_capture();
+    captured?;
+    joined?;
+    let graph = graph?;
+    let shared_exec = graph.instantiate()?;
+    let (threads, rounds) = (8, 12);
+    std::thread::scope(|scope| -> Result<(), DeviceError> {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                scope.spawn(|| -> Result<(), DeviceError> {
+                    let s = device.new_stream()?;
+                    for _ in 0..rounds {
+                        let own = graph.instantiate()?;
+                        assert_eq!(graph.node_count()?, 2);
+                        assert_eq!(graph.edges()?.len(), 0);
+                        assert!(graph.to_dot().is_ok_and(|d| d.contains("digraph")));
+                        own.launch(&s)?;
+                        shared_exec.launch(&s)?;
+                    }
+                    s.synchronize()
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join().expect("a worker panicked")?;
+        }
+        Ok(())
+    })?;
+    let replays = threads * rounds * 2;
+    assert_eq!(a.to_host_vec(&origin)?, plus_ones(&a0, replays));
+    assert_eq!(b.to_host_vec(&origin)?, plus_ones(&b0, replays));
+    Ok(())
+}
+
+/// A buffer last used eagerly on a stream and dropped while another thread begins, records and
+/// ends captures on that stream: its free is made before the capture or after it, never
+/// recorded into the graph (which holds exactly the captured launch every time).
+#[test]
+fn a_buffer_dropped_while_its_stream_begins_a_capture_is_never_freed_inside_it(
+) -> Result<(), DeviceError> {
+    let device = device();
+    let s = device.new_stream()?;
+    let n = 64;
+    let x0 = random_f32(&mut rng(), n);
+    let x = DeviceBuffer::from_host(&s, &x0)?;
+    s.synchronize()?;
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let rounds = 200;
+    std::thread::scope(|scope| -> Result<(), DeviceError> {
+        let dropper = scope.spawn(|| {
+            let mut dropped = 0usize;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                // Refused while the other thread captures on `s`; dropped right away otherwise.
+                if let Ok(y) = DeviceBuffer::<f32>::zeroed(&s, 1024) {
+                    drop(y);
+                    dropped += 1;
+                }
+            }
+            dropped
+        });
+        let captured = (|| -> Result<(), DeviceError> {
+            for round in 0..rounds {
+                s.begin_capture()?;
+                let added = launch_add_one(&s, &x);
+                let graph = s.end_capture();
+                added?;
+                let graph = graph?;
+                assert_eq!(graph.node_count()?, 1, "round {round}: {}", graph.to_dot()?);
+                graph.instantiate()?.launch(&s)?;
+            }
+            Ok(())
+        })();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let dropped = dropper.join().expect("the dropping thread panicked");
+        captured?;
+        assert!(
+            dropped > 0,
+            "no buffer was made and dropped beside the captures"
+        );
+        Ok(())
+    })?;
+    assert_eq!(x.to_host_vec(&s)?, plus_ones(&x0, rounds));
+    Ok(())
+}

@@ -58,8 +58,12 @@ impl CommBackend {
         )?))
     }
 
-    /// One NCCL communicator per device of `devices`, all in this process.
-    pub(crate) fn nccl_local(devices: &[Device]) -> Result<Vec<CommBackend>> {
+    /// One NCCL communicator per device of `devices`, all in this process; their one-shot
+    /// all-reduces wait for each other up to `deadline`.
+    pub(crate) fn nccl_local(
+        devices: &[Device],
+        deadline: std::time::Duration,
+    ) -> Result<Vec<CommBackend>> {
         let mut shared = Vec::with_capacity(devices.len());
         for device in devices {
             match device.backend().cuda() {
@@ -76,7 +80,7 @@ impl CommBackend {
             // The one-shot all-reduce's areas, zeroed before any rank can signal into them.
             // Where it cannot be set up, every all-reduce goes through NCCL.
             let attached = oneshot_areas(devices)
-                .and_then(|areas| cuda::NcclComm::attach_oneshot(&comms, areas));
+                .and_then(|areas| cuda::NcclComm::attach_oneshot(&comms, areas, deadline));
             if let Err(e) = attached {
                 tracing::debug!(error = %e, "no one-shot all-reduce for this communicator");
             }

@@ -60,22 +60,35 @@ impl DeferredFree {
     /// Frees the memory after its uses now, or holds the free back: until the capture ends
     /// while one of the streams is capturing, until the next synchronization with the device
     /// inside a host function.
+    ///
+    /// The capture gate of every use stream is held from the check through the free's enqueue,
+    /// so that no capture begins on one of them in between (it would record the free into its
+    /// graph).
     pub(crate) fn release(self) {
         if cuda::in_host_function() {
             let shared = self.mem.shared().clone();
             shared.defer_host_fn_drop(cuda::HostFnDrop::Memory(self));
             return;
         }
-        if let Some(session) = self.uses.iter().find_map(|s| s.capture_session()) {
-            session.defer_free(self);
-            return;
+        let mut free = self;
+        loop {
+            let session = {
+                let _gates: SmallVec<[_; 2]> = free.uses.iter().map(Stream::hold_gate).collect();
+                match free.uses.iter().find_map(|s| s.capture_session()) {
+                    Some(session) => session,
+                    None => {
+                        free.mem.free_after_uses(&free.uses);
+                        return;
+                    }
+                }
+            };
+            // A capture that ended since the check has run its held frees already: it hands
+            // this one back, and the streams are checked again.
+            match session.defer_free(free) {
+                Some(back) => free = back,
+                None => return,
+            }
         }
-        self.run();
-    }
-
-    /// Frees the memory after its uses (call once every stream left the capture).
-    pub(crate) fn run(mut self) {
-        self.mem.free_after_uses(&self.uses);
     }
 }
 

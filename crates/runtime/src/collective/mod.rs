@@ -38,8 +38,9 @@
 //!   kernels run beside the group's NCCL calls, as the calls of one group do. Such a call also
 //!   writes a staging area of the rank's own (about 130 KiB, kept for the process), which the
 //!   access tracker orders like any buffer; it is refused once a rank's device faulted or was
-//!   reset. Its waits trap the kernel after 300 s (a device fault) instead of hanging, and so
-//!   do ranks whose calls disagree on the element count. `CUFLOW_NCCL_ONESHOT=0` turns it off
+//!   reset. Its waits trap the kernel after 300 s (a device fault) instead of hanging, or after
+//!   the deadline given to [`Comm::nccl_local_with_timeout`], and so do ranks whose calls
+//!   disagree on the element count. `CUFLOW_NCCL_ONESHOT=0` turns it off
 //!   for communicators made afterwards.
 
 mod call;
@@ -187,7 +188,38 @@ impl Comm {
     /// [`DeviceError::Usage`] when a device is not a CUDA device; [`DeviceError::NoNccl`] when
     /// libnccl cannot be loaded; [`DeviceError::Nccl`] when NCCL refuses.
     pub fn nccl_local(devices: &[Device]) -> Result<Vec<Comm>> {
-        let backends = CommBackend::nccl_local(devices)?;
+        Self::nccl_local_with_timeout(devices, std::time::Duration::from_secs(300))
+    }
+
+    /// [`Comm::nccl_local`] whose one-shot all-reduces (see the [module docs](self)) wait for
+    /// the other ranks up to `timeout` instead of 300 s before their kernel traps (a device
+    /// fault); NCCL's own waits have no deadline.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), cuflow_runtime::DeviceError> {
+    /// use std::time::Duration;
+    /// use cuflow_runtime::{collective::Comm, Device};
+    ///
+    /// let devices = [Device::cuda(0)?, Device::cuda(1)?];
+    /// let comms = Comm::nccl_local_with_timeout(&devices, Duration::from_secs(30))?;
+    /// assert_eq!(comms.len(), 2);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`Comm::nccl_local`]; [`DeviceError::Usage`] when `timeout` is 0.
+    pub fn nccl_local_with_timeout(
+        devices: &[Device],
+        timeout: std::time::Duration,
+    ) -> Result<Vec<Comm>> {
+        if timeout.is_zero() {
+            return Err(DeviceError::usage(
+                "Comm::nccl_local_with_timeout: a timeout of 0 traps every one-shot all-reduce \
+                 at once; give the ranks time to meet",
+            ));
+        }
+        let backends = CommBackend::nccl_local(devices, timeout)?;
         let world_size = backends.len();
         Ok(backends
             .into_iter()

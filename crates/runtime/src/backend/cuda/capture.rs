@@ -4,30 +4,42 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use cudarc::driver::{result, sys};
+use parking_lot::Mutex;
 
 use super::stream::CudaStreamHandle;
 use super::{driver_err, CudaDeviceShared};
 use crate::error::Result;
 
 /// A captured `CUgraph`, destroyed on drop.
+///
+/// The driver does not synchronize graph objects internally: calls on one graph, even those
+/// that look read-only (instantiation, node and edge queries, the DOT dump), must not overlap.
+/// Every call through `&self` holds `lock`.
 pub(crate) struct CudaGraphHandle {
     graph: sys::CUgraph,
     shared: Arc<CudaDeviceShared>,
+    lock: Mutex<()>,
 }
 
 // SAFETY: a CUgraph is a driver handle owned uniquely by this value (Handles); the driver
-// allows using it from any thread once the context is bound, and `&self` methods only query it.
+// allows using it from any thread once the context is bound.
 unsafe impl Send for CudaGraphHandle {}
-// SAFETY: the queries made through `&self` (node and edge lists) do not mutate the graph.
+// SAFETY: every driver call on the graph made through `&self` holds `lock`, so no two calls on
+// one graph overlap (the driver's rule for graph objects); drop has `&mut self`.
 unsafe impl Sync for CudaGraphHandle {}
 
 impl CudaGraphHandle {
     pub(crate) fn new(graph: sys::CUgraph, shared: Arc<CudaDeviceShared>) -> Self {
-        CudaGraphHandle { graph, shared }
+        CudaGraphHandle {
+            graph,
+            shared,
+            lock: Mutex::new(()),
+        }
     }
 
     fn nodes(&self) -> Result<Vec<sys::CUgraphNode>> {
         let _bound = self.shared.bind()?;
+        let _serial = self.lock.lock();
         let mut n = 0usize;
         // SAFETY: the graph is alive; a null node array asks only for the count.
         unsafe { sys::cuGraphGetNodes(self.graph, std::ptr::null_mut(), &mut n) }
@@ -63,6 +75,7 @@ impl CudaGraphHandle {
             let c_path = std::ffi::CString::new(path.to_string_lossy().as_bytes())
                 .map_err(|e| io(std::io::Error::other(e)))?;
             let _bound = self.shared.bind()?;
+            let _serial = self.lock.lock();
             // SAFETY: the graph is alive; `c_path` is a NUL-terminated path alive for the
             // call; the driver only writes that file.
             unsafe {
@@ -86,6 +99,7 @@ impl CudaGraphHandle {
 
     pub(crate) fn edges(&self) -> Result<Vec<(usize, usize)>> {
         let nodes = self.nodes()?;
+        let _serial = self.lock.lock();
         let index: HashMap<usize, usize> = nodes
             .iter()
             .enumerate()
@@ -135,6 +149,7 @@ impl CudaGraphHandle {
 
     pub(crate) fn instantiate(&self) -> Result<CudaGraphExecHandle> {
         let _bound = self.shared.bind()?;
+        let _serial = self.lock.lock();
         // SAFETY: the graph is alive and complete (capture ended).
         let exec = unsafe {
             result::graph::instantiate(self.graph, sys::CUgraphInstantiate_flags_enum(0))
@@ -143,6 +158,7 @@ impl CudaGraphHandle {
         Ok(CudaGraphExecHandle {
             exec,
             shared: self.shared.clone(),
+            lock: Mutex::new(()),
         })
     }
 }
@@ -157,6 +173,7 @@ impl Drop for CudaGraphHandle {
             let moved = CudaGraphHandle {
                 graph: std::mem::replace(&mut self.graph, std::ptr::null_mut()),
                 shared: self.shared.clone(),
+                lock: Mutex::new(()),
             };
             self.shared.defer_host_fn_handle(moved);
             return;
@@ -176,20 +193,26 @@ impl Drop for CudaGraphHandle {
 
 /// An instantiated `CUgraphExec`, destroyed on drop (the driver defers the destruction of an
 /// executable that is still running until it completes).
+///
+/// Like graphs, executables are not synchronized by the driver: launches of one executable from
+/// several threads must not overlap, so `launch` holds `lock`.
 pub(crate) struct CudaGraphExecHandle {
     exec: sys::CUgraphExec,
     shared: Arc<CudaDeviceShared>,
+    lock: Mutex<()>,
 }
 
-// SAFETY: owned uniquely (Handles); launching from several threads is allowed by the driver,
-// and updates go through `&mut self`.
+// SAFETY: owned uniquely (Handles); the driver allows using it from any thread once the
+// context is bound.
 unsafe impl Send for CudaGraphExecHandle {}
-// SAFETY: `&self` only launches, which the driver allows concurrently.
+// SAFETY: `&self` only launches, under `lock`, so no two driver calls on one executable
+// overlap; updates and drop have `&mut self`.
 unsafe impl Sync for CudaGraphExecHandle {}
 
 impl CudaGraphExecHandle {
     pub(crate) fn launch(&self, stream: &CudaStreamHandle) -> Result<()> {
         let _bound = self.shared.bind()?;
+        let _serial = self.lock.lock();
         // SAFETY: the executable and the stream are alive; the buffers the graph uses are kept
         // alive by the runtime's `GraphExec`, which recorded their use on this stream.
         unsafe { result::graph::launch(self.exec, stream.raw()) }
@@ -226,6 +249,7 @@ impl Drop for CudaGraphExecHandle {
             let moved = CudaGraphExecHandle {
                 exec: std::mem::replace(&mut self.exec, std::ptr::null_mut()),
                 shared: self.shared.clone(),
+                lock: Mutex::new(()),
             };
             self.shared.defer_host_fn_handle(moved);
             return;

@@ -160,15 +160,19 @@ impl NcclComm {
 
     /// Gives the communicators `comms` of one group (rank `r` is `comms[r]`, all made by
     /// [`NcclComm::init_all`]) the one-shot all-reduce over the zeroed areas `areas` (rank `r`'s
-    /// on its device, [`ONESHOT_AREA_BYTES`] each), where their devices allow it; returns
-    /// whether they have it.
+    /// on its device, [`ONESHOT_AREA_BYTES`] each), whose kernels wait for each other up to
+    /// `deadline` before they trap, where their devices allow it; returns whether they have it.
     ///
     /// # Errors
     ///
     /// A compile or driver error.
-    pub(crate) fn attach_oneshot(comms: &[NcclComm], areas: Vec<Arc<Memory>>) -> Result<bool> {
+    pub(crate) fn attach_oneshot(
+        comms: &[NcclComm],
+        areas: Vec<Arc<Memory>>,
+        deadline: std::time::Duration,
+    ) -> Result<bool> {
         let shared: Vec<Arc<CudaDeviceShared>> = comms.iter().map(|c| c.shared.clone()).collect();
-        let Some(state) = OneShot::new(&shared, areas)? else {
+        let Some(state) = OneShot::new(&shared, areas, deadline)? else {
             return Ok(false);
         };
         for (rank, comm) in comms.iter().enumerate() {

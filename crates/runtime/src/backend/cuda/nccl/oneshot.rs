@@ -28,7 +28,7 @@
 //! count plus one. As every rank makes the same calls in the same order, their counts agree.
 //! A flag holds the epoch its writer reached, and waiting means until it reaches ours
 //! (compared with wrap-around); beside it, the element count of the writer's call, which must
-//! be ours. A wait has a deadline ([`DEADLINE_NS`]): a rank that never arrives traps the kernel
+//! be ours. A wait has a deadline (the group's, [`DEFAULT_DEADLINE`] unless said otherwise): a rank that never arrives traps the kernel
 //! (a device fault, reported as `DeviceFaulted`) instead of hanging, and so do ranks whose
 //! calls disagree on the count, instead of summing parts of other lengths.
 
@@ -51,9 +51,9 @@ pub(crate) const CAP: usize = 16 * 1024;
 const BLOCKS: usize = 8;
 /// Threads per block.
 const THREADS: u32 = 256;
-/// How long a rank waits for the others before the kernel traps: as long as the dist crate's
-/// default deadline for a peer.
-const DEADLINE_NS: u64 = 300_000_000_000;
+/// How long a rank waits for the others before the kernel traps, unless the communicators were
+/// made with another deadline: as long as the dist crate's default deadline for a peer.
+pub(crate) const DEFAULT_DEADLINE: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// Bytes of one rank's area: two staging halves of `CAP` `f32`, the start and done flags
 /// (`BLOCKS × MAX_WORLD` `u64` each: a call's epoch and element count) and a call count per
@@ -151,6 +151,8 @@ pub(crate) struct OneShot {
     bases: Areas,
     /// Rank `r`'s device state and the kernel loaded there.
     ranks: Vec<(Arc<CudaDeviceShared>, Arc<CompiledKernel>)>,
+    /// How long a rank's kernel waits for the others before it traps, in nanoseconds.
+    deadline_ns: u64,
 }
 
 impl OneShot {
@@ -159,8 +161,9 @@ impl OneShot {
         std::env::var("CUFLOW_NCCL_ONESHOT").map_or(true, |v| v.trim() != "0")
     }
 
-    /// The state over `shared` (rank `r` on `shared[r]`) with the zeroed areas `areas`, or
-    /// `None` when the group cannot use it: fewer than 2 or more than [`MAX_WORLD`] ranks, or
+    /// The state over `shared` (rank `r` on `shared[r]`) with the zeroed areas `areas`, whose
+    /// kernels wait for each other up to `deadline` (at least 1 ns; longer than `u64::MAX`
+    /// nanoseconds, about 584 years, is as good as no deadline), or `None` when the group cannot use it: fewer than 2 or more than [`MAX_WORLD`] ranks, or
     /// a pair of devices that cannot read each other's memory.
     ///
     /// # Errors
@@ -169,6 +172,7 @@ impl OneShot {
     pub(crate) fn new(
         shared: &[Arc<CudaDeviceShared>],
         areas: Vec<Arc<Memory>>,
+        deadline: std::time::Duration,
     ) -> Result<Option<Arc<OneShot>>> {
         let world = shared.len();
         if !(2..=MAX_WORLD).contains(&world) || areas.len() != world {
@@ -196,6 +200,9 @@ impl OneShot {
             areas,
             bases,
             ranks,
+            deadline_ns: u64::try_from(deadline.as_nanos())
+                .unwrap_or(u64::MAX)
+                .max(1),
         })))
     }
 
@@ -248,7 +255,7 @@ impl OneShot {
         let (mut send, mut recv) = (send, recv);
         let mut n = n as u32;
         let (mut rank_arg, mut world) = (rank as u32, self.areas.len() as u32);
-        let mut deadline = DEADLINE_NS;
+        let mut deadline = self.deadline_ns;
         let mut params: [*mut c_void; 7] = [
             (&mut send as *mut u64).cast(),
             (&mut recv as *mut u64).cast(),
