@@ -7,16 +7,24 @@ use cuflow::prelude::*;
 
 /// `out[r, c] = x[r, c] * scale[c] + shift`, one block per tile of `TILE_ROWS` full rows.
 fn scale_shift() -> Kernel {
-    // SAFETY: the kernel's source reads and writes only the elements of the buffers it is
-    // given, below the counts it is given, and has no data race of its own.
+    // SAFETY: every access of the kernel is below the element counts the launch appends
+    // (`n_out`, `n_x`, `n_scale`), whatever the tile, block size and scalars it is given; its
+    // threads write distinct elements.
     let kernel = unsafe {
         Kernel::new(
             "scale_shift",
             r#"extern "C" __global__ void scale_shift(float* out, const float* x, const float* scale,
-                                                 float shift, unsigned cols, unsigned tile_rows) {
-            unsigned base = blockIdx.x * tile_rows * cols;
+                                                 float shift, unsigned cols, unsigned tile_rows,
+                                                 unsigned long long n_out,
+                                                 unsigned long long n_x,
+                                                 unsigned long long n_scale) {
+            if (cols == 0) return;
+            const unsigned long long base = (unsigned long long)blockIdx.x * tile_rows * cols;
             for (unsigned i = threadIdx.x; i < tile_rows * cols; i += blockDim.x) {
-                out[base + i] = x[base + i] * scale[i % cols] + shift;
+                const unsigned long long at = base + i;
+                if (at < n_out && at < n_x && i % cols < n_scale) {
+                    out[at] = x[at] * scale[i % cols] + shift;
+                }
             }
         }"#,
         )

@@ -2,8 +2,8 @@
 //! the device (the driver's initialization) and the first compile work there. In a file of its
 //! own, so that this test is the first in its process to open the device.
 
-use cuflow_runtime::{Device, DeviceBuffer, DeviceError, KernelArgs, LaunchConfig};
-use cuflow_testing::kernels::{prefix_mut, reviewed_kernel};
+use cuflow_runtime::{Device, DeviceBuffer, DeviceError, Kernel, KernelArgs, LaunchConfig};
+use cuflow_testing::kernels::prefix_mut;
 use cuflow_testing::thread::on_stack_of;
 
 #[test]
@@ -12,13 +12,17 @@ fn a_device_first_opened_from_a_thread_with_a_small_stack_works() {
         let device = Device::auto()?;
         let s = device.new_stream()?;
         let x = DeviceBuffer::from_host(&s, &[1.0f32, -2.0, 3.5])?;
-        let k = reviewed_kernel(
-            "small_stack_negate",
-            r#"extern "C" __global__ void small_stack_negate(float* x, unsigned n) {
+        // SAFETY: writes x[0..n] only, and this kernel stays in this test, whose one launch
+        // passes the buffer's length as n.
+        let k = unsafe {
+            Kernel::new(
+                "small_stack_negate",
+                r#"extern "C" __global__ void small_stack_negate(float* x, unsigned n) {
                     unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
                     if (i < n) x[i] = -x[i];
                 }"#,
-        )
+            )
+        }
         .with_host(|args| {
             let n = args.scalar::<u32>(1)? as usize;
             for v in prefix_mut("small_stack_negate", args.output::<f32>(0)?, n)? {

@@ -21,6 +21,8 @@ trait ErasedInput: Send {
     fn check(&self, stream: &cuflow_runtime::Stream, name: &'static str)
         -> Result<(), DeviceError>;
     fn push<'b>(&'b self, args: &mut KernelArgs<'b>) -> Result<(), DeviceError>;
+    /// The tensor's element count.
+    fn len(&self) -> usize;
 }
 
 struct Input<T, V>(V, std::marker::PhantomData<fn() -> T>);
@@ -38,13 +40,25 @@ impl<T: DType, V: TensorRef<T>> ErasedInput for Input<T, V> {
         args.input(self.0.tensor().view("Launch")?);
         Ok(())
     }
+    fn len(&self) -> usize {
+        self.0.tensor().len()
+    }
 }
 
 /// A launch of a user [`Kernel`] over a partitioned output: the kernel's first parameter is
-/// the output (`T*`), then the inputs and scalars in the order they were added. The launch
-/// has one block per tile of the partition and `block_threads` threads per block (256 unless
-/// set), so the kernel finds its tile from `blockIdx.x`; pass the shapes it needs as scalars.
-/// On the host backend the kernel's host implementation runs over the same arguments.
+/// the output (`T*`), then the inputs and scalars in the order they were added, then, added by
+/// the launch itself, one `unsigned long long` per tensor: the output's element count, then
+/// each input's, in the order the inputs were added. The launch has one block per tile of the
+/// partition and `block_threads` threads per block (256 unless set), so the kernel finds its
+/// tile from `blockIdx.x`; pass the shapes it needs as scalars. On the host backend the
+/// kernel's host implementation runs over the same arguments.
+///
+/// The element counts are the ones the kernel bounds its accesses by: everything else a launch
+/// is given (the tile, the block size, the scalars, which tensors) is chosen by safe code that
+/// may get it wrong, so a kernel that indexed by those alone could not keep the promise of
+/// [`Kernel::new`] (to stay within the buffers passed to it, for every launch). A kernel that
+/// does not declare the counts is refused at launch with [`DeviceError::InvalidArgument`]
+/// (where its signature can be read), before it runs.
 ///
 /// Every tensor is passed as a pointer to its first element, its elements packed in
 /// row-major order after it: the output and the inputs must be contiguous and start at a
@@ -65,14 +79,16 @@ impl<T: DType, V: TensorRef<T>> ErasedInput for Input<T, V> {
 /// use cuflow_tensor::{api, Launch, PartitionExt};
 /// # fn main() -> Result<(), cuflow_runtime::DeviceError> {
 /// // out[i] = x[i] * x[i] + c, one 64-element tile per block.
-/// // SAFETY: each block touches only its own 64-element tile of `out` and `x`, and the
-/// // launch gives one block per tile.
+/// // SAFETY: every access is below the element counts the launch appends (`n_out`, `n_x`),
+/// // whatever the tile, block size or scalars.
 /// let square_plus = unsafe {
 ///     Kernel::new(
 ///         "square_plus",
-///         r#"extern "C" __global__ void square_plus(float* out, const float* x, float c) {
-///             unsigned i = blockIdx.x * 64 + threadIdx.x;
-///             if (threadIdx.x < 64) out[i] = x[i] * x[i] + c;
+///         r#"extern "C" __global__ void square_plus(float* out, const float* x, float c,
+///                                                   unsigned long long n_out,
+///                                                   unsigned long long n_x) {
+///             unsigned long long i = blockIdx.x * 64ull + threadIdx.x;
+///             if (threadIdx.x < 64 && i < n_out && i < n_x) out[i] = x[i] * x[i] + c;
 ///         }"#,
 ///     )
 /// }
@@ -175,6 +191,13 @@ impl<T: DType, P: TensorMut<T>> DeviceOp for Launch<'_, T, P> {
                 match a {
                     Arg::Input(i) => i.push(&mut args)?,
                     Arg::Scalar(f) => f(&mut args),
+                }
+            }
+            // The counts every access of the kernel is bounded by (see the type's docs).
+            args.scalar(out.len() as u64);
+            for a in &self.args {
+                if let Arg::Input(i) = a {
+                    args.scalar(i.len() as u64);
                 }
             }
             self.kernel.launch(

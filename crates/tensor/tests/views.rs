@@ -324,7 +324,7 @@ fn in_place_kernels_write_contiguous_views_only() -> Result<(), DeviceError> {
 #[test]
 fn launch_refuses_strided_inputs() -> Result<(), DeviceError> {
     let s = stream();
-    let kernel = cuflow_testing::kernels::copy();
+    let kernel = cuflow_testing::kernels::launch_copy();
     let x = api::arange::<f32>(0.0, 16.0, 1.0)
         .sync_on(&s)?
         .reshape(&[4, 4])?;
@@ -332,7 +332,6 @@ fn launch_refuses_strided_inputs() -> Result<(), DeviceError> {
     let t = x.transpose(0, 1)?;
     let err = Launch::new(kernel, (&mut out).partition([16]))
         .input(&t)
-        .scalar(16u32)
         .sync_on(&s)
         .unwrap_err();
     assert!(
@@ -342,7 +341,6 @@ fn launch_refuses_strided_inputs() -> Result<(), DeviceError> {
     let dense = kernels::contiguous(&t).sync_on(&s)?;
     Launch::new(kernel, (&mut out).partition([16]))
         .input(&dense)
-        .scalar(16u32)
         .sync_on(&s)?;
     let want: Vec<f32> = (0..16).map(|i| ((i % 4) * 4 + i / 4) as f32).collect();
     assert_exact(&read(&out), &want, "copy of the transpose");

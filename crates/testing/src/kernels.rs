@@ -23,10 +23,13 @@ pub const SHORT_SPIN: u64 = 20_000_000;
 
 /// A kernel from CUDA C `source` written in this crate.
 #[allow(unsafe_code)]
-pub fn reviewed_kernel(name: &str, source: &str) -> Kernel {
+pub(crate) fn reviewed_kernel(name: &str, source: &str) -> Kernel {
     // SAFETY: every source passed here is written in this crate (this module and the example
     // model) and reviewed to read and write only the elements of the buffers it is given,
-    // below the counts it is given, with no data race between its threads.
+    // below the counts it is given, with no data race between its threads. Those that trust a
+    // count passed as a scalar are test kernels: the tests that launch them pass the true
+    // lengths; those launched through the tensor `Launch` bound every access by the element
+    // counts the launch appends.
     unsafe { Kernel::new(name, source) }
 }
 
@@ -99,6 +102,33 @@ fn from_source(name: &'static str, body: &str, f: fn(f32, f32) -> f32) -> Kernel
             *d = f(*d, *s);
         }
         Ok(())
+    })
+}
+
+/// `dst[i] = src[i]` for every `i` below both element counts, as a kernel of the tensor
+/// `Launch` (which appends them): `(float* dst, const float* src, u64 n_dst, u64 n_src)`.
+pub fn launch_copy() -> &'static Kernel {
+    static K: OnceLock<Kernel> = OnceLock::new();
+    K.get_or_init(|| {
+        reviewed_kernel(
+            "test_launch_copy",
+            r#"extern "C" __global__ void test_launch_copy(float* dst, const float* src,
+                                                          unsigned long long n_dst,
+                                                          unsigned long long n_src) {
+                const unsigned long long n = n_dst < n_src ? n_dst : n_src;
+                for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x
+                         + threadIdx.x; i < n; i += (unsigned long long)blockDim.x * gridDim.x) {
+                    dst[i] = src[i];
+                }
+            }"#,
+        )
+        .with_host(|args| {
+            let src = args.input::<f32>(1)?;
+            for (d, s) in args.output::<f32>(0)?.iter_mut().zip(src) {
+                *d = *s;
+            }
+            Ok(())
+        })
     })
 }
 

@@ -109,6 +109,14 @@ impl Kernel {
     ///   only the buffers its callers pass as outputs;
     /// - be free of data races between its own threads, and terminate.
     ///
+    /// "Every launch" means every launch safe code can make with this kernel: any grid, block
+    /// size and scalar values. A kernel that bounds its accesses by a length passed as a scalar
+    /// can keep the promise only where every launch passes the true length: keep such a
+    /// `Kernel` private to code that does (as cuflow's built-in kernels are kept), rather than
+    /// hand it to callers who choose the scalars. The tensor crate's `Launch` appends each
+    /// tensor's element count to the arguments, so a kernel launched through it can bound every
+    /// access by values no caller chooses.
+    ///
     /// The host implementation given with [`Kernel::with_host`] is ordinary safe Rust and needs
     /// no such promise.
     pub unsafe fn new(name: impl Into<String>, source: impl Into<String>) -> Kernel {

@@ -20,12 +20,18 @@ pub(super) fn kv_write_kernel() -> Kernel {
         "kv_cache_write",
         r#"extern "C" __global__ void kv_cache_write(float* cache, const float* qkv,
                                                      const unsigned* pos, unsigned d_model,
-                                                     unsigned max_seq) {
+                                                     unsigned max_seq,
+                                                     unsigned long long n_cache,
+                                                     unsigned long long n_qkv,
+                                                     unsigned long long n_pos) {
+            if (n_pos == 0) return;
             const unsigned p = *pos;
             if (p >= max_seq) return;
-            float* dst = cache + ((size_t)blockIdx.x * max_seq + p) * d_model;
-            const float* src = qkv + (size_t)(blockIdx.x + 1) * d_model;
-            for (unsigned c = threadIdx.x; c < d_model; c += blockDim.x) dst[c] = src[c];
+            const size_t dst = ((size_t)blockIdx.x * max_seq + p) * d_model;
+            const size_t src = (size_t)(blockIdx.x + 1) * d_model;
+            for (unsigned c = threadIdx.x; c < d_model; c += blockDim.x) {
+                if (dst + c < n_cache && src + c < n_qkv) cache[dst + c] = qkv[src + c];
+            }
         }"#,
     );
     kernel.with_host(|args| {
@@ -64,8 +70,22 @@ __device__ float block_reduce(float v, float* red, bool take_max) {
 
 extern "C" __global__ void decode_attention(float* out, const float* qkv, const float* cache,
                                             const unsigned* pos, unsigned d_model,
-                                            unsigned head_dim, unsigned max_seq, float scale) {
+                                            unsigned head_dim, unsigned max_seq, float scale,
+                                            unsigned long long n_out, unsigned long long n_qkv,
+                                            unsigned long long n_cache,
+                                            unsigned long long n_pos) {
   extern __shared__ float smem[];
+  /* Every access below stays within the element counts and the dynamic shared memory this
+     launch was given, or the block does nothing (a condition alike for all its threads). */
+  unsigned smem_bytes;
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(smem_bytes));
+  const unsigned long long heads = gridDim.x, width = blockDim.x > head_dim ? blockDim.x : head_dim;
+  if (n_pos == 0 || max_seq == 0 || head_dim == 0 || blockDim.x % 32 != 0
+      || heads * head_dim > d_model || n_out < heads * head_dim
+      || n_qkv < 3ull * d_model || n_cache < 2ull * max_seq * d_model
+      || (unsigned long long)smem_bytes < (max_seq + 32ull + width) * sizeof(float)) {
+    return;
+  }
   float* scores = smem;
   float* red = scores + max_seq;
   float* part = red + 32;
@@ -165,9 +185,13 @@ pub(super) fn record_kernel() -> Kernel {
     let kernel = reviewed_kernel(
         "record_token",
         r#"extern "C" __global__ void record_token(unsigned* history, const unsigned* next,
-                                                   const unsigned* pos, unsigned len) {
+                                                   const unsigned* pos, unsigned len,
+                                                   unsigned long long n_history,
+                                                   unsigned long long n_next,
+                                                   unsigned long long n_pos) {
+            if (threadIdx.x != 0 || n_next == 0 || n_pos == 0) return;
             const unsigned p = *pos;
-            if (threadIdx.x == 0 && p < len) history[p] = next[0];
+            if (p < len && p < n_history) history[p] = next[0];
         }"#,
     );
     kernel.with_host(|args| {

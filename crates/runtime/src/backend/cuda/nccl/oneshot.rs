@@ -28,9 +28,10 @@
 //! count plus one. As every rank makes the same calls in the same order, their counts agree.
 //! A flag holds the epoch its writer reached, and waiting means until it reaches ours
 //! (compared with wrap-around); beside it, the element count of the writer's call, which must
-//! be ours. A wait has a deadline (the group's, [`DEFAULT_DEADLINE`] unless said otherwise): a rank that never arrives traps the kernel
-//! (a device fault, reported as `DeviceFaulted`) instead of hanging, and so do ranks whose
-//! calls disagree on the count, instead of summing parts of other lengths.
+//! be ours. A wait has a deadline (the group's: 300 s, as the dist crate's default deadline for
+//! a peer, unless the communicators were made with another): a rank that never arrives traps
+//! the kernel (a device fault, reported as `DeviceFaulted`) instead of hanging, and so do ranks
+//! whose calls disagree on the count, instead of summing parts of other lengths.
 
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -51,9 +52,6 @@ pub(crate) const CAP: usize = 16 * 1024;
 const BLOCKS: usize = 8;
 /// Threads per block.
 const THREADS: u32 = 256;
-/// How long a rank waits for the others before the kernel traps, unless the communicators were
-/// made with another deadline: as long as the dist crate's default deadline for a peer.
-pub(crate) const DEFAULT_DEADLINE: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// Bytes of one rank's area: two staging halves of `CAP` `f32`, the start and done flags
 /// (`BLOCKS × MAX_WORLD` `u64` each: a call's epoch and element count) and a call count per
