@@ -1,4 +1,16 @@
 //! Pinned (page-locked) host memory and asynchronous transfers through it.
+//!
+//! The host reads a pinned buffer in place, as a `[T]` over the backend's bytes. Every backend
+//! aligns non-empty pinned storage to at least 8 bytes (host: a word vector; CUDA: page-aligned
+//! `cuMemHostAlloc`), and the storage never moves while the buffer lives, so
+//! [`PinnedBuffer::new`] refuses element types aligned to more than 8 bytes and checks the
+//! storage's alignment once; an empty buffer (on CUDA, one with no allocation at all) reads as
+//! an empty slice without touching its bytes.
+//!
+//! A copy's buffer is owned by its [`PinnedTransfer`] until an event recorded after the copy
+//! has completed. That event is recorded in the same enqueue as the copy, under the stream's
+//! capture gate, so no capture can begin in between; if it cannot be recorded, the buffer is
+//! freed only once the stream was waited for or its device faulted, and leaked otherwise.
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -29,16 +41,41 @@ impl<T: DeviceCopy> PinnedBuffer<T> {
     ///
     /// # Errors
     ///
-    /// [`DeviceError::OutOfMemory`] or a driver error.
+    /// [`DeviceError::InvalidShape`] when `T` needs an alignment above 8 bytes (more than
+    /// every backend guarantees for pinned memory, which the host reads in place; use a type
+    /// of the same bytes aligned to 8, e.g. `[u64; 2]` for `u128`) or `len` elements overflow
+    /// the address space; [`DeviceError::OutOfMemory`] or a driver error.
     pub fn new(device: &Device, len: usize) -> Result<Self> {
-        let bytes = byte_size::<T>(len, "PinnedBuffer::new")?;
+        let op = "PinnedBuffer::new";
+        let align = std::mem::align_of::<T>();
+        if align > PINNED_ALIGN {
+            return Err(DeviceError::InvalidShape {
+                op,
+                reason: format!(
+                    "{} needs {align}-byte alignment; pinned buffers are aligned to \
+                     {PINNED_ALIGN} bytes: use an element type of the same bytes aligned to \
+                     at most {PINNED_ALIGN} (e.g. [u64; 2] for u128)",
+                    std::any::type_name::<T>()
+                ),
+            });
+        }
+        let bytes = byte_size::<T>(len, op)?;
         let backend = device.backend().alloc_pinned(bytes)?;
-        Ok(PinnedBuffer {
+        let buffer = PinnedBuffer {
             backend,
             len,
             device: device.clone(),
             _marker: PhantomData,
-        })
+        };
+        // The storage never moves, so one check here makes every later view valid.
+        if let Err(e) = try_typed::<T>(&buffer.backend.bytes(), len) {
+            return Err(DeviceError::internal(format!(
+                "{op}: the {bytes} bytes of pinned memory from {device:?} cannot be viewed as \
+                 {len} {}: {e}",
+                std::any::type_name::<T>()
+            )));
+        }
+        Ok(buffer)
     }
 
     /// Number of elements.
@@ -88,7 +125,7 @@ impl<T: DeviceCopy> PinnedBuffer<T> {
         check_len(op, self.len, src.len)?;
         let mut this = self;
         this.check_backend(op, stream)?;
-        ordered_copy(
+        let recorded = ordered_copy(
             stream,
             op,
             src.region().len,
@@ -96,14 +133,11 @@ impl<T: DeviceCopy> PinnedBuffer<T> {
             || {
                 stream
                     .backend()
-                    .copy_to_pinned(src.region(), &mut this.backend)
+                    .copy_to_pinned(src.region(), &mut this.backend)?;
+                Ok(stream.record_event())
             },
         )?;
-        let event = stream.record_event()?;
-        Ok(PinnedTransfer {
-            buffer: Some(this),
-            event,
-        })
+        this.into_transfer(stream, recorded)
     }
 
     /// Enqueues an asynchronous copy of this buffer into `dst` (same length); the buffer comes
@@ -124,7 +158,7 @@ impl<T: DeviceCopy> PinnedBuffer<T> {
         stream.forbid_in_capture(op)?;
         check_len(op, dst.len, self.len)?;
         self.check_backend(op, stream)?;
-        ordered_copy(
+        let recorded = ordered_copy(
             stream,
             op,
             dst.region().len,
@@ -132,18 +166,79 @@ impl<T: DeviceCopy> PinnedBuffer<T> {
             || {
                 stream
                     .backend()
-                    .copy_from_pinned(&self.backend, dst.region())
+                    .copy_from_pinned(&self.backend, dst.region())?;
+                Ok(stream.record_event())
             },
         )?;
-        let event = stream.record_event()?;
-        Ok(PinnedTransfer {
-            buffer: Some(self),
-            event,
-        })
+        self.into_transfer(stream, recorded)
     }
 }
 
+/// The alignment every backend gives non-empty pinned storage (see the module docs).
+const PINNED_ALIGN: usize = 8;
+
+/// The first `len` elements of `T` in `bytes`: an empty slice when they take no bytes (an
+/// empty buffer's bytes may sit at any address), else the bytes cast in place.
+fn try_typed<T: DeviceCopy>(
+    bytes: &[u8],
+    len: usize,
+) -> std::result::Result<&[T], bytemuck::PodCastError> {
+    let n = len.saturating_mul(std::mem::size_of::<T>());
+    if n == 0 {
+        return Ok(&[]);
+    }
+    let bytes = bytes.get(..n).ok_or(bytemuck::PodCastError::SizeMismatch)?;
+    bytemuck::try_cast_slice(bytes)
+}
+
+/// [`try_typed`], mutably.
+fn try_typed_mut<T: DeviceCopy>(
+    bytes: &mut [u8],
+    len: usize,
+) -> std::result::Result<&mut [T], bytemuck::PodCastError> {
+    let n = len.saturating_mul(std::mem::size_of::<T>());
+    if n == 0 {
+        return Ok(&mut []);
+    }
+    let bytes = bytes
+        .get_mut(..n)
+        .ok_or(bytemuck::PodCastError::SizeMismatch)?;
+    bytemuck::try_cast_slice_mut(bytes)
+}
+
 impl<T> PinnedBuffer<T> {
+    /// The transfer of a copy just enqueued, given the result of recording its event (in the
+    /// same enqueue, under the stream's capture gate). When the record failed, the copy may
+    /// still be running, and the buffer must not be freed under it: it is dropped once the
+    /// stream has been waited for, or once the device faulted (which ends its work, as when a
+    /// transfer is dropped after a failed wait); otherwise (the wait failed too, e.g. for the
+    /// same lack of resources, or another thread began capturing the stream) it is leaked.
+    fn into_transfer(
+        self,
+        stream: &Stream,
+        recorded: Result<crate::event::Event>,
+    ) -> Result<PinnedTransfer<T>> {
+        let error = match recorded {
+            Ok(event) => {
+                return Ok(PinnedTransfer {
+                    buffer: Some(self),
+                    event,
+                })
+            }
+            Err(e) => e,
+        };
+        if let Err(wait) = stream.synchronize() {
+            if !stream.device().is_faulted() {
+                tracing::warn!(
+                    "a pinned buffer is leaked: recording the event of its copy failed \
+                     ({error}), and waiting for the copy failed too ({wait})"
+                );
+                std::mem::forget(self);
+            }
+        }
+        Err(error)
+    }
+
     /// Refuses a stream of the other backend: pinned memory of one backend serves every device
     /// of that backend, and no other. (Views are checked against the stream before, so this is
     /// the only way backends can differ.)
@@ -170,7 +265,9 @@ pub struct PinnedRef<'a, T> {
 impl<T: DeviceCopy> std::ops::Deref for PinnedRef<'_, T> {
     type Target = [T];
     fn deref(&self) -> &[T] {
-        bytemuck::cast_slice(&self.bytes[..self.len * std::mem::size_of::<T>()])
+        // `PinnedBuffer::new` checked that the storage views as `len` elements, and it never
+        // moves: the empty fallback is unreachable, and there so that a read never panics.
+        try_typed(&self.bytes, self.len).unwrap_or_default()
     }
 }
 
@@ -190,14 +287,15 @@ pub struct PinnedMut<'a, T> {
 impl<T: DeviceCopy> std::ops::Deref for PinnedMut<'_, T> {
     type Target = [T];
     fn deref(&self) -> &[T] {
-        bytemuck::cast_slice(&self.bytes[..self.len * std::mem::size_of::<T>()])
+        // As in `PinnedRef`: checked at `new`, the fallback is unreachable.
+        try_typed(&self.bytes, self.len).unwrap_or_default()
     }
 }
 
 impl<T: DeviceCopy> std::ops::DerefMut for PinnedMut<'_, T> {
     fn deref_mut(&mut self) -> &mut [T] {
-        let bytes = self.len * std::mem::size_of::<T>();
-        bytemuck::cast_slice_mut(&mut self.bytes[..bytes])
+        // As in `PinnedRef`: checked at `new`, the fallback is unreachable.
+        try_typed_mut(&mut self.bytes, self.len).unwrap_or_default()
     }
 }
 

@@ -21,7 +21,7 @@ use cudarc::driver::{result, sys};
 use super::memory::{CudaMemory, CudaPinned};
 use super::stream::{CudaEventHandle, CudaStreamHandle};
 use super::{driver_err, CudaDeviceShared};
-use crate::error::Result;
+use crate::error::{DeviceError, Result};
 
 /// Bytes per staging buffer; two of them form a destination device's ring.
 pub(crate) const STAGING_CHUNK: usize = 8 << 20;
@@ -163,33 +163,110 @@ pub(crate) fn copy_staged(
     while done < len {
         let n = (len - done).min(STAGING_CHUNK);
         let slot = &mut ring.slots[chunk % STAGING_SLOTS];
-        if let Some(event) = &slot.reusable_after {
-            src_stream.wait_event(event)?;
+        let staged = stage_chunk(
+            slot,
+            (src_stream, src, src_offset + done),
+            (dst_stream, dst, dst_offset + done),
+            n,
+        );
+        if let Err(ChunkFailed { error, unfenced }) = staged {
+            if let Some(stream) = unfenced {
+                // A faulted device runs none of its work again: its copies will not touch the
+                // slot. Otherwise the slot may still be written or read by the chunk's copies,
+                // and no event says when they end: the ring is neither reused nor freed (the
+                // next staged copy makes a new one).
+                if let Err(wait) = stream.synchronize() {
+                    if stream.shared.life.check().is_ok() {
+                        tracing::warn!(
+                            "a staging ring is leaked: a staged copy failed ({error}) and \
+                             waiting for its copies failed too ({wait})"
+                        );
+                        std::mem::forget(guard.take());
+                    }
+                }
+            }
+            return Err(error);
         }
-        src_stream.enqueue_bytes("cuMemcpyDtoHAsync", n, |stream| {
-            let host = &mut slot.buffer.raw_bytes_mut()[..n];
-            // SAFETY: `host` is portable page-locked memory owned by the ring, which lives as
-            // long as the destination device and is rewritten only after the event of the copy
-            // that last read it (waited on above); the source range was bounds-checked and its
-            // free is ordered after `src_stream`'s work.
-            unsafe {
-                result::memcpy_dtoh_async(host, src.ptr() + (src_offset + done) as u64, stream)
-            }
-        })?;
-        let staged = src_stream.record_event(false)?;
-        dst_stream.wait_event(&staged)?;
-        dst_stream.enqueue_bytes("cuMemcpyHtoDAsync", n, |stream| {
-            let host = &slot.buffer.raw_bytes()[..n];
-            // SAFETY: the destination range was bounds-checked and its free is ordered after
-            // `dst_stream`'s work; `host` stays allocated and unwritten until the event recorded
-            // below completes, and this copy starts after the device-to-host copy filling it.
-            unsafe {
-                result::memcpy_htod_async(dst.ptr() + (dst_offset + done) as u64, host, stream)
-            }
-        })?;
-        slot.reusable_after = Some(dst_stream.record_event(false)?);
         done += n;
         chunk += 1;
     }
     Ok(())
+}
+
+/// A chunk of a staged copy that failed, and the stream (if any) whose enqueued copies may
+/// still touch the chunk's slot without the slot's `reusable_after` covering them.
+struct ChunkFailed<'s> {
+    error: DeviceError,
+    unfenced: Option<&'s CudaStreamHandle>,
+}
+
+/// Copies `n` bytes through `slot`: device-to-host from `src` on `src_stream`, then
+/// host-to-device into `dst` on `dst_stream` (each with its byte offset), and leaves in
+/// `reusable_after` an event after which the slot may be written again.
+///
+/// On an error, `reusable_after` still covers every copy that touches the slot, or the error
+/// names the stream to wait for before the slot is used again: once the device-to-host copy
+/// is enqueued, the slot's writer is that copy, not the reader the old event covers.
+fn stage_chunk<'s>(
+    slot: &mut StagingSlot,
+    (src_stream, src, src_offset): (&'s CudaStreamHandle, &CudaMemory, usize),
+    (dst_stream, dst, dst_offset): (&'s CudaStreamHandle, &CudaMemory, usize),
+    n: usize,
+) -> std::result::Result<(), ChunkFailed<'s>> {
+    let fenced = |error| ChunkFailed {
+        error,
+        unfenced: None,
+    };
+    if let Some(event) = &slot.reusable_after {
+        src_stream.wait_event(event).map_err(fenced)?;
+    }
+    src_stream
+        .enqueue_bytes("cuMemcpyDtoHAsync", n, |stream| {
+            let host = &mut slot.buffer.raw_bytes_mut()[..n];
+            // SAFETY: `host` is portable page-locked memory owned by the ring, which lives as
+            // long as the destination device and is rewritten only after the event of the copy
+            // that last touched it (waited on above; on an error, `copy_staged` waits for the
+            // copies no event covers, or leaks the ring); the source range was bounds-checked
+            // and its free is ordered after `src_stream`'s work.
+            unsafe { result::memcpy_dtoh_async(host, src.ptr() + src_offset as u64, stream) }
+        })
+        .map_err(fenced)?;
+    // The copy into the slot is enqueued: the old `reusable_after` no longer covers the slot.
+    let staged = src_stream
+        .record_event(false)
+        .map_err(|error| ChunkFailed {
+            error,
+            unfenced: Some(src_stream),
+        })?;
+    // `staged` covers the write into the slot, and (`src_stream` waited for it) the old reader.
+    let read = dst_stream.wait_event(&staged).and_then(|()| {
+        dst_stream.enqueue_bytes("cuMemcpyHtoDAsync", n, |stream| {
+            let host = &slot.buffer.raw_bytes()[..n];
+            // SAFETY: the destination range was bounds-checked and its free is ordered after
+            // `dst_stream`'s work; `host` stays allocated and unwritten until the event
+            // recorded below completes (or, that failing, `dst_stream` was waited for), and
+            // this copy starts after the device-to-host copy filling it.
+            unsafe { result::memcpy_htod_async(dst.ptr() + dst_offset as u64, host, stream) }
+        })
+    });
+    if let Err(error) = read {
+        // Nothing on `dst_stream` reads the slot: `staged` covers every copy touching it.
+        slot.reusable_after = Some(staged);
+        return Err(fenced(error));
+    }
+    match dst_stream.record_event(false) {
+        Ok(read) => {
+            slot.reusable_after = Some(read);
+            Ok(())
+        }
+        Err(error) => {
+            // The copy out of the slot is enqueued on `dst_stream` after `staged`: waiting for
+            // that stream covers both copies.
+            slot.reusable_after = Some(staged);
+            Err(ChunkFailed {
+                error,
+                unfenced: Some(dst_stream),
+            })
+        }
+    }
 }

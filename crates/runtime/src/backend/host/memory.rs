@@ -1,5 +1,6 @@
-//! Host memory: a word vector (8-byte aligned, so every element type can be viewed in place)
-//! behind a reader-writer lock.
+//! Host memory: a word vector (8-byte aligned, so every element type aligned to at most 8
+//! bytes can be viewed in place; the runtime refuses views of more-aligned types) behind a
+//! reader-writer lock.
 
 use std::sync::Arc;
 
@@ -51,7 +52,8 @@ pub(crate) fn host_mem(mem: &Memory) -> Result<&HostMemory> {
     })
 }
 
-/// Host-backend "pinned" memory: ordinary memory shared with the stream worker.
+/// Host-backend "pinned" memory: ordinary memory shared with the stream worker. Its words
+/// never move while it lives (nothing resizes the vector), so a view checked once stays valid.
 pub(crate) struct HostPinned {
     data: Arc<Mutex<Vec<u64>>>,
 }

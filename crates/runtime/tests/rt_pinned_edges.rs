@@ -1,0 +1,117 @@
+//! Pinned buffers at the edges of their element types, on the device that `Device::auto()`
+//! gives: an empty buffer of any type is read and written as an empty slice (on CUDA, a
+//! zero-length pinned buffer has no allocation), element types aligned to more than 8 bytes
+//! are refused when the buffer is made (no backend aligns its storage further), and types
+//! aligned to 8 bytes round-trip through the device.
+
+use cuflow_runtime::{DeviceBuffer, DeviceCopy, DeviceError, PinnedBuffer};
+use cuflow_testing::device::{device, stream};
+
+/// Reads and writes an empty pinned buffer of `T`, failing the test (rather than panicking
+/// the harness) if either access panics.
+fn empty_buffer_reads_and_writes_as_empty<T: DeviceCopy>() -> Result<(), DeviceError> {
+    let mut pinned = PinnedBuffer::<T>::new(&device(), 0)?;
+    let name = std::any::type_name::<T>();
+    let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| pinned.as_slice().len()));
+    assert!(
+        matches!(read, Ok(0)),
+        "PinnedBuffer::<{name}>::as_slice on an empty buffer gave {read:?}"
+    );
+    let written = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let mut slice = pinned.as_mut_slice();
+        slice.fill(T::zeroed());
+        slice.len()
+    }));
+    assert!(
+        matches!(written, Ok(0)),
+        "PinnedBuffer::<{name}>::as_mut_slice on an empty buffer gave {written:?}"
+    );
+    assert!(pinned.is_empty());
+    Ok(())
+}
+
+#[test]
+fn empty_pinned_buffers_of_every_supported_alignment_can_be_read_and_written(
+) -> Result<(), DeviceError> {
+    empty_buffer_reads_and_writes_as_empty::<u8>()?;
+    empty_buffer_reads_and_writes_as_empty::<u16>()?;
+    empty_buffer_reads_and_writes_as_empty::<f32>()?;
+    empty_buffer_reads_and_writes_as_empty::<f64>()?;
+    empty_buffer_reads_and_writes_as_empty::<[u64; 3]>()?;
+    Ok(())
+}
+
+/// Asserts that a pinned buffer of `len` elements of `T` (aligned to more than 8 bytes) is
+/// refused at `new` with an error naming the type and its alignment, and is never handed out
+/// to be read (which could not be done in place).
+fn refused_for_its_alignment<T: DeviceCopy>(len: usize) {
+    let name = std::any::type_name::<T>();
+    let made = PinnedBuffer::<T>::new(&device(), len);
+    let read = made.as_ref().ok().map(|p| {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| p.as_slice().len()))
+            .map_err(|_| "as_slice panicked")
+    });
+    match made {
+        Err(DeviceError::InvalidShape { op, reason }) => {
+            assert_eq!(op, "PinnedBuffer::new");
+            let align = std::mem::align_of::<T>();
+            assert!(
+                reason.contains(name) && reason.contains(&format!("{align}-byte alignment")),
+                "the error should name {name} and its alignment: {reason}"
+            );
+        }
+        other => panic!(
+            "PinnedBuffer::<{name}>::new(_, {len}) should be refused for its alignment, \
+             got {other:?} (reading it: {read:?})"
+        ),
+    }
+}
+
+#[test]
+fn pinned_buffers_of_types_aligned_above_8_bytes_are_refused_at_new() {
+    for len in [0, 1, 7, 1000] {
+        refused_for_its_alignment::<u128>(len);
+        refused_for_its_alignment::<i128>(len);
+        refused_for_its_alignment::<[u128; 2]>(len);
+    }
+}
+
+#[test]
+fn pinned_buffers_of_8_byte_aligned_types_round_trip() -> Result<(), DeviceError> {
+    let device = device();
+    let stream = stream();
+    for n in [1usize, 3, 17, 1000] {
+        let data: Vec<[u64; 3]> = (0..n as u64)
+            .map(|i| [i, i.wrapping_mul(0x9e37_79b9_7f4a_7c15), !i])
+            .collect();
+        let mut pinned = PinnedBuffer::<[u64; 3]>::new(&device, n)?;
+        assert_eq!(pinned.as_slice().len(), n);
+        pinned.as_mut_slice().copy_from_slice(&data);
+        let dev = DeviceBuffer::<[u64; 3]>::zeroed(&stream, n)?;
+        let pinned = pinned.copy_to_device(&stream, dev.view())?.wait()?;
+        assert_eq!(&*pinned.as_slice(), &data[..], "the source changed");
+        assert_eq!(
+            dev.to_host_vec(&stream)?,
+            data,
+            "{n} elements to the device"
+        );
+        let mut back = PinnedBuffer::<[u64; 3]>::new(&device, n)?;
+        back.as_mut_slice().fill([0; 3]);
+        let back = back.copy_from_device(&stream, dev.view())?.wait()?;
+        assert_eq!(&*back.as_slice(), &data[..], "{n} elements from the device");
+    }
+    Ok(())
+}
+
+#[test]
+fn empty_pinned_buffers_copy_to_and_from_an_empty_device_buffer() -> Result<(), DeviceError> {
+    let device = device();
+    let stream = stream();
+    let dev = DeviceBuffer::<f32>::zeroed(&stream, 0)?;
+    let pinned = PinnedBuffer::<f32>::new(&device, 0)?;
+    let pinned = pinned.copy_to_device(&stream, dev.view())?.wait()?;
+    let pinned = pinned.copy_from_device(&stream, dev.view())?.wait()?;
+    assert_eq!(pinned.as_slice().len(), 0);
+    assert!(dev.to_host_vec(&stream)?.is_empty());
+    Ok(())
+}
