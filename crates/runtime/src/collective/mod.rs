@@ -191,14 +191,14 @@ impl Comm {
         Self::nccl_local_with_timeout(devices, std::time::Duration::from_secs(300))
     }
 
-    /// [`Comm::nccl_local`] whose one-shot all-reduces (see the [module docs](self)) wait for
-    /// the other ranks up to `timeout` instead of 300 s before their kernel traps (a device
-    /// fault); NCCL's own waits have no deadline.
+    /// [`Comm::nccl_local`] whose one-shot all-reduces (small `f32` sums between devices that
+    /// read each other's memory) wait for the other ranks up to `timeout` instead of 300 s
+    /// before their kernel traps (a device fault); NCCL's own waits have no deadline.
     ///
     /// ```no_run
     /// # fn main() -> Result<(), cuflow_runtime::DeviceError> {
     /// use std::time::Duration;
-    /// use cuflow_runtime::{collective::Comm, Device};
+    /// use cuflow_runtime::{Comm, Device};
     ///
     /// let devices = [Device::cuda(0)?, Device::cuda(1)?];
     /// let comms = Comm::nccl_local_with_timeout(&devices, Duration::from_secs(30))?;
