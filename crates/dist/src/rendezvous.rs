@@ -1,11 +1,12 @@
 //! The TCP rendezvous: how the ranks of several processes find each other.
 //!
 //! Rank 0 listens at the master address; every other rank connects to it (retrying until its
-//! deadline, since rank 0 may start later) and says who it is and where it listens. Once every
-//! rank has arrived, rank 0 answers each with the table of all ranks' addresses and a payload
-//! (the NCCL unique id on CUDA devices). For the host backend the ranks then connect into a full
-//! mesh: rank 0 keeps the rendezvous connections, and every rank `i > 1` connects to each rank
-//! `1 ≤ j < i` (whose listener was open before it announced itself to rank 0).
+//! deadline, since rank 0 may start later and its name may resolve only once it is up) and says
+//! who it is and where it listens. Once every rank has arrived, rank 0 answers each with the
+//! table of all ranks' addresses and a payload (the NCCL unique id on CUDA devices). For the
+//! host backend the ranks then connect into a full mesh: rank 0 keeps the rendezvous
+//! connections, and every rank `i > 1` connects to each rank `1 ≤ j < i` (whose listener was
+//! open before it announced itself to rank 0).
 //!
 //! Every read, accept and connect has a deadline: a rank that never arrives is a
 //! [`DeviceError::Timeout`], a rank that answers something else a [`DeviceError::Collective`].
@@ -191,14 +192,19 @@ fn accept(
     }
 }
 
-/// Connects to `addr`, retrying while nothing listens there yet, until the deadline.
+/// Connects to `addr`, retrying while it does not resolve or nothing listens there yet (a
+/// service name may resolve only once rank 0 is up), until the deadline.
 fn connect(addr: &str, rank: usize, deadline: &Deadline) -> Result<TcpStream, DeviceError> {
     let waiting = || format!("rank {rank} connecting to {addr}");
     loop {
-        let addrs: Vec<SocketAddr> = addr
-            .to_socket_addrs()
-            .map_err(|e| err(rank, format!("resolving {addr}: {e}")))?
-            .collect();
+        let addrs: Vec<SocketAddr> = match addr.to_socket_addrs() {
+            Ok(addrs) => addrs.collect(),
+            Err(e) => {
+                deadline.left(|| format!("rank {rank} resolving {addr} (last: {e})"))?;
+                std::thread::sleep(Duration::from_millis(50));
+                continue;
+            }
+        };
         let left = deadline.left(waiting)?;
         let mut last = None;
         for a in &addrs {
