@@ -7,7 +7,7 @@ use std::sync::Arc;
 use cuflow_device_op::{from_fn, DeviceOp, ExecutionContext};
 use cuflow_runtime::{DeviceBuffer, DeviceError, Kernel, KernelArgs, LaunchConfig, Stream};
 
-use crate::dtype::{cuda_defs, cuda_prelude, DType, FloatDType};
+use crate::dtype::{cuda_defs, cuda_from_double, cuda_prelude, DType, FloatDType};
 use crate::kernels::{alloc, check_device};
 use crate::op::{cached_kernel, cached_kernel2, kernel_op, strided_op, TensorOp};
 use crate::tensor::{check_numel, Shape, Tensor, TensorInput};
@@ -56,19 +56,24 @@ fn iota_kernel<T: DType>() -> Kernel {
     cached_kernel("iota", T::NAME, || {
         let name = format!("iota_{}", T::NAME);
         let source = format!(
-            r#"{prelude}
+            r#"{prelude}{from_double}
 extern "C" __global__ void {name}(T* out, double a0, double d, unsigned long long n,
-                                  unsigned long long eye_cols, double last, int pin_last) {{
+                                  unsigned long long eye_cols, double last, int pin_last,
+                                  double scale) {{
   for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
        i += (unsigned long long)blockDim.x * gridDim.x) {{
-    // Rounded multiply and add (no contraction into a fused multiply-add), as on the host.
+    // Rounded multiply and add (no contraction into a fused multiply-add), as on the host;
+    // the first value is a0 itself, and scaling by a power of two is exact.
     double v = eye_cols ? ((i / eye_cols == i % eye_cols) ? 1.0 : 0.0)
-             : (pin_last && i == n - 1) ? last : __dadd_rn(a0, __dmul_rn((double)i, d));
-    out[i] = st((A)v);
+             : (pin_last && i == n - 1) ? last
+             : __dmul_rn(i == 0 ? a0 : __dadd_rn(a0, __dmul_rn((double)i, d)), scale);
+    out[i] = st(from_double_{t}(v));
   }}
 }}
 "#,
-            prelude = cuda_prelude::<T>()
+            prelude = cuda_prelude::<T>(),
+            from_double = cuda_from_double::<T>(),
+            t = T::NAME,
         );
         crate::op::builtin_kernel(name, source).with_host(|args| {
             let a0 = args.scalar::<f64>(1)?;
@@ -77,13 +82,15 @@ extern "C" __global__ void {name}(T* out, double a0, double d, unsigned long lon
             let eye = args.scalar::<u64>(4)?;
             let last = args.scalar::<f64>(5)?;
             let pin_last = args.scalar::<i32>(6)? != 0;
+            let scale = args.scalar::<f64>(7)?;
             for (i, o) in args.output::<T>(0)?.iter_mut().enumerate() {
                 let i = i as u64;
                 let v = match i.checked_div(eye) {
                     Some(row) if row == i % eye => 1.0,
                     Some(_) => 0.0,
                     None if pin_last && i + 1 == n => last,
-                    None => a0 + i as f64 * d,
+                    None if i == 0 => a0 * scale,
+                    None => (a0 + i as f64 * d) * scale,
                 };
                 *o = T::from_f64(v);
             }
@@ -97,11 +104,12 @@ fn grid_for(stream: &Stream, n: usize) -> LaunchConfig {
     LaunchConfig::linear(n.div_ceil(256).clamp(1, sms * 32) as u32, 256)
 }
 
-/// `a0 + i·d` (or the identity, for `eye_cols > 0`), with the last element `last` where given.
+/// `(a0 + i·d) · scale` (or the identity, for `eye_cols > 0`), with the last element `last`
+/// where given. The first element is `a0 · scale`; `scale` is 1, or 2 where the values span
+/// more than `f64` holds and `a0` and `d` are halved.
 fn iota<T: DType>(
     shape: Shape,
-    a0: f64,
-    d: f64,
+    (a0, d, scale): (f64, f64, f64),
     eye_cols: u64,
     last: Option<f64>,
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
@@ -119,7 +127,8 @@ fn iota<T: DType>(
                     .scalar(out.len() as u64)
                     .scalar(eye_cols)
                     .scalar(last.unwrap_or(0.0))
-                    .scalar(i32::from(last.is_some())),
+                    .scalar(i32::from(last.is_some()))
+                    .scalar(scale),
             )?;
         }
         Ok(out)
@@ -160,8 +169,7 @@ pub fn arange<T: DType>(
     };
     let inner = iota::<T>(
         Shape::from_slice(&[n.as_ref().copied().unwrap_or(0)]),
-        start,
-        step,
+        (start, step, 1.0),
         0,
         None,
     );
@@ -171,26 +179,60 @@ pub fn arange<T: DType>(
     })
 }
 
-/// `steps` values evenly spaced from `start` to `end` inclusive (one value: `start`). The
-/// first and the last value are `start` and `end` exactly (rounded to `T`).
+/// `steps` values evenly spaced from `start` to `end` inclusive (one value: `start`), computed
+/// in `f64` as `start + i · (end - start) / (steps - 1)` and rounded to `T`. The first and the
+/// last value are `start` and `end` exactly (rounded to `T`). Bounds as far apart as `f64`
+/// allows (`-f64::MAX` to `f64::MAX`) give finite values.
+///
+/// # Errors
+///
+/// [`DeviceError::InvalidShape`] naming `linspace` (when run) for a bound that is not finite.
 pub fn linspace<T: DType>(
     start: f64,
     end: f64,
     steps: usize,
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
-    let (d, last) = if steps > 1 {
-        ((end - start) / (steps - 1) as f64, Some(end))
+    let finite = start.is_finite() && end.is_finite();
+    let intervals = steps.saturating_sub(1).max(1) as f64;
+    // Where `end - start` overflows, the values are computed halved and doubled back: the
+    // halves of finite values are exact (so large), their difference finite, and every value
+    // lies between the bounds, so it is finite too.
+    let (a0, d, scale) = if !finite || steps <= 1 {
+        (start, 0.0, 1.0)
+    } else if (end - start).is_finite() {
+        (start, (end - start) / intervals, 1.0)
     } else {
-        (0.0, None)
+        (start / 2.0, (end / 2.0 - start / 2.0) / intervals, 2.0)
     };
-    iota::<T>(Shape::from_slice(&[steps]), start, d, 0, last)
+    let inner = iota::<T>(
+        Shape::from_slice(&[if finite { steps } else { 0 }]),
+        (a0, d, scale),
+        0,
+        (steps > 1).then_some(end),
+    );
+    from_fn(move |ctx: &mut ExecutionContext| {
+        if !finite {
+            return Err(DeviceError::InvalidShape {
+                op: "linspace",
+                reason: format!(
+                    "the start and the end must be finite, got start {start} and end {end}"
+                ),
+            });
+        }
+        inner.execute(ctx)
+    })
 }
 
 /// The `n × n` identity matrix.
 pub fn eye<T: DType>(
     n: usize,
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
-    iota::<T>(Shape::from_slice(&[n, n]), 0.0, 0.0, n.max(1) as u64, None)
+    iota::<T>(
+        Shape::from_slice(&[n, n]),
+        (0.0, 0.0, 1.0),
+        n.max(1) as u64,
+        None,
+    )
 }
 
 /// The `rows × cols` matrix with ones on its main diagonal (`i == j`) and zeros elsewhere.
@@ -206,8 +248,7 @@ pub fn eye_rect<T: DType>(
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
     iota::<T>(
         Shape::from_slice(&[rows, cols]),
-        0.0,
-        0.0,
+        (0.0, 0.0, 1.0),
         cols.max(1) as u64,
         None,
     )
@@ -232,7 +273,7 @@ fn random_kernel<T: DType>() -> Kernel {
     cached_kernel("random", T::NAME, || {
         let name = format!("random_{}", T::NAME);
         let source = format!(
-            r#"{prelude}
+            r#"{prelude}{from_double}
 __device__ __forceinline__ void philox(unsigned c[4], unsigned k0, unsigned k1) {{
   for (int r = 0; r < 10; ++r) {{
     unsigned long long p0 = (unsigned long long)0xD2511F53u * c[0];
@@ -257,21 +298,23 @@ extern "C" __global__ void {name}(T* out, unsigned long long n, unsigned long lo
       v = a + b * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
     }} else {{
       v = a + (b - a) * ((double)(c[0] >> 8) * (1.0 / 16777216.0));
-      if (b > a && (double)ld(st((A)v)) >= b) {{
+      if (b > a && (double)ld(st(from_double_{t}(v))) >= b) {{
         // Rounding to T reached b: bisect for the largest value that rounds below it.
         double lo = a, hi = v;
         for (int k = 0; k < 64; ++k) {{
           double m = 0.5 * (lo + hi);
-          if ((double)ld(st((A)m)) < b) lo = m; else hi = m;
+          if ((double)ld(st(from_double_{t}(m))) < b) lo = m; else hi = m;
         }}
         v = lo;
       }}
     }}
-    out[i] = st((A)v);
+    out[i] = st(from_double_{t}(v));
   }}
 }}
 "#,
-            prelude = cuda_prelude::<T>()
+            prelude = cuda_prelude::<T>(),
+            from_double = cuda_from_double::<T>(),
+            t = T::NAME,
         );
         crate::op::builtin_kernel(name, source).with_host(|args| {
             let seed = args.scalar::<u64>(2)?;
@@ -573,10 +616,14 @@ fn cast_kernel<I: DType, O: DType>() -> Kernel {
         let (i, o) = (I::NAME, O::NAME);
         // Rounded once from the integer: through `float` it would round twice.
         let int_to_bf16 = !I::IS_FLOAT && O::NAME == "bf16";
+        // From `double` to `f16`/`bf16`: rounded once, not through `(float)`.
+        let from_double = I::CUDA_ACC == "double" && crate::dtype::stores_float_rounded::<O>();
         let helper = if int_to_bf16 {
-            crate::dtype::BF16_FROM_INT_CUDA
+            crate::dtype::BF16_FROM_INT_CUDA.to_string()
+        } else if from_double {
+            cuda_from_double::<O>()
         } else {
-            ""
+            String::new()
         };
         let convert = if I::IS_FLOAT && !O::IS_FLOAT {
             // C leaves out-of-range conversions undefined: saturate and map NaN to 0 by hand.
@@ -595,6 +642,8 @@ fn cast_kernel<I: DType, O: DType>() -> Kernel {
             )
         } else if int_to_bf16 {
             "out[k] = bf16_from_int_ll((long long)x[k]);".to_string()
+        } else if from_double {
+            format!("out[k] = st_{o}(from_double_{o}(ld_{i}(x[k])));")
         } else {
             format!("out[k] = st_{o}((A_{o})ld_{i}(x[k]));")
         };

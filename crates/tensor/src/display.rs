@@ -1,13 +1,15 @@
 //! `Display` for [`Tensor`]: PyTorch-like nested brackets, elided for large tensors, followed
 //! by the shape, the dtype and the device.
 //!
-//! Printing reads the tensor back (as [`Tensor::to_host_vec`] does: after all queued work that
-//! used it), so it waits for the device. A failed readback prints an error marker in place of
-//! the elements; formatting never panics.
+//! Printing reads the shown elements back (after all queued work that used the tensor, as
+//! [`Tensor::to_host_vec`] does), so it waits for the device. It shows at most [`MAX_CELLS`]
+//! elements however many axes the tensor has, and reads back only those (in runs of nearby
+//! elements), never the whole buffer. A failed readback prints an error marker in place of the
+//! elements; formatting never panics.
 
 use std::fmt;
 
-use cuflow_runtime::DeviceError;
+use cuflow_runtime::{DeviceError, Stream};
 
 use crate::dtype::DType;
 use crate::tensor::Tensor;
@@ -18,21 +20,86 @@ pub(crate) const ELIDE_ABOVE: usize = 1000;
 /// The elements shown at each end of an elided axis.
 pub(crate) const EDGE_ITEMS: usize = 3;
 
+/// The most elements a printout shows: past it, more axes are elided (to their first and last
+/// entries, then to their first), outermost first.
+pub(crate) const MAX_CELLS: usize = 1000;
+
+/// Elements shown less than this far apart in the buffer are read back in one copy.
+const READ_GAP: usize = 64;
+
 /// The digits after the point of floating-point elements, unless the format asks for others.
 const DEFAULT_PRECISION: usize = 4;
 
-/// The printed tensor's indices along an axis of length `len`: all, or the first and last
-/// [`EDGE_ITEMS`] around a gap (`None`).
-fn shown(len: usize, elide: bool) -> Vec<Option<usize>> {
-    if elide && len > 2 * EDGE_ITEMS {
-        (0..EDGE_ITEMS)
+/// What an axis shows: every entry, the first and last `n`, or the first only.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Shown {
+    All,
+    Edges(usize),
+    First,
+}
+
+impl Shown {
+    /// The entries shown of an axis of length `len`.
+    fn count(self, len: usize) -> usize {
+        match self {
+            Shown::All => len,
+            Shown::Edges(n) => len.min(2 * n),
+            Shown::First => len.min(1),
+        }
+    }
+
+    /// The indices shown of an axis of length `len`, `None` marking a gap.
+    fn indices(self, len: usize) -> Vec<Option<usize>> {
+        let (head, tail) = match self {
+            Shown::Edges(n) if 2 * n < len => (n, n),
+            Shown::First if len > 1 => (1, 0),
+            _ => return (0..len).map(Some).collect(),
+        };
+        (0..head)
             .map(Some)
             .chain([None])
-            .chain((len - EDGE_ITEMS..len).map(Some))
+            .chain((len - tail..len).map(Some))
             .collect()
-    } else {
-        (0..len).map(Some).collect()
     }
+}
+
+/// The indices shown along each axis of `shape`: all of them up to [`ELIDE_ABOVE`] elements;
+/// beyond, the first and last [`EDGE_ITEMS`] of each longer axis; and while that still shows
+/// more than [`MAX_CELLS`] elements, axes cut to their first and last entries, then to their
+/// first, outermost first.
+fn shown_indices(shape: &[usize]) -> Vec<Vec<Option<usize>>> {
+    let numel = shape.iter().fold(1usize, |n, &d| n.saturating_mul(d));
+    let mut shown: Vec<Shown> = shape
+        .iter()
+        .map(|&len| {
+            if numel > ELIDE_ABOVE && len > 2 * EDGE_ITEMS {
+                Shown::Edges(EDGE_ITEMS)
+            } else {
+                Shown::All
+            }
+        })
+        .collect();
+    let cells = |shown: &[Shown]| {
+        shown
+            .iter()
+            .zip(shape)
+            .fold(1usize, |n, (s, &len)| n.saturating_mul(s.count(len)))
+    };
+    for cut in [Shown::Edges(1), Shown::First] {
+        for axis in 0..shape.len() {
+            if cells(&shown) <= MAX_CELLS {
+                break;
+            }
+            if cut.count(shape[axis]) < shown[axis].count(shape[axis]) {
+                shown[axis] = cut;
+            }
+        }
+    }
+    shown
+        .iter()
+        .zip(shape)
+        .map(|(s, &len)| s.indices(len))
+        .collect()
 }
 
 /// The number of leading axes of length 1 of `shape`. Printing steps over them at once, so
@@ -42,20 +109,101 @@ fn unit_axes(shape: &[usize]) -> usize {
     shape.iter().take_while(|&&d| d == 1).count()
 }
 
-/// How the elements of one tensor print: their text by index into `data` (the part of the
-/// buffer the tensor covers, read through `strides`), padded to the width of the widest
-/// element shown.
-struct Cells<'a, T> {
-    data: &'a [T],
+/// The elements read back, by their index in the part of the buffer the tensor covers
+/// (`Σ iₖ · strides[k]`), sorted by it.
+struct Values<T> {
+    at: Vec<usize>,
+    values: Vec<T>,
+}
+
+impl<T: DType> Values<T> {
+    fn get(&self, i: usize) -> Option<T> {
+        let k = self.at.binary_search(&i).ok()?;
+        self.values.get(k).copied()
+    }
+}
+
+/// How a tensor's axes print: its strides and the indices shown along each.
+struct Layout<'a> {
     strides: &'a [usize],
+    shown: &'a [Vec<Option<usize>>],
+}
+
+impl Layout<'_> {
+    /// The stride and the indices shown of the axis that `shape` (a tail of the tensor's
+    /// shape, at least one axis long) starts with.
+    fn axis(&self, shape: &[usize]) -> (usize, &[Option<usize>]) {
+        let k = self.strides.len() - shape.len();
+        (self.strides[k], &self.shown[k])
+    }
+
+    /// Calls `f` with the index of every element shown.
+    fn visit(&self, shape: &[usize], base: usize, f: &mut impl FnMut(usize)) {
+        // Leading axes of length 1 add nothing to the index.
+        let shape = &shape[unit_axes(shape)..];
+        let Some((_, rest)) = shape.split_first() else {
+            f(base);
+            return;
+        };
+        let (step, shown) = self.axis(shape);
+        for i in shown.iter().flatten() {
+            self.visit(rest, base + i * step, f);
+        }
+    }
+
+    /// The indices of the elements shown, sorted, each once.
+    fn indices(&self, shape: &[usize]) -> Vec<usize> {
+        let mut at = Vec::new();
+        if !shape.contains(&0) {
+            self.visit(shape, 0, &mut |i| at.push(i));
+        }
+        at.sort_unstable();
+        at.dedup();
+        at
+    }
+}
+
+/// The elements shown of `t`, read back on `stream`: one copy per run of indices less than
+/// [`READ_GAP`] apart.
+fn read_shown<T: DType>(
+    t: &Tensor<T>,
+    stream: &Stream,
+    at: Vec<usize>,
+) -> Result<Values<T>, DeviceError> {
+    let mut values = Vec::with_capacity(at.len());
+    let mut k = 0;
+    while let Some(&first) = at.get(k) {
+        let mut end = k + 1;
+        while end < at.len() && at[end] - at[end - 1] < READ_GAP {
+            end += 1;
+        }
+        let last = at[end - 1];
+        let run = t
+            .buffer()
+            .slice(t.offset() + first..t.offset() + last + 1)?
+            .to_host_vec(stream)?;
+        values.extend(
+            at[k..end]
+                .iter()
+                .filter_map(|&i| run.get(i - first).copied()),
+        );
+        k = end;
+    }
+    Ok(Values { at, values })
+}
+
+/// How the elements of one tensor print: their text, padded to the width of the widest element
+/// shown.
+struct Cells<'a, T> {
+    values: &'a Values<T>,
+    layout: Layout<'a>,
     precision: usize,
-    elide: bool,
     width: usize,
 }
 
 impl<T: DType> Cells<'_, T> {
     fn text(&self, i: usize) -> String {
-        let Some(v) = self.data.get(i) else {
+        let Some(v) = self.values.get(i) else {
             return "?".to_string();
         };
         match v.to_i128() {
@@ -64,22 +212,8 @@ impl<T: DType> Cells<'_, T> {
         }
     }
 
-    /// Calls `f` with the index in `data` of every element shown.
-    fn visit(&self, shape: &[usize], base: usize, f: &mut impl FnMut(usize)) {
-        // Leading axes of length 1 add nothing to the index.
-        let shape = &shape[unit_axes(shape)..];
-        let Some((&len, rest)) = shape.split_first() else {
-            f(base);
-            return;
-        };
-        let step = self.strides[self.strides.len() - shape.len()];
-        for i in shown(len, self.elide).into_iter().flatten() {
-            self.visit(rest, base + i * step, f);
-        }
-    }
-
-    /// Writes the elements under `shape` from index `base` of `data`, nested lines indented
-    /// by `indent` columns.
+    /// Writes the elements under `shape` from index `base`, nested lines indented by `indent`
+    /// columns.
     fn render(&self, out: &mut String, shape: &[usize], base: usize, indent: usize) {
         // Leading axes of length 1 hold one item each: their brackets, around the rest.
         let units = unit_axes(shape);
@@ -89,13 +223,13 @@ impl<T: DType> Cells<'_, T> {
             out.push_str(&"]".repeat(units));
             return;
         }
-        let Some((&len, rest)) = shape.split_first() else {
+        let Some((_, rest)) = shape.split_first() else {
             out.push_str(&format!("{:>w$}", self.text(base), w = self.width));
             return;
         };
-        let step = self.strides[self.strides.len() - shape.len()];
+        let (step, shown) = self.layout.axis(shape);
         out.push('[');
-        for (k, item) in shown(len, self.elide).into_iter().enumerate() {
+        for (k, item) in shown.iter().enumerate() {
             if k > 0 {
                 out.push(',');
                 if rest.is_empty() {
@@ -114,23 +248,27 @@ impl<T: DType> Cells<'_, T> {
     }
 }
 
-/// The body of a tensor's printout (the part between `tensor(` and the shape), from the part
-/// of the buffer it covers (`data`, from its first element) and its strides. Only the
-/// elements shown are read, so a large [expanded](Tensor::expand) view prints without being
-/// gathered.
-fn body<T: DType>(data: &[T], shape: &[usize], strides: &[usize], precision: usize) -> String {
+/// The body of a tensor's printout (the part between `tensor(` and the shape), from the
+/// elements read back and the layout.
+fn body<T: DType>(
+    values: &Values<T>,
+    shape: &[usize],
+    layout: Layout<'_>,
+    precision: usize,
+) -> String {
     if shape.contains(&0) {
         return "[]".to_string();
     }
     let mut cells = Cells {
-        data,
-        strides,
+        values,
+        layout,
         precision,
-        elide: shape.iter().product::<usize>() > ELIDE_ABOVE,
         width: 0,
     };
     let mut width = 0;
-    cells.visit(shape, 0, &mut |i| width = width.max(cells.text(i).len()));
+    cells
+        .layout
+        .visit(shape, 0, &mut |i| width = width.max(cells.text(i).len()));
     cells.width = width;
     let mut out = String::new();
     cells.render(&mut out, shape, 0, "tensor(".len());
@@ -146,13 +284,15 @@ fn body<T: DType>(data: &[T], shape: &[usize], strides: &[usize], precision: usi
 ///
 /// Floating-point elements print with 4 digits after the point, or the format's precision
 /// (`{:.2}`); integers in full. A tensor of more than 1000 elements prints only the first and
-/// last 3 entries of each longer axis, with `...` between.
+/// last 3 entries of each longer axis, with `...` between; and at most 1000 elements in all:
+/// where that still shows more (many short axes), axes are cut to their first and last entry,
+/// then to their first, outermost first.
 ///
 /// **Printing reads the tensor back from its device**: it waits for every piece of queued work
-/// that used the tensor, then copies the part of its buffer it covers to the host, like
-/// [`Tensor::to_host_vec`] (a large [expanded](Tensor::expand) view is not gathered: only the
-/// elements shown are looked up). If that readback fails (e.g. the work writing the tensor failed), the elements are replaced by
-/// `<readback failed: ...>` naming the error; printing never panics.
+/// that used the tensor, then copies the elements shown to the host (in runs of nearby
+/// elements: not the whole buffer, and a large [expanded](Tensor::expand) view is not
+/// gathered). If that readback fails (e.g. the work writing the tensor failed), the elements
+/// are replaced by `<readback failed: ...>` naming the error; printing never panics.
 ///
 /// # Examples
 ///
@@ -170,30 +310,35 @@ fn body<T: DType>(data: &[T], shape: &[usize], strides: &[usize], precision: usi
 /// ```
 impl<T: DType> fmt::Display for Tensor<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // The part of the buffer the tensor covers, read as `to_host_vec` reads it.
+        let shown = shown_indices(self.shape());
+        let layout = Layout {
+            strides: self.strides(),
+            shown: &shown,
+        };
+        let at = layout.indices(self.shape());
         let readback = match self.buffer().last_stream() {
             Some(s) => Ok(s),
             None => self.device().new_stream(),
         }
-        .and_then(|stream| self.span_host_vec(&stream));
-        printout(f, readback, self.shape(), self.strides(), self.device())
+        .and_then(|stream| read_shown(self, &stream, at));
+        printout(f, readback, self.shape(), layout, self.device())
     }
 }
 
-/// Writes the printout of a tensor of `shape` and `strides` on `device` from the readback of
-/// the part of its buffer it covers.
+/// Writes the printout of a tensor of `shape` on `device` from the readback of the elements
+/// `layout` shows.
 fn printout<T: DType>(
     f: &mut fmt::Formatter<'_>,
-    readback: Result<Vec<T>, DeviceError>,
+    readback: Result<Values<T>, DeviceError>,
     shape: &[usize],
-    strides: &[usize],
+    layout: Layout<'_>,
     device: &dyn fmt::Display,
 ) -> fmt::Result {
     let body = match readback {
-        Ok(data) => body(
-            &data,
+        Ok(values) => body(
+            &values,
             shape,
-            strides,
+            layout,
             f.precision().unwrap_or(DEFAULT_PRECISION),
         ),
         Err(e) => format!("<readback failed: {e}>"),
@@ -209,9 +354,23 @@ fn printout<T: DType>(
 mod tests {
     use super::*;
 
+    /// The body of the printout of `data` as a tensor of `shape` and `strides`.
+    fn body_of<T: DType>(data: &[T], shape: &[usize], strides: &[usize]) -> String {
+        let shown = shown_indices(shape);
+        let values = Values {
+            at: (0..data.len()).collect(),
+            values: data.to_vec(),
+        };
+        let layout = Layout {
+            strides,
+            shown: &shown,
+        };
+        body(&values, shape, layout, 4)
+    }
+
     #[test]
     fn scalars_print_bare() {
-        assert_eq!(body(&[2.5f32], &[], &[], 4), "2.5000");
+        assert_eq!(body_of(&[2.5f32], &[], &[]), "2.5000");
     }
 
     /// A tensor whose readback fails prints the error in place of its elements.
@@ -223,7 +382,12 @@ mod tests {
                 op: "test",
                 reason: "no data".to_string(),
             };
-            printout::<f32>(f, Err(err), &[2, 3], &[3, 1], &"host")
+            let shown = shown_indices(&[2, 3]);
+            let layout = Layout {
+                strides: &[3, 1],
+                shown: &shown,
+            };
+            printout::<f32>(f, Err(err), &[2, 3], layout, &"host")
         }
     }
 
@@ -241,8 +405,31 @@ mod tests {
     #[test]
     fn short_axes_are_not_elided() {
         let data: Vec<i32> = (0..1000).collect();
-        let text = body(&data, &[1000], &[1], 4);
+        let text = body_of(&data, &[1000], &[1]);
         assert!(!text.contains("..."));
         assert!(text.ends_with("998, 999]"));
+    }
+
+    /// The cells shown stay under the cap however many short axes there are.
+    #[test]
+    fn many_short_axes_are_cut_to_the_cap() {
+        for shape in [
+            vec![4; 11],
+            vec![6; 20],
+            vec![2; 64],
+            vec![3, 1000, 7, 7, 7],
+        ] {
+            let cells: usize = shown_indices(&shape)
+                .iter()
+                .map(|axis| axis.iter().flatten().count())
+                .product();
+            assert!(cells <= MAX_CELLS, "{shape:?} shows {cells} cells");
+        }
+        let cut = shown_indices(&[4; 11]);
+        assert_eq!(cut[0], vec![Some(0), None]);
+        assert_eq!(cut[10], vec![Some(0), None, Some(3)]);
+        // Within the cap, nothing more is cut.
+        assert_eq!(shown_indices(&[10, 100])[1].len(), 100);
+        assert_eq!(shown_indices(&[50, 30])[0].len(), 7);
     }
 }

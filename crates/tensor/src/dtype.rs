@@ -46,6 +46,11 @@ pub trait DType:
     fn mul(self, rhs: Self) -> Self;
     /// `self / rhs` as kernels compute it (integer division by zero gives zero).
     fn div(self, rhs: Self) -> Self;
+    /// `self * a + b` as CUDA computes `s * a + o` in the compute type: fused, rounded once
+    /// to it, for floats (in `float` for `f16`/`bf16`, then rounded again on store); wrapping
+    /// for integers.
+    #[doc(hidden)]
+    fn mul_add(self, a: Self, b: Self) -> Self;
     /// The value of an integer type, exactly; `None` for floating-point types.
     #[doc(hidden)]
     fn to_i128(self) -> Option<i128>;
@@ -57,7 +62,7 @@ pub trait DType:
 }
 
 macro_rules! float_dtype {
-    ($t:ty, $name:literal, $storage:literal, $acc:literal, $ld:literal, $st:literal, |$x:ident| $to:expr, |$v:ident| $from:expr, |$i:ident| $from_int:expr) => {
+    ($t:ty, $name:literal, $storage:literal, $acc:literal, $ld:literal, $st:literal, |$x:ident| $to:expr, |$v:ident| $from:expr, |$i:ident| $from_int:expr, |$s:ident, $a:ident, $b:ident| $fma:expr) => {
         impl sealed::Sealed for $t {}
         impl DType for $t {
             const NAME: &'static str = $name;
@@ -85,6 +90,10 @@ macro_rules! float_dtype {
             fn div(self, rhs: Self) -> Self {
                 Self::from_f64(self.to_f64() / rhs.to_f64())
             }
+            fn mul_add(self, $a: Self, $b: Self) -> Self {
+                let $s = self;
+                $fma
+            }
             fn to_i128(self) -> Option<i128> {
                 None
             }
@@ -104,7 +113,8 @@ float_dtype!(
     "return x;",
     |x| x as f64,
     |v| v as f32,
-    |i| i as f32
+    |i| i as f32,
+    |s, a, b| s.mul_add(a, b)
 );
 float_dtype!(
     f64,
@@ -115,7 +125,8 @@ float_dtype!(
     "return x;",
     |x| x,
     |v| v,
-    |i| i as f64
+    |i| i as f64,
+    |s, a, b| s.mul_add(a, b)
 );
 float_dtype!(
     f16,
@@ -125,8 +136,9 @@ float_dtype!(
     "float f; asm(\"cvt.f32.f16 %0, %1;\" : \"=f\"(f) : \"h\"(x)); return f;",
     "unsigned short h; asm(\"cvt.rn.f16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(x)); return h;",
     |x| x.to_f64(),
-    |v| f16::from_f64(v),
-    |i| f16::from_f32(i as f32)
+    |v| f16::from_f32(f32_round_to_odd(v)),
+    |i| f16::from_f32(i as f32),
+    |s, a, b| f16::from_f32(s.to_f32().mul_add(a.to_f32(), b.to_f32()))
 );
 float_dtype!(
     bf16,
@@ -138,9 +150,57 @@ float_dtype!(
      if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)0x7fc0; \
      return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);",
     |x| x.to_f64(),
-    |v| bf16::from_f64(v),
-    |i| bf16_from_int(i)
+    |v| bf16::from_f32(f32_round_to_odd(v)),
+    |i| bf16_from_int(i),
+    |s, a, b| bf16::from_f32(s.to_f32().mul_add(a.to_f32(), b.to_f32()))
 );
+
+/// `v` as `f32` rounded to odd: toward zero, with the lowest significand bit set where that
+/// dropped anything (NaN and infinities are kept, beyond `f32`'s range is its largest value).
+/// `f32` keeps more than two bits beyond `f16` and `bf16` (also among subnormals, where its
+/// step is finer), so rounding the result to nearest gives the half type nearest to `v`: one
+/// correct rounding, where rounding to nearest twice may land on a midpoint and tie the wrong
+/// way. (`half`'s own `from_f64` drops the low 32 bits of the `f64` first, and with them the
+/// bits that break such ties.) The CUDA C of [`cuda_from_double`] does the same.
+fn f32_round_to_odd(v: f64) -> f32 {
+    let nearest = v as f32;
+    if v.is_nan() || f64::from(nearest) == v {
+        return nearest;
+    }
+    // Inexact: step back toward zero if rounding went away from it (an infinity steps back to
+    // the largest finite value), then mark the dropped bits in the lowest bit.
+    let bits = nearest.to_bits();
+    let toward_zero = if f64::from(nearest).abs() > v.abs() {
+        bits - 1
+    } else {
+        bits
+    };
+    f32::from_bits(toward_zero | 1)
+}
+
+/// Whether `T` is stored narrower than the `float` its kernels compute in (`f16`, `bf16`), so
+/// that its `st` rounds a `float` a second time.
+pub(crate) fn stores_float_rounded<T: DType>() -> bool {
+    T::IS_FLOAT && T::CUDA_ACC == "float" && T::CUDA_STORAGE != "float"
+}
+
+/// CUDA C of `from_double_<T>(double)`: the compute-type value (`A_<T>`) that `st_<T>` rounds
+/// to the `T` nearest to the `double`, rounding once. `(A)v` where that holds (`f32`, `f64`,
+/// integers); for `f16` and `bf16`, whose `st` rounds a `float`, the `float` rounded to odd as
+/// the host's [`DType::from_f64`] does: `(float)v` would round to nearest first, and the second
+/// rounding could then tie the wrong way. Needs [`cuda_defs`]`::<T>()` before it.
+pub(crate) fn cuda_from_double<T: DType>() -> String {
+    let n = T::NAME;
+    let body = if stores_float_rounded::<T>() {
+        "float f = __double2float_rz(v); \
+         if (f == f && (double)f != v) f = __uint_as_float(__float_as_uint(f) | 1u); \
+         return f;"
+            .to_string()
+    } else {
+        format!("return (A_{n})v;")
+    };
+    format!("__device__ __forceinline__ A_{n} from_double_{n}(double v) {{ {body} }}\n")
+}
 
 /// The bf16 nearest to the integer `v` (ties to the even mantissa), rounded once: through
 /// `f32` (or `f64`) it would round twice above 2^24. The same steps as the CUDA C of
@@ -228,6 +288,9 @@ macro_rules! int_dtype {
                 } else {
                     self.wrapping_div(rhs)
                 }
+            }
+            fn mul_add(self, a: Self, b: Self) -> Self {
+                self.wrapping_mul(a).wrapping_add(b)
             }
             fn to_i128(self) -> Option<i128> {
                 Some(i128::from(self))

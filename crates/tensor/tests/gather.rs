@@ -286,3 +286,45 @@ fn extreme_indices_select_zeros() -> Result<(), DeviceError> {
     assert_eq!(got, vec![0.0, xh[2 * 4 + 1], 0.0, 0.0]);
     Ok(())
 }
+
+/// Shapes are checked on the tensors as given, before any view is copied to a dense tensor: a
+/// mismatched broadcast view of 2^41 elements is a shape error, not an out-of-memory one.
+#[test]
+fn shape_errors_come_before_copying_views() -> Result<(), DeviceError> {
+    let s = stream();
+    let a = api::ones::<f32>(&[2, 3]).sync_on(&s)?;
+    let huge = api::ones::<f32>(&[1]).sync_on(&s)?.expand(&[2, 1 << 40])?;
+    let is_shape_error = |r: Result<Tensor<f32>, DeviceError>, op: &str| match r {
+        Err(DeviceError::InvalidShape { op: got, .. }) if got == op => {}
+        other => panic!(
+            "{op}: expected a shape error, got {:?}",
+            other.map(|t| t.shape().to_vec())
+        ),
+    };
+    is_shape_error(kernels::concat(vec![&a, &huge], 0).sync_on(&s), "concat");
+    is_shape_error(kernels::concat(vec![&huge, &a], 0).sync_on(&s), "concat");
+    is_shape_error(kernels::stack(vec![&huge, &a], 0).sync_on(&s), "stack");
+    let idx2 = api::zeros::<u32>(&[2, 2]).sync_on(&s)?;
+    is_shape_error(
+        kernels::index_select(&huge, 1, &idx2).sync_on(&s),
+        "index_select",
+    );
+    let idx1 = api::zeros::<u32>(&[2]).sync_on(&s)?;
+    is_shape_error(kernels::gather(&huge, 0, &idx1).sync_on(&s), "gather");
+    let wide_idx = api::zeros::<u32>(&[1]).sync_on(&s)?.expand(&[3, 1 << 40])?;
+    is_shape_error(kernels::gather(&a, 1, &wide_idx).sync_on(&s), "gather");
+    Ok(())
+}
+
+#[test]
+fn concat_refuses_mismatched_shapes_before_copying() -> Result<(), DeviceError> {
+    let s = stream();
+    let a = api::ones::<f32>(&[2, 3]).sync_on(&s)?;
+    let b = api::ones::<f32>(&[1]).sync_on(&s)?.expand(&[2, 1 << 40])?;
+    let err = kernels::concat(vec![&a, &b], 0).sync_on(&s).unwrap_err();
+    assert!(
+        matches!(err, DeviceError::InvalidShape { op: "concat", .. }),
+        "got {err:?}"
+    );
+    Ok(())
+}

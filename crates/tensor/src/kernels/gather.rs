@@ -11,7 +11,8 @@
 //!   capturable, as [`embedding`](super::embedding) does.
 //!
 //! Views are accepted: an input that is not contiguous (or not at a 16-byte boundary) is
-//! copied to a dense tensor on the executing stream first.
+//! copied to a dense tensor on the executing stream, once every shape has been checked on the
+//! tensors as given (a mismatched broadcast view is a shape error, never a huge copy).
 
 use cuflow_device_op::op::zip::Zip2;
 use cuflow_device_op::{from_fn, join_all, DeviceOp, ExecutionContext};
@@ -157,22 +158,32 @@ extern "C" __global__ void {name}(T_{t}* out, const T_{t}* x, const T_{i}* idx,
     })
 }
 
-/// Runs every input together on the context's device, checks each is there, and gives them
-/// as dense tensors (views copied on the executing stream).
+/// Runs every input together on the context's device and checks each is there. They are
+/// given as they are: their shapes are checked before [`dense_all`] copies any view.
 fn run_inputs<T: DType, X: TensorInput<T>>(
     op: &'static str,
     inputs: Vec<X>,
     ctx: &mut ExecutionContext,
-) -> Result<(Vec<Tensor<T>>, Stream), DeviceError> {
+) -> Result<(Vec<X::Value>, Stream), DeviceError> {
     let all = join_all(inputs.into_iter().map(TensorInput::into_op).collect());
     let values = ctx.with_same_device(|ctx| all.execute(ctx))?;
     let stream = ctx.stream()?.clone();
-    let mut dense = Vec::with_capacity(values.len());
     for v in &values {
         check_device(op, &stream, v.tensor())?;
-        dense.push(super::dense(op, &stream, v.tensor())?.into_owned());
     }
-    Ok((dense, stream))
+    Ok((values, stream))
+}
+
+/// The tensors as dense tensors: views copied on `stream`, others shared.
+fn dense_all<T: DType>(
+    op: &'static str,
+    stream: &Stream,
+    parts: &[&Tensor<T>],
+) -> Result<Vec<Tensor<T>>, DeviceError> {
+    parts
+        .iter()
+        .map(|x| Ok(super::dense(op, stream, x)?.into_owned()))
+        .collect()
 }
 
 /// Copies each tensor's `[outer, cols_k]` block into its column range of `out`
@@ -275,6 +286,8 @@ pub fn concat<T: DType, X: TensorInput<T>>(
                 .checked_add(x.shape()[axis])
                 .ok_or_else(|| invalid("concat", format!("axis {axis} overflows usize")))?;
         }
+        let dense = dense_all("concat", &stream, &parts)?;
+        let parts: Vec<&Tensor<T>> = dense.iter().collect();
         let out = alloc::<T>(&stream, &shape)?;
         copy_blocks(&stream, &out, &parts, around(&shape, axis).0)?;
         Ok(out)
@@ -331,6 +344,8 @@ pub fn stack<T: DType, X: TensorInput<T>>(
         }
         let mut shape = first.shape().to_vec();
         shape.insert(axis, parts.len());
+        let dense = dense_all("stack", &stream, &parts)?;
+        let parts: Vec<&Tensor<T>> = dense.iter().collect();
         let out = alloc::<T>(&stream, &shape)?;
         copy_blocks(&stream, &out, &parts, around(&shape, axis).0)?;
         Ok(out)
@@ -364,13 +379,15 @@ fn launch_select<T: DType, I: IndexDType>(
     )
 }
 
-/// Runs `x` and `index` together, checks them (device, axis), and gives them as dense
-/// tensors (views copied on the executing stream).
+/// Runs `x` and `index` together, checks them (device, axis, then `check_shapes` on them as
+/// given), and gives them as dense tensors (views copied on the executing stream, once their
+/// shapes are known to fit).
 fn run_indexed<T: DType, I: IndexDType, X: TensorInput<T>, J: TensorInput<I>>(
     op: &'static str,
     x: X,
     index: J,
     axis: usize,
+    check_shapes: impl FnOnce(&Tensor<T>, &Tensor<I>) -> Result<(), DeviceError>,
     ctx: &mut ExecutionContext,
 ) -> Result<(Tensor<T>, Tensor<I>, Stream), DeviceError> {
     let both = Zip2::new(x.into_op(), index.into_op());
@@ -379,6 +396,7 @@ fn run_indexed<T: DType, I: IndexDType, X: TensorInput<T>, J: TensorInput<I>>(
     check_device(op, &stream, x.tensor())?;
     check_device(op, &stream, index.tensor())?;
     check_axis(op, axis, x.tensor().ndim(), x.tensor().shape())?;
+    check_shapes(x.tensor(), index.tensor())?;
     let x = super::dense(op, &stream, x.tensor())?.into_owned();
     let index = super::dense(op, &stream, index.tensor())?.into_owned();
     Ok((x, index, stream))
@@ -420,14 +438,16 @@ pub fn index_select<T: DType, I: IndexDType, X: TensorInput<T>, J: TensorInput<I
     indices: J,
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
     from_fn(move |ctx: &mut ExecutionContext| {
-        let (x, indices, stream) = run_indexed("index_select", x, indices, axis, ctx)?;
-        let (x, indices) = (x.tensor(), indices.tensor());
-        let &[n] = indices.shape() else {
-            return Err(invalid(
+        let one_dim = |_: &Tensor<T>, indices: &Tensor<I>| match indices.shape() {
+            [_] => Ok(()),
+            other => Err(invalid(
                 "index_select",
-                format!("the indices must be 1-D, got {:?}", indices.shape()),
-            ));
+                format!("the indices must be 1-D, got {other:?}"),
+            )),
         };
+        let (x, indices, stream) = run_indexed("index_select", x, indices, axis, one_dim, ctx)?;
+        let (x, indices) = (x.tensor(), indices.tensor());
+        let n = indices.numel();
         let (outer, len, inner) = around(x.shape(), axis);
         let mut shape = x.shape().to_vec();
         shape[axis] = n;
@@ -469,8 +489,22 @@ pub fn gather<T: DType, I: IndexDType, X: TensorInput<T>, J: TensorInput<I>>(
     index: J,
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
     from_fn(move |ctx: &mut ExecutionContext| {
-        let (x, index, stream) = run_indexed("gather", x, index, axis, ctx)?;
+        let (x, index, stream) =
+            run_indexed("gather", x, index, axis, check_gather_shapes(axis), ctx)?;
         let (x, index) = (x.tensor(), index.tensor());
+        let (outer, len, inner) = around(x.shape(), axis);
+        let n = index.shape()[axis];
+        let out = alloc::<T>(&stream, index.shape())?;
+        launch_select(&stream, &out, x, index, (outer, len, n, inner), true)?;
+        Ok(out)
+    })
+}
+
+/// The shape check of [`gather()`]: `index` has `x`'s rank and its lengths but along `axis`.
+fn check_gather_shapes<T: DType, I: IndexDType>(
+    axis: usize,
+) -> impl FnOnce(&Tensor<T>, &Tensor<I>) -> Result<(), DeviceError> {
+    move |x, index| {
         if index.ndim() != x.ndim() {
             return Err(invalid(
                 "gather",
@@ -496,10 +530,6 @@ pub fn gather<T: DType, I: IndexDType, X: TensorInput<T>, J: TensorInput<I>>(
                 ),
             ));
         }
-        let (outer, len, inner) = around(x.shape(), axis);
-        let n = index.shape()[axis];
-        let out = alloc::<T>(&stream, index.shape())?;
-        launch_select(&stream, &out, x, index, (outer, len, n, inner), true)?;
-        Ok(out)
-    })
+        Ok(())
+    }
 }

@@ -258,14 +258,8 @@ pub fn saxpy<T: DType, P: TensorMut<T>, X: TensorInput<T>>(
             inputs: 1,
             reads_out: true,
             helpers: "",
-            // Floats round once, as the fused multiply-add on CUDA does.
-            host: |o: T, x: T, _, s: T| {
-                if T::IS_FLOAT {
-                    T::from_f64(s.to_f64() * x.to_f64() + o.to_f64())
-                } else {
-                    s.mul(x).add(o)
-                }
-            },
+            // Fused as CUDA contracts `s * a + o`: floats round once to the compute type.
+            host: |o: T, x: T, _, s: T| s.mul_add(x, o),
         },
         out,
         x,
