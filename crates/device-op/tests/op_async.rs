@@ -254,6 +254,11 @@ fn a_future_waited_for_inside_a_host_function_is_refused_at_once() -> Result<(),
     let (answer, answered) = mpsc::channel();
     let inner_policy = policy.clone();
     let late = buffer(0.0);
+    // Everything the main thread does below is made once first: while the host function
+    // blocks, CUDA's driver stalls the calls that wait for the device's work in flight (a
+    // kernel module's first load among them), which would keep the future from being sent.
+    let buf = buffer(0.0);
+    fill(&buf, 0.5).sync_on(&s)?;
     s.enqueue_host_fn(move || {
         let waited = take_future
             .recv_timeout(Duration::from_secs(30))
@@ -264,7 +269,6 @@ fn a_future_waited_for_inside_a_host_function_is_refused_at_once() -> Result<(),
         let _ = answer.send((waited, scheduled));
     })?;
     // Enqueued after the host function, on its stream: its work runs after the host function.
-    let buf = buffer(0.0);
     send_future
         .send(fill(&buf, 1.0).schedule(&policy)?)
         .expect("the host function is waiting for the future");
