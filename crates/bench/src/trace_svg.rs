@@ -5,6 +5,10 @@
 //! replay, op span, host wait); op spans nest downwards within their thread's lane; event
 //! records and waits are ticks, joined by a line from each record to its waits. Lanes are
 //! named after the `process_name` / `thread_name` metadata.
+//!
+//! Events whose time is not a finite number (a start or an end past `f64::MAX`) are left
+//! out; a trace whose time range is too wide to measure is refused, and the time axis has at
+//! most [`MAX_AXIS_TICKS`] ticks, so any document is drawn in bounded time and memory.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
@@ -15,6 +19,8 @@ const WIDTH: f64 = 1400.0;
 const LEFT: f64 = 230.0;
 const ROW: f64 = 22.0;
 const TOP: f64 = 54.0;
+/// The most ticks the time axis is drawn with (about ten are asked for).
+const MAX_AXIS_TICKS: usize = 20;
 
 /// A lane: device lanes before host lanes (`true` for the host), then pid, then tid.
 type LaneKey = (bool, u64, u64);
@@ -87,6 +93,9 @@ pub(crate) fn render(doc: &Value, title: &str) -> Result<String, String> {
             }
             "X" => {
                 let dur = e["dur"].as_f64().unwrap_or(0.0);
+                if !ts.is_finite() || !(ts + dur).is_finite() {
+                    continue;
+                }
                 t0 = t0.min(ts);
                 t1 = t1.max(ts + dur);
                 lanes.entry(key(e)).or_default().spans.push(Span {
@@ -97,6 +106,7 @@ pub(crate) fn render(doc: &Value, title: &str) -> Result<String, String> {
                     depth: 0,
                 });
             }
+            _ if !ts.is_finite() => {}
             "i" => {
                 t0 = t0.min(ts);
                 t1 = t1.max(ts);
@@ -119,6 +129,11 @@ pub(crate) fn render(doc: &Value, title: &str) -> Result<String, String> {
         return Err("the trace holds no timed events".into());
     }
     let span_us = (t1 - t0).max(1.0);
+    if !span_us.is_finite() {
+        return Err(format!(
+            "the trace's time range, {t0} us to {t1} us, is too wide to draw"
+        ));
+    }
     let x = |t: f64| LEFT + (t - t0) / span_us * (WIDTH - LEFT - 20.0);
 
     // Nesting: within a lane, a span inside the one before it goes one row down.
@@ -199,7 +214,13 @@ pub(crate) fn render(doc: &Value, title: &str) -> Result<String, String> {
         }
         y += height;
     }
+    // Flows are drawn between points of the time range only (their ends are event records
+    // and waits, which are in it): a point far outside it would have no finite coordinate.
+    let in_range = |t: f64| (t0..=t1).contains(&t);
     for (from, at, to, ts) in flow_lines {
+        if !(in_range(at) && in_range(ts)) {
+            continue;
+        }
         if let (Some(fy), Some(ty)) = (lane_y.get(&from), lane_y.get(&to)) {
             let _ = writeln!(
                 body,
@@ -219,9 +240,16 @@ pub(crate) fn render(doc: &Value, title: &str) -> Result<String, String> {
         .map(|m| m * magnitude)
         .find(|s| *s >= raw)
         .unwrap_or(raw);
+    if !(step.is_finite() && step > 0.0) {
+        return Err(format!(
+            "no time axis fits the trace's time range of {span_us} us"
+        ));
+    }
     let mut axis = String::new();
-    let mut t = 0.0;
-    while t <= span_us {
+    let ticks = (0..=MAX_AXIS_TICKS)
+        .map(|i| i as f64 * step)
+        .take_while(|t| *t <= span_us);
+    for t in ticks {
         let tx = x(t0 + t);
         let label = if step >= 1000.0 {
             format!("{:.0} ms", t / 1000.0)
@@ -234,7 +262,6 @@ pub(crate) fn render(doc: &Value, title: &str) -> Result<String, String> {
             TOP - 4.0,
             TOP - 8.0
         );
-        t += step;
     }
     let height = y + 10.0;
     Ok(format!(
@@ -289,5 +316,55 @@ mod tests {
         // The nested op span sits one row below its parent.
         assert!(svg.contains("<title>branch (op)"));
         assert!(render(&serde_json::json!({"traceEvents": []}), "t").is_err());
+    }
+
+    /// `render(doc)` on a thread of its own, failing the test if it has not returned within
+    /// ten seconds (a regression would spin forever).
+    fn render_within_seconds(doc: Value) -> Result<String, String> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(render(&doc, "t"));
+        });
+        rx.recv_timeout(std::time::Duration::from_secs(10))
+            .expect("render returned within ten seconds")
+    }
+
+    #[test]
+    fn times_past_f64_max_are_left_out_or_refused_and_never_spin() {
+        // Its end overflows to infinity: the only event is left out.
+        let overflowing = serde_json::json!({"traceEvents": [
+            {"ph": "X", "name": "far", "cat": "kernel", "pid": 1, "tid": 1, "ts": 1e308, "dur": 1e308},
+        ]});
+        let e = render_within_seconds(overflowing).unwrap_err();
+        assert!(e.contains("no timed events"), "{e}");
+        // Beside a sane span, it is left out and the rest is drawn.
+        let beside = serde_json::json!({"traceEvents": [
+            {"ph": "X", "name": "far", "cat": "kernel", "pid": 1, "tid": 1, "ts": 1e308, "dur": 1e308},
+            {"ph": "X", "name": "near", "cat": "kernel", "pid": 1, "tid": 1, "ts": 10.0, "dur": 5.0},
+            {"ph": "s", "id": 1, "pid": 1, "tid": 1, "ts": 1e308},
+            {"ph": "f", "id": 1, "pid": 1, "tid": 1, "ts": 12.0},
+        ]});
+        let svg = render_within_seconds(beside).unwrap();
+        assert!(svg.contains("<title>near (kernel)") && !svg.contains("far (kernel)"));
+        assert!(!svg.contains("inf") && !svg.contains("NaN"), "{svg}");
+        assert!(svg.len() < 10_000, "{} bytes", svg.len());
+        // Finite ends whose distance overflows: refused.
+        let too_wide = serde_json::json!({"traceEvents": [
+            {"ph": "X", "name": "early", "cat": "op", "pid": 0, "tid": 1, "ts": -1.5e308, "dur": 1.0},
+            {"ph": "X", "name": "late", "cat": "op", "pid": 0, "tid": 1, "ts": 1.5e308, "dur": 1.0},
+        ]});
+        let e = render_within_seconds(too_wide).unwrap_err();
+        assert!(e.contains("too wide"), "{e}");
+        // The widest finite range is drawn, with a bounded axis.
+        let widest = serde_json::json!({"traceEvents": [
+            {"ph": "i", "name": "first", "pid": 0, "tid": 1, "ts": 0.0},
+            {"ph": "X", "name": "last", "cat": "op", "pid": 0, "tid": 1, "ts": 1e308, "dur": 7e307},
+        ]});
+        let svg = render_within_seconds(widest).unwrap();
+        let ticks = svg.matches(r##"stroke="#ccc""##).count();
+        assert!(
+            (1..=MAX_AXIS_TICKS + 1).contains(&ticks),
+            "{ticks} axis ticks"
+        );
     }
 }

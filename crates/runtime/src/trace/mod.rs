@@ -14,7 +14,9 @@
 //! graph during a capture is not traced; its replays are.
 //!
 //! Off, the cost on every enqueue is one relaxed atomic load and a branch not taken
-//! ([`is_enabled`]). On, each traced work item costs two extra event records and a short lock.
+//! ([`is_enabled`]). On, each traced work item costs two extra event records and two short
+//! locks, and threads enqueuing on one stream take turns (each item is recorded whole, so the
+//! spans of a stream never overlap and list in the stream's order).
 //! A trace keeps every entry, and on CUDA the events that time it, until [`stop`]: memory
 //! grows with the traced work (a few hundred bytes and two CUDA events per item), so trace a
 //! bounded stretch of a program (a few iterations), not a whole long run.

@@ -4,17 +4,28 @@
 //! Invariants: the recorder is only touched when [`super::is_enabled`] said so (or by
 //! [`start`] / [`stop`]); it holds the timed events of the work it recorded and, per device,
 //! one stream to take a reference timestamp on. Op spans nest through a per-thread stack of
-//! span numbers; a span that outlives the trace it began in is dropped silently.
+//! span numbers; a span that outlives the trace it began in is dropped silently. An [`OpSpan`]
+//! is not `Send`: it must end on the thread whose stack it was pushed on.
+//!
+//! Concurrency: entries are numbered from one counter and a trace lists them by number. Work
+//! traced on a stream ([`traced_enqueue`], [`note_event_wait`]) takes its number and records
+//! its timed events and its work while holding that stream's lane lock (the recorder keeps
+//! one per stream it has seen, reentrant so that an enqueue may record on its own stream
+//! again), so two threads enqueuing on one stream cannot interleave inside one span: the spans
+//! of an in-order stream follow one another, and their numbers follow the stream's order. Lane
+//! locks are taken only while tracing, before the recorder's lock and never inside it.
 
 use std::borrow::Cow;
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::marker::PhantomData;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::thread::ThreadId;
 use std::time::Instant;
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, ReentrantMutex};
 
 use super::entry::{EntryKind, Lane, Trace, TraceEntry};
 use super::{Work, ENABLED};
@@ -92,6 +103,8 @@ struct Recorder {
     /// Per device, a stream to take the reference timestamp on.
     references: HashMap<DeviceId, Stream>,
     threads: HashMap<ThreadId, (u64, String)>,
+    /// Per stream, the lock its traced work is recorded under (see the module docs).
+    lanes: HashMap<StreamId, Arc<ReentrantMutex<()>>>,
     /// Where `CUFLOW_TRACE` asked the trace to be written.
     path: Option<PathBuf>,
 }
@@ -131,6 +144,14 @@ fn with_recorder(f: impl FnOnce(&mut Recorder)) {
     }
 }
 
+/// The lane lock of `stream` (see the module docs), or `None` once the trace has stopped.
+fn lane_lock(stream: &Stream) -> Option<Arc<ReentrantMutex<()>>> {
+    RECORDER
+        .lock()
+        .as_mut()
+        .map(|r| Arc::clone(r.lanes.entry(stream.id()).or_default()))
+}
+
 fn current_op() -> Option<u64> {
     OP_STACK.with(|s| s.borrow().last().copied())
 }
@@ -160,6 +181,7 @@ fn start_with(path: Option<PathBuf>) -> Result<()> {
         entries: Vec::new(),
         references: HashMap::new(),
         threads: HashMap::new(),
+        lanes: HashMap::new(),
         path,
     });
     ENABLED.store(true, Ordering::Relaxed);
@@ -331,12 +353,17 @@ fn resolve(recorder: Recorder) -> Trace {
 }
 
 /// Runs `enqueue`, which enqueues `work` on `stream` (not capturing), between two timed
-/// events, and records it. Called only while tracing is on.
+/// events, and records it. Called only while tracing is on. The entry's number, both events
+/// and the work are taken under the stream's lane lock, so that another thread's work on the
+/// stream falls before or after the span, never inside it.
 pub(crate) fn traced_enqueue<R>(
     stream: &Stream,
     work: impl FnOnce() -> Work,
     enqueue: impl FnOnce() -> Result<R>,
 ) -> Result<R> {
+    let lane_lock = lane_lock(stream);
+    let _lane = lane_lock.as_deref().map(ReentrantMutex::lock);
+    let id = next_id();
     let begin = stream.backend().record_event(true);
     let result = enqueue()?;
     let end = stream.backend().record_event(true);
@@ -346,7 +373,7 @@ pub(crate) fn traced_enqueue<R>(
         with_recorder(|r| {
             let lane = r.stream_lane(stream);
             r.entries.push(Pending {
-                id: next_id(),
+                id,
                 kind: work.kind(),
                 name: work.name(),
                 lane,
@@ -389,6 +416,9 @@ pub(crate) fn note_event_record(stream: &Stream, event: &Event) {
 /// Records that `stream` (not capturing) waits for `event` from now on: a timed event
 /// recorded after the wait tells when the stream went on.
 pub(crate) fn note_event_wait(stream: &Stream, event: &Event) {
+    let lane_lock = lane_lock(stream);
+    let _lane = lane_lock.as_deref().map(ReentrantMutex::lock);
+    let id = next_id();
     let Ok(after) = stream.backend().record_event(true) else {
         return;
     };
@@ -401,7 +431,7 @@ pub(crate) fn note_event_wait(stream: &Stream, event: &Event) {
             n => Cow::Owned(format!("wait e{n}")),
         };
         r.entries.push(Pending {
-            id: next_id(),
+            id,
             kind: EntryKind::EventWait,
             name,
             lane,
@@ -483,10 +513,26 @@ impl Drop for HostWait {
 }
 
 /// An op span being traced (see [`op_span`]); the span ends when this is dropped.
+///
+/// The span is pushed on the opening thread's stack of spans and must end there, so the guard
+/// is not `Send`: it cannot be moved to, or dropped on, another thread (nor held across an
+/// `.await` in a future that must be `Send`).
+///
+/// ```compile_fail,E0277
+/// fn assert_send<T: Send>(_: T) {}
+/// assert_send(cuflow_runtime::trace::op_span("moved"));
+/// ```
+///
+/// ```compile_fail,E0277
+/// let span = cuflow_runtime::trace::op_span("moved");
+/// std::thread::spawn(move || drop(span));
+/// ```
 #[must_use = "the span ends when this guard is dropped"]
 #[derive(Debug)]
 pub struct OpSpan {
     active: Option<ActiveSpan>,
+    /// Not `Send`: the span must end on the thread it was opened on.
+    _not_send: PhantomData<*const ()>,
 }
 
 #[derive(Debug)]
@@ -520,7 +566,10 @@ struct ActiveSpan {
 /// ```
 pub fn op_span(name: impl Into<Cow<'static, str>>) -> OpSpan {
     if !super::is_enabled() {
-        return OpSpan { active: None };
+        return OpSpan {
+            active: None,
+            _not_send: PhantomData,
+        };
     }
     let name = name.into();
     let id = next_id();
@@ -539,6 +588,7 @@ pub fn op_span(name: impl Into<Cow<'static, str>>) -> OpSpan {
             start: Instant::now(),
             nvtx,
         }),
+        _not_send: PhantomData,
     }
 }
 
