@@ -9,10 +9,22 @@
 //! Greedy decoding, `top_k == 1` and a temperature of zero take the argmax in two stages: up
 //! to 128 blocks keep the best key (the logit's order, then the lowest index) of a
 //! contiguous slice each, then the sampling block takes the best of their keys. Otherwise
-//! one block of 1024 threads does it all. Thresholds are found by bisection over the logit
-//! value (count and mass of the logits above a threshold are monotone in it: 20 passes for
-//! top-k, 20 for top-p, each a block reduction over the vocabulary), then one uniform draw
-//! picks a token by the cumulative mass of the kept tokens in index order.
+//! one block of 1024 threads does it all. Thresholds are found by bisection over the logits'
+//! order, not their value: a float's bits map to a `u32` key that orders as the floats do
+//! (`-0` as `+0`, NaN as `0`, below every number), and the count and mass of the logits at or
+//! above a key are monotone in it, so at most 32 passes (each a block reduction over the
+//! vocabulary) put the cut exactly between two distinct logits, at any temperature and any
+//! spread of the logits. Top-k stops early once exactly `k` tokens are kept. Only then are
+//! the weights `exp((l - max) / temperature)` of the kept tokens summed, and one uniform draw
+//! picks a token by their cumulative weight in index order.
+//!
+//! The kept set starts as the logits at most `SPAN` (30) temperatures below the largest one:
+//! never a `-inf` logit (it has no probability) unless every number is `-inf`, and only the
+//! `+inf` logits when there is one. Every kept token has weight `1` at an infinite temperature
+//! (`1 / temperature` is `0`): the draw is then uniform over the top-k / top-p set, no
+//! `0 · inf` arises, and top-p keeps the smallest prefix of the sorted tokens whose count
+//! reaches `p` of the top-k set's. Tokens tied at a cut are all kept or all dropped, so top-k
+//! keeps more than `k` tokens only when the `k`-th largest logit is tied.
 //!
 //! The generator: `splitmix64(seed ^ counter · 0x9E3779B97F4A7C15)`, its top 24 bits as a
 //! uniform in `[0, 1)`; `rng` is `u32` `[3]`: the seed's low and high words and the counter.
@@ -27,8 +39,6 @@ use crate::tensor::Tensor;
 
 /// Threads of the sampling block.
 const SAMPLE_THREADS: u32 = 1024;
-/// Bisection steps per threshold.
-const BISECT_STEPS: u32 = 20;
 /// Tokens whose logit lies this many temperatures below the maximum are never kept (their
 /// probability relative to the best is below e⁻³⁰).
 const SPAN: f32 = 30.0;
@@ -36,9 +46,11 @@ const SPAN: f32 = 30.0;
 /// How the next token is chosen.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SampleParams {
-    /// Softmax temperature; `0` (or below) means greedy.
+    /// Softmax temperature; `0` (or below) means greedy, `+inf` draws uniformly from the
+    /// tokens `top_k` and `top_p` keep; NaN is refused.
     pub temperature: f32,
-    /// Keep only the `top_k` most likely tokens; `0` keeps all, `1` is greedy.
+    /// Keep only the `top_k` most likely tokens (and any tied with the `k`-th); `0` keeps
+    /// all, `1` is greedy.
     pub top_k: u32,
     /// Then keep the smallest set of the most likely tokens whose probability reaches
     /// `top_p`; `1` keeps all.
@@ -89,14 +101,19 @@ __device__ unsigned block_sum_u(unsigned v, unsigned* red) {{
   for (unsigned i = 0; i < (blockDim.x >> 5); ++i) s += red[i];
   return s;
 }}
-// Count and mass of the logits at or above `tau`.
-__device__ void kept(const float* logits, unsigned vocab, float tau, float m, float inv_t,
+// The weight of a kept logit `l` against the largest `m`: 1 at `m` and everywhere at an
+// infinite temperature (inv_t = 0: uniform, and no 0 * inf).
+__device__ __forceinline__ float weight(float l, float m, float inv_t) {{
+  return (inv_t == 0.0f || l == m) ? 1.0f : expf((l - m) * inv_t);
+}}
+// Count and mass of the logits whose order key is at or above `tau`.
+__device__ void kept(const float* logits, unsigned vocab, unsigned tau, float m, float inv_t,
                      float* red, unsigned* redu, float* mass, unsigned* count) {{
   float s = 0.0f;
   unsigned c = 0;
   for (unsigned i = threadIdx.x; i < vocab; i += blockDim.x) {{
     const float l = logits[i];
-    if (l >= tau) {{ ++c; s += expf((l - m) * inv_t); }}
+    if (order_key(l) >= tau) {{ ++c; s += weight(l, m, inv_t); }}
   }}
   *mass = block_sum_f(s, red);
   *count = block_sum_u(c, redu);
@@ -160,34 +177,40 @@ extern "C" __global__ void decode_sample(unsigned* token, unsigned* generated, u
   const float m = bv[0];
   if (temperature > 0.0f && top_k != 1 && bx[0] != 0xffffffffu) {{
     const float inv_t = 1.0f / temperature;
-    float lo = m - {span:.1}f * temperature, hi = m, mass;
-    unsigned count;
+    /* The lowest logit kept (see the module docs); `below` is NaN only when m and the
+       temperature are both +inf. Bisections over order keys: lo is kept, above hi is not;
+       every thread holds the same lo and hi, so the loops are uniform. */
+    const float below = m - {span:.1}f * temperature;
+    const float lowest = below != below ? m : fminf(fmaxf(below, -3.40282347e38f), m);
+    unsigned lo = order_key(lowest), hi = order_key(m), count;
+    float mass;
     if (top_k > 0) {{
-      for (unsigned it = 0; it < {steps}u; ++it) {{
-        const float mid = 0.5f * (lo + hi);
+      while (lo < hi) {{
+        const unsigned mid = lo + (hi - lo + 1u) / 2u;
         kept(logits, vocab, mid, m, inv_t, red, redu, &mass, &count);
-        if (count >= top_k) lo = mid; else hi = mid;
+        if (count == top_k) {{ lo = mid; break; }}
+        if (count > top_k) lo = mid; else hi = mid - 1u;
       }}
     }}
     if (top_p < 1.0f) {{
       kept(logits, vocab, lo, m, inv_t, red, redu, &mass, &count);
       const float goal = top_p * mass;
-      hi = m;
-      for (unsigned it = 0; it < {steps}u; ++it) {{
-        const float mid = 0.5f * (lo + hi);
+      hi = order_key(m);
+      while (lo < hi) {{
+        const unsigned mid = lo + (hi - lo + 1u) / 2u;
         float s;
         kept(logits, vocab, mid, m, inv_t, red, redu, &s, &count);
-        if (s >= goal) lo = mid; else hi = mid;
+        if (s >= goal) lo = mid; else hi = mid - 1u;
       }}
     }}
-    const float tau = lo;
+    const unsigned tau = lo;
     const unsigned per = (vocab + blockDim.x - 1) / blockDim.x;
     const unsigned b0 = tid * per < vocab ? tid * per : vocab;
     const unsigned b1 = b0 + per < vocab ? b0 + per : vocab;
     float local = 0.0f;
     for (unsigned i = b0; i < b1; ++i) {{
       const float l = logits[i];
-      if (l >= tau) local += expf((l - m) * inv_t);
+      if (order_key(l) >= tau) local += weight(l, m, inv_t);
     }}
     sums[tid] = local;
     __syncthreads();
@@ -216,9 +239,10 @@ extern "C" __global__ void decode_sample(unsigned* token, unsigned* generated, u
       unsigned chosen = 0xffffffffu;
       for (unsigned i = b0; i < b1; ++i) {{
         const float l = logits[i];
-        if (l < tau) continue;
-        chosen = i;
-        acc += expf((l - m) * inv_t);
+        if (order_key(l) < tau) continue;
+        const float w = weight(l, m, inv_t);
+        if (w > 0.0f) chosen = i;
+        acc += w;
         if (rem_s < acc) break;
       }}
       if (chosen != 0xffffffffu) pick_s = chosen;
@@ -235,7 +259,6 @@ extern "C" __global__ void decode_sample(unsigned* token, unsigned* generated, u
 }}
 "#,
             threads = SAMPLE_THREADS,
-            steps = BISECT_STEPS,
             span = SPAN,
             keys = ARGMAX_KEYS,
         );
@@ -277,15 +300,18 @@ extern "C" __global__ void decode_sample(unsigned* token, unsigned* generated, u
     })
 }
 
-/// The order of greedy choices as one `u64` key, larger is better: the logit's bits mapped to
-/// an unsigned order (`-0` as `+0`) above the complement of its index (ties go to the lowest
-/// index); `0` for a NaN, and so for a block without a number.
+/// A float's order as a `u32` key ([`order_key`]), and the order of greedy choices as one
+/// `u64` key, larger is better: the logit's order above the complement of its index (ties go
+/// to the lowest index); `0` for a NaN, and so for a block without a number.
 const ARGMAX_KEYS: &str = r#"
+__device__ __forceinline__ unsigned order_key(float v) {
+  if (v != v) return 0u;
+  const unsigned u = v == 0.0f ? 0u : __float_as_uint(v);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
 __device__ __forceinline__ unsigned long long argmax_key(float v, unsigned i) {
   if (v != v) return 0ull;
-  const unsigned u = v == 0.0f ? 0u : __float_as_uint(v);
-  const unsigned o = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-  return ((unsigned long long)o << 32) | (0xffffffffu - i);
+  return ((unsigned long long)order_key(v) << 32) | (0xffffffffu - i);
 }
 __device__ __forceinline__ unsigned long long warp_max_key(unsigned long long k) {
   for (int o = 16; o > 0; o >>= 1) {
@@ -296,17 +322,25 @@ __device__ __forceinline__ unsigned long long warp_max_key(unsigned long long k)
 }
 "#;
 
-fn argmax_key(v: f32, i: usize) -> u64 {
+/// A float's bits mapped to a `u32` that orders as the floats do (`-0` as `+0`); `0` for a
+/// NaN, below every number (the smallest, `-inf`, is `0x007f_ffff`).
+fn order_key(v: f32) -> u32 {
     if v.is_nan() {
         return 0;
     }
     let u = if v == 0.0 { 0 } else { v.to_bits() };
-    let o = if u & 0x8000_0000 != 0 {
+    if u & 0x8000_0000 != 0 {
         !u
     } else {
         u | 0x8000_0000
-    };
-    (u64::from(o) << 32) | u64::from(u32::MAX - i as u32)
+    }
+}
+
+fn argmax_key(v: f32, i: usize) -> u64 {
+    if v.is_nan() {
+        return 0;
+    }
+    (u64::from(order_key(v)) << 32) | u64::from(u32::MAX - i as u32)
 }
 
 /// The index a key names (`0` for the key of no number).
@@ -398,6 +432,15 @@ fn splitmix64(z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// The weight of a kept logit `l` against the largest `m`, as the kernel's `weight`.
+fn weight(l: f32, m: f32, inv_t: f32) -> f32 {
+    if inv_t == 0.0 || l == m {
+        1.0
+    } else {
+        ((l - m) * inv_t).exp()
+    }
+}
+
 /// The host's choice, by the kernel's algorithm (sums in index order).
 fn host_pick(logits: &[f32], p: SampleParams, u: f32) -> u32 {
     let mut best: Option<(usize, f32)> = None;
@@ -411,34 +454,49 @@ fn host_pick(logits: &[f32], p: SampleParams, u: f32) -> u32 {
         return bi as u32;
     }
     let inv_t = 1.0 / p.temperature;
-    let kept = |tau: f32| {
+    // Mass and count of the logits whose order key is at or above `tau`.
+    let kept = |tau: u32| {
         logits
             .iter()
-            .filter(|&&l| l >= tau)
+            .filter(|&&l| order_key(l) >= tau)
             .fold((0.0f32, 0u32), |(s, c), &l| {
-                (s + ((l - m) * inv_t).exp(), c + 1)
+                (s + weight(l, m, inv_t), c + 1)
             })
     };
-    let (mut lo, mut hi) = (m - SPAN * p.temperature, m);
+    // The lowest logit kept (see the module docs); `below` is NaN only when `m` and the
+    // temperature are both +inf.
+    let below = m - SPAN * p.temperature;
+    let lowest = if below.is_nan() {
+        m
+    } else {
+        below.max(f32::MIN).min(m)
+    };
+    // Bisections over order keys: `lo` is kept, above `hi` is not.
+    let (mut lo, mut hi) = (order_key(lowest), order_key(m));
     if p.top_k > 0 {
-        for _ in 0..BISECT_STEPS {
-            let mid = 0.5 * (lo + hi);
-            if kept(mid).1 >= p.top_k {
+        while lo < hi {
+            let mid = lo + (hi - lo).div_ceil(2);
+            let count = kept(mid).1;
+            if count == p.top_k {
+                lo = mid;
+                break;
+            }
+            if count > p.top_k {
                 lo = mid;
             } else {
-                hi = mid;
+                hi = mid - 1;
             }
         }
     }
     if p.top_p < 1.0 {
         let goal = p.top_p * kept(lo).0;
-        hi = m;
-        for _ in 0..BISECT_STEPS {
-            let mid = 0.5 * (lo + hi);
+        hi = order_key(m);
+        while lo < hi {
+            let mid = lo + (hi - lo).div_ceil(2);
             if kept(mid).0 >= goal {
                 lo = mid;
             } else {
-                hi = mid;
+                hi = mid - 1;
             }
         }
     }
@@ -446,11 +504,14 @@ fn host_pick(logits: &[f32], p: SampleParams, u: f32) -> u32 {
     let mut acc = 0.0;
     let mut chosen = bi;
     for (i, &l) in logits.iter().enumerate() {
-        if l < lo {
+        if order_key(l) < lo {
             continue;
         }
-        chosen = i;
-        acc += ((l - m) * inv_t).exp();
+        let w = weight(l, m, inv_t);
+        if w > 0.0 {
+            chosen = i;
+        }
+        acc += w;
         if target < acc {
             break;
         }
@@ -474,7 +535,8 @@ fn host_pick(logits: &[f32], p: SampleParams, u: f32) -> u32 {
 /// # Errors
 ///
 /// [`DeviceError::InvalidShape`] naming `sample` when a shape is not as above, the
-/// temperature is NaN, or `top_p` is not in `(0, 1]`.
+/// temperature is NaN (`+inf` is allowed: uniform over the kept tokens), or `top_p` is not in
+/// `(0, 1]`.
 ///
 /// # Examples
 ///
