@@ -162,10 +162,96 @@ impl Kernel {
         self.modify(|k| k.host = Some(Arc::new(f)))
     }
 
-    /// Adds an NVRTC option (e.g. `--use_fast_math`).
-    pub fn with_compile_option(self, option: impl Into<String>) -> Kernel {
+    /// Adds an NVRTC option, one of those that change how the source is compiled but not what
+    /// it declares:
+    ///
+    /// - `--use_fast_math`, `-lineinfo` (`--generate-line-info`), `-G` (`--device-debug`),
+    ///   `--extra-device-vectorization`;
+    /// - `--maxrregcount=N`;
+    /// - `--ftz=`, `--prec-div=`, `--prec-sqrt=`, `--fmad=`, each `true` or `false`;
+    /// - `-std=` (`--std=`) `c++03`, `c++11`, `c++14`, `c++17` or `c++20`;
+    ///
+    /// each also with a single dash where NVRTC takes one (`-use_fast_math`,
+    /// `-maxrregcount=N`, `-ftz=true`).
+    ///
+    /// Other options are refused: a launch is checked against the parameters read from the
+    /// source as written, and [`Kernel::new`]'s promise covers that source, so an option that
+    /// changes its meaning (`-Dfloat=double`, `-DN=..`, `-include`, `-U`) would let a safe
+    /// caller launch a kernel neither the check nor the promise covered. Write macros in the
+    /// source instead (`#define N 256`), where the check reads them. The allowed options do
+    /// predefine macros (`__USE_FAST_MATH__`, `__CUDACC_DEBUG__`, `__cplusplus`); a source that
+    /// branches on them keeps its promise under each, as it does for every device it may be
+    /// compiled for.
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceError::InvalidArgument`] for an option not listed above, naming it, whose
+    /// `index` is the number of options the kernel had before it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cuflow_runtime::{DeviceError, Kernel};
+    /// # fn main() -> Result<(), DeviceError> {
+    /// let source = r#"extern "C" __global__ void k(float* x, unsigned n) {
+    ///     unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+    ///     if (i < n) x[i] = __expf(x[i]);
+    /// }"#;
+    /// // SAFETY: the source writes only x[0..n], and n is the length of the buffer passed.
+    /// let k = unsafe { Kernel::new("k", source) }.with_compile_option("--use_fast_math")?;
+    /// assert!(matches!(
+    ///     k.with_compile_option("-Dfloat=double"),
+    ///     Err(DeviceError::InvalidArgument { .. })
+    /// ));
+    /// # Ok(()) }
+    /// ```
+    pub fn with_compile_option(self, option: impl Into<String>) -> Result<Kernel> {
+        fn allowed(option: &str) -> bool {
+            let Some(option) = option
+                .strip_prefix("--")
+                .or_else(|| option.strip_prefix('-'))
+            else {
+                return false;
+            };
+            let value = |name: &str| {
+                option
+                    .strip_prefix(name)
+                    .and_then(|rest| rest.strip_prefix('='))
+            };
+            let boolean = |v: Option<&str>| matches!(v, Some("true" | "false"));
+            matches!(
+                option,
+                "use_fast_math"
+                    | "lineinfo"
+                    | "generate-line-info"
+                    | "G"
+                    | "device-debug"
+                    | "extra-device-vectorization"
+            ) || value("maxrregcount")
+                .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+                || ["ftz", "prec-div", "prec-sqrt", "fmad"]
+                    .iter()
+                    .any(|name| boolean(value(name)))
+                || matches!(
+                    value("std"),
+                    Some("c++03" | "c++11" | "c++14" | "c++17" | "c++20")
+                )
+        }
         let option = option.into();
-        self.modify(|k| k.options.push(option))
+        if !allowed(&option) {
+            return Err(DeviceError::InvalidArgument {
+                kernel: self.inner.name.to_string(),
+                index: self.inner.options.len(),
+                reason: format!(
+                    "compile option `{option}` is not one of those that cannot change what the \
+                     source declares (--use_fast_math, -lineinfo, -G, \
+                     --extra-device-vectorization, --maxrregcount=N, --ftz=, --prec-div=, \
+                     --prec-sqrt=, --fmad= (true or false), -std=c++NN); write macros in the \
+                     source instead"
+                ),
+            });
+        }
+        Ok(self.modify(|k| k.options.push(option)))
     }
 
     /// The kernel's entry-point name.

@@ -1,0 +1,310 @@
+//! The parameters a launch is checked against are read from the kernel's CUDA C source as the
+//! compiler would read it: every declaration of the kernel (a prototype, the branches of an
+//! `#if`) is trusted no further than each of them, a pointer to pointers holds writable
+//! 8-byte elements, a `const` inside a template argument does not make the elements `const`,
+//! and a compile option cannot change what the source declares. The checks run before any
+//! backend is involved, so these tests run on the device under test; the kernels they do
+//! launch write nothing.
+
+use cuflow_runtime::{DeviceBuffer, DeviceError, Kernel, KernelArgs, LaunchConfig, Stream};
+use cuflow_testing::device::stream;
+
+/// A kernel whose host implementation does nothing.
+fn noop(name: &str, src: &str) -> Kernel {
+    // SAFETY: every source given here reads and writes only below the count `n` it is given,
+    // which each test passes as the length of its buffers, or writes nothing; its host
+    // implementation does nothing.
+    unsafe { Kernel::new(name, src) }.with_host(|_| Ok(()))
+}
+
+/// Launches `k` with `args`: `Ok(true)` when it was refused with
+/// [`DeviceError::InvalidArgument`], `Ok(false)` when it ran.
+fn refused(k: &Kernel, args: &KernelArgs<'_>, s: &Stream) -> Result<bool, DeviceError> {
+    match k.launch(s, LaunchConfig::for_num_elems(1), args) {
+        Err(DeviceError::InvalidArgument { .. }) => Ok(true),
+        Err(e) => Err(e),
+        Ok(()) => {
+            s.synchronize()?;
+            Ok(false)
+        }
+    }
+}
+
+#[test]
+fn pointer_to_pointer_to_const_is_writable_and_holds_pointers() -> Result<(), DeviceError> {
+    let s = stream();
+    let k = noop(
+        "pp",
+        r#"extern "C" __global__ void pp(const float** p, unsigned n) {
+               if (threadIdx.x < n) p[threadIdx.x] = nullptr; }"#,
+    );
+    let x = DeviceBuffer::<f32>::zeroed(&s, 4)?;
+    assert!(
+        refused(&k, KernelArgs::new().input(&x).scalar(4u32), &s)?,
+        "a read-only f32 buffer was accepted for `const float** p`"
+    );
+    assert!(
+        refused(&k, KernelArgs::new().output(&x).scalar(4u32), &s)?,
+        "a buffer of 4-byte elements was accepted for the 8-byte `const float*` elements"
+    );
+    let pointers = DeviceBuffer::<u64>::zeroed(&s, 4)?;
+    assert!(!refused(
+        &k,
+        KernelArgs::new().output(&pointers).scalar(4u32),
+        &s
+    )?);
+    Ok(())
+}
+
+#[test]
+fn a_const_right_before_the_last_star_makes_pointer_elements_read_only() -> Result<(), DeviceError>
+{
+    let s = stream();
+    let k = noop(
+        "pcp",
+        r#"extern "C" __global__ void pcp(float* const* p, const float* const q[], unsigned n) { }"#,
+    );
+    let pointers = DeviceBuffer::<u64>::zeroed(&s, 4)?;
+    let more = DeviceBuffer::<u64>::zeroed(&s, 4)?;
+    assert!(!refused(
+        &k,
+        KernelArgs::new().input(&pointers).input(&more).scalar(4u32),
+        &s
+    )?);
+    Ok(())
+}
+
+#[test]
+fn an_inactive_preprocessor_branch_is_not_the_signature() -> Result<(), DeviceError> {
+    let s = stream();
+    let k = noop(
+        "pre",
+        r#"#if 0
+           extern "C" __global__ void pre(const float* x, unsigned n) { }
+           #else
+           extern "C" __global__ void pre(float* x, unsigned n) {
+               if (threadIdx.x < n) x[threadIdx.x] = 0.0f; }
+           #endif"#,
+    );
+    let x = DeviceBuffer::<f32>::zeroed(&s, 4)?;
+    assert!(
+        refused(&k, KernelArgs::new().input(&x).scalar(4u32), &s)?,
+        "an input buffer was accepted for the compiled `float* x`"
+    );
+    assert!(!refused(&k, KernelArgs::new().output(&x).scalar(4u32), &s)?);
+    Ok(())
+}
+
+#[test]
+fn declarations_that_disagree_take_an_input_only_where_all_are_const() -> Result<(), DeviceError> {
+    let s = stream();
+    let k = noop(
+        "dis",
+        r#"#ifdef CUFLOW_NEVER_DEFINED
+           extern "C" __global__ void dis(const float* x, const float* y, unsigned n) { }
+           #else
+           extern "C" __global__ void dis(const float* x, unsigned n) { }
+           #endif"#,
+    );
+    let x = DeviceBuffer::<f32>::zeroed(&s, 4)?;
+    let y = DeviceBuffer::<f32>::zeroed(&s, 4)?;
+    assert!(!refused(&k, KernelArgs::new().input(&x).scalar(4u32), &s)?);
+    assert!(
+        refused(&k, KernelArgs::new().input(&x).input(&y).scalar(4u32), &s)?,
+        "an input buffer was accepted where one declaration has a value"
+    );
+    // A preprocessor directive inside the parameter list: no parameter is known const.
+    let k = noop(
+        "inner",
+        "extern \"C\" __global__ void inner(\n#if 0\nconst\n#endif\nfloat* x, unsigned n) {\n\
+         if (threadIdx.x < n) x[threadIdx.x] = 0.0f; }",
+    );
+    assert!(refused(&k, KernelArgs::new().input(&x).scalar(4u32), &s)?);
+    assert!(!refused(&k, KernelArgs::new().output(&x).scalar(4u32), &s)?);
+    Ok(())
+}
+
+#[test]
+fn const_in_a_template_argument_is_not_a_const_pointee() -> Result<(), DeviceError> {
+    let s = stream();
+    let k = noop(
+        "tpl",
+        r#"template <typename A, typename B> struct Pair { A a; B b; };
+           extern "C" __global__ void tpl(Pair< const int, float >* out, unsigned n) {
+               if (threadIdx.x < n) out[threadIdx.x].b = 1.0f; }"#,
+    );
+    let x = DeviceBuffer::<u64>::zeroed(&s, 4)?;
+    assert!(
+        refused(&k, KernelArgs::new().input(&x).scalar(4u32), &s)?,
+        "an input buffer was accepted for `Pair<const int, float>* out`"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_compile_option_that_could_change_the_source_is_refused() -> Result<(), DeviceError> {
+    let s = stream();
+    let source = r#"extern "C" __global__ void opt(float* x, unsigned n) {
+               unsigned i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) x[i] = 1.0f; }"#;
+    for option in [
+        "-Dfloat=double",
+        "-DN=4",
+        "--define-macro=float=double",
+        "-Ufloat",
+        "-include",
+        "--pre-include=evil.h",
+        "-I/tmp",
+        "--maxrregcount=",
+        "--ftz=maybe",
+        "-std=c++17 -Dfloat=double",
+        "use_fast_math",
+    ] {
+        match noop("opt", source).with_compile_option(option) {
+            Err(DeviceError::InvalidArgument { kernel, reason, .. }) => {
+                assert_eq!(kernel, "opt");
+                assert!(
+                    reason.contains(option) && reason.contains("--use_fast_math"),
+                    "the refusal of {option} names neither it nor the allowed options: {reason}"
+                );
+            }
+            Ok(_) => panic!("compile option {option} was accepted"),
+            Err(e) => return Err(e),
+        }
+    }
+    for option in ["-std=c++17", "--std=c++20", "--prec-div=true", "-ftz=false"] {
+        noop("opt", source).with_compile_option(option)?;
+    }
+    let k = noop("opt", source)
+        .with_compile_option("--use_fast_math")?
+        .with_compile_option("-lineinfo")?
+        .with_compile_option("--maxrregcount=64")?
+        .with_compile_option("--fmad=false")?
+        .with_compile_option("--prec-sqrt=true")?;
+    let x = DeviceBuffer::<f32>::zeroed(&s, 4)?;
+    assert!(!refused(&k, KernelArgs::new().output(&x).scalar(4u32), &s)?);
+    assert!(refused(&k, KernelArgs::new().input(&x).scalar(4u32), &s)?);
+    Ok(())
+}
+
+#[test]
+fn an_unnamed_two_word_type_keeps_its_second_word() -> Result<(), DeviceError> {
+    let s = stream();
+    let k = noop(
+        "un",
+        r#"extern "C" __global__ void un(unsigned short*, unsigned);
+           extern "C" __global__ void un(unsigned short* x, unsigned n) {
+               if (threadIdx.x < n) x[threadIdx.x] = 1; }"#,
+    );
+    let x = DeviceBuffer::<u32>::zeroed(&s, 4)?;
+    assert!(
+        refused(&k, KernelArgs::new().output(&x).scalar(4u32), &s)?,
+        "a u32 buffer was accepted for `unsigned short*`"
+    );
+    let x = DeviceBuffer::<u16>::zeroed(&s, 4)?;
+    assert!(!refused(&k, KernelArgs::new().output(&x).scalar(4u32), &s)?);
+    Ok(())
+}
+
+#[test]
+fn vector_elements_are_checked_by_size() -> Result<(), DeviceError> {
+    let s = stream();
+    let k = noop(
+        "vec",
+        r#"extern "C" __global__ void vec(float4* v, const double2* w, const __half2* h, unsigned n) { }"#,
+    );
+    let v = DeviceBuffer::<[f32; 4]>::zeroed(&s, 4)?;
+    let w = DeviceBuffer::<[f64; 2]>::zeroed(&s, 4)?;
+    let h = DeviceBuffer::<u32>::zeroed(&s, 4)?;
+    let f = DeviceBuffer::<f32>::zeroed(&s, 16)?;
+    assert!(!refused(
+        &k,
+        KernelArgs::new()
+            .output(&v)
+            .input(&w)
+            .input(&h)
+            .scalar(4u32),
+        &s
+    )?);
+    assert!(
+        refused(
+            &k,
+            KernelArgs::new()
+                .output(&f)
+                .input(&w)
+                .input(&h)
+                .scalar(4u32),
+            &s
+        )?,
+        "an f32 buffer was accepted for `float4* v`"
+    );
+    assert!(refused(
+        &k,
+        KernelArgs::new()
+            .output(&v)
+            .input(&w)
+            .input(&v)
+            .scalar(4u32),
+        &s
+    )?);
+    Ok(())
+}
+
+#[test]
+fn the_ordinary_signatures_still_pass() -> Result<(), DeviceError> {
+    let s = stream();
+    let k = noop(
+        "ordinary",
+        r#"#include <cuda_fp16.h>
+           #include <cuda_bf16.h>
+           #define RESTRICT __restrict__
+           extern "C" __global__ void ordinary(const float* RESTRICT, float* const,
+               const __half*, __nv_bfloat16*, unsigned long long);
+           extern "C" __global__ void __launch_bounds__(256)
+           ordinary(const float* __restrict__ x, float* const y, const __half* h,
+                    __nv_bfloat16* b, unsigned long long n) {
+               unsigned long long i = blockIdx.x * blockDim.x + threadIdx.x;
+               if (i < n) { y[i] = x[i] + __half2float(h[i]); b[i] = __float2bfloat16(y[i]); }
+           }"#,
+    );
+    let x = DeviceBuffer::<f32>::zeroed(&s, 4)?;
+    let y = DeviceBuffer::<f32>::zeroed(&s, 4)?;
+    let h = DeviceBuffer::<half::f16>::zeroed(&s, 4)?;
+    let b = DeviceBuffer::<half::bf16>::zeroed(&s, 4)?;
+    assert!(!refused(
+        &k,
+        KernelArgs::new()
+            .input(&x)
+            .output(&y)
+            .input(&h)
+            .output(&b)
+            .scalar(4u64),
+        &s
+    )?);
+    assert!(
+        refused(
+            &k,
+            KernelArgs::new()
+                .input(&x)
+                .output(&y)
+                .input(&h)
+                .output(&b)
+                .scalar(4u32),
+            &s
+        )?,
+        "a u32 was accepted for `unsigned long long n`"
+    );
+    assert!(
+        refused(
+            &k,
+            KernelArgs::new()
+                .input(&x)
+                .input(&y)
+                .input(&h)
+                .output(&b)
+                .scalar(4u64),
+            &s
+        )?,
+        "an input was accepted for `float* const y`"
+    );
+    Ok(())
+}
