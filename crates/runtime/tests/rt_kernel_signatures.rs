@@ -210,7 +210,7 @@ fn vector_elements_are_checked_by_size() -> Result<(), DeviceError> {
     let s = stream();
     let k = noop(
         "vec",
-        r#"extern "C" __global__ void vec(float4* v, const double2* w, const __half2* h, unsigned n) { }"#,
+        r#"extern "C" __global__ void vec(float4* v, const double2* w, const short2* h, unsigned n) { }"#,
     );
     let v = DeviceBuffer::<[f32; 4]>::zeroed(&s, 4)?;
     let w = DeviceBuffer::<[f64; 2]>::zeroed(&s, 4)?;
