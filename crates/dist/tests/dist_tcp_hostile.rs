@@ -90,7 +90,8 @@ fn drain(peer: &mut TcpStream, quiet: Duration) -> Vec<u8> {
 
 #[test]
 fn a_frame_announcing_2_pow_63_bytes_fails_the_collective_at_once() {
-    let (comm, mut peer) = rank_0_with_raw_rank_1(Duration::from_secs(5));
+    // "At once" is well before the deadline, with room for a loaded machine.
+    let (comm, mut peer) = rank_0_with_raw_rank_1(Duration::from_secs(30));
     peer.write_all(&frame_header(1, 1 << 63))
         .expect("the header");
     let x = api::ones::<f32>(&[4]).sync_on(comm.stream()).expect("x");
@@ -101,7 +102,7 @@ fn a_frame_announcing_2_pow_63_bytes_fails_the_collective_at_once() {
     let waited = start.elapsed();
     assert!(
         matches!(&e, DeviceError::Collective { reason, .. } if reason.contains("announced"))
-            && waited < Duration::from_secs(2),
+            && waited < Duration::from_secs(10),
         "after {waited:?}: {e}"
     );
     drop(peer);
@@ -112,7 +113,7 @@ fn a_frame_announcing_2_pow_63_bytes_fails_the_collective_at_once() {
 #[test]
 #[ignore = "started by a_frame_announcing_a_terabyte_is_an_error_not_an_abort"]
 fn terabyte_frame_child() {
-    let (comm, mut peer) = rank_0_with_raw_rank_1(Duration::from_secs(5));
+    let (comm, mut peer) = rank_0_with_raw_rank_1(Duration::from_secs(30));
     peer.write_all(&frame_header(1, 1 << 40))
         .expect("the header");
     peer.write_all(&[7u8; 4096]).expect("a few bytes of it");
@@ -125,7 +126,7 @@ fn terabyte_frame_child() {
         .unwrap_err();
     let waited = start.elapsed();
     assert!(
-        matches!(&e, DeviceError::Collective { .. }) && waited < Duration::from_secs(2),
+        matches!(&e, DeviceError::Collective { .. }) && waited < Duration::from_secs(10),
         "after {waited:?}: {e}"
     );
 }
@@ -161,7 +162,7 @@ fn a_send_to_a_peer_that_never_reads_times_out_at_its_deadline() {
     let took = start.elapsed();
     assert!(
         matches!(&e, DeviceError::Timeout { what, waited_ms: 500 } if what.contains("rank 1"))
-            && took < deadline + Duration::from_secs(1),
+            && took < deadline + Duration::from_secs(5),
         "after {took:?}: {e}"
     );
     drop(peer);
@@ -199,7 +200,7 @@ fn a_peer_reading_a_trickle_does_not_keep_a_send_past_its_deadline() {
                 waited_ms: 1000,
                 ..
             }
-        ) && took < deadline + Duration::from_secs(1),
+        ) && took < deadline + Duration::from_millis(2500),
         "after {took:?}: {e}"
     );
 }

@@ -22,8 +22,9 @@
 //!
 //! This crate is a dev-dependency of the integration tests and examples (and a dependency of
 //! the benchmark program, which is no library); no library depends on it, and no unit test
-//! inside a crate's `src/` uses it. Its one `unsafe` use is [`kernels::reviewed_kernel`], which
-//! constructs the kernels above from CUDA C written in this crate.
+//! inside a crate's `src/` uses it. Its one `unsafe` use is the private
+//! `kernels::reviewed_kernel`, which constructs the kernels above from CUDA C written in this
+//! crate.
 
 #![deny(unsafe_code)]
 
