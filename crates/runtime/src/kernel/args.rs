@@ -24,7 +24,7 @@ pub(crate) enum KernelArg<M> {
         byte_len: usize,
         ty: TypeId,
         ty_name: &'static str,
-        /// The element type as a plain C type, if it is one (see `params.rs`).
+        /// The element type as a plain C type, if it is one (see `params/`).
         plain: Option<Plain>,
         /// `size_of` the element type.
         elem_size: usize,
@@ -35,7 +35,7 @@ pub(crate) enum KernelArg<M> {
         len: u8,
         ty: TypeId,
         ty_name: &'static str,
-        /// The value's type as a plain C type, if it is one (see `params.rs`).
+        /// The value's type as a plain C type, if it is one (see `params/`).
         plain: Option<Plain>,
     },
 }

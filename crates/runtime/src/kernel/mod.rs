@@ -8,7 +8,7 @@
 //!
 //! One concept per file: [`Kernel`] here, [`LaunchConfig`] in `config.rs`, the arguments
 //! ([`KernelArgs`], [`HostKernelArgs`]) in `args.rs`, and the parameters the CUDA C source
-//! declares, with the check of a launch's arguments against them, in `params.rs`.
+//! declares, with the check of a launch's arguments against them, in `params/`.
 
 use std::fmt;
 use std::sync::Arc;
