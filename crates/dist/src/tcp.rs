@@ -119,11 +119,10 @@ fn read_frames(mut stream: TcpStream, peer: usize, mailbox: &Mailbox, stopped: &
         read_until_closed(&mut stream, peer, mailbox)
     }));
     let reason = read.unwrap_or_else(|panic| {
-        let what = panic
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| panic.downcast_ref::<String>().cloned())
-            .unwrap_or_default();
+        let what = match DeviceError::from_panic("the link's reader", &*panic) {
+            DeviceError::Panicked { message, .. } => message,
+            other => other.to_string(),
+        };
         format!("its reader failed ({what}), a bug in cuflow")
     });
     tracing::debug!(peer, %reason, "cuflow-dist link closed");

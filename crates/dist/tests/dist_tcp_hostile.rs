@@ -88,18 +88,23 @@ fn drain(peer: &mut TcpStream, quiet: Duration) -> Vec<u8> {
     }
 }
 
+/// The error of a small sum on `comm` that must fail, and how long it took to.
+fn failed_sum(comm: &Communicator) -> (DeviceError, Duration) {
+    let x = api::ones::<f32>(&[4]).sync_on(comm.stream()).expect("x");
+    let start = Instant::now();
+    let e = all_reduce(comm, x, ReduceOp::Sum)
+        .sync_on(comm.stream())
+        .expect_err("a sum with a broken peer");
+    (e, start.elapsed())
+}
+
 #[test]
 fn a_frame_announcing_2_pow_63_bytes_fails_the_collective_at_once() {
     // "At once" is well before the deadline, with room for a loaded machine.
     let (comm, mut peer) = rank_0_with_raw_rank_1(Duration::from_secs(30));
     peer.write_all(&frame_header(1, 1 << 63))
         .expect("the header");
-    let x = api::ones::<f32>(&[4]).sync_on(comm.stream()).expect("x");
-    let start = Instant::now();
-    let e = all_reduce(&comm, x, ReduceOp::Sum)
-        .sync_on(comm.stream())
-        .unwrap_err();
-    let waited = start.elapsed();
+    let (e, waited) = failed_sum(&comm);
     assert!(
         matches!(&e, DeviceError::Collective { reason, .. } if reason.contains("announced"))
             && waited < Duration::from_secs(10),
@@ -119,12 +124,7 @@ fn terabyte_frame_child() {
     peer.write_all(&[7u8; 4096]).expect("a few bytes of it");
     // The link closes in the middle of the message.
     drop(peer);
-    let x = api::ones::<f32>(&[4]).sync_on(comm.stream()).expect("x");
-    let start = Instant::now();
-    let e = all_reduce(&comm, x, ReduceOp::Sum)
-        .sync_on(comm.stream())
-        .unwrap_err();
-    let waited = start.elapsed();
+    let (e, waited) = failed_sum(&comm);
     assert!(
         matches!(&e, DeviceError::Collective { .. }) && waited < Duration::from_secs(10),
         "after {waited:?}: {e}"
