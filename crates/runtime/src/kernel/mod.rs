@@ -169,17 +169,20 @@ impl Kernel {
     ///   `--extra-device-vectorization`;
     /// - `--maxrregcount=N`;
     /// - `--ftz=`, `--prec-div=`, `--prec-sqrt=`, `--fmad=`, each `true` or `false`;
-    /// - `-std=` (`--std=`) `c++03`, `c++11`, `c++14`, `c++17` or `c++20`;
     ///
     /// each also with a single dash where NVRTC takes one (`-use_fast_math`,
     /// `-maxrregcount=N`, `-ftz=true`).
+    ///
+    /// Kernels are compiled as C++17, and `-std=` (`--std=`) is refused: the standard is
+    /// not the kernel's to choose, and a second one beside cuflow's would make the compile
+    /// depend on how NVRTC treats a repeated option.
     ///
     /// Other options are refused: a launch is checked against the parameters read from the
     /// source as written, and [`Kernel::new`]'s promise covers that source, so an option that
     /// changes its meaning (`-Dfloat=double`, `-DN=..`, `-include`, `-U`) would let a safe
     /// caller launch a kernel neither the check nor the promise covered. Write macros in the
     /// source instead (`#define N 256`), where the check reads them. The allowed options do
-    /// predefine macros (`__USE_FAST_MATH__`, `__CUDACC_DEBUG__`, `__cplusplus`); a source that
+    /// predefine macros (`__USE_FAST_MATH__`, `__CUDACC_DEBUG__`); a source that
     /// branches on them keeps its promise under each, as it does for every device it may be
     /// compiled for.
     ///
@@ -232,12 +235,24 @@ impl Kernel {
                 || ["ftz", "prec-div", "prec-sqrt", "fmad"]
                     .iter()
                     .any(|name| boolean(value(name)))
-                || matches!(
-                    value("std"),
-                    Some("c++03" | "c++11" | "c++14" | "c++17" | "c++20")
-                )
         }
         let option = option.into();
+        let standard = option
+            .strip_prefix("--")
+            .or_else(|| option.strip_prefix('-'))
+            .and_then(|o| o.strip_prefix("std"))
+            .is_some_and(|v| !v.contains(char::is_whitespace));
+        if standard {
+            return Err(DeviceError::InvalidArgument {
+                kernel: self.inner.name.to_string(),
+                index: self.inner.options.len(),
+                reason: format!(
+                    "compile option `{option}` chooses the C++ standard, but kernels are always \
+                     compiled as C++17; remove the option (a source that needs another \
+                     standard's features cannot be compiled by cuflow)"
+                ),
+            });
+        }
         if !allowed(&option) {
             return Err(DeviceError::InvalidArgument {
                 kernel: self.inner.name.to_string(),
@@ -246,8 +261,8 @@ impl Kernel {
                     "compile option `{option}` is not one of those that cannot change what the \
                      source declares (--use_fast_math, -lineinfo, -G, \
                      --extra-device-vectorization, --maxrregcount=N, --ftz=, --prec-div=, \
-                     --prec-sqrt=, --fmad= (true or false), -std=c++NN); write macros in the \
-                     source instead"
+                     --prec-sqrt=, --fmad= (true or false)); write macros in the source \
+                     instead"
                 ),
             });
         }
