@@ -136,7 +136,8 @@ fn iota<T: DType>(
 }
 
 /// The 1-D tensor `start, start + step, ...` of the values below `end` (above it for a
-/// negative step), computed in `f64` and rounded to `T`.
+/// negative step), computed in `f64` and rounded to `T` (an integer `T` truncates toward zero
+/// and saturates at its bounds, as [`cast`] does).
 ///
 /// # Errors
 ///
@@ -180,9 +181,9 @@ pub fn arange<T: DType>(
 }
 
 /// `steps` values evenly spaced from `start` to `end` inclusive (one value: `start`), computed
-/// in `f64` as `start + i · (end - start) / (steps - 1)` and rounded to `T`. The first and the
-/// last value are `start` and `end` exactly (rounded to `T`). Bounds as far apart as `f64`
-/// allows (`-f64::MAX` to `f64::MAX`) give finite values.
+/// in `f64` as `start + i · (end - start) / (steps - 1)` and rounded to `T` (for an integer `T`
+/// as in [`arange`]). The first and the last value are `start` and `end` exactly (rounded to
+/// `T`). Bounds as far apart as `f64` allows (`-f64::MAX` to `f64::MAX`) give finite values.
 ///
 /// # Errors
 ///

@@ -185,10 +185,13 @@ pub(crate) fn stores_float_rounded<T: DType>() -> bool {
 }
 
 /// CUDA C of `from_double_<T>(double)`: the compute-type value (`A_<T>`) that `st_<T>` rounds
-/// to the `T` nearest to the `double`, rounding once. `(A)v` where that holds (`f32`, `f64`,
-/// integers); for `f16` and `bf16`, whose `st` rounds a `float`, the `float` rounded to odd as
-/// the host's [`DType::from_f64`] does: `(float)v` would round to nearest first, and the second
-/// rounding could then tie the wrong way. Needs [`cuda_defs`]`::<T>()` before it.
+/// to the `T` the host's [`DType::from_f64`] gives for the `double`, rounding once. `(A)v`
+/// for `f32` and `f64`; for `f16` and `bf16`, whose `st` rounds a `float`, the `float` rounded
+/// to odd as the host does: `(float)v` would round to nearest first, and the second rounding
+/// could then tie the wrong way. For integers the value truncated toward zero and saturated
+/// at the type's bounds, NaN giving 0 (as Rust's `as`): C leaves the conversion of a value
+/// out of the type's range undefined, so the bounds are checked first. Needs
+/// [`cuda_defs`]`::<T>()` before it.
 pub(crate) fn cuda_from_double<T: DType>() -> String {
     let n = T::NAME;
     let body = if stores_float_rounded::<T>() {
@@ -196,8 +199,23 @@ pub(crate) fn cuda_from_double<T: DType>() -> String {
          if (f == f && (double)f != v) f = __uint_as_float(__float_as_uint(f) | 1u); \
          return f;"
             .to_string()
-    } else {
+    } else if T::IS_FLOAT {
         format!("return (A_{n})v;")
+    } else {
+        let (min, max) = (T::from_f64(f64::NEG_INFINITY), T::from_f64(f64::INFINITY));
+        let min_literal = if min.to_f64() == 0.0 {
+            "0".to_string()
+        } else {
+            format!("(-{max:?}LL - 1)")
+        };
+        format!(
+            "if (v != v) return (A_{n})0; \
+             if (v <= {min_f:?}) return (A_{n}){min_literal}; \
+             if (v >= {max_f:?}) return (A_{n}){max:?}ULL; \
+             return (A_{n})v;",
+            min_f = min.to_f64(),
+            max_f = max.to_f64(),
+        )
     };
     format!("__device__ __forceinline__ A_{n} from_double_{n}(double v) {{ {body} }}\n")
 }
@@ -339,3 +357,29 @@ impl FloatDType for f32 {}
 impl FloatDType for f64 {}
 impl FloatDType for f16 {}
 impl FloatDType for bf16 {}
+
+#[cfg(test)]
+mod tests {
+    use super::cuda_from_double;
+
+    /// The integer conversions check the type's bounds (and NaN) before the C conversion,
+    /// which is undefined outside them.
+    #[test]
+    fn integer_conversions_from_double_saturate_before_converting() {
+        assert_eq!(
+            cuda_from_double::<u8>(),
+            "__device__ __forceinline__ A_u8 from_double_u8(double v) { \
+             if (v != v) return (A_u8)0; if (v <= 0.0) return (A_u8)0; \
+             if (v >= 255.0) return (A_u8)255ULL; return (A_u8)v; }\n"
+        );
+        assert_eq!(
+            cuda_from_double::<i64>(),
+            "__device__ __forceinline__ A_i64 from_double_i64(double v) { \
+             if (v != v) return (A_i64)0; \
+             if (v <= -9.223372036854776e18) return (A_i64)(-9223372036854775807LL - 1); \
+             if (v >= 9.223372036854776e18) return (A_i64)9223372036854775807ULL; \
+             return (A_i64)v; }\n"
+        );
+        assert!(cuda_from_double::<f32>().contains("return (A_f32)v;"));
+    }
+}

@@ -118,6 +118,49 @@ fn linspace_includes_both_ends() -> Result<(), DeviceError> {
     Ok(())
 }
 
+/// Integer ranges whose values leave the type saturate at its bounds, as
+/// [`api::cast`] of the same `f64` values does; fractions truncate toward zero. (In CUDA C an
+/// out-of-range `double` to integer conversion is undefined: the kernel must saturate itself.)
+#[test]
+fn integer_ranges_past_the_type_saturate_like_cast() -> Result<(), DeviceError> {
+    let s = stream();
+    let mut bytes: Vec<u8> = (250..=255).collect();
+    bytes.extend([255; 4]);
+    assert_eq!(
+        make(&s, &[10], api::arange::<u8>(250.0, 260.0, 1.0))?,
+        bytes
+    );
+    assert_eq!(
+        make(&s, &[6], api::arange::<u8>(-3.0, 3.0, 1.0))?,
+        vec![0, 0, 0, 0, 1, 2]
+    );
+    assert_eq!(
+        make(&s, &[8], api::arange::<u8>(254.0, 258.0, 0.5))?,
+        vec![254, 254, 255, 255, 255, 255, 255, 255]
+    );
+    assert_eq!(
+        make(&s, &[4], api::arange::<i32>(2.1e9, 2.3e9, 0.05e9))?,
+        vec![2_100_000_000, i32::MAX, i32::MAX, i32::MAX]
+    );
+    assert_eq!(
+        make(&s, &[3], api::arange::<u32>(-1e10, 1e10, 0.8e10))?,
+        vec![0, 0, u32::MAX]
+    );
+    assert_eq!(
+        make(&s, &[3], api::linspace::<i32>(-1e10, 1e10, 3))?,
+        vec![i32::MIN, 0, i32::MAX]
+    );
+    assert_eq!(
+        make(&s, &[3], api::linspace::<i64>(-1e300, 1e300, 3))?,
+        vec![i64::MIN, 0, i64::MAX]
+    );
+    assert_eq!(
+        make(&s, &[5], api::linspace::<u8>(-300.0, 300.0, 5))?,
+        vec![0, 0, 0, 150, 255]
+    );
+    Ok(())
+}
+
 fn identity<T: DType>(n: usize) -> Vec<T> {
     (0..n * n)
         .map(|i| T::from_f64(if i / n == i % n { 1.0 } else { 0.0 }))
