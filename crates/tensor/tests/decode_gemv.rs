@@ -246,3 +246,38 @@ fn fused_gemv_rejects_bad_shapes() {
         GemvEpilogue::Store
     )));
 }
+
+/// A weight without columns multiplies to zeros (empty sums), written over whatever `out`
+/// held: stored, through SwiGLU (`silu(0) · 0`), and through an RMS norm of the empty input;
+/// the residual add leaves `out` as it was.
+#[test]
+fn a_weight_without_columns_gives_zeros() -> Result<(), DeviceError> {
+    let s = stream();
+    let w = api::zeros::<bf16>(&[4, 0]).sync_on(&s)?;
+    let x = zeros(&s, &[0]);
+    let norm_weight = api::zeros::<bf16>(&[0]).sync_on(&s)?;
+    let poisoned = |n: usize| api::full::<f32>(&[n], 7.0).sync_on(&s);
+    let mut out = poisoned(4)?;
+    decode::gemv(&mut out, &w, &x, 0).sync_on(&s)?;
+    assert_eq!(read(&out), vec![0.0; 4], "gemv");
+    let cases = [
+        (GemvInput::Plain, GemvEpilogue::Store, 4, 0.0),
+        (GemvInput::Plain, GemvEpilogue::SwiGlu, 2, 0.0),
+        (GemvInput::Plain, GemvEpilogue::Accumulate, 4, 7.0),
+        (
+            GemvInput::RmsNorm {
+                weight: &norm_weight,
+                eps: EPS,
+            },
+            GemvEpilogue::Store,
+            4,
+            0.0,
+        ),
+    ];
+    for (input, epilogue, n, want) in cases {
+        let mut out = poisoned(n)?;
+        decode::gemv_fused(&mut out, &w, &x, input, epilogue).sync_on(&s)?;
+        assert_eq!(read(&out), vec![want; n], "{input:?} {epilogue:?}");
+    }
+    Ok(())
+}

@@ -444,7 +444,15 @@ fn launch(
             (weight, eps)
         }
     };
-    if n == 0 || k == 0 {
+    if n == 0 {
+        return Ok(());
+    }
+    if k == 0 {
+        // Every product is an empty sum: zeros stored (SwiGLU's `silu(0) · 0` too), nothing
+        // added.
+        if epilogue != GemvEpilogue::Accumulate {
+            out.view("decode::gemv")?.fill_bytes(stream, 0)?;
+        }
         return Ok(());
     }
     let units = if epilogue == GemvEpilogue::SwiGlu {
