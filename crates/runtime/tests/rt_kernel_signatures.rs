@@ -158,6 +158,7 @@ fn a_compile_option_that_could_change_the_source_is_refused() -> Result<(), Devi
         "--ftz=maybe",
         "-std=c++17 -Dfloat=double",
         "use_fast_math",
+        "--std=c++20 -Dfloat=double",
     ] {
         match noop("opt", source).with_compile_option(option) {
             Err(DeviceError::InvalidArgument { kernel, reason, .. }) => {
@@ -171,7 +172,7 @@ fn a_compile_option_that_could_change_the_source_is_refused() -> Result<(), Devi
             Err(e) => return Err(e),
         }
     }
-    for option in ["-std=c++17", "--std=c++20", "--prec-div=true", "-ftz=false"] {
+    for option in ["--prec-div=true", "-ftz=false", "-prec-sqrt=false"] {
         noop("opt", source).with_compile_option(option)?;
     }
     let k = noop("opt", source)
@@ -306,5 +307,207 @@ fn the_ordinary_signatures_still_pass() -> Result<(), DeviceError> {
         )?,
         "an input was accepted for `float* const y`"
     );
+    Ok(())
+}
+
+#[test]
+fn a_language_standard_option_is_refused_as_kernels_are_cpp17() -> Result<(), DeviceError> {
+    let source = r#"extern "C" __global__ void std_opt(float* x, unsigned n) {
+               unsigned i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) x[i] = 1.0f; }"#;
+    for option in [
+        "-std=c++17",
+        "--std=c++17",
+        "-std=c++20",
+        "--std=c++14",
+        "-std=c++11",
+        "--std=c++03",
+    ] {
+        match noop("std_opt", source).with_compile_option(option) {
+            Err(DeviceError::InvalidArgument { kernel, reason, .. }) => {
+                assert_eq!(kernel, "std_opt");
+                assert!(
+                    reason.contains(option) && reason.contains("C++17"),
+                    "the refusal of {option} does not say kernels are compiled as C++17: {reason}"
+                );
+            }
+            Ok(_) => panic!("compile option {option} was accepted"),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn a_type_alias_is_checked_as_the_type_it_names() -> Result<(), DeviceError> {
+    let s = stream();
+    let k = noop(
+        "alias",
+        r#"typedef double real;
+           using index_t = unsigned long long;
+           typedef const float cfloat;
+           typedef real scalar_t;
+           extern "C" __global__ void alias(scalar_t* x, cfloat* y, index_t n) {
+               if (threadIdx.x < n) x[threadIdx.x] = y[threadIdx.x]; }"#,
+    );
+    let x64 = DeviceBuffer::<f64>::zeroed(&s, 4)?;
+    let x32 = DeviceBuffer::<f32>::zeroed(&s, 4)?;
+    let y = DeviceBuffer::<f32>::zeroed(&s, 4)?;
+    assert!(!refused(
+        &k,
+        KernelArgs::new().output(&x64).input(&y).scalar(4u64),
+        &s
+    )?);
+    assert!(
+        refused(
+            &k,
+            KernelArgs::new().output(&x32).input(&y).scalar(4u64),
+            &s
+        )?,
+        "an f32 buffer was accepted for `scalar_t* x`, scalar_t being double"
+    );
+    assert!(
+        refused(
+            &k,
+            KernelArgs::new().output(&x64).input(&x64).scalar(4u64),
+            &s
+        )?,
+        "an f64 buffer was accepted for `cfloat* y`, cfloat being const float"
+    );
+    assert!(
+        refused(
+            &k,
+            KernelArgs::new().output(&x64).input(&y).scalar(4u32),
+            &s
+        )?,
+        "a u32 was accepted for `index_t n`, index_t being unsigned long long"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_pointer_alias_is_a_pointer() -> Result<(), DeviceError> {
+    let s = stream();
+    let k = noop(
+        "palias",
+        r#"typedef float* fptr;
+           typedef const float* cfptr;
+           extern "C" __global__ void palias(fptr x, cfptr y, const fptr z, unsigned n) {
+               if (threadIdx.x < n) { x[threadIdx.x] = y[threadIdx.x]; z[threadIdx.x] = 0.0f; } }"#,
+    );
+    let x = DeviceBuffer::<f32>::zeroed(&s, 4)?;
+    let y = DeviceBuffer::<f32>::zeroed(&s, 4)?;
+    let z = DeviceBuffer::<f32>::zeroed(&s, 4)?;
+    assert!(!refused(
+        &k,
+        KernelArgs::new()
+            .output(&x)
+            .input(&y)
+            .output(&z)
+            .scalar(4u32),
+        &s
+    )?);
+    assert!(
+        refused(
+            &k,
+            KernelArgs::new()
+                .scalar(0x1000u64)
+                .input(&y)
+                .output(&z)
+                .scalar(4u32),
+            &s
+        )?,
+        "a u64 value was accepted for the pointer `fptr x`"
+    );
+    assert!(
+        refused(
+            &k,
+            KernelArgs::new()
+                .output(&x)
+                .input(&y)
+                .input(&z)
+                .scalar(4u32),
+            &s
+        )?,
+        "an input was accepted for `const fptr z`, a const pointer to writable floats"
+    );
+    let d = DeviceBuffer::<f64>::zeroed(&s, 4)?;
+    assert!(
+        refused(
+            &k,
+            KernelArgs::new()
+                .output(&d)
+                .input(&y)
+                .output(&z)
+                .scalar(4u32),
+            &s
+        )?,
+        "an f64 buffer was accepted for `fptr x`"
+    );
+    Ok(())
+}
+
+#[test]
+fn an_alias_the_check_cannot_resolve_is_refused() -> Result<(), DeviceError> {
+    let s = stream();
+    let x = DeviceBuffer::<f32>::zeroed(&s, 4)?;
+    let sources = [
+        (
+            "two_defs",
+            "real",
+            r#"#ifdef CUFLOW_NEVER_DEFINED
+               typedef double real;
+               #else
+               typedef float real;
+               #endif
+               extern "C" __global__ void two_defs(real* x, unsigned n) {
+                   if (threadIdx.x < n) x[threadIdx.x] = 0; }"#,
+        ),
+        (
+            "tpl_alias",
+            "ptr",
+            r#"template <typename T> using ptr = T*;
+               extern "C" __global__ void tpl_alias(ptr<float> x, unsigned n) {
+                   if (threadIdx.x < n) x[threadIdx.x] = 0; }"#,
+        ),
+        (
+            "arr_alias",
+            "vec3",
+            r#"typedef float vec3[3];
+               extern "C" __global__ void arr_alias(vec3* x, unsigned n) {
+                   if (threadIdx.x < n) x[threadIdx.x][0] = 0; }"#,
+        ),
+    ];
+    for (name, alias, source) in sources {
+        let k = noop(name, source);
+        for args in [
+            KernelArgs::new().output(&x).scalar(4u32),
+            KernelArgs::new().scalar(0x1000u64).scalar(4u32),
+        ] {
+            match k.launch(&s, LaunchConfig::for_num_elems(1), args) {
+                Err(DeviceError::InvalidArgument { index, reason, .. }) => {
+                    assert_eq!(index, 0, "{name}: {reason}");
+                    assert!(
+                        reason.contains(alias),
+                        "{name}: the refusal does not name the alias `{alias}`: {reason}"
+                    );
+                }
+                Ok(()) => panic!("{name}: a launch through the alias `{alias}` was accepted"),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    // An alias of a struct is checked as the struct is: by kind.
+    let k = noop(
+        "struct_alias",
+        r#"typedef struct { float a, b; } pair;
+           extern "C" __global__ void struct_alias(pair* p, unsigned n) {
+               if (threadIdx.x < n) p[threadIdx.x].a = 0; }"#,
+    );
+    let pairs = DeviceBuffer::<[f32; 2]>::zeroed(&s, 4)?;
+    assert!(!refused(
+        &k,
+        KernelArgs::new().output(&pairs).scalar(4u32),
+        &s
+    )?);
     Ok(())
 }

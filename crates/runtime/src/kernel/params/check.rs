@@ -32,6 +32,8 @@ enum Mismatch {
     InputForDisputed,
     /// An element or value type other than the declared one.
     Type(Elem),
+    /// Any argument, for a parameter that names a type alias the check cannot resolve.
+    Unresolved,
 }
 
 /// How `arg` fails a parameter of kind `kind`, if it does: the one test of the launch path
@@ -39,6 +41,7 @@ enum Mismatch {
 #[inline]
 fn mismatch<M>(kind: &Kind, arg: &KernelArg<M>) -> Option<Mismatch> {
     let (want, plain, size) = match (kind, arg) {
+        (Kind::Unresolved, _) => return Some(Mismatch::Unresolved),
         (Kind::Disputed { read_only }, KernelArg::Buffer { writable, .. }) => {
             return (!*read_only && !*writable).then_some(Mismatch::InputForDisputed);
         }
@@ -124,6 +127,20 @@ fn refusal<M>(kernel: &str, params: &[Param], args: &[KernelArg<M>]) -> Result<(
             .get(index)
             .map_or("(not declared by every declaration)", |p| &p.text);
         let reason = match (arg, m) {
+            (_, Mismatch::Unresolved) => {
+                let alias = params
+                    .get(index)
+                    .and_then(|p| p.unresolved.as_deref())
+                    .unwrap_or("?");
+                format!(
+                    "parameter `{text}` names the type alias `{alias}`, which the check cannot \
+                     resolve to one type (it is declared with different types, as in the \
+                     branches of an `#if`, or it is an alias template, an array, function or \
+                     reference type), so it cannot tell what the argument must be; declare \
+                     the parameter with the type itself, or with a single `typedef`/`using` \
+                     of a plain or pointer type"
+                )
+            }
             (KernelArg::Buffer { ty_name, .. }, Mismatch::BufferForValue) => {
                 format!("parameter `{text}` is a value, but a buffer of {ty_name} was given")
             }

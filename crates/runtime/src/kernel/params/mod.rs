@@ -28,9 +28,17 @@
 //! source says `double`). Integers of the same size but another signedness are accepted; an
 //! element or value type the check does not know by name (a user's `Pod` struct) is accepted
 //! for a plain C type of the same size only, and any type of the right size for a type known
-//! by its size. Types the reader does not know (templates, structs, `typedef`s) are checked by
-//! kind (pointer or value) and, for pointers, by `const`-ness; a source in which no
+//! by its size. Types the reader does not know (templates, structs, types from headers) are
+//! checked by kind (pointer or value) and, for pointers, by `const`-ness; a source in which no
 //! declaration of the kernel is found (a macro declares it) is not checked here.
+//!
+//! Type aliases the source declares (`typedef double real;`, `using index_t = unsigned;`,
+//! `typedef const float* cfptr;`) are resolved to the types they name, through one another,
+//! with C's meaning for a qualifier on a pointer alias (`const fptr x` is `float* const x`);
+//! an alias of a struct is checked as the struct. A parameter naming an alias the reader
+//! cannot resolve to one type (declared with other types in the branches of an `#if`, an
+//! alias template, an array, function or reference type) is [`Kind::Unresolved`]: every
+//! launch is refused, since not even pointer-vs-value is known.
 //!
 //! The check runs on both backends, so that the host backend refuses what CUDA would
 //! misread.
@@ -41,7 +49,9 @@ mod check;
 mod text;
 
 pub(crate) use check::check;
-use text::{find_ident, matching_paren, parse_param, split_top_level, strip_comments, Macros};
+use text::{
+    find_ident, matching_paren, parse_param, split_top_level, strip_comments, Aliases, Macros,
+};
 
 /// A plain element type of CUDA C, as the check compares them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -151,7 +161,7 @@ pub(crate) enum Elem {
     /// A type known by its size only: one of CUDA's vector types (`float4`: 16 bytes,
     /// `__half2`: 4), or a pointer (8 bytes: the elements of `float** p`).
     Sized(u8),
-    /// A type the check does not know (a template, a struct, a `typedef`).
+    /// A type the check does not know (a template, a struct, a type from a header).
     Unknown,
 }
 
@@ -213,6 +223,11 @@ pub(crate) enum Kind {
     /// them could not be read: the only thing known is whether every declaration makes it a
     /// pointer to `const` elements, which an input buffer needs.
     Disputed { read_only: bool },
+    /// The parameter names a type alias the check cannot resolve (declared with other types
+    /// in the branches of an `#if`, an alias template, an array or function type): nothing
+    /// is known of it, not even whether it is a pointer, and every argument is refused. The
+    /// alias is named by [`Param::unresolved`].
+    Unresolved,
 }
 
 /// One declared parameter.
@@ -221,6 +236,8 @@ pub(crate) struct Param {
     /// The declaration as written, for messages.
     pub(crate) text: String,
     pub(crate) kind: Kind,
+    /// The type alias that makes the parameter [`Kind::Unresolved`], for messages.
+    pub(crate) unresolved: Option<String>,
 }
 
 /// What stands at a position no declaration reaches, where the declarations disagree.
@@ -240,9 +257,10 @@ const UNDECLARED: Kind = Kind::Disputed { read_only: false };
 pub(crate) fn parse(source: &str, name: &str) -> Option<Vec<Param>> {
     let source = strip_comments(source);
     let macros = Macros::of(&source);
+    let aliases = Aliases::of(&source, &macros);
     let heads: Vec<Option<Vec<Param>>> = parameter_lists(&source, name)
         .into_iter()
-        .map(|list| read_list(list?, &macros))
+        .map(|list| read_list(list?, &macros, &aliases))
         .collect();
     merge(heads)
 }
@@ -284,7 +302,7 @@ fn call_of(text: &str, name: &str) -> Option<usize> {
 }
 
 /// The parameters of one declaration's list, or `None` when it cannot be read.
-fn read_list(list: &str, macros: &Macros<'_>) -> Option<Vec<Param>> {
+fn read_list(list: &str, macros: &Macros<'_>, aliases: &Aliases) -> Option<Vec<Param>> {
     if list.contains('#') {
         return None;
     }
@@ -294,7 +312,24 @@ fn read_list(list: &str, macros: &Macros<'_>) -> Option<Vec<Param>> {
         return Some(Vec::new());
     }
     split_top_level(list)
-        .map(|p| parse_param(p.trim()))
+        .map(|p| {
+            let p = p.trim();
+            if p.is_empty() {
+                return None;
+            }
+            let shown = p.split_whitespace().collect::<Vec<_>>().join(" ");
+            match aliases.resolve(p) {
+                Ok(resolved) => parse_param(resolved.trim()).map(|param| Param {
+                    text: shown,
+                    ..param
+                }),
+                Err(alias) => Some(Param {
+                    text: shown,
+                    kind: Kind::Unresolved,
+                    unresolved: Some(alias),
+                }),
+            }
+        })
         .collect()
 }
 
@@ -314,6 +349,7 @@ fn merge(heads: Vec<Option<Vec<Param>>>) -> Option<Vec<Param>> {
             vec![Param {
                 text: "(a declaration that could not be read)".into(),
                 kind: UNDECLARED,
+                unresolved: None,
             }]
         });
     }
@@ -340,6 +376,14 @@ fn merge(heads: Vec<Option<Vec<Param>>>) -> Option<Vec<Param>> {
                     })
                 )
             });
+        let unresolved = at.iter().flatten().find_map(|p| p.unresolved.clone());
+        if unresolved.is_some() {
+            return Param {
+                text,
+                kind: Kind::Unresolved,
+                unresolved,
+            };
+        }
         let kinds: Vec<Kind> = at.iter().flatten().map(|p| p.kind).collect();
         let kind = match kinds.split_first() {
             Some((first, rest)) if counts_agree => rest
@@ -348,13 +392,18 @@ fn merge(heads: Vec<Option<Vec<Param>>>) -> Option<Vec<Param>> {
                 .unwrap_or(Kind::Disputed { read_only }),
             _ => Kind::Disputed { read_only },
         };
-        Param { text, kind }
+        Param {
+            text,
+            kind,
+            unresolved: None,
+        }
     });
     let mut merged: Vec<Param> = merged.collect();
     if merged.is_empty() && !counts_agree {
         merged.push(Param {
             text: "(declarations that disagree)".into(),
             kind: UNDECLARED,
+            unresolved: None,
         });
     }
     Some(merged)
@@ -459,6 +508,41 @@ mod tests {
                 pointer(true, Elem::Sized(8)),
                 pointer(false, Elem::Sized(8)),
                 pointer(true, Elem::Unknown),
+            ]
+        );
+    }
+
+    #[test]
+    fn aliases_resolve_with_c_qualifier_rules() {
+        let src = "typedef float* fptr;\n#define REAL double\ntypedef REAL real;\n\
+                   typedef struct P P;\nusing namespace cuda;\nusing cfptr = const float*;\n\
+                   extern \"C\" __global__ void k(const fptr a, const fptr* b, fptr const* c, \
+                   cfptr d, real e, P* f, double real, struct P g) {}";
+        assert_eq!(
+            kinds(src),
+            vec![
+                pointer(true, Elem::Plain(Plain::Float(4))),
+                pointer(false, Elem::Sized(8)),
+                pointer(false, Elem::Sized(8)),
+                pointer(false, Elem::Plain(Plain::Float(4))),
+                Kind::Value(Elem::Plain(Plain::Float(8))),
+                pointer(true, Elem::Unknown),
+                Kind::Value(Elem::Plain(Plain::Float(8))),
+                Kind::Value(Elem::Unknown),
+            ]
+        );
+        let src = "typedef float real;\ntypedef double real;\ntypedef a b;\ntypedef b a;\n\
+                   extern \"C\" __global__ void k(real* x, const a* y);\n\
+                   extern \"C\" __global__ void k(float* x, const float* y) {}";
+        let params = parse(src, "k").expect("a signature");
+        assert_eq!(
+            params
+                .iter()
+                .map(|p| (p.kind, p.unresolved.as_deref()))
+                .collect::<Vec<_>>(),
+            vec![
+                (Kind::Unresolved, Some("real")),
+                (Kind::Unresolved, Some("a"))
             ]
         );
     }

@@ -1,5 +1,5 @@
-//! Reading C declarations: object-like macros, comments, identifiers, parentheses, top-level
-//! commas, and one parameter's type (see the [parent module](super)).
+//! Reading C declarations: object-like macros, type aliases, comments, identifiers,
+//! parentheses, top-level commas, and one parameter's type (see the [parent module](super)).
 
 use super::{vector_size, Elem, Kind, Param, Plain};
 
@@ -96,6 +96,298 @@ impl<'s> Macros<'s> {
         }
         None
     }
+}
+
+/// What a type alias (`typedef T NAME;`, `using NAME = T;`) the source declares stands for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Alias {
+    /// A type written without `*` outside template arguments (`double`, `const float`,
+    /// `Vec<float>`): its text replaces the alias's name.
+    Object(String),
+    /// A pointer type (`float*`): its text replaces the alias's name, and a `const` or
+    /// `volatile` written before the name qualifies the pointer, so it moves after the text
+    /// (`const fptr x` is `float* const x`).
+    Pointer(String),
+    /// A struct, union or enum (`typedef struct { .. } P;`, `typedef struct P P;`): checked
+    /// as such types are, by kind.
+    Opaque,
+    /// One the check cannot read as a type (an array, a function or a reference type, an
+    /// alias template, a declaration naming several types), or declared more than once with
+    /// other types (the branches of an `#if`): a parameter naming it is refused.
+    Unresolvable,
+}
+
+/// The type aliases a source declares, for resolution in parameter lists.
+pub(super) struct Aliases {
+    defined: std::collections::HashMap<String, Alias>,
+}
+
+/// The identifiers of `text`, each with its byte offset.
+fn identifiers(text: &str) -> Vec<(usize, &str)> {
+    let mut found = Vec::new();
+    let mut start = None;
+    for (i, c) in text.char_indices().chain([(text.len(), ' ')]) {
+        if c.is_ascii_alphanumeric() || c == '_' {
+            if start.is_none() && !c.is_ascii_digit() {
+                start = Some(i);
+            } else if start.is_none() {
+                // A number: skipped to its end.
+                start = Some(usize::MAX);
+            }
+            continue;
+        }
+        if let Some(s) = start.take() {
+            if s != usize::MAX {
+                found.push((s, &text[s..i]));
+            }
+        }
+    }
+    found
+}
+
+/// The byte offset just past the `;` that ends the declaration starting at `from`, outside
+/// braces and parentheses.
+fn declaration_end(source: &str, from: usize) -> Option<usize> {
+    let mut depth = 0i32;
+    for (i, c) in source[from..].char_indices() {
+        match c {
+            '{' | '(' => depth += 1,
+            '}' | ')' => depth -= 1,
+            ';' if depth <= 0 => return Some(from + i),
+            _ => {}
+        }
+    }
+    None
+}
+
+impl Aliases {
+    pub(super) fn of(source: &str, macros: &Macros<'_>) -> Aliases {
+        let mut aliases = Aliases {
+            defined: std::collections::HashMap::new(),
+        };
+        for (at, word) in identifiers(source) {
+            let after = at + word.len();
+            match word {
+                "typedef" => aliases.read_typedef(source, after, macros),
+                "using" => aliases.read_using(source, at, after, macros),
+                _ => {}
+            }
+        }
+        aliases
+    }
+
+    fn declare(&mut self, name: &str, alias: Alias) {
+        self.defined
+            .entry(name.to_string())
+            .and_modify(|a| {
+                if *a != alias {
+                    *a = Alias::Unresolvable;
+                }
+            })
+            .or_insert(alias);
+    }
+
+    /// `typedef TYPE NAME;` from just after `typedef`.
+    fn read_typedef(&mut self, source: &str, from: usize, macros: &Macros<'_>) {
+        let Some(end) = declaration_end(source, from) else {
+            return;
+        };
+        let text = &source[from..end];
+        if let Some(close) = text.rfind('}') {
+            // `typedef struct { .. } NAME, *PNAME;`: the plain names are the struct.
+            for declarator in text[close + 1..].split(',') {
+                let names = identifiers(declarator);
+                let Some((_, name)) = names.last() else {
+                    continue;
+                };
+                let plain = declarator.trim() == *name;
+                self.declare(
+                    name,
+                    if plain {
+                        Alias::Opaque
+                    } else {
+                        Alias::Unresolvable
+                    },
+                );
+            }
+            return;
+        }
+        let parts: Vec<&str> = split_top_level(text).collect();
+        if parts.len() > 1 || text.contains(['(', '[', '&']) {
+            // Several declarators, or a function, array or reference type: the names are
+            // known, not what they stand for. A function type's name is the last identifier
+            // in its first parentheses.
+            for part in parts {
+                let named = part
+                    .find('(')
+                    .and_then(|open| {
+                        let close = matching_paren(part, open)?;
+                        Some(&part[open + 1..close])
+                    })
+                    .filter(|inner| !identifiers(inner).is_empty())
+                    .unwrap_or_else(|| part.split('[').next().unwrap_or(part));
+                if let Some((_, name)) = identifiers(named).last() {
+                    self.declare(name, Alias::Unresolvable);
+                }
+            }
+            return;
+        }
+        let names = identifiers(text);
+        let Some(&(at, name)) = names.last() else {
+            return;
+        };
+        let alias = self.alias_of(name, &text[..at], macros);
+        self.declare(name, alias);
+    }
+
+    /// `using NAME = TYPE;` from the `using` at `at` (`after` is just past it); a
+    /// `using namespace` or `using A::b` declares nothing.
+    fn read_using(&mut self, source: &str, at: usize, after: usize, macros: &Macros<'_>) {
+        let rest = &source[after..];
+        let Some(&(name_at, name)) = identifiers(rest).first() else {
+            return;
+        };
+        if !rest[..name_at].trim().is_empty() || name == "namespace" {
+            return;
+        }
+        let Some(body) = rest[name_at + name.len()..].trim_start().strip_prefix('=') else {
+            return;
+        };
+        let body_from = source.len() - body.len();
+        let Some(end) = declaration_end(source, body_from) else {
+            return;
+        };
+        let template = source[..at].trim_end().ends_with('>');
+        let alias = if template || source[body_from..end].contains(['(', '[', '&', '{']) {
+            Alias::Unresolvable
+        } else {
+            self.alias_of(name, &source[body_from..end], macros)
+        };
+        self.declare(name, alias);
+    }
+
+    /// What the type written `body` makes the alias `name`.
+    fn alias_of(&self, name: &str, body: &str, macros: &Macros<'_>) -> Alias {
+        let Some(body) = macros.expand(body) else {
+            return Alias::Unresolvable;
+        };
+        let words: Vec<&str> = identifiers(&body)
+            .into_iter()
+            .map(|(_, w)| w)
+            .filter(|w| !matches!(*w, "struct" | "class" | "union" | "enum" | "typename"))
+            .collect();
+        if words.is_empty() {
+            return Alias::Unresolvable;
+        }
+        if words == [name] {
+            // `typedef struct P P;`
+            return Alias::Opaque;
+        }
+        let body = words_outside_elaboration(&body);
+        let mut depth = 0i32;
+        let pointer = body.chars().any(|c| {
+            match c {
+                '<' => depth += 1,
+                '>' => depth -= 1,
+                _ => {}
+            }
+            c == '*' && depth == 0
+        });
+        if pointer {
+            Alias::Pointer(body)
+        } else {
+            Alias::Object(body)
+        }
+    }
+
+    /// The parameter `param` with the aliases it names replaced by the types they stand for,
+    /// or `Err(name)` naming one that cannot be resolved. Its last identifier is its name
+    /// where another word before it, not a qualifier, names its type.
+    pub(super) fn resolve(&self, param: &str) -> std::result::Result<String, String> {
+        if self.defined.is_empty() {
+            return Ok(param.to_string());
+        }
+        let mut text = param.to_string();
+        // Bounded: an alias that names itself through others is unresolvable.
+        for _ in 0..16 {
+            let words = identifiers(&text);
+            let named = words.len() >= 2
+                && words[..words.len() - 1]
+                    .iter()
+                    .any(|(_, w)| !matches!(*w, "const" | "volatile" | "struct"));
+            let typed = if named {
+                &words[..words.len() - 1]
+            } else {
+                &words[..]
+            };
+            let mut out = String::with_capacity(text.len());
+            let mut copied = 0;
+            let mut changed = false;
+            for &(at, word) in typed {
+                let alias = match self.defined.get(word) {
+                    None | Some(Alias::Opaque) => continue,
+                    Some(Alias::Unresolvable) => return Err(word.to_string()),
+                    Some(a) => a,
+                };
+                out.push_str(&text[copied..at]);
+                copied = at + word.len();
+                changed = true;
+                match alias {
+                    Alias::Object(body) => {
+                        out.push(' ');
+                        out.push_str(body);
+                        out.push(' ');
+                    }
+                    Alias::Pointer(body) => {
+                        // The qualifiers written since the last declarator level move after
+                        // the pointer they qualify.
+                        let level = out.rfind(['*', '(', '<', ',']).map_or(0, |i| i + 1);
+                        let before = out.split_off(level);
+                        let mut qualifiers = String::new();
+                        for piece in before
+                            .split_inclusive(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                        {
+                            let word = piece.trim_end_matches(|c: char| {
+                                !(c.is_ascii_alphanumeric() || c == '_')
+                            });
+                            if matches!(word, "const" | "volatile") {
+                                qualifiers.push(' ');
+                                qualifiers.push_str(word);
+                                out.push_str(&piece[word.len()..]);
+                            } else {
+                                out.push_str(piece);
+                            }
+                        }
+                        out.push(' ');
+                        out.push_str(body);
+                        out.push_str(&qualifiers);
+                        out.push(' ');
+                    }
+                    Alias::Opaque | Alias::Unresolvable => {}
+                }
+            }
+            if !changed {
+                return Ok(text);
+            }
+            out.push_str(&text[copied..]);
+            text = out;
+        }
+        Err(identifiers(param)
+            .into_iter()
+            .map(|(_, w)| w)
+            .find(|w| self.defined.contains_key(*w))
+            .unwrap_or(param)
+            .to_string())
+    }
+}
+
+/// `body` without the words `struct`, `class`, `union`, `enum` and `typename`, whose types
+/// the check reads by the name that follows.
+fn words_outside_elaboration(body: &str) -> String {
+    body.split_whitespace()
+        .filter(|w| !matches!(*w, "struct" | "class" | "union" | "enum" | "typename"))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 pub(super) fn strip_comments(source: &str) -> String {
@@ -202,6 +494,7 @@ pub(super) fn parse_param(text: &str) -> Option<Param> {
         Some(Param {
             text: shown.clone(),
             kind,
+            unresolved: None,
         })
     };
     if text.contains('(') {
