@@ -14,7 +14,9 @@
 //!
 //! Every tensor they take must be contiguous: a contiguous view (rows of a larger tensor) is
 //! passed from its first element, and a strided view is refused with
-//! [`DeviceError::InvalidShape`], since copying it would allocate.
+//! [`DeviceError::InvalidShape`], since copying it would allocate. The kernels index in 32
+//! bits: a size they take (rows, columns, vocabulary, positions, ...) past `2^31 - 1` is an
+//! [`DeviceError::InvalidShape`] too.
 //!
 //! Layouts (row-major):
 //! - a linear weight is `[out_features, in_features]` `bf16`, with `in_features` a multiple
@@ -96,12 +98,23 @@ fn check_len<T: DType>(
     Ok(())
 }
 
-/// A size as the `u32` the kernels take.
+/// The largest size the kernels take: below 2^31, so that their `unsigned` loops over it
+/// (`i += blockDim.x`, at most 1024 a step) and the sums of a size and a block count never
+/// pass `u32::MAX` and wrap (a loop over a size near `u32::MAX` would wrap to its start and
+/// never end).
+const MAX_SIZE: u32 = i32::MAX as u32;
+
+/// A size as the `u32` the kernels take, at most [`MAX_SIZE`].
 fn u32_of(op: &'static str, what: &str, v: usize) -> Result<u32, DeviceError> {
-    u32::try_from(v).map_err(|_| DeviceError::InvalidShape {
-        op,
-        reason: format!("{what} = {v} does not fit the kernel's 32-bit index"),
-    })
+    u32::try_from(v)
+        .ok()
+        .filter(|&v| v <= MAX_SIZE)
+        .ok_or_else(|| DeviceError::InvalidShape {
+            op,
+            reason: format!(
+                "{what} = {v} does not fit the kernel's 32-bit indices (at most 2^31 - 1)"
+            ),
+        })
 }
 
 /// The value of a one-element index tensor on the host side of a kernel (past every table
@@ -113,4 +126,20 @@ fn first_index(t: &[u32]) -> usize {
 /// `bf16` conversions of the CUDA C sources (`ld_bf16`, `st_bf16`, `T_bf16`).
 fn bf16_defs() -> String {
     crate::dtype::cuda_defs::<half::bf16>()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::u32_of;
+
+    /// Sizes stop below 2^31, where a loop stepping by a block of threads could pass
+    /// `u32::MAX`.
+    #[test]
+    fn sizes_stop_below_2_pow_31() {
+        assert_eq!(u32_of("t", "n", (1 << 31) - 1).ok(), Some((1 << 31) - 1));
+        for v in [1usize << 31, u32::MAX as usize - 1, u32::MAX as usize] {
+            let e = u32_of("t", "vocab", v).unwrap_err().to_string();
+            assert!(e.contains("vocab") && e.contains("2^31 - 1"), "{e}");
+        }
+    }
 }
