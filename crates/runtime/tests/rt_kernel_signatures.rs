@@ -511,3 +511,31 @@ fn an_alias_the_check_cannot_resolve_is_refused() -> Result<(), DeviceError> {
     )?);
     Ok(())
 }
+
+#[test]
+fn cuda_complex_elements_are_checked_by_size() -> Result<(), DeviceError> {
+    let s = stream();
+    let k = noop(
+        "cplx",
+        r#"#include <cuComplex.h>
+           extern "C" __global__ void cplx(cuFloatComplex* x, const cuDoubleComplex* y, unsigned n) {
+               if (threadIdx.x < n) x[threadIdx.x] = cuComplexDoubleToFloat(y[threadIdx.x]); }"#,
+    );
+    let x = DeviceBuffer::<[f32; 2]>::zeroed(&s, 4)?;
+    let y = DeviceBuffer::<[f64; 2]>::zeroed(&s, 4)?;
+    let f = DeviceBuffer::<f32>::zeroed(&s, 8)?;
+    assert!(!refused(
+        &k,
+        KernelArgs::new().output(&x).input(&y).scalar(4u32),
+        &s
+    )?);
+    assert!(
+        refused(&k, KernelArgs::new().output(&f).input(&y).scalar(4u32), &s)?,
+        "an f32 buffer was accepted for `cuFloatComplex* x`"
+    );
+    assert!(
+        refused(&k, KernelArgs::new().output(&x).input(&x).scalar(4u32), &s)?,
+        "a buffer of 8-byte elements was accepted for `const cuDoubleComplex* y`"
+    );
+    Ok(())
+}

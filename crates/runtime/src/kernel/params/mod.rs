@@ -5,7 +5,8 @@
 //! kernel. For each parameter it gives whether it is a pointer, whether the elements it points
 //! to are `const`, and its element type where it can tell: one of CUDA C's plain types
 //! (`float`, `double`, `__half`, `__nv_bfloat16`, the integer types and their `<stdint.h>`
-//! names), or a type known by its size (CUDA's vector types, `float4`: 16 bytes; the pointers
+//! names), or a type known by its size (CUDA's vector types, `float4`: 16 bytes, and
+//! `<cuComplex.h>`'s names for two of them, `cuFloatComplex`: 8 bytes; the pointers
 //! a `float**` points to: 8 bytes, writable unless a `const` stands right before the last `*`,
 //! as in `float* const*`). Only a `const` outside template arguments qualifies the elements
 //! (`Pair<const int, float>* p` points to writable pairs).
@@ -180,10 +181,14 @@ impl Elem {
     }
 }
 
-/// The size of CUDA's built-in vector type `word` (`float4`, `uchar2`, `__half2`, `dim3`).
+/// The size of CUDA's built-in vector type `word` (`float4`, `uchar2`, `__half2`, `dim3`), or
+/// of a header's name for one (`cuFloatComplex`).
 fn vector_size(word: &str) -> Option<u8> {
     match word {
         "__half2" | "half2" | "__nv_bfloat162" | "nv_bfloat162" => return Some(4),
+        // `<cuComplex.h>`'s names for `float2` and `double2`.
+        "cuFloatComplex" | "cuComplex" => return Some(8),
+        "cuDoubleComplex" => return Some(16),
         "dim3" => return Some(12),
         _ => {}
     }
