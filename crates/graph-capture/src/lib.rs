@@ -19,6 +19,11 @@
 //!   on the replaying stream, so frees wait for the last replay;
 //! - a replay is ordered like any other access: after the conflicting work of other streams on
 //!   the buffers it touches, and before later work that conflicts with it;
+//! - **a replay's failure is its graph's**: replays and updates run in the graph's own error
+//!   scope (`cuflow_runtime::ErrorScope`), so a failure of their work after it was enqueued is
+//!   reported by that graph's next [`CudaGraph::synchronize`] (or
+//!   [`CudaGraph::replay_and_wait`]), once, and never to other work sharing the graph's stream
+//!   (another graph, an op, a read-back); the graph's waits report no one else's failures;
 //! - **captures are isolated**: the op is recorded on private streams that mirror the stream
 //!   and policy given (see `isolation.rs`), so work of other threads, or of other ops on the
 //!   same streams, never enters a graph, and the stream a graph is bound to stays usable by
@@ -69,9 +74,10 @@ use std::fmt;
 use std::sync::Arc;
 
 use cuflow_device_op::{enqueue_on, place_root, DeviceOp, ExecutionContext, ExecutionStats};
-use cuflow_runtime::{Device, DeviceError, Graph, GraphExec, Stream};
+use cuflow_runtime::{Device, DeviceError, ErrorScope, Graph, GraphExec, Stream};
 use cuflow_scheduler::{default_policy, SchedulingPolicy};
 use isolation::IsolatedPolicy;
+use parking_lot::Mutex;
 
 /// An op frozen into an instantiated graph, with its output, bound to a stream.
 ///
@@ -84,6 +90,8 @@ pub struct CudaGraph<T> {
     output: Option<T>,
     stats: ExecutionStats,
     launches: u64,
+    /// The failures of the replays and updates enqueued since the last synchronization.
+    pending: Mutex<ErrorScope>,
 }
 
 /// How a recapture was applied.
@@ -94,6 +102,15 @@ pub enum RecaptureOutcome {
     Updated,
     /// The topology changed: a new executable was instantiated.
     Reinstantiated,
+}
+
+/// Waits for the work enqueued on `stream` so far without taking the failures the stream keeps
+/// for others (work enqueued outside any error scope): a graph reports its own failures only.
+/// Device errors (a fault) are reported.
+fn wait_for(stream: &Stream) -> Result<(), DeviceError> {
+    let waiting = ErrorScope::new();
+    let _entered = waiting.enter();
+    stream.synchronize()
 }
 
 /// Captures `op` as if it ran on `stream` under `policy`, on private streams that mirror the
@@ -155,6 +172,7 @@ impl<T: Send> CudaGraph<T> {
             output: Some(output),
             stats,
             launches: 0,
+            pending: Mutex::new(ErrorScope::new()),
         })
     }
 
@@ -168,12 +186,14 @@ impl<T: Send> CudaGraph<T> {
         self.output.take()
     }
 
-    /// Enqueues one replay on the graph's stream. Does not wait.
+    /// Enqueues one replay on the graph's stream. Does not wait: a failure of the replayed
+    /// work is reported by the graph's next [`CudaGraph::synchronize`].
     ///
     /// # Errors
     ///
     /// A driver error.
     pub fn launch(&mut self) -> Result<(), DeviceError> {
+        let _entered = self.pending.get_mut().enter();
         self.exec.launch(&self.stream)?;
         self.launches += 1;
         Ok(())
@@ -183,19 +203,25 @@ impl<T: Send> CudaGraph<T> {
     ///
     /// # Errors
     ///
-    /// A driver error or an error of the replayed work.
+    /// A driver error or an error of the replayed work (as [`CudaGraph::synchronize`]).
     pub fn replay_and_wait(&mut self) -> Result<(), DeviceError> {
         self.launch()?;
-        self.stream.synchronize()
+        self.synchronize()
     }
 
-    /// Waits until every replay enqueued so far has finished.
+    /// Waits until every replay (and update) enqueued so far has finished.
     ///
     /// # Errors
     ///
-    /// An error of the replayed work.
+    /// The first failure of the work of the replays and updates enqueued since the last
+    /// synchronization (each failure is reported once, by this graph only: not to other work
+    /// on its stream), or a device error.
     pub fn synchronize(&self) -> Result<(), DeviceError> {
-        self.stream.synchronize()
+        wait_for(&self.stream)?;
+        // All of that work has finished: no failure can reach its scope any more.
+        let finished = std::mem::take(&mut *self.pending.lock());
+        finished.settle();
+        finished.check()
     }
 
     /// Runs a graph-safe op (such as a copy into a captured input buffer) on the graph's
@@ -203,15 +229,19 @@ impl<T: Send> CudaGraph<T> {
     ///
     /// # Errors
     ///
-    /// Errors of the op. Updates run outside the capture: an op that allocates here makes new
-    /// memory the graph does not read, so feed the graph by copying into its buffers
-    /// (`api::memcpy`).
+    /// Errors hit while enqueueing the op; a failure of its work after it was enqueued is
+    /// reported by the graph's next [`CudaGraph::synchronize`], as a replay's is. Updates run
+    /// outside the capture: an op that allocates here makes new memory the graph does not
+    /// read, so feed the graph by copying into its buffers (`api::memcpy`).
     pub fn update<O: DeviceOp>(&mut self, op: O) -> Result<O::Output, DeviceError> {
+        let _entered = self.pending.get_mut().enter();
         enqueue_on(op, &self.stream, self.policy.clone()).map(|(out, _)| out)
     }
 
     /// Re-records `op` and applies it: updated in place (the driver's exec update) when the
     /// topology is unchanged, else re-instantiated. The new output replaces the old one.
+    /// Waits for the replays enqueued before; their failures stay for the next
+    /// [`CudaGraph::synchronize`].
     ///
     /// # Errors
     ///
@@ -220,7 +250,7 @@ impl<T: Send> CudaGraph<T> {
         &mut self,
         op: impl DeviceOp<Output = T>,
     ) -> Result<RecaptureOutcome, DeviceError> {
-        self.stream.synchronize()?;
+        wait_for(&self.stream)?;
         let (output, graph, stats) = capture(op, &self.stream, &self.policy)?;
         let outcome = if self.exec.update(&graph)? {
             RecaptureOutcome::Updated
