@@ -539,3 +539,62 @@ fn cuda_complex_elements_are_checked_by_size() -> Result<(), DeviceError> {
     );
     Ok(())
 }
+
+#[test]
+fn an_alias_a_function_like_macro_declares_is_refused() -> Result<(), DeviceError> {
+    let s = stream();
+    let x = DeviceBuffer::<f32>::zeroed(&s, 4)?;
+    let sources = [
+        (
+            "macro_param_alias",
+            "real",
+            r#"typedef float T;
+               #define DECLARE(T) typedef T real;
+               DECLARE(double)
+               extern "C" __global__ void macro_param_alias(real* x, unsigned n) {
+                   if (threadIdx.x < n) x[threadIdx.x] = 0; }"#,
+        ),
+        (
+            "pasted_alias",
+            "real_t",
+            r#"#define DECLARE(T, NAME) typedef T NAME##_t;
+               DECLARE(double, real)
+               extern "C" __global__ void pasted_alias(real_t* x, unsigned n) {
+                   if (threadIdx.x < n) x[threadIdx.x] = 0; }"#,
+        ),
+    ];
+    for (name, alias, source) in sources {
+        match noop(name, source).launch(
+            &s,
+            LaunchConfig::for_num_elems(1),
+            KernelArgs::new().output(&x).scalar(4u32),
+        ) {
+            Err(DeviceError::InvalidArgument { index, reason, .. }) => {
+                assert_eq!(index, 0, "{name}: {reason}");
+                assert!(
+                    reason.contains(alias),
+                    "{name}: the refusal does not name `{alias}`: {reason}"
+                );
+            }
+            Ok(()) => panic!("{name}: an f32 buffer was accepted for `{alias}* x`"),
+            Err(e) => return Err(e),
+        }
+    }
+    // Types the source declares as structs stay checked by kind beside such a macro.
+    let k = noop(
+        "macro_struct",
+        r#"#define DECLARE(T, NAME) typedef T NAME;
+           DECLARE(float, real)
+           struct Pair { float a, b; };
+           extern "C" __global__ void macro_struct(Pair* p, float4* v, unsigned n) {
+               if (threadIdx.x < n) p[threadIdx.x].a = v[threadIdx.x].x; }"#,
+    );
+    let pairs = DeviceBuffer::<[f32; 2]>::zeroed(&s, 4)?;
+    let v = DeviceBuffer::<[f32; 4]>::zeroed(&s, 4)?;
+    assert!(!refused(
+        &k,
+        KernelArgs::new().output(&pairs).output(&v).scalar(4u32),
+        &s
+    )?);
+    Ok(())
+}

@@ -39,7 +39,10 @@
 //! an alias of a struct is checked as the struct. A parameter naming an alias the reader
 //! cannot resolve to one type (declared with other types in the branches of an `#if`, an
 //! alias template, an array, function or reference type) is [`Kind::Unresolved`]: every
-//! launch is refused, since not even pointer-vs-value is known.
+//! launch is refused, since not even pointer-vs-value is known. So is a parameter whose type
+//! name the source does not declare, where a function-like macro declares aliases
+//! (`#define DECLARE(T, N) typedef T N##_t;`): the names its uses declare, and what they
+//! stand for, are the preprocessor's.
 //!
 //! The check runs on both backends, so that the host backend refuses what CUDA would
 //! misread.
@@ -535,6 +538,12 @@ mod tests {
                 Kind::Value(Elem::Plain(Plain::Float(8))),
                 Kind::Value(Elem::Unknown),
             ]
+        );
+        let src = "template <class T, class U> struct Two;\ntypedef double T;\n\
+                   extern \"C\" __global__ void k(T* x) {}";
+        assert_eq!(
+            kinds(src),
+            vec![pointer(true, Elem::Plain(Plain::Float(8)))]
         );
         let src = "typedef float real;\ntypedef double real;\ntypedef a b;\ntypedef b a;\n\
                    extern \"C\" __global__ void k(real* x, const a* y);\n\

@@ -120,6 +120,79 @@ enum Alias {
 /// The type aliases a source declares, for resolution in parameter lists.
 pub(super) struct Aliases {
     defined: std::collections::HashMap<String, Alias>,
+    /// Whether a function-like macro declares aliases (`#define DECLARE(T, N) typedef T N;`):
+    /// the names its uses declare cannot be read without running the preprocessor, so a
+    /// parameter's type name the source does not declare may be one of them.
+    through_macros: bool,
+}
+
+/// The byte ranges of the bodies of the function-like macros `source` defines.
+fn function_like_macro_bodies(source: &str) -> Vec<std::ops::Range<usize>> {
+    let mut bodies = Vec::new();
+    let mut offset = 0;
+    let mut open: Option<usize> = None;
+    for line in source.split_inclusive('\n') {
+        let start = offset;
+        offset += line.len();
+        if let Some(from) = open {
+            if !line.trim_end().ends_with('\\') {
+                bodies.push(from..offset);
+                open = None;
+            }
+            continue;
+        }
+        let Some(directive) = line.trim_start().strip_prefix('#') else {
+            continue;
+        };
+        let Some(rest) = directive.trim_start().strip_prefix("define") else {
+            continue;
+        };
+        let name = rest.trim_start();
+        let end = name
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(name.len());
+        if end == 0 || !rest.starts_with([' ', '\t']) || !name[end..].starts_with('(') {
+            continue;
+        }
+        if line.trim_end().ends_with('\\') {
+            open = Some(start);
+        } else {
+            bodies.push(start..offset);
+        }
+    }
+    if let Some(from) = open {
+        bodies.push(from..source.len());
+    }
+    bodies
+}
+
+/// Whether `word` is one of C's type keywords or qualifiers, or a type the check knows by name.
+fn is_known_type_word(word: &str) -> bool {
+    matches!(
+        word,
+        "const"
+            | "volatile"
+            | "__restrict__"
+            | "__restrict"
+            | "restrict"
+            | "struct"
+            | "class"
+            | "union"
+            | "enum"
+            | "typename"
+            | "__grid_constant__"
+            | "unsigned"
+            | "signed"
+            | "short"
+            | "long"
+            | "int"
+            | "char"
+            | "float"
+            | "double"
+            | "bool"
+            | "void"
+    ) || Plain::of_c(&[word]).is_some()
+        || vector_size(word).is_some()
 }
 
 /// The identifiers of `text`, each with its byte offset.
@@ -164,12 +237,33 @@ impl Aliases {
     pub(super) fn of(source: &str, macros: &Macros<'_>) -> Aliases {
         let mut aliases = Aliases {
             defined: std::collections::HashMap::new(),
+            through_macros: false,
         };
-        for (at, word) in identifiers(source) {
+        let in_macros = function_like_macro_bodies(source);
+        let words = identifiers(source);
+        for (i, &(at, word)) in words.iter().enumerate() {
             let after = at + word.len();
+            let in_macro = in_macros.iter().any(|body| body.contains(&at));
             match word {
+                "typedef" | "using" if in_macro => aliases.through_macros = true,
                 "typedef" => aliases.read_typedef(source, after, macros),
                 "using" => aliases.read_using(source, at, after, macros),
+                // `struct P`, `enum class E`: a type the source declares, checked by kind (not
+                // `template <class T>`'s parameter).
+                "struct" | "class" | "union" | "enum"
+                    if !source[..at].trim_end().ends_with(['<', ',']) =>
+                {
+                    let named = words[i + 1..]
+                        .iter()
+                        .map(|(_, w)| *w)
+                        .find(|w| !matches!(*w, "class" | "struct" | "__align__"));
+                    if let Some(name) = named.filter(|w| !is_known_type_word(w)) {
+                        aliases
+                            .defined
+                            .entry(name.to_string())
+                            .or_insert(Alias::Opaque);
+                    }
+                }
                 _ => {}
             }
         }
@@ -304,7 +398,7 @@ impl Aliases {
     /// or `Err(name)` naming one that cannot be resolved. Its last identifier is its name
     /// where another word before it, not a qualifier, names its type.
     pub(super) fn resolve(&self, param: &str) -> std::result::Result<String, String> {
-        if self.defined.is_empty() {
+        if self.defined.is_empty() && !self.through_macros {
             return Ok(param.to_string());
         }
         let mut text = param.to_string();
@@ -325,6 +419,9 @@ impl Aliases {
             let mut changed = false;
             for &(at, word) in typed {
                 let alias = match self.defined.get(word) {
+                    None if self.through_macros && !is_known_type_word(word) => {
+                        return Err(word.to_string())
+                    }
                     None | Some(Alias::Opaque) => continue,
                     Some(Alias::Unresolvable) => return Err(word.to_string()),
                     Some(a) => a,
