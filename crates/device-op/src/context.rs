@@ -79,7 +79,7 @@ struct ExecutionStreams {
     /// and an event after its work (or the error of recording it).
     unjoined: Vec<(Stream, Result<Event, DeviceError>)>,
     /// Streams created for this execution alone, one per device (see
-    /// [`ExecutionContext::on_device`] during a capture).
+    /// [`ExecutionContext::on_stream`] and [`ExecutionContext::on_device`] during a capture).
     private: Vec<Stream>,
     /// Contexts of the execution that enqueued device work and have not been settled yet:
     /// joined into another ([`ExecutionContext::join_branch`]) or handed over when dropped
@@ -197,6 +197,11 @@ impl ExecutionContext {
     /// place part of their work on a device other than the context's (see
     /// [`ExecutionContext::on_device`]).
     ///
+    /// While this context's stream is being captured, `f` is given a stream of `stream`'s
+    /// device private to this execution instead (unless `stream` is part of a capture
+    /// already): the work is recorded into the graph all the same, and `stream` itself never
+    /// joins the capture, so it stays usable by every other thread while the capture runs.
+    ///
     /// # Errors
     ///
     /// The error of `f`, or of recording or waiting on the events (see
@@ -222,6 +227,15 @@ impl ExecutionContext {
                 ),
             });
         }
+        let private;
+        let stream = if self.stream.is_capturing() && !stream.is_capturing() {
+            // Waiting on captured work would pull `stream` into the capture, and with it every
+            // other thread's work on it (refused until the capture ends).
+            private = self.private_stream(stream.device())?;
+            &private
+        } else {
+            stream
+        };
         let own = self.stream()?.clone();
         if own == *stream {
             return f(stream);

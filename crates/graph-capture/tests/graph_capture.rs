@@ -5,12 +5,13 @@ use std::sync::Arc;
 
 use cuflow_device_op::{from_fn, value, zip, DeviceOp, DeviceOpExt};
 use cuflow_graph_capture::{CudaGraph, GraphCaptureExt, RecaptureOutcome};
-use cuflow_runtime::{DeviceBuffer, DeviceError, Stream};
+use cuflow_runtime::{DeviceBuffer, DeviceError, KernelArgs, LaunchConfig, Stream};
 use cuflow_scheduler::StreamPoolRoundRobin;
 use cuflow_testing::{
     device::{device, stream},
+    kernels::affine as affine_kernel,
     measure::assert_close_elementwise,
-    ops::{affine, copy, Buf},
+    ops::{affine, compile_kernels, copy, Buf},
     rng::{random_f32, rng},
 };
 
@@ -208,4 +209,56 @@ fn a_chain_deeper_than_the_stack_captures_and_replays() -> Result<(), DeviceErro
     };
     run()?;
     cuflow_testing::thread::on_small_stack(run)
+}
+
+/// `on_stream` inside a capture records the work on a stream private to the capture, not on
+/// the stream it names: that stream stays usable by everyone while the capture runs (another
+/// thread's op on it was refused, the stream having joined the capture), and every replay
+/// does the work.
+#[test]
+fn on_stream_during_a_capture_leaves_the_named_stream_to_everyone() -> Result<(), DeviceError> {
+    let device = device();
+    compile_kernels(&device)?;
+    let public = device.new_stream()?;
+    let x = Arc::new(DeviceBuffer::from_host(&public, &[1.0f32; 256])?);
+    let unrelated = Arc::new(DeviceBuffer::from_host(&public, &[5.0f32; 256])?);
+    public.synchronize()?;
+
+    let op = from_fn({
+        let (public, x, unrelated) = (public.clone(), x.clone(), unrelated.clone());
+        move |ctx| {
+            ctx.on_stream(&public, |s| {
+                affine_kernel().launch(
+                    s,
+                    LaunchConfig::for_num_elems(x.len()),
+                    KernelArgs::new()
+                        .output(&*x)
+                        .scalar(2.0f32)
+                        .scalar(1.0f32)
+                        .scalar(x.len() as u32),
+                )?;
+                // Another thread's op on the named stream, while the capture is open.
+                let named = public.clone();
+                let unrelated_run = std::thread::spawn(move || {
+                    affine(&unrelated, 3.0, 0.0).sync_on(&named).map(drop)
+                })
+                .join();
+                Ok((s.is_capturing(), public.is_capturing(), unrelated_run))
+            })
+        }
+    });
+    let mut graph = op.graph_on(device.new_stream()?)?;
+    let (recorded, named_captured, unrelated_run) = graph.take_output().expect("the output");
+    match unrelated_run {
+        Ok(result) => result?,
+        Err(_) => panic!("the other thread panicked"),
+    }
+    assert!(recorded, "the work was not recorded");
+    assert!(!named_captured, "the named stream joined the capture");
+    assert_eq!(unrelated.to_host_vec(&public)?, vec![15.0; 256]);
+    assert_eq!(x.to_host_vec(&public)?, vec![1.0; 256], "the capture ran");
+    graph.replay_and_wait()?;
+    graph.replay_and_wait()?;
+    assert_eq!(x.to_host_vec(&public)?, vec![7.0; 256], "(1·2+1)·2+1");
+    Ok(())
 }
