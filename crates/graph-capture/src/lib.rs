@@ -24,6 +24,11 @@
 //!   reported by that graph's next [`CudaGraph::synchronize`] (or
 //!   [`CudaGraph::replay_and_wait`]), once, and never to other work sharing the graph's stream
 //!   (another graph, an op, a read-back); the graph's waits report no one else's failures;
+//! - **a failed input fails the graph**: the capture runs in an error scope of its own, which
+//!   depends on the eager work the captured op consumes (a `shared` op produced outside the
+//!   capture). A capture whose input had failed already is refused, and an input that fails
+//!   later fails every synchronization of the graph after it, on every backend (on CUDA an
+//!   event carries device faults only, so the replays alone would not show it);
 //! - **captures are isolated**: the op is recorded on private streams that mirror the stream
 //!   and policy given (see `isolation.rs`), so work of other threads, or of other ops on the
 //!   same streams, never enters a graph, and the stream a graph is bound to stays usable by
@@ -92,6 +97,18 @@ pub struct CudaGraph<T> {
     launches: u64,
     /// The failures of the replays and updates enqueued since the last synchronization.
     pending: Mutex<ErrorScope>,
+    /// The capture's scope: the failures of the eager work the captured op consumed, which
+    /// every replay reads.
+    inputs: ErrorScope,
+}
+
+/// What a capture made.
+struct Captured<T> {
+    output: T,
+    graph: Graph,
+    stats: ExecutionStats,
+    /// The scope the capture ran in (see [`CudaGraph::inputs`]).
+    inputs: ErrorScope,
 }
 
 /// How a recapture was applied.
@@ -115,15 +132,38 @@ fn wait_for(stream: &Stream) -> Result<(), DeviceError> {
 
 /// Captures `op` as if it ran on `stream` under `policy`, on private streams that mirror the
 /// ones `stream` and `policy` name (see [`isolation`]): nothing else is recorded.
+///
+/// The capture runs in an error scope of its own, which the consumers of eagerly produced
+/// `shared` ops make depend on their production: a capture whose inputs failed already is
+/// refused.
 fn capture<O: DeviceOp>(
     op: O,
     stream: &Stream,
     policy: &Arc<dyn SchedulingPolicy>,
-) -> Result<(O::Output, Graph, ExecutionStats), DeviceError> {
+) -> Result<Captured<O::Output>, DeviceError> {
     let isolated = IsolatedPolicy::new(policy.clone());
-    let result = capture_on_private_streams(op, stream, &isolated);
+    let inputs = ErrorScope::new();
+    let result = {
+        let _entered = inputs.enter();
+        capture_on_private_streams(op, stream, &isolated)
+    };
     isolated.release();
-    result
+    let (output, graph, stats) = result?;
+    if let Some(failed) = inputs.error() {
+        return Err(DeviceError::Capture {
+            op: "graph capture".into(),
+            reason: format!(
+                "the op reads the output of work that failed, which every replay would read: \
+                 {failed}"
+            ),
+        });
+    }
+    Ok(Captured {
+        output,
+        graph,
+        stats,
+        inputs,
+    })
 }
 
 fn capture_on_private_streams<O: DeviceOp>(
@@ -162,7 +202,12 @@ impl<T: Send> CudaGraph<T> {
                 policy.device(),
             ));
         }
-        let (output, graph, stats) = capture(op, &stream, &policy)?;
+        let Captured {
+            output,
+            graph,
+            stats,
+            inputs,
+        } = capture(op, &stream, &policy)?;
         let exec = graph.instantiate()?;
         Ok(CudaGraph {
             stream,
@@ -173,6 +218,7 @@ impl<T: Send> CudaGraph<T> {
             stats,
             launches: 0,
             pending: Mutex::new(ErrorScope::new()),
+            inputs,
         })
     }
 
@@ -215,13 +261,17 @@ impl<T: Send> CudaGraph<T> {
     ///
     /// The first failure of the work of the replays and updates enqueued since the last
     /// synchronization (each failure is reported once, by this graph only: not to other work
-    /// on its stream), or a device error.
+    /// on its stream); a failure of the eager work the captured op consumed (the output of a
+    /// `shared` op produced outside the capture), which every replay reads, at every
+    /// synchronization; or a device error.
     pub fn synchronize(&self) -> Result<(), DeviceError> {
         wait_for(&self.stream)?;
         // All of that work has finished: no failure can reach its scope any more.
         let finished = std::mem::take(&mut *self.pending.lock());
         finished.settle();
-        finished.check()
+        let replayed = finished.check();
+        self.inputs.check()?;
+        replayed
     }
 
     /// Runs a graph-safe op (such as a copy into a captured input buffer) on the graph's
@@ -251,7 +301,12 @@ impl<T: Send> CudaGraph<T> {
         op: impl DeviceOp<Output = T>,
     ) -> Result<RecaptureOutcome, DeviceError> {
         wait_for(&self.stream)?;
-        let (output, graph, stats) = capture(op, &self.stream, &self.policy)?;
+        let Captured {
+            output,
+            graph,
+            stats,
+            inputs,
+        } = capture(op, &self.stream, &self.policy)?;
         let outcome = if self.exec.update(&graph)? {
             RecaptureOutcome::Updated
         } else {
@@ -261,6 +316,7 @@ impl<T: Send> CudaGraph<T> {
         self.graph = graph;
         self.output = Some(output);
         self.stats = stats;
+        self.inputs = inputs;
         Ok(outcome)
     }
 

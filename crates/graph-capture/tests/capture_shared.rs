@@ -7,6 +7,7 @@ use cuflow_device_op::{from_fn, zip, DeviceOp, DeviceOpExt, Shared};
 use cuflow_graph_capture::GraphCaptureExt;
 use cuflow_runtime::{Device, DeviceBuffer, DeviceError, Kernel, KernelArgs, LaunchConfig};
 use cuflow_scheduler::StreamPoolRoundRobin;
+use cuflow_testing::ops::{add_scalar, buffer, fill, fill_after, panic_on_stream, Gate};
 use rand::Rng;
 
 type Buf = Arc<DeviceBuffer<f32>>;
@@ -201,5 +202,64 @@ fn a_shared_op_produced_in_one_capture_is_refused_by_another() -> Result<(), Dev
     first.replay_and_wait()?;
     assert_eq!(src.to_host_vec(&stream)?, vec![2.0; n]);
     assert!(dst.to_host_vec(&stream)?.iter().all(|v| v.is_nan()));
+    Ok(())
+}
+
+/// An eagerly produced `shared` op whose work fails after it was enqueued (a host function
+/// that panics): a consumer captured after the failure showed is refused at capture, on every
+/// backend (the capture was `Ok`, and on CUDA, whose events carry device faults only, every
+/// replay then read what the failed production never wrote).
+#[test]
+fn a_captured_consumer_of_a_failed_shared_production_is_refused() -> Result<(), DeviceError> {
+    let device = Device::auto().expect("the device selected by CUFLOW_DEVICE must be usable");
+    let policy = StreamPoolRoundRobin::new(&device, 2)?;
+    let x = buffer(0.0);
+    let produced = fill(&x, 1.0)
+        .then(|b| panic_on_stream().map(move |()| b))
+        .shared();
+    let eager = produced.clone().sync_with_policy(&policy);
+    assert!(
+        matches!(eager, Err(DeviceError::Panicked { .. })),
+        "{eager:?}"
+    );
+    let captured = produced
+        .then(|b| add_scalar(&b, 1.0))
+        .graph_on(device.new_stream()?);
+    match captured {
+        Err(DeviceError::Capture { reason, .. }) => {
+            assert!(reason.contains("panicked"), "{reason}")
+        }
+        Err(other) => panic!("expected a capture error, got {other:?}"),
+        Ok(_) => panic!("a consumer of a failed production was captured"),
+    }
+    Ok(())
+}
+
+/// The same production failing only after the consumer was captured: every replay of the
+/// graph reports the failure, on every backend.
+#[test]
+fn every_replay_of_a_consumer_of_a_shared_production_that_failed_later_fails(
+) -> Result<(), DeviceError> {
+    let device = Device::auto().expect("the device selected by CUFLOW_DEVICE must be usable");
+    let policy = StreamPoolRoundRobin::new(&device, 2)?;
+    let mut gate = Gate::closed(&device)?;
+    let x = buffer(0.0);
+    let produced = fill_after(gate.event(), &x, 1.0)
+        .then(|b| panic_on_stream().map(move |()| b))
+        .shared();
+    // Produced now; its work waits for the gate.
+    let in_flight = produced.clone().schedule(&policy)?;
+    let mut graph = produced
+        .then(|b| add_scalar(&b, 1.0))
+        .graph_on(device.new_stream()?)?;
+    gate.open();
+    drop(in_flight);
+    for replay in 0..2 {
+        let r = graph.replay_and_wait();
+        assert!(
+            matches!(r, Err(DeviceError::Panicked { .. })),
+            "replay {replay}: {r:?}"
+        );
+    }
     Ok(())
 }
