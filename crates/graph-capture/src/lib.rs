@@ -358,7 +358,10 @@ impl<T: Send> CudaGraph<T> {
     /// An op that enqueues one replay wherever it is executed (on the executing stream, which
     /// must belong to the graph's device), for use inside larger compositions.
     pub fn launch_op(&self) -> GraphLaunch<'_> {
-        GraphLaunch { exec: &self.exec }
+        GraphLaunch {
+            exec: &self.exec,
+            inputs: &self.inputs,
+        }
     }
 }
 
@@ -376,13 +379,18 @@ impl<T> fmt::Debug for CudaGraph<T> {
 #[must_use = "device ops do nothing until synced or awaited"]
 pub struct GraphLaunch<'a> {
     exec: &'a GraphExec,
+    /// The graph's capture scope: the execution that replays it reports its inputs' failures.
+    inputs: &'a ErrorScope,
 }
 
 impl DeviceOp for GraphLaunch<'_> {
     type Output = ();
 
     fn execute(self, ctx: &mut ExecutionContext) -> Result<(), DeviceError> {
-        self.exec.launch(ctx.stream()?)
+        self.exec.launch(ctx.stream()?)?;
+        // The replay reads what the captured op consumed: a failure there is this execution's.
+        self.inputs.depended_on_here();
+        Ok(())
     }
 }
 

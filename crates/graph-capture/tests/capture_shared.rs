@@ -261,5 +261,11 @@ fn every_replay_of_a_consumer_of_a_shared_production_that_failed_later_fails(
             "replay {replay}: {r:?}"
         );
     }
+    // A replay inside another op: that op's execution fails.
+    let r = graph.launch_op().sync_with_policy(&policy).map(drop);
+    assert!(
+        matches!(r, Err(DeviceError::Panicked { .. })),
+        "a replay through launch_op: {r:?}"
+    );
     Ok(())
 }
