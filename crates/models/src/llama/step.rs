@@ -287,8 +287,12 @@ impl LlamaStep {
     ///
     /// # Errors
     ///
-    /// Device errors of that work.
+    /// Device errors of that work, the failure of a replay of the captured step among them
+    /// (a replay's failure is reported by its graph, not by the stream).
     pub fn synchronize(&self) -> Result<(), DeviceError> {
+        if let Some(graph) = &self.graph {
+            graph.synchronize()?;
+        }
         self.stream.synchronize()
     }
 
@@ -298,6 +302,10 @@ impl LlamaStep {
     ///
     /// Device errors.
     pub fn tokens(&self) -> Result<Vec<u32>, DeviceError> {
+        // A failed replay leaves tokens unwritten: its failure is the graph's to report.
+        if let Some(graph) = &self.graph {
+            graph.synchronize()?;
+        }
         let all = self.state.generated.to_host_vec_on(&self.stream)?;
         Ok(all
             .get(self.prompt_len..self.prompt_len + self.produced)
