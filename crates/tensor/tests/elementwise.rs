@@ -435,3 +435,95 @@ fn empty_tensors_pass_through() -> Result<(), DeviceError> {
     assert_eq!(z.shape(), &[0, 7]);
     Ok(())
 }
+
+/// Signed sums, differences and products that overflow wrap on every path (dense operands, a
+/// broadcast row, a broadcast column through the strided kernel, a scalar, saxpy), as the
+/// host's `wrapping_*` do: the kernels compute them in unsigned arithmetic, since C leaves
+/// signed overflow undefined.
+#[test]
+fn signed_overflow_wraps_on_every_path() -> Result<(), DeviceError> {
+    fn check<T: DType + std::fmt::Debug>(
+        stream: &Stream,
+        x: &[T],
+        y: &[T],
+        ops: [fn(T, T) -> T; 3],
+    ) -> Result<(), DeviceError> {
+        let n = x.len();
+        let xt = upload(stream, x, &[2, n / 2]);
+        let yt = upload(stream, y, &[2, n / 2]);
+        let row = upload(stream, &y[..n / 2], &[n / 2]);
+        let col = upload(stream, &[y[0], y[n / 2]], &[2, 1]);
+        let want = |op: fn(T, T) -> T, yi: &dyn Fn(usize) -> T| -> Vec<T> {
+            (0..n).map(|i| op(x[i], yi(i))).collect()
+        };
+        let kernels_of = [(ops[0], "add"), (ops[1], "sub"), (ops[2], "mul")];
+        for (k, (op, name)) in kernels_of.into_iter().enumerate() {
+            let run2 = |y: &Tensor<T>| match k {
+                0 => kernels::add(&xt, y).sync_on(stream),
+                1 => kernels::sub(&xt, y).sync_on(stream),
+                _ => kernels::mul(&xt, y).sync_on(stream),
+            };
+            let dense = want(op, &|i| y[i]);
+            assert_eq!(run2(&yt)?.to_host_vec()?, dense, "{} {name} dense", T::NAME);
+            let rows = want(op, &|i| y[i % (n / 2)]);
+            assert_eq!(run2(&row)?.to_host_vec()?, rows, "{} {name} row", T::NAME);
+            let cols = want(op, &|i| y[(i / (n / 2)) * (n / 2)]);
+            assert_eq!(
+                run2(&col)?.to_host_vec()?,
+                cols,
+                "{} {name} column",
+                T::NAME
+            );
+            let s = y[1];
+            let got = match k {
+                0 => kernels::add_scalar(&xt, s).sync_on(stream),
+                1 => kernels::sub_scalar(&xt, s).sync_on(stream),
+                _ => kernels::mul_scalar(&xt, s).sync_on(stream),
+            }?
+            .to_host_vec()?;
+            assert_eq!(got, want(op, &|_| s), "{} {name} scalar", T::NAME);
+        }
+        // saxpy: out = a · x + out, over an output holding `y`.
+        let mut out = upload(stream, y, &[2, n / 2]);
+        let a = x[1];
+        kernels::saxpy((&mut out).partition([1, n / 2]), a, &xt).sync_on(stream)?;
+        let want: Vec<T> = (0..n).map(|i| ops[0](ops[2](a, x[i]), y[i])).collect();
+        assert_eq!(out.to_host_vec()?, want, "{} saxpy", T::NAME);
+        Ok(())
+    }
+    let stream = stream();
+    let x32 = [
+        i32::MAX,
+        i32::MIN,
+        i32::MAX - 3,
+        -5,
+        1 << 30,
+        -(1 << 30),
+        77_777,
+        i32::MIN + 1,
+    ];
+    let y32 = [3, -3, i32::MAX, i32::MIN, 5, 7, -99_999, i32::MAX];
+    check(
+        &stream,
+        &x32,
+        &y32,
+        [i32::wrapping_add, i32::wrapping_sub, i32::wrapping_mul],
+    )?;
+    let x64 = [
+        i64::MAX,
+        i64::MIN,
+        i64::MAX - 3,
+        -5,
+        1 << 62,
+        -(1 << 62),
+        7_777_777_777,
+        i64::MIN + 1,
+    ];
+    let y64 = [3, -3, i64::MAX, i64::MIN, 5, 7, -9_999_999_999, i64::MAX];
+    check(
+        &stream,
+        &x64,
+        &y64,
+        [i64::wrapping_add, i64::wrapping_sub, i64::wrapping_mul],
+    )
+}

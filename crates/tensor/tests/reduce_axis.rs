@@ -482,6 +482,38 @@ fn integer_reductions_on_long_axes() -> Result<(), DeviceError> {
     Ok(())
 }
 
+/// `i32` sums that overflow wrap on the row kernel (its block reduction included) and on the
+/// strided kernel (split over blocks or not), as `wrapping_add` does: the kernels add signed
+/// integers in unsigned arithmetic, since C leaves signed overflow undefined.
+#[test]
+fn signed_sums_wrap_on_every_path() -> Result<(), DeviceError> {
+    use rand::Rng;
+    let s = stream();
+    let mut rng = seeded_rng(17);
+    for shape in [[3000usize, 5], [5, 3000], [2, 70_001]] {
+        let n = shape[0] * shape[1];
+        let v: Vec<i32> = (0..n)
+            .map(|_| rng.gen_range(i32::MAX / 2..=i32::MAX))
+            .collect();
+        let x = upload(&s, &v, &shape);
+        for axis in 0..2 {
+            let want: Vec<i32> = lanes(&v, &shape, axis)
+                .iter()
+                .map(|l| l.iter().fold(0i32, |a, v| a.wrapping_add(*v)))
+                .collect();
+            let got = read(&kernels::sum_axis(&x, axis, false).sync_on(&s)?);
+            assert_exact(&got, &want, &format!("i32 sum {shape:?} axis {axis}"));
+        }
+        let want: Vec<i32> = v
+            .chunks(shape[1])
+            .map(|l| l.iter().fold(0i32, |a, v| a.wrapping_add(*v)))
+            .collect();
+        let got = read(&kernels::sum(&x).sync_on(&s)?);
+        assert_exact(&got, &want, &format!("i32 row sum {shape:?}"));
+    }
+    Ok(())
+}
+
 /// The largest (`max`) or smallest value of `lane` that is not NaN and its first index; NaN
 /// and index 0 when every value is NaN.
 fn nan_skipping<T: Float>(lane: &[T], max: bool) -> (T, u32) {

@@ -57,6 +57,11 @@ use crate::tensor::{Partition, Tensor, TensorInput, TensorMut};
 /// The op type of kernels that yield a new tensor.
 pub type TensorResult<T> = Result<Tensor<T>, DeviceError>;
 
+// Integer sums, differences and products are computed in `unsigned long long` (`u64` in every
+// kernel source) and converted back: C leaves signed overflow undefined, while unsigned
+// arithmetic wraps, and its low bits are those of the two's-complement result the host's
+// `wrapping_*` gives.
+
 /// The CUDA C integer quotient `a / b` as [`DType::div`] computes it: 0 for a zero divisor,
 /// and `-a` in unsigned arithmetic (wrapping `MIN / -1` to `MIN`, which C leaves undefined)
 /// for a signed divisor of -1.
@@ -114,15 +119,15 @@ binary_kernel!(
     /// assert_eq!(y.to_host_vec()?, vec![11.0, 12.0, 13.0, 24.0, 25.0, 26.0]);
     /// # Ok(()) }
     /// ```
-    add, "add", "a + b", "a + b", DType::add
+    add, "add", "a + b", "(A)((u64)a + (u64)b)", DType::add
 );
 binary_kernel!(
     /// `x - y` elementwise, with `y` broadcast as in [`add`].
-    sub, "sub", "a - b", "a - b", DType::sub
+    sub, "sub", "a - b", "(A)((u64)a - (u64)b)", DType::sub
 );
 binary_kernel!(
     /// `x * y` elementwise, with `y` broadcast as in [`add`].
-    mul, "mul", "a * b", "a * b", DType::mul
+    mul, "mul", "a * b", "(A)((u64)a * (u64)b)", DType::mul
 );
 binary_kernel!(
     /// `x / y` elementwise, with `y` broadcast as in [`add`]. Integer division truncates
@@ -155,15 +160,15 @@ macro_rules! scalar_kernel {
 
 scalar_kernel!(
     /// `x + s` elementwise.
-    add_scalar, "add_scalar", "a + s", "a + s", DType::add
+    add_scalar, "add_scalar", "a + s", "(A)((u64)a + (u64)s)", DType::add
 );
 scalar_kernel!(
     /// `x - s` elementwise.
-    sub_scalar, "sub_scalar", "a - s", "a - s", DType::sub
+    sub_scalar, "sub_scalar", "a - s", "(A)((u64)a - (u64)s)", DType::sub
 );
 scalar_kernel!(
     /// `x * s` elementwise.
-    mul_scalar, "mul_scalar", "a * s", "a * s", DType::mul
+    mul_scalar, "mul_scalar", "a * s", "(A)((u64)a * (u64)s)", DType::mul
 );
 scalar_kernel!(
     /// `x / s` elementwise. Integer division as in [`div`]: by zero gives 0, `MIN / -1` wraps
@@ -254,7 +259,11 @@ pub fn saxpy<T: DType, P: TensorMut<T>, X: TensorInput<T>>(
     elementwise::into_partition(
         Ew {
             name: "saxpy",
-            expr: "s * a + o",
+            expr: if T::IS_FLOAT {
+                "s * a + o"
+            } else {
+                "(A)((u64)s * (u64)a + (u64)o)"
+            },
             inputs: 1,
             reads_out: true,
             helpers: "",

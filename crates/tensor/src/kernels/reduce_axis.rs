@@ -51,11 +51,14 @@ impl Red {
         matches!(self, Red::ArgMax | Red::ArgMin)
     }
 
-    /// Folds `v` (at index `vi`) into `acc` (at index `bi`). Ties keep the lower index; NaN
-    /// gives way to any other value (and to a NaN of a lower index).
-    pub(super) fn step(self) -> &'static str {
+    /// Folds `v` (at index `vi`) into `acc` (at index `bi`) of a `float` type or not. Ties keep
+    /// the lower index; NaN gives way to any other value (and to a NaN of a lower index).
+    /// Integer sums wrap through `unsigned long long` (`u64`), as C leaves signed overflow
+    /// undefined.
+    pub(super) fn step(self, float: bool) -> &'static str {
         match self {
-            Red::Sum | Red::Mean => "acc += v;",
+            Red::Sum | Red::Mean if float => "acc += v;",
+            Red::Sum | Red::Mean => "acc = (A)((u64)acc + (u64)v);",
             Red::Max => "if (v > acc || acc != acc) acc = v;",
             Red::Min => "if (v < acc || acc != acc) acc = v;",
             Red::ArgMax => {

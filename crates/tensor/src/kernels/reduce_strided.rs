@@ -189,7 +189,7 @@ extern "C" __global__ void __launch_bounds__({block}, 2) {fname}({outs}, const T
             dv = dv.join(", "),
             sv = sv.join(", "),
             last = MAX_DIMS - 1,
-            step = red.step(),
+            step = red.step(T::IS_FLOAT),
             unroll = unroll::<T>(),
             block = BLOCK,
         );
@@ -269,7 +269,7 @@ extern "C" __global__ void {fname}({out_t}* __restrict__ out, const A* __restric
 "#,
             prelude = cuda_prelude::<T>(),
             out_t = out_type(red),
-            step = red.step(),
+            step = red.step(T::IS_FLOAT),
             finish = red.finish(),
         );
         crate::op::builtin_kernel(fname, source).with_host(move |args| {

@@ -25,6 +25,13 @@ template <> __device__ __forceinline__ unsigned char shfl_x<unsigned char>(unsig
   return (unsigned char)__shfl_xor_sync(0xffffffffu, (int)v, o);
 }
 template <typename V> __device__ __forceinline__ V op_sum(V a, V b) { return a + b; }
+// Signed integers wrap through unsigned arithmetic (C leaves signed overflow undefined).
+template <> __device__ __forceinline__ int op_sum<int>(int a, int b) {
+  return (int)((unsigned)a + (unsigned)b);
+}
+template <> __device__ __forceinline__ long long op_sum<long long>(long long a, long long b) {
+  return (long long)((unsigned long long)a + (unsigned long long)b);
+}
 // NaN loses to any other value (the result is NaN only when both are).
 template <typename V> __device__ __forceinline__ V op_max(V a, V b) { return (a > b || b != b) ? a : b; }
 template <typename V> __device__ __forceinline__ V op_min(V a, V b) { return (a < b || b != b) ? a : b; }
