@@ -352,6 +352,7 @@ fn a_type_alias_is_checked_as_the_type_it_names() -> Result<(), DeviceError> {
     let x64 = DeviceBuffer::<f64>::zeroed(&s, 4)?;
     let x32 = DeviceBuffer::<f32>::zeroed(&s, 4)?;
     let y = DeviceBuffer::<f32>::zeroed(&s, 4)?;
+    let h = DeviceBuffer::<half::f16>::zeroed(&s, 4)?;
     assert!(!refused(
         &k,
         KernelArgs::new().output(&x64).input(&y).scalar(4u64),
@@ -368,10 +369,10 @@ fn a_type_alias_is_checked_as_the_type_it_names() -> Result<(), DeviceError> {
     assert!(
         refused(
             &k,
-            KernelArgs::new().output(&x64).input(&x64).scalar(4u64),
+            KernelArgs::new().output(&x64).input(&h).scalar(4u64),
             &s
         )?,
-        "an f64 buffer was accepted for `cfloat* y`, cfloat being const float"
+        "an f16 buffer was accepted for `cfloat* y`, cfloat being const float"
     );
     assert!(
         refused(
@@ -430,7 +431,7 @@ fn a_pointer_alias_is_a_pointer() -> Result<(), DeviceError> {
         )?,
         "an input was accepted for `const fptr z`, a const pointer to writable floats"
     );
-    let d = DeviceBuffer::<f64>::zeroed(&s, 4)?;
+    let d = DeviceBuffer::<half::f16>::zeroed(&s, 4)?;
     assert!(
         refused(
             &k,
@@ -441,7 +442,7 @@ fn a_pointer_alias_is_a_pointer() -> Result<(), DeviceError> {
                 .scalar(4u32),
             &s
         )?,
-        "an f64 buffer was accepted for `fptr x`"
+        "an f16 buffer was accepted for `fptr x`"
     );
     Ok(())
 }
@@ -596,5 +597,73 @@ fn an_alias_a_function_like_macro_declares_is_refused() -> Result<(), DeviceErro
         KernelArgs::new().output(&pairs).output(&v).scalar(4u32),
         &s
     )?);
+    Ok(())
+}
+
+#[test]
+fn an_alias_naming_the_storage_of_another_type_takes_elements_of_its_size(
+) -> Result<(), DeviceError> {
+    let s = stream();
+    let k = noop(
+        "bits",
+        r#"typedef unsigned short f16_bits;
+           extern "C" __global__ void bits(f16_bits* out, const f16_bits* x, unsigned n) {
+               if (threadIdx.x < n) out[threadIdx.x] = x[threadIdx.x]; }"#,
+    );
+    let out = DeviceBuffer::<half::f16>::zeroed(&s, 4)?;
+    let x = DeviceBuffer::<half::f16>::zeroed(&s, 4)?;
+    assert!(!refused(
+        &k,
+        KernelArgs::new().output(&out).input(&x).scalar(4u32),
+        &s
+    )?);
+    let narrow = DeviceBuffer::<u8>::zeroed(&s, 4)?;
+    assert!(
+        refused(
+            &k,
+            KernelArgs::new().output(&narrow).input(&x).scalar(4u32),
+            &s
+        )?,
+        "a buffer of 1-byte elements was accepted for `f16_bits* out`, f16_bits being 2 bytes"
+    );
+    Ok(())
+}
+
+#[test]
+fn an_alias_takes_a_buffer_of_wider_elements_as_scratch_but_never_narrower(
+) -> Result<(), DeviceError> {
+    let s = stream();
+    let k = noop(
+        "scratch",
+        r#"typedef float acc_t;
+           typedef double wide_t;
+           extern "C" __global__ void scratch(acc_t* parts, wide_t* w, unsigned n) {
+               if (threadIdx.x < n) { parts[threadIdx.x] = 0.0f; w[threadIdx.x] = 0.0; } }"#,
+    );
+    let i64s = DeviceBuffer::<i64>::zeroed(&s, 4)?;
+    let f64s = DeviceBuffer::<f64>::zeroed(&s, 4)?;
+    let f32s = DeviceBuffer::<f32>::zeroed(&s, 4)?;
+    let bytes = DeviceBuffer::<[u8; 12]>::zeroed(&s, 4)?;
+    assert!(!refused(
+        &k,
+        KernelArgs::new().output(&i64s).output(&f64s).scalar(4u32),
+        &s
+    )?);
+    assert!(
+        refused(
+            &k,
+            KernelArgs::new().output(&i64s).output(&f32s).scalar(4u32),
+            &s
+        )?,
+        "a buffer of 4-byte elements was accepted for `wide_t* w`, wide_t being 8 bytes"
+    );
+    assert!(
+        refused(
+            &k,
+            KernelArgs::new().output(&i64s).output(&bytes).scalar(4u32),
+            &s
+        )?,
+        "a buffer of 12-byte elements was accepted for the 8-byte `wide_t* w`"
+    );
     Ok(())
 }

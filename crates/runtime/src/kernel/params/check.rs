@@ -8,13 +8,15 @@ use crate::error::{DeviceError, Result};
 /// Whether an element (or a value) whose Rust type is the plain type `got` (`None`: a type the
 /// check does not know by name), `size` bytes, passes for the element type `want`: it is that
 /// plain type, or a type the check does not know by name (a user's `Pod` struct) of the same
-/// size; for a type known by its size only, any type of that size.
+/// size; for a type known by its size only, any type of that size; for elements named
+/// through an alias, any type whose size is a whole multiple of theirs.
 #[inline]
 fn elem_matches(want: Elem, got: Option<Plain>, size: usize) -> bool {
     match (want, got) {
         (Elem::Plain(want), Some(got)) => got == want,
         (Elem::Plain(want), None) => size == want.size(),
         (Elem::Sized(bytes), _) => size == usize::from(bytes),
+        (Elem::Storage(bytes), _) => size != 0 && size.is_multiple_of(usize::from(bytes).max(1)),
         (Elem::Unknown, _) => true,
     }
 }
@@ -209,6 +211,10 @@ fn described_elem(elem: Elem, unit: &str) -> String {
     match elem {
         Elem::Plain(p) => p.describe().to_string(),
         Elem::Sized(bytes) => format!("{bytes}-byte {unit}"),
+        Elem::Storage(bytes) => format!(
+            "{bytes}-byte {unit} (named through a type alias: elements of a whole multiple of \
+             {bytes} bytes are accepted)"
+        ),
         Elem::Unknown => format!("{unit} of a type the check does not know"),
     }
 }

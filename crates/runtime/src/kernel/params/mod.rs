@@ -36,7 +36,11 @@
 //! Type aliases the source declares (`typedef double real;`, `using index_t = unsigned;`,
 //! `typedef const float* cfptr;`) are resolved to the types they name, through one another,
 //! with C's meaning for a qualifier on a pointer alias (`const fptr x` is `float* const x`);
-//! an alias of a struct is checked as the struct. A parameter naming an alias the reader
+//! the type an alias reaches is then checked by its size, since an alias often names the
+//! storage of another type (`typedef unsigned short f16_bits;` for halves): a value must be
+//! of that size, and a buffer's elements a whole multiple of it, so that a kernel indexing
+//! below the buffer's element count stays inside it ([`Elem::Storage`]); an alias of a
+//! struct is checked as the struct. A parameter naming an alias the reader
 //! cannot resolve to one type (declared with other types in the branches of an `#if`, an
 //! alias template, an array, function or reference type) is [`Kind::Unresolved`]: every
 //! launch is refused, since not even pointer-vs-value is known. So is a parameter whose type
@@ -165,6 +169,12 @@ pub(crate) enum Elem {
     /// A type known by its size only: one of CUDA's vector types (`float4`: 16 bytes,
     /// `__half2`: 4), or a pointer (8 bytes: the elements of `float** p`).
     Sized(u8),
+    /// Elements of this many bytes named through a type alias: a buffer whose elements are
+    /// a whole multiple of it is accepted (an alias often names the storage of another type,
+    /// `typedef unsigned short f16_bits;`, or scratch space carved from a buffer of wider
+    /// elements), so that a kernel indexing below the buffer's element count stays inside
+    /// it, and every element it reads is aligned.
+    Storage(u8),
     /// A type the check does not know (a template, a struct, a type from a header).
     Unknown,
 }
@@ -327,8 +337,15 @@ fn read_list(list: &str, macros: &Macros<'_>, aliases: &Aliases) -> Option<Vec<P
             }
             let shown = p.split_whitespace().collect::<Vec<_>>().join(" ");
             match aliases.resolve(p) {
+                Ok(resolved) if resolved == p => parse_param(p).map(|param| Param {
+                    text: shown,
+                    ..param
+                }),
+                // Through an alias, elements are checked by size: an alias often names the
+                // storage of another type (`typedef unsigned short f16_bits;` for halves).
                 Ok(resolved) => parse_param(resolved.trim()).map(|param| Param {
                     text: shown,
+                    kind: by_size(param.kind),
                     ..param
                 }),
                 Err(alias) => Some(Param {
@@ -339,6 +356,30 @@ fn read_list(list: &str, macros: &Macros<'_>, aliases: &Aliases) -> Option<Vec<P
             }
         })
         .collect()
+}
+
+/// `kind`, read through a type alias: a value by its size, the elements of a pointer as
+/// [`Elem::Storage`].
+fn by_size(kind: Kind) -> Kind {
+    match kind {
+        Kind::Value(Elem::Plain(p)) => Kind::Value(Elem::Sized(p.size() as u8)),
+        Kind::Pointer {
+            writable,
+            elem: Elem::Plain(p),
+        } => Kind::Pointer {
+            writable,
+            // At most 8: the sizes of the plain types.
+            elem: Elem::Storage(p.size() as u8),
+        },
+        Kind::Pointer {
+            writable,
+            elem: Elem::Sized(bytes),
+        } => Kind::Pointer {
+            writable,
+            elem: Elem::Storage(bytes),
+        },
+        other => other,
+    }
 }
 
 /// Merges the declarations of one kernel (see [`parse`]).
@@ -529,11 +570,11 @@ mod tests {
         assert_eq!(
             kinds(src),
             vec![
-                pointer(true, Elem::Plain(Plain::Float(4))),
-                pointer(false, Elem::Sized(8)),
-                pointer(false, Elem::Sized(8)),
-                pointer(false, Elem::Plain(Plain::Float(4))),
-                Kind::Value(Elem::Plain(Plain::Float(8))),
+                pointer(true, Elem::Storage(4)),
+                pointer(false, Elem::Storage(8)),
+                pointer(false, Elem::Storage(8)),
+                pointer(false, Elem::Storage(4)),
+                Kind::Value(Elem::Sized(8)),
                 pointer(true, Elem::Unknown),
                 Kind::Value(Elem::Plain(Plain::Float(8))),
                 Kind::Value(Elem::Unknown),
@@ -541,10 +582,7 @@ mod tests {
         );
         let src = "template <class T, class U> struct Two;\ntypedef double T;\n\
                    extern \"C\" __global__ void k(T* x) {}";
-        assert_eq!(
-            kinds(src),
-            vec![pointer(true, Elem::Plain(Plain::Float(8)))]
-        );
+        assert_eq!(kinds(src), vec![pointer(true, Elem::Storage(8))]);
         let src = "typedef float real;\ntypedef double real;\ntypedef a b;\ntypedef b a;\n\
                    extern \"C\" __global__ void k(real* x, const a* y);\n\
                    extern \"C\" __global__ void k(float* x, const float* y) {}";
