@@ -135,12 +135,14 @@ fn refusal<M>(kernel: &str, params: &[Param], args: &[KernelArg<M>]) -> Result<(
                     .and_then(|p| p.unresolved.as_deref())
                     .unwrap_or("?");
                 format!(
-                    "parameter `{text}` names the type alias `{alias}`, which the check cannot \
-                     resolve to one type (it is declared with different types, as in the \
-                     branches of an `#if`, or it is an alias template, an array, function or \
-                     reference type), so it cannot tell what the argument must be; declare \
-                     the parameter with the type itself, or with a single `typedef`/`using` \
-                     of a plain or pointer type"
+                    "parameter `{text}` names the type `{alias}`, which the check cannot \
+                     resolve to one type (an alias declared with different types, as in the \
+                     branches of an `#if`, an alias template, an array, function or reference \
+                     type, or a name the source does not declare while one of its \
+                     function-like macros declares aliases), so it cannot tell what the \
+                     argument must be; declare the parameter with the type itself, or with a \
+                     single `typedef`/`using` of a plain or pointer type written out in the \
+                     source"
                 )
             }
             (KernelArg::Buffer { ty_name, .. }, Mismatch::BufferForValue) => {
