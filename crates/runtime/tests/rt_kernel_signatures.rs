@@ -667,3 +667,55 @@ fn an_alias_takes_a_buffer_of_wider_elements_as_scratch_but_never_narrower(
     );
     Ok(())
 }
+
+#[test]
+fn a_struct_of_one_plain_type_takes_elements_of_its_size() -> Result<(), DeviceError> {
+    let s = stream();
+    let k = noop(
+        "structs",
+        r#"struct Vec3 { float x, y, z; };
+           typedef struct { double re; double im; } complex_t;
+           struct Mixed { float a; double b; };
+           extern "C" __global__ void structs(Vec3* v, const complex_t* c, Mixed* m, unsigned n) {
+               if (threadIdx.x < n) { v[threadIdx.x].x = (float)c[threadIdx.x].re; m[threadIdx.x].a = 0; } }"#,
+    );
+    let v = DeviceBuffer::<[f32; 3]>::zeroed(&s, 4)?;
+    let c = DeviceBuffer::<[f64; 2]>::zeroed(&s, 4)?;
+    let m = DeviceBuffer::<[f64; 2]>::zeroed(&s, 4)?;
+    let f = DeviceBuffer::<f32>::zeroed(&s, 4)?;
+    let d = DeviceBuffer::<f64>::zeroed(&s, 4)?;
+    assert!(!refused(
+        &k,
+        KernelArgs::new()
+            .output(&v)
+            .input(&c)
+            .output(&m)
+            .scalar(4u32),
+        &s
+    )?);
+    assert!(
+        refused(
+            &k,
+            KernelArgs::new()
+                .output(&f)
+                .input(&c)
+                .output(&m)
+                .scalar(4u32),
+            &s
+        )?,
+        "an f32 buffer was accepted for `Vec3* v`, Vec3 being 12 bytes"
+    );
+    assert!(
+        refused(
+            &k,
+            KernelArgs::new()
+                .output(&v)
+                .input(&d)
+                .output(&m)
+                .scalar(4u32),
+            &s
+        )?,
+        "an f64 buffer was accepted for `const complex_t* c`, complex_t being 16 bytes"
+    );
+    Ok(())
+}

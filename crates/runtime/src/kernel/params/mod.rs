@@ -33,6 +33,11 @@
 //! checked by kind (pointer or value) and, for pointers, by `const`-ness; a source in which no
 //! declaration of the kernel is found (a macro declares it) is not checked here.
 //!
+//! A struct the source defines with fields of one plain type only (`struct Vec3 { float x,
+//! y, z; };`, `typedef struct { double re, im; } complex_t;`) has no padding, so its size is
+//! known, and a pointer to it is checked as [`Elem::Storage`] of that size; other structs
+//! (mixed fields, a base, an alignment attribute, member functions) stay checked by kind.
+//!
 //! Type aliases the source declares (`typedef double real;`, `using index_t = unsigned;`,
 //! `typedef const float* cfptr;`) are resolved to the types they name, through one another,
 //! with C's meaning for a qualifier on a pointer alias (`const fptr x` is `float* const x`);
@@ -58,7 +63,8 @@ mod text;
 
 pub(crate) use check::check;
 use text::{
-    find_ident, matching_paren, parse_param, split_top_level, strip_comments, Aliases, Macros,
+    find_ident, matching_paren, parse_param, split_top_level, storage_size, strip_comments,
+    Aliases, Macros,
 };
 
 /// A plain element type of CUDA C, as the check compares them.
@@ -187,6 +193,9 @@ impl Elem {
         } else if let Some(p) = Plain::of_c(words) {
             Elem::Plain(p)
         } else if let [word] = words {
+            if let Some(bytes) = storage_size(word) {
+                return Elem::Storage(bytes);
+            }
             vector_size(word).map_or(Elem::Unknown, Elem::Sized)
         } else {
             Elem::Unknown
@@ -363,6 +372,7 @@ fn read_list(list: &str, macros: &Macros<'_>, aliases: &Aliases) -> Option<Vec<P
 fn by_size(kind: Kind) -> Kind {
     match kind {
         Kind::Value(Elem::Plain(p)) => Kind::Value(Elem::Sized(p.size() as u8)),
+        Kind::Value(Elem::Storage(bytes)) => Kind::Value(Elem::Sized(bytes)),
         Kind::Pointer {
             writable,
             elem: Elem::Plain(p),
@@ -595,6 +605,28 @@ mod tests {
             vec![
                 (Kind::Unresolved, Some("real")),
                 (Kind::Unresolved, Some("a"))
+            ]
+        );
+    }
+
+    #[test]
+    fn structs_of_one_plain_type_are_known_by_size() {
+        let src = "struct P;\nstruct P { float x, y, z; };\ntypedef struct P P;\n\
+                   struct __align__(16) A { float x, y, z; };\nstruct B : P { float w; };\n\
+                   struct M { float a; double b; };\nstruct V { double v[2][2]; };\n\
+                   typedef struct { short lo, hi; } S;\nstruct F { float x; int f(); };\n\
+                   extern \"C\" __global__ void k(P* p, A* a, B* b, M* m, const V* v, S s, \
+                   F* f) {}";
+        assert_eq!(
+            kinds(src),
+            vec![
+                pointer(true, Elem::Storage(12)),
+                pointer(true, Elem::Unknown),
+                pointer(true, Elem::Unknown),
+                pointer(true, Elem::Unknown),
+                pointer(false, Elem::Storage(32)),
+                Kind::Value(Elem::Sized(4)),
+                pointer(true, Elem::Unknown),
             ]
         );
     }

@@ -111,6 +111,10 @@ enum Alias {
     /// A struct, union or enum (`typedef struct { .. } P;`, `typedef struct P P;`): checked
     /// as such types are, by kind.
     Opaque,
+    /// A struct whose fields are all of one plain C type (`struct Vec3 { float x, y, z; }`):
+    /// no padding, so its size is known (here, in bytes), and it is checked as elements of
+    /// that size.
+    Struct(u8),
     /// One the check cannot read as a type (an array, a function or a reference type, an
     /// alias template, a declaration naming several types), or declared more than once with
     /// other types (the branches of an `#if`): a parameter naming it is refused.
@@ -193,6 +197,99 @@ fn is_known_type_word(word: &str) -> bool {
             | "void"
     ) || Plain::of_c(&[word]).is_some()
         || vector_size(word).is_some()
+        || storage_size(word).is_some()
+}
+
+/// The word that stands for a struct of known size in a resolved parameter, followed by the
+/// size in bytes; read back by [`storage_size`].
+const STORAGE_PREFIX: &str = "__cuflow_storage_";
+
+/// The size in bytes that a word made with [`STORAGE_PREFIX`] stands for.
+pub(super) fn storage_size(word: &str) -> Option<u8> {
+    word.strip_prefix(STORAGE_PREFIX)?.parse().ok()
+}
+
+/// The size of the struct `name` whose definition `after` (the text just after its `struct`
+/// keyword) opens, when nothing but its name stands before its body (no base, no alignment
+/// attribute) and its fields are all of one plain type.
+fn defined_struct_size(after: &str, name: &str) -> Option<u8> {
+    let rest = after.trim_start().strip_prefix(name)?;
+    let body = rest.trim_start().strip_prefix('{')?;
+    let open = after.len() - body.len() - 1;
+    let close = matching_brace(after, open)?;
+    uniform_struct_size(&after[open + 1..close])
+}
+
+/// The byte offset of the `}` that closes the `{` at `open`.
+fn matching_brace(text: &str, open: usize) -> Option<usize> {
+    let mut depth = 0usize;
+    for (i, c) in text[open..].char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => {
+                depth = depth.checked_sub(1)?;
+                if depth == 0 {
+                    return Some(open + i);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// The size of a struct with the fields `body` when every field is of one plain C type
+/// (`float x, y, z;`, `double v[2];`): then it has no padding. `None` for anything else
+/// (another type, a pointer, a bit-field, a member function, a nested type, an attribute).
+fn uniform_struct_size(body: &str) -> Option<u8> {
+    let mut plain: Option<Plain> = None;
+    let mut count = 0usize;
+    for field in body.split(';').map(str::trim).filter(|f| !f.is_empty()) {
+        if field.contains(['(', ')', '{', '}', ':', '<', '*', '&', '=', '#']) {
+            return None;
+        }
+        let mut declarators = field.split(',');
+        let first = declarators.next()?;
+        // The first declarator holds the type: every word before its name.
+        let head = first.split('[').next()?;
+        let words: Vec<&str> = head.split_whitespace().collect();
+        let (name, ty) = words.split_last()?;
+        if ty
+            .iter()
+            .any(|w| matches!(*w, "static" | "typedef" | "using"))
+        {
+            return None;
+        }
+        let ty: Vec<&str> = ty
+            .iter()
+            .copied()
+            .filter(|w| !matches!(*w, "const" | "volatile"))
+            .collect();
+        let p = Plain::of_c(&ty)?;
+        if plain.is_some_and(|q| q != p) {
+            return None;
+        }
+        plain = Some(p);
+        let first_name = format!("{name}{}", &first[head.len()..]);
+        for declarator in std::iter::once(first_name.as_str()).chain(declarators) {
+            count = count.checked_add(elements(declarator.trim())?)?;
+        }
+    }
+    let bytes = count.checked_mul(plain?.size())?;
+    u8::try_from(bytes).ok().filter(|b| *b > 0)
+}
+
+/// The number of elements a field declarator (`x`, `v[3]`, `m[2][2]`) holds.
+fn elements(declarator: &str) -> Option<usize> {
+    let mut parts = declarator.split('[');
+    let name = parts.next()?.trim();
+    if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        return None;
+    }
+    parts.try_fold(1usize, |n, dim| {
+        let dim: usize = dim.strip_suffix(']')?.trim().parse().ok()?;
+        n.checked_mul(dim)
+    })
 }
 
 /// The identifiers of `text`, each with its byte offset.
@@ -258,10 +355,13 @@ impl Aliases {
                         .map(|(_, w)| *w)
                         .find(|w| !matches!(*w, "class" | "struct" | "__align__"));
                     if let Some(name) = named.filter(|w| !is_known_type_word(w)) {
-                        aliases
-                            .defined
-                            .entry(name.to_string())
-                            .or_insert(Alias::Opaque);
+                        let alias = if word == "struct" {
+                            defined_struct_size(&source[after..], name)
+                                .map_or(Alias::Opaque, Alias::Struct)
+                        } else {
+                            Alias::Opaque
+                        };
+                        aliases.declare(name, alias);
                     }
                 }
                 _ => {}
@@ -270,13 +370,19 @@ impl Aliases {
         aliases
     }
 
+    /// Declares `name`; declared again as something else, it is unresolvable, except that a
+    /// struct's definition says more than its other mentions (`struct P;`, `typedef struct
+    /// P P;`).
     fn declare(&mut self, name: &str, alias: Alias) {
         self.defined
             .entry(name.to_string())
             .and_modify(|a| {
-                if *a != alias {
-                    *a = Alias::Unresolvable;
-                }
+                *a = match (&*a, &alias) {
+                    (x, y) if x == y => alias.clone(),
+                    (Alias::Opaque, Alias::Struct(_)) => alias.clone(),
+                    (Alias::Struct(_), Alias::Opaque) => a.clone(),
+                    _ => Alias::Unresolvable,
+                };
             })
             .or_insert(alias);
     }
@@ -295,12 +401,19 @@ impl Aliases {
                     continue;
                 };
                 let plain = declarator.trim() == *name;
+                // `typedef struct [TAG] { .. } NAME;`, nothing else before the body.
+                let size = text.find('{').and_then(|open| {
+                    let head: Vec<&str> = text[..open].split_whitespace().collect();
+                    matches!(head.as_slice(), ["struct"] | ["struct", _])
+                        .then(|| uniform_struct_size(&text[open + 1..close]))
+                        .flatten()
+                });
                 self.declare(
                     name,
-                    if plain {
-                        Alias::Opaque
-                    } else {
-                        Alias::Unresolvable
+                    match (plain, size) {
+                        (true, Some(bytes)) => Alias::Struct(bytes),
+                        (true, None) => Alias::Opaque,
+                        (false, _) => Alias::Unresolvable,
                     },
                 );
             }
@@ -423,6 +536,14 @@ impl Aliases {
                         return Err(word.to_string())
                     }
                     None | Some(Alias::Opaque) => continue,
+                    Some(Alias::Struct(bytes)) => {
+                        // A name the parameter's reader knows by size.
+                        out.push_str(&text[copied..at]);
+                        copied = at + word.len();
+                        out.push_str(&format!(" {STORAGE_PREFIX}{bytes} "));
+                        changed = true;
+                        continue;
+                    }
                     Some(Alias::Unresolvable) => return Err(word.to_string()),
                     Some(a) => a,
                 };
@@ -460,7 +581,7 @@ impl Aliases {
                         out.push_str(&qualifiers);
                         out.push(' ');
                     }
-                    Alias::Opaque | Alias::Unresolvable => {}
+                    Alias::Opaque | Alias::Struct(_) | Alias::Unresolvable => {}
                 }
             }
             if !changed {
