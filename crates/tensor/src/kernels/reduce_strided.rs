@@ -322,7 +322,8 @@ pub(super) fn strided_shape(
     } else {
         target.div_ceil(n_out).next_power_of_two()
     };
-    let by = fill.clamp(1, 32).min(k.next_power_of_two());
+    // (`k` capped before it is rounded up: an expanded axis may be longer than 2^63.)
+    let by = fill.clamp(1, 32).min(k.min(32).next_power_of_two());
     // Blocks of 512 threads (several resident per multiprocessor), of at least 16 neighbouring
     // outputs: a warp reads whole 32-byte sectors of 4-byte elements, 64 bytes of each row.
     let bx = (BLOCK / by).max(16).min(n_out.next_power_of_two());
@@ -416,6 +417,19 @@ pub(super) fn launch_strided<T: DType, O: DType>(
 #[cfg(test)]
 mod tests {
     use super::strided_shape;
+
+    /// An axis longer than 2^63 (an expanded view: `sum_axis(x.expand(&[(1 << 63) + 1]), 0)`)
+    /// takes 32 threads per output like any long axis: its length is not rounded up to a
+    /// power of two, which would overflow.
+    #[test]
+    fn axes_longer_than_2_pow_63_take_a_warp() {
+        let k = (1usize << 63) + 1;
+        for lanes in [false, true] {
+            let (bx, by, splits, chunk) = strided_shape(1, k, 132, lanes);
+            assert_eq!((bx, by), (1, 32), "lanes {lanes}");
+            assert!(splits <= 65_535 && splits * chunk >= k, "lanes {lanes}");
+        }
+    }
 
     /// On 132 multiprocessors: 8192 columns of 8192 take 32 threads each in blocks of
     /// 16 × 32 (512 blocks, 262144 threads, no split); 37 columns of 8191 split the axis.
