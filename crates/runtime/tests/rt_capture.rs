@@ -643,21 +643,27 @@ fn a_buffer_dropped_while_its_stream_begins_a_capture_is_never_freed_inside_it(
     let x = DeviceBuffer::from_host(&s, &x0)?;
     s.synchronize()?;
     let stop = std::sync::atomic::AtomicBool::new(false);
-    let rounds = 200;
+    let dropped = std::sync::atomic::AtomicUsize::new(0);
+    // At least this many rounds, and more (up to a bound) until the other thread has made and
+    // dropped a buffer beside them, however the threads are scheduled.
+    let (min_rounds, max_rounds) = (200, 200_000);
+    let mut rounds = 0;
     std::thread::scope(|scope| -> Result<(), DeviceError> {
         let dropper = scope.spawn(|| {
-            let mut dropped = 0usize;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 // Refused while the other thread captures on `s`; dropped right away otherwise.
                 if let Ok(y) = DeviceBuffer::<f32>::zeroed(&s, 1024) {
                     drop(y);
-                    dropped += 1;
+                    dropped.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 }
             }
-            dropped
         });
         let captured = (|| -> Result<(), DeviceError> {
-            for round in 0..rounds {
+            while rounds < min_rounds
+                || (dropped.load(std::sync::atomic::Ordering::Relaxed) == 0 && rounds < max_rounds)
+            {
+                let round = rounds;
+                rounds += 1;
                 s.begin_capture()?;
                 let added = launch_add_one(&s, &x);
                 let graph = s.end_capture();
@@ -669,11 +675,11 @@ fn a_buffer_dropped_while_its_stream_begins_a_capture_is_never_freed_inside_it(
             Ok(())
         })();
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        let dropped = dropper.join().expect("the dropping thread panicked");
+        dropper.join().expect("the dropping thread panicked");
         captured?;
         assert!(
-            dropped > 0,
-            "no buffer was made and dropped beside the captures"
+            dropped.load(std::sync::atomic::Ordering::Relaxed) > 0,
+            "no buffer was made and dropped beside {rounds} captures"
         );
         Ok(())
     })?;
