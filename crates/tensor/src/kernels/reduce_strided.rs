@@ -234,7 +234,9 @@ extern "C" __global__ void __launch_bounds__({block}, 2) {fname}({outs}, const T
                         .then(|| lane.clone().map(DType::to_f64).sum::<f64>());
                     let (v, at) = red.host(lane);
                     pv[s * n + i] = encode(v, float_sum);
-                    pi[s * n + i] = k0 as u32 + at;
+                    // Exact for the arg-reductions (axes below 2^32); the other reductions
+                    // ignore the index, whose axis may be longer: it wraps as on CUDA.
+                    pi[s * n + i] = (k0 as u32).wrapping_add(at);
                 }
             }
             Ok(())
