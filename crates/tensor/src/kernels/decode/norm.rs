@@ -231,7 +231,8 @@ extern "C" __global__ void decode_embed(float* out, const T_bf16* table, const u
                                         unsigned vocab, unsigned cols) {{
   const unsigned id = ids[blockIdx.x];
   float* o = out + (unsigned long long)blockIdx.x * cols;
-  const T_bf16* src = table + (unsigned long long)id * cols;
+  // Row 0 stands in for an id past the vocabulary (never read): no pointer leaves the table.
+  const T_bf16* src = table + (unsigned long long)(id < vocab ? id : 0u) * cols;
   for (unsigned c = threadIdx.x; c < cols; c += blockDim.x) o[c] = id < vocab ? ld_bf16(src[c]) : 0.0f;
 }}
 "#,
