@@ -32,6 +32,11 @@
 //!   capturing stream (that would pull it into another thread's graph): to order itself after
 //!   the eager work such a stream did before its capture, it waits on the event the stream
 //!   recorded just before it began capturing (its *fence*).
+//! - Eager work of the thread that is capturing never touches a buffer its open capture wrote:
+//!   in that thread's program the captured write came first, but it has not run, so the work
+//!   would see the data from before it. Such work is refused with
+//!   [`DeviceError::Capture`](crate::DeviceError::Capture). Other threads are not ordered
+//!   with the capture and see the buffer as it was before it.
 //!
 //! The tracker is a concurrency core (see [`crate::sync`]): [`order_enqueue_record`] and the
 //! state it keeps ([`AccessState`] per buffer, [`AccessClock`] per stream) know streams and
@@ -99,6 +104,10 @@ pub(crate) trait TrackedBuffer {
 
     /// Whether the capture `id` is still open: the hazards of closed captures are forgotten.
     fn capture_open(id: u64) -> bool;
+
+    /// Whether the capture `id` is open and the calling thread is the one capturing: its eager
+    /// work must not touch what that capture wrote (see [`AccessState::check_eager`]).
+    fn capture_open_here(id: u64) -> bool;
 }
 
 /// A stream's side of the tracker: its sequence number (the tracked accesses enqueued on it so
@@ -262,6 +271,31 @@ impl<S> Default for AccessState<S> {
 }
 
 impl<S> AccessState<S> {
+    /// Refuses eager work (`capture` is `None`) of the capturing thread on a buffer that its
+    /// open capture wrote: that write is recorded, not run, so the eager work would see the
+    /// data from before a write it follows in the program (a read-back, a copy or a kernel
+    /// would return `Ok` over data nothing wrote). `here` says which captures are open on
+    /// the calling thread. Other threads' eager work is not ordered with the capture, and
+    /// sees the buffer as it was before it, as it would had it run first.
+    fn check_eager(
+        &self,
+        op: &'static str,
+        capture: Option<u64>,
+        here: impl Fn(u64) -> bool,
+    ) -> Result<()> {
+        if capture.is_some() || self.captured.is_empty() {
+            return Ok(());
+        }
+        match self
+            .captured
+            .iter()
+            .find(|(id, h)| h.last_write.is_some() && here(*id))
+        {
+            Some(_) => Err(written_by_open_capture(op)),
+            None => Ok(()),
+        }
+    }
+
     fn scope(&mut self, capture: Option<u64>) -> Option<&mut Hazards<S>> {
         match capture {
             None => Some(&mut self.eager),
@@ -292,6 +326,20 @@ impl<S> AccessState<S> {
             }
         };
         &mut self.captured[at].1
+    }
+}
+
+/// The error of eager work that would use a buffer the calling thread's open capture wrote.
+#[cold]
+#[inline(never)]
+fn written_by_open_capture(op: &'static str) -> crate::DeviceError {
+    crate::DeviceError::Capture {
+        op: op.to_string(),
+        reason: "a buffer it uses was written by work this thread is capturing into a graph: \
+                 captured work is recorded, not run, so this eager work would see the data \
+                 from before that write; do it inside the capture (on a capturing stream), or \
+                 after the capture ended and the graph was replayed"
+            .into(),
     }
 }
 
@@ -327,14 +375,14 @@ pub(crate) fn ordered_traced<R>(
     let _gate = stream.enqueue_gate()?;
     let capture = stream.capture_id_for_enqueue(op)?;
     if trace::is_enabled() && capture.is_none() {
-        return ordered_cold(stream, work, capture, accesses, enqueue);
+        return ordered_cold(stream, op, work, capture, accesses, enqueue);
     }
     if accesses.is_empty() {
         // Nothing to order or record: the gate alone keeps a capture from beginning between
         // the check above and the enqueue.
         return enqueue();
     }
-    order_enqueue_record(stream, capture, accesses, enqueue)
+    order_enqueue_record(stream, op, capture, accesses, enqueue)
 }
 
 /// [`ordered`] for a copy of `bytes` bytes.
@@ -376,7 +424,7 @@ pub(crate) fn ordered_copy_across<R>(
     src_stream.forbid_in_capture(op)?;
     dst_stream.forbid_in_capture(op)?;
     let work = || Work::Copy { what: op, bytes };
-    order_enqueue_record_across((src_stream, src), (dst_stream, dst), || {
+    order_enqueue_record_across((src_stream, src), (dst_stream, dst), op, || {
         if trace::is_enabled() {
             trace::traced_enqueue(dst_stream, work, enqueue)
         } else {
@@ -390,6 +438,7 @@ pub(crate) fn ordered_copy_across<R>(
 #[inline(never)]
 fn ordered_cold<R>(
     stream: &Stream,
+    op: &'static str,
     work: impl FnOnce() -> Work,
     capture: Option<u64>,
     accesses: Accesses<'_>,
@@ -399,7 +448,7 @@ fn ordered_cold<R>(
     if accesses.is_empty() {
         return traced();
     }
-    order_enqueue_record(stream, capture, accesses, traced)
+    order_enqueue_record(stream, op, capture, accesses, traced)
 }
 
 /// The tracker (see the module docs): locks the state of every buffer in `accesses` in address
@@ -414,6 +463,7 @@ fn ordered_cold<R>(
 /// accesses are recorded all the same).
 pub(crate) fn order_enqueue_record<B: TrackedBuffer, R>(
     stream: &B::Stream,
+    op: &'static str,
     capture: Option<u64>,
     mut accesses: SmallVec<[(&B, Access); 4]>,
     enqueue: impl FnOnce() -> Result<R>,
@@ -421,6 +471,7 @@ pub(crate) fn order_enqueue_record<B: TrackedBuffer, R>(
     if let [(buffer, access)] = accesses[..] {
         // One buffer (most launches): the same steps, without the sort and the lists.
         let mut state = buffer.state().lock();
+        B::access_state(&mut state).check_eager(op, capture, B::capture_open_here)?;
         let mut waits: SmallVec<[Point<B::Stream>; 4]> = SmallVec::new();
         if let Some(h) = B::access_state(&mut state).scope(capture) {
             h.conflicts(access, stream, &mut waits);
@@ -445,6 +496,9 @@ pub(crate) fn order_enqueue_record<B: TrackedBuffer, R>(
     let mut states: SmallVec<[MutexGuard<'_, B::State>; 4]> = SmallVec::new();
     for (b, _) in &accesses {
         states.push(b.state().lock());
+    }
+    for state in &mut states {
+        B::access_state(state).check_eager(op, capture, B::capture_open_here)?;
     }
     let mut waits: SmallVec<[Point<B::Stream>; 4]> = SmallVec::new();
     for (state, (_, access)) in states.iter_mut().zip(&accesses) {
@@ -474,6 +528,7 @@ pub(crate) fn order_enqueue_record<B: TrackedBuffer, R>(
 pub(crate) fn order_enqueue_record_across<B: TrackedBuffer, R>(
     (src_stream, src): (&B::Stream, &B),
     (dst_stream, dst): (&B::Stream, &B),
+    op: &'static str,
     enqueue: impl FnOnce() -> Result<R>,
 ) -> Result<R> {
     debug_assert!(!std::ptr::eq(src.state(), dst.state()));
@@ -485,6 +540,8 @@ pub(crate) fn order_enqueue_record_across<B: TrackedBuffer, R>(
         dst_state = dst.state().lock();
         src_state = src.state().lock();
     }
+    B::access_state(&mut src_state).check_eager(op, None, B::capture_open_here)?;
+    B::access_state(&mut dst_state).check_eager(op, None, B::capture_open_here)?;
     let mut waits: SmallVec<[Point<B::Stream>; 4]> = SmallVec::new();
     if let Some(h) = B::access_state(&mut src_state).scope(None) {
         h.conflicts(Access::Read, src_stream, &mut waits);
@@ -574,5 +631,9 @@ impl TrackedBuffer for Arc<Memory> {
 
     fn capture_open(id: u64) -> bool {
         crate::capture::capture_is_open(id)
+    }
+
+    fn capture_open_here(id: u64) -> bool {
+        crate::capture::capture_is_open_here(id)
     }
 }

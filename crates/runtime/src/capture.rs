@@ -53,13 +53,23 @@ pub(crate) struct CaptureSession {
     blas_workspaces: Mutex<Vec<(StreamId, Arc<Memory>)>>,
 }
 
-/// The ids of the captures open now: a buffer's access state keeps the hazards of each open
-/// capture that touched it, and forgets those of closed ones (see [`crate::access`]).
-static OPEN_CAPTURES: Mutex<Vec<u64>> = Mutex::new(Vec::new());
+/// The ids of the captures open now, with the thread capturing each: a buffer's access state
+/// keeps the hazards of each open capture that touched it, and forgets those of closed ones
+/// (see [`crate::access`]).
+static OPEN_CAPTURES: Mutex<Vec<(u64, ThreadId)>> = Mutex::new(Vec::new());
 
 /// Whether the capture `id` is still open (begun and not yet ended).
 pub(crate) fn capture_is_open(id: u64) -> bool {
-    OPEN_CAPTURES.lock().contains(&id)
+    OPEN_CAPTURES.lock().iter().any(|(open, _)| *open == id)
+}
+
+/// Whether the capture `id` is open and the calling thread is the one capturing.
+pub(crate) fn capture_is_open_here(id: u64) -> bool {
+    let here = std::thread::current().id();
+    OPEN_CAPTURES
+        .lock()
+        .iter()
+        .any(|(open, owner)| *open == id && *owner == here)
 }
 
 impl Drop for CaptureSession {
@@ -73,10 +83,11 @@ impl CaptureSession {
     pub(crate) fn new(origin: StreamId, backend: CaptureBackend) -> Self {
         static NEXT_ID: AtomicU64 = AtomicU64::new(1);
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-        OPEN_CAPTURES.lock().push(id);
+        let owner = std::thread::current().id();
+        OPEN_CAPTURES.lock().push((id, owner));
         CaptureSession {
             id,
-            owner: std::thread::current().id(),
+            owner,
             origin,
             members: Mutex::new(Vec::new()),
             backend,
@@ -137,7 +148,7 @@ impl CaptureSession {
 
     pub(crate) fn close(&self) {
         if self.open.swap(false, Ordering::AcqRel) {
-            OPEN_CAPTURES.lock().retain(|&id| id != self.id);
+            OPEN_CAPTURES.lock().retain(|(id, _)| *id != self.id);
         }
     }
 

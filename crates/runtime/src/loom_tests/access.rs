@@ -120,6 +120,10 @@ impl TrackedBuffer for ModelBuffer {
     fn capture_open(_: u64) -> bool {
         true
     }
+
+    fn capture_open_here(_: u64) -> bool {
+        false
+    }
 }
 
 /// The streams and buffers of one model, shared by its threads.
@@ -146,7 +150,7 @@ impl World {
             .iter()
             .map(|&(buffer, access)| (&self.buffers[buffer], access))
             .collect();
-        order_enqueue_record(stream, None, accesses, || {
+        order_enqueue_record(stream, "model work", None, accesses, || {
             let ticket = self.tickets.fetch_add(1, Ordering::Relaxed);
             stream.0.queue.lock().push(Entry::Work { label, ticket });
             Ok(())
@@ -167,7 +171,7 @@ impl World {
             .iter()
             .map(|&(buffer, access)| (&self.buffers[buffer], access))
             .collect();
-        order_enqueue_record(stream, Some(capture), accesses, || {
+        order_enqueue_record(stream, "model work", Some(capture), accesses, || {
             let ticket = self.tickets.fetch_add(1, Ordering::Relaxed);
             stream.0.queue.lock().push(Entry::Work { label, ticket });
             Ok(())
@@ -207,8 +211,13 @@ impl World {
             });
             Ok(())
         };
-        order_enqueue_record_across((ss, &self.buffers[src]), (ds, &self.buffers[dst]), enqueue)
-            .expect("model streams never fail");
+        order_enqueue_record_across(
+            (ss, &self.buffers[src]),
+            (ds, &self.buffers[dst]),
+            "model copy",
+            enqueue,
+        )
+        .expect("model streams never fail");
     }
 
     fn queues(&self) -> Queues {
