@@ -4,9 +4,11 @@
 //! ([`Communicator::stream`]) in order with the executing context's work: the communicator's
 //! stream waits for what the context enqueued before, and the context's later work waits for
 //! the collective (an event each way, added only when the context runs on another stream). So
-//! the ops compose with `then` / `zip!` like kernels, and within a capture the communicator's
-//! stream joins the capture. Outputs are fresh tensors (inputs are only read), except where
-//! noted.
+//! the ops compose with `then` / `zip!` like kernels. Within a capture the collective is
+//! recorded on a stream of the communicator's device private to the execution
+//! (`ExecutionContext::on_stream`): the communicator's stream never joins the capture and stays
+//! usable by other threads while it runs. Outputs are fresh tensors (inputs are only read),
+//! except where noted.
 //!
 //! Every rank must build the same collectives in the same order. A collective moves a
 //! tensor's elements as one range of its buffer: a contiguous view (rows from `narrow`, say)
