@@ -348,7 +348,8 @@ fn a_kernel_whose_signature_is_not_read_from_source_is_checked_against_its_compi
     let device = device();
     let s = device.new_stream()?;
     // The declaration comes from a macro, so the source check cannot see the parameters; on
-    // CUDA the compiled function's parameters (their count and sizes) are checked instead.
+    // CUDA the compiled function's parameters (their count and sizes) are checked instead,
+    // and where the driver cannot report them (before CUDA 12.4) every launch is refused.
     // SAFETY: the kernel writes only `out[0..n)`, below the count it is given.
     let kernel = unsafe {
         Kernel::new(
@@ -396,12 +397,24 @@ fn a_kernel_whose_signature_is_not_read_from_source_is_checked_against_its_compi
             assert!(r.is_err(), "{what}: {r:?}");
         }
     }
-    kernel.launch(
+    match kernel.launch(
         &s,
         one,
         KernelArgs::new().output(&out).scalar(2.5f64).scalar(4u32),
-    )?;
-    assert_eq!(out.to_host_vec(&s)?, vec![2.5; 4]);
+    ) {
+        Err(DeviceError::InvalidArgument { reason, .. })
+            if device.kind() == BackendKind::Cuda && reason.contains("CUDA 12.4 or later") =>
+        {
+            // A driver that cannot report the compiled kernel's parameters: nothing checks
+            // the launch, so none is made.
+            assert!(reason.contains("no `__global__` declaration"), "{reason}");
+            eprintln!("the driver cannot report kernel parameters: {reason}");
+        }
+        r => {
+            r?;
+            assert_eq!(out.to_host_vec(&s)?, vec![2.5; 4]);
+        }
+    }
     Ok(())
 }
 

@@ -249,7 +249,12 @@ fn compiled_for<'k>(
             return Ok(Compiled::Other(k.clone()));
         }
     }
-    let compiled = device.compile(&kernel.name, &kernel.source, &kernel.options)?;
+    let compiled = device.compile(
+        &kernel.name,
+        &kernel.source,
+        &kernel.options,
+        &kernel.source_layout(),
+    )?;
     let (first, _) = kernel.compiled_first.get_or_init(|| (id, compiled.clone()));
     if *first == id {
         return Ok(Compiled::Other(compiled));

@@ -23,6 +23,7 @@ mod params;
 pub use args::{HostKernelArgs, HostKernelFn, KernelArgs};
 pub(crate) use args::{HostSlot, KernelArg};
 pub use config::LaunchConfig;
+pub(crate) use params::SourceLayout;
 
 use crate::access::{ordered_traced, Access, Accesses};
 use crate::backend::{CompileCache, CompiledFor};
@@ -300,7 +301,11 @@ impl Kernel {
     /// [`DeviceError::DeviceMismatch`] for a buffer of another device,
     /// [`DeviceError::InvalidArgument`] for arguments that do not match the kernel's
     /// parameters, or for two buffer arguments that overlap in an allocation the launch writes
-    /// (on every backend, so that no launch races with itself on a GPU),
+    /// (on every backend, so that no launch races with itself on a GPU), or, on CUDA with a
+    /// driver older than CUDA 12.4 (which cannot report a compiled kernel's parameters), for
+    /// every launch of a kernel whose source does not establish the number of parameters and
+    /// the size of each by-value one (a macro declares it, declarations disagree, a struct
+    /// or template type is passed by value), which nothing could check,
     /// [`DeviceError::Compile`] when the source does not compile,
     /// [`DeviceError::HostKernel`] on the host backend when there is no host implementation.
     pub fn launch(
@@ -316,11 +321,7 @@ impl Kernel {
         }
         let device = stream.device();
         config.validate(&self.inner.name, device.limits())?;
-        let declared = self
-            .inner
-            .params
-            .get_or_init(|| params::parse(&self.inner.source, &self.inner.name));
-        if let Some(declared) = declared {
+        if let Some(declared) = self.inner.declared() {
             params::check(&self.inner.name, declared, &args.args)?;
         }
         // One pass over the arguments: every buffer is of the stream's device, and the
@@ -388,6 +389,23 @@ impl Kernel {
             BackendKind::Host => self.has_host_impl(),
             BackendKind::Cuda => true,
         }
+    }
+}
+
+impl KernelInner {
+    /// The parameters the source declares (`None`: no declaration found), read at the first
+    /// call.
+    #[inline]
+    pub(crate) fn declared(&self) -> Option<&[params::Param]> {
+        self.params
+            .get_or_init(|| params::parse(&self.source, &self.name))
+            .as_deref()
+    }
+
+    /// What the check against the source establishes about the memory a launch's arguments
+    /// occupy (see [`SourceLayout`]).
+    pub(crate) fn source_layout(&self) -> SourceLayout {
+        SourceLayout::of(self.declared())
     }
 }
 

@@ -10,7 +10,7 @@ use cudarc::nvrtc;
 
 use super::{driver_err, CudaDeviceShared, Life};
 use crate::error::{DeviceError, Result};
-use crate::kernel::KernelArg;
+use crate::kernel::{KernelArg, SourceLayout};
 
 /// A kernel compiled and loaded for one device.
 pub(crate) struct CompiledKernel {
@@ -19,9 +19,8 @@ pub(crate) struct CompiledKernel {
     function: ManuallyDrop<CudaFunction>,
     module: ManuallyDrop<Arc<CudaModule>>,
     dynamic_smem_limit: AtomicU32,
-    /// The size of each parameter of the compiled function, when the driver can tell
-    /// (`cuFuncGetParamInfo`, drivers of CUDA 12.4 and later).
-    param_sizes: Option<Vec<usize>>,
+    /// How launches are checked against the compiled function's parameters in memory.
+    params: ParamCheck,
     life: Arc<Life>,
 }
 
@@ -58,46 +57,16 @@ impl CompiledKernel {
         )))
     }
 
-    /// Checks a launch's arguments against the compiled function's parameters: their count,
-    /// and each one's size (8 bytes for a buffer's device pointer). This is the driver's own
-    /// account of the function, a second layer under the check against the CUDA C signature
-    /// (which also sees element types, and runs on every backend).
+    /// Checks a launch's arguments against the compiled function's parameters in memory (see
+    /// [`ParamCheck`]).
     ///
     /// # Errors
     ///
-    /// [`DeviceError::InvalidArgument`] naming the first parameter that does not match.
+    /// [`DeviceError::InvalidArgument`] naming the first parameter that does not match, or
+    /// saying why no launch of this kernel can be checked.
+    #[inline]
     pub(crate) fn check_args<M>(&self, args: &[KernelArg<M>]) -> Result<()> {
-        let Some(sizes) = &self.param_sizes else {
-            return Ok(());
-        };
-        if sizes.len() != args.len() {
-            return Err(DeviceError::InvalidArgument {
-                kernel: self.name.clone(),
-                index: sizes.len().min(args.len()),
-                reason: format!(
-                    "the compiled kernel takes {} parameter(s), but the launch passes {}",
-                    sizes.len(),
-                    args.len()
-                ),
-            });
-        }
-        for (index, (&size, arg)) in sizes.iter().zip(args).enumerate() {
-            let (given, what) = match arg {
-                KernelArg::Buffer { .. } => (std::mem::size_of::<u64>(), "a buffer (a pointer)"),
-                KernelArg::Scalar { len, ty_name, .. } => (usize::from(*len), *ty_name),
-            };
-            if given != size {
-                return Err(DeviceError::InvalidArgument {
-                    kernel: self.name.clone(),
-                    index,
-                    reason: format!(
-                        "the compiled kernel's parameter is {size} byte(s), but the launch \
-                         passes {what} of {given} byte(s)"
-                    ),
-                });
-            }
-        }
-        Ok(())
+        self.params.check(&self.name, args)
     }
 
     pub(crate) fn function(&self) -> sys::CUfunction {
@@ -149,12 +118,15 @@ fn compile_err(kernel: &str, log: impl Into<String>) -> DeviceError {
     }
 }
 
-/// Compiles `source` for `shared`'s architecture and loads the function `name`.
+/// Compiles `source` for `shared`'s architecture and loads the function `name`; `layout` is
+/// what the check against the source establishes about its launches, which decides how they
+/// are checked where the driver cannot report the function's parameters.
 pub(crate) fn compile(
     shared: &CudaDeviceShared,
     name: &str,
     source: &str,
     extra: &[String],
+    layout: &SourceLayout,
 ) -> Result<CompiledKernel> {
     if !nvrtc_present() {
         return Err(DeviceError::NoCompiler {
@@ -233,13 +205,13 @@ pub(crate) fn compile(
     function
         .num_regs()
         .map_err(|e| driver_err("cuFuncGetAttribute", e))?;
-    let param_sizes = param_sizes(function.cu_function());
+    let params = ParamCheck::decide(name, param_sizes(function.cu_function()), layout);
     Ok(CompiledKernel {
         name: name.to_string(),
         function: ManuallyDrop::new(function),
         module: ManuallyDrop::new(module),
         dynamic_smem_limit: AtomicU32::new(48 * 1024),
-        param_sizes,
+        params,
         life: shared.life.clone(),
     })
 }
@@ -300,6 +272,193 @@ impl Drop for ProgramGuard {
         // SAFETY: the program was created by `create_program` and is destroyed once, here.
         if let Err(e) = unsafe { nvrtc::result::destroy_program(self.0) } {
             tracing::warn!("nvrtcDestroyProgram failed: {e}");
+        }
+    }
+}
+
+/// How the launches of one compiled kernel are checked against its parameters in memory (the
+/// argument array the driver reads, one pointer per parameter, and behind each as many bytes
+/// as the parameter's size), decided once when the kernel is loaded.
+#[derive(Debug)]
+enum ParamCheck {
+    /// Against the size of each parameter as the driver reports it.
+    Driver(Vec<usize>),
+    /// By the check against the source alone, which established the number of parameters
+    /// and every by-value parameter's size.
+    Source,
+    /// Neither check can establish them: every launch is refused with this error.
+    Refused(DeviceError),
+}
+
+impl ParamCheck {
+    /// The check for kernel `name`, from the parameter sizes the driver reported (`None`: a
+    /// driver without `cuFuncGetParamInfo`, before CUDA 12.4) and what the check against the
+    /// source established.
+    fn decide(name: &str, driver: Option<Vec<usize>>, source: &SourceLayout) -> ParamCheck {
+        if let Some(sizes) = driver {
+            return ParamCheck::Driver(sizes);
+        }
+        let Some((index, what)) = source.gap() else {
+            return ParamCheck::Source;
+        };
+        ParamCheck::Refused(DeviceError::InvalidArgument {
+            kernel: name.to_string(),
+            index,
+            reason: format!(
+                "no launch of this kernel can be checked on this device: {what}, and the CUDA \
+                 driver did not report the compiled kernel's parameters (cuFuncGetParamInfo, \
+                 in drivers of CUDA 12.4 and later), so the driver could read past the \
+                 arguments given; declare the kernel's signature plainly in the source \
+                 (`extern \"C\" __global__ void {name}(...)` with every parameter's type \
+                 written out, a struct passed by value as a pointer or as a struct of one \
+                 plain type the source defines), or use a driver of CUDA 12.4 or later"
+            ),
+        })
+    }
+
+    /// Checks a launch's arguments: against the driver's sizes, their count and each one's
+    /// size (8 bytes for a buffer's device pointer), the driver's own account of the function
+    /// beneath the check against the CUDA C signature (which also sees element types, and
+    /// runs on every backend); nothing more where that check established the layout; and
+    /// none passes where neither can.
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceError::InvalidArgument`] naming the first parameter that does not match, or
+    /// saying why no launch of this kernel can be checked.
+    #[inline]
+    fn check<M>(&self, name: &str, args: &[KernelArg<M>]) -> Result<()> {
+        let sizes = match self {
+            ParamCheck::Driver(sizes) => sizes,
+            ParamCheck::Source => return Ok(()),
+            ParamCheck::Refused(e) => return Err(e.clone()),
+        };
+        if sizes.len() != args.len() {
+            return Err(DeviceError::InvalidArgument {
+                kernel: name.to_string(),
+                index: sizes.len().min(args.len()),
+                reason: format!(
+                    "the compiled kernel takes {} parameter(s), but the launch passes {}",
+                    sizes.len(),
+                    args.len()
+                ),
+            });
+        }
+        for (index, (&size, arg)) in sizes.iter().zip(args).enumerate() {
+            let (given, what) = match arg {
+                KernelArg::Buffer { .. } => (std::mem::size_of::<u64>(), "a buffer (a pointer)"),
+                KernelArg::Scalar { len, ty_name, .. } => (usize::from(*len), *ty_name),
+            };
+            if given != size {
+                return Err(DeviceError::InvalidArgument {
+                    kernel: name.to_string(),
+                    index,
+                    reason: format!(
+                        "the compiled kernel's parameter is {size} byte(s), but the launch \
+                         passes {what} of {given} byte(s)"
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::any::TypeId;
+
+    use super::*;
+
+    fn buffer() -> KernelArg<()> {
+        KernelArg::Buffer {
+            mem: (),
+            byte_offset: 0,
+            byte_len: 32,
+            ty: TypeId::of::<f64>(),
+            ty_name: "f64",
+            plain: None,
+            elem_size: 8,
+            writable: true,
+        }
+    }
+
+    fn scalar(len: u8) -> KernelArg<()> {
+        KernelArg::Scalar {
+            bytes: [0; 16],
+            len,
+            ty: TypeId::of::<[u8; 4]>(),
+            ty_name: "bytes",
+            plain: None,
+        }
+    }
+
+    fn unknown_layouts() -> Vec<SourceLayout> {
+        vec![
+            SourceLayout::NotDeclared,
+            SourceLayout::Disputed,
+            SourceLayout::UnsizedValue {
+                index: 1,
+                text: "struct M m".into(),
+            },
+            SourceLayout::Unresolved {
+                index: 1,
+                text: "real r".into(),
+            },
+        ]
+    }
+
+    #[test]
+    fn the_driver_s_sizes_check_every_launch_whatever_the_source_established() {
+        let mut layouts = unknown_layouts();
+        layouts.push(SourceLayout::Established);
+        for source in &layouts {
+            let check = ParamCheck::decide("k", Some(vec![8, 4]), source);
+            assert!(matches!(check, ParamCheck::Driver(_)), "{source:?}");
+            assert!(check.check("k", &[buffer(), scalar(4)]).is_ok());
+            assert!(matches!(
+                check.check("k", &[buffer()]),
+                Err(DeviceError::InvalidArgument { index: 1, .. })
+            ));
+            assert!(matches!(
+                check.check("k", &[buffer(), scalar(2)]),
+                Err(DeviceError::InvalidArgument { index: 1, .. })
+            ));
+            assert!(matches!(
+                check.check("k", &[scalar(4), scalar(4)]),
+                Err(DeviceError::InvalidArgument { index: 0, .. })
+            ));
+        }
+    }
+
+    #[test]
+    fn without_the_driver_s_sizes_the_source_check_must_have_established_the_layout() {
+        let check = ParamCheck::decide("k", None, &SourceLayout::Established);
+        assert!(matches!(check, ParamCheck::Source));
+        // The check against the source has run before: nothing more is checked here.
+        assert!(check.check("k", &[buffer(), scalar(4)]).is_ok());
+    }
+
+    #[test]
+    fn a_launch_neither_check_can_verify_is_refused() {
+        for source in &unknown_layouts() {
+            let check = ParamCheck::decide("k", None, source);
+            for args in [vec![buffer(), scalar(4)], vec![], vec![scalar(16); 3]] {
+                match check.check("k", &args) {
+                    Err(DeviceError::InvalidArgument {
+                        kernel,
+                        index,
+                        reason,
+                    }) => {
+                        assert_eq!(kernel, "k");
+                        let (gap_index, _) = source.gap().expect("a gap");
+                        assert_eq!(index, gap_index);
+                        assert!(reason.contains("CUDA 12.4 or later"), "{reason}");
+                        assert!(reason.contains("declare"), "{reason}");
+                    }
+                    other => panic!("{source:?}: expected InvalidArgument, got {other:?}"),
+                }
+            }
         }
     }
 }

@@ -48,6 +48,7 @@ use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 use crate::backend::memory::DeferredFree;
 use crate::device::{DeviceLimits, MemoryInfo};
 use crate::error::{DeviceError, Result};
+use crate::kernel::SourceLayout;
 
 /// Converts a driver error into a [`DeviceError::Driver`] naming the call; a fault the context
 /// cannot survive marks the device bound on this thread faulted and is
@@ -415,11 +416,16 @@ impl CudaDeviceShared {
 
     /// The kernel compiled and loaded for this device: from the device's module cache, else
     /// compiled now and kept for the device's lifetime.
+    ///
+    /// `layout` (what the check against the source establishes, see [`SourceLayout`]) is a
+    /// function of the name and source, which key the cache, so every kernel sharing a
+    /// module shares it.
     pub(crate) fn compile(
         self: &Arc<Self>,
         name: &str,
         source: &str,
         options: &[String],
+        layout: &SourceLayout,
     ) -> Result<Arc<CompiledKernel>> {
         let key: ModuleKey = (name.to_owned(), source.to_owned(), options.to_vec());
         // One compile per kernel: a thread that finds another compiling the same kernel waits
@@ -428,7 +434,9 @@ impl CudaDeviceShared {
         // stream held by a host function would stall this thread until that function returns.
         // The slot is filled outside the map's lock: other kernels load meanwhile.
         let slot = self.modules.lock().entry(key.clone()).or_default().clone();
-        match slot.get_or_init(|| kernel::compile(self, name, source, options).map(Arc::new)) {
+        match slot
+            .get_or_init(|| kernel::compile(self, name, source, options, layout).map(Arc::new))
+        {
             Ok(compiled) => Ok(compiled.clone()),
             Err(e) => {
                 // Not kept: a later launch compiles again (the cause may pass, e.g. memory).
@@ -635,8 +643,9 @@ impl CudaDevice {
         name: &str,
         source: &str,
         options: &[String],
+        layout: &SourceLayout,
     ) -> Result<Arc<CompiledKernel>> {
-        self.shared.compile(name, source, options)
+        self.shared.compile(name, source, options, layout)
     }
 
     /// Whether this device can read `peer`'s memory directly.

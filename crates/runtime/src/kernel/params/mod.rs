@@ -31,7 +31,10 @@
 //! for a plain C type of the same size only, and any type of the right size for a type known
 //! by its size. Types the reader does not know (templates, structs, types from headers) are
 //! checked by kind (pointer or value) and, for pointers, by `const`-ness; a source in which no
-//! declaration of the kernel is found (a macro declares it) is not checked here.
+//! declaration of the kernel is found (a macro declares it) is not checked here. Where this
+//! check leaves the number of parameters or a by-value parameter's size unknown
+//! ([`SourceLayout`]), the CUDA backend checks them against the driver's account of the
+//! compiled function, and refuses the launch where the driver cannot give one.
 //!
 //! A struct the source defines with fields of one plain type only (`struct Vec3 { float x,
 //! y, z; };`, `typedef struct { double re, im; } complex_t;`) has no padding, so its size is
@@ -59,9 +62,11 @@
 use std::any::TypeId;
 
 mod check;
+mod layout;
 mod text;
 
 pub(crate) use check::check;
+pub(crate) use layout::SourceLayout;
 use text::{
     find_ident, matching_paren, parse_param, split_top_level, storage_size, strip_comments,
     Aliases, Macros,

@@ -41,6 +41,7 @@ use cudarc::driver::result;
 use super::super::kernel::CompiledKernel;
 use super::super::{driver_err, CudaDeviceShared, CudaStreamHandle};
 use crate::error::{DeviceError, Result};
+use crate::kernel::SourceLayout;
 use crate::memory::Memory;
 
 /// The most ranks.
@@ -191,8 +192,11 @@ impl OneShot {
         }
         let source = source();
         let mut ranks = Vec::with_capacity(world);
+        // Launched below with its parameters written out by hand, never through the checked
+        // launch path, so what a check against its source would establish does not matter.
+        let layout = SourceLayout::Established;
         for s in shared {
-            ranks.push((s.clone(), s.compile(NAME, &source, &[])?));
+            ranks.push((s.clone(), s.compile(NAME, &source, &[], &layout)?));
         }
         Ok(Some(Arc::new(OneShot {
             areas,
