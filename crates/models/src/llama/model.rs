@@ -377,8 +377,10 @@ impl Llama {
     ///
     /// # Errors
     ///
-    /// [`DeviceError::Usage`] for an empty prompt, an id outside the vocabulary, or a prompt
-    /// and generation longer than `options`' `max_seq`; device errors.
+    /// [`DeviceError::Usage`] for an empty prompt, an id outside the vocabulary, a prompt
+    /// and generation longer than `options`' `max_seq`, options out of range (a NaN
+    /// temperature, a `top_p` outside `(0, 1]`, a `max_seq` of 0), or caches of more
+    /// positions than the device's memory holds beside the weights; device errors.
     pub fn generate(
         &self,
         stream: &Stream,
@@ -405,7 +407,9 @@ impl Llama {
     ///
     /// # Errors
     ///
-    /// [`DeviceError::Capture`] and device errors of the capture.
+    /// [`DeviceError::Usage`] for options out of range (a NaN temperature, a `top_p` outside
+    /// `(0, 1]`, a `max_seq` of 0) or caches of more positions than the device's memory holds
+    /// beside the weights; [`DeviceError::Capture`] and device errors of the capture.
     pub fn capture(
         &self,
         stream: &Stream,
@@ -418,7 +422,7 @@ impl Llama {
     ///
     /// # Errors
     ///
-    /// Device errors.
+    /// As [`capture`](Self::capture): the same options are refused here; device errors.
     pub fn decoder(
         &self,
         stream: &Stream,
@@ -444,7 +448,8 @@ impl Llama {
 
     fn with_default_seq(&self, mut options: GenerateOptions) -> GenerateOptions {
         if options.max_seq.is_none() {
-            options.max_seq = Some(self.core.cfg.max_position_embeddings.min(4096));
+            // At least one position, for a config that claims a context of none.
+            options.max_seq = Some(self.core.cfg.max_position_embeddings.clamp(1, 4096));
         }
         options
     }

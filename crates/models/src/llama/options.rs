@@ -1,5 +1,6 @@
 //! How tokens are chosen and how long a sequence a decoder holds.
 
+use cuflow_runtime::DeviceError;
 use cuflow_tensor::kernels::decode::SampleParams;
 
 /// Options of a generation: greedy or sampled (temperature, top-k, top-p, seed), and the
@@ -45,7 +46,8 @@ impl GenerateOptions {
         }
     }
 
-    /// The softmax temperature (`0` is greedy).
+    /// The softmax temperature (`0` or below is greedy, `+inf` uniform over the kept tokens;
+    /// NaN is refused).
     pub fn temperature(mut self, t: f32) -> Self {
         self.sample.temperature = t;
         self
@@ -70,7 +72,8 @@ impl GenerateOptions {
         self
     }
 
-    /// Positions the key/value caches hold: the prompt and the generated tokens must fit.
+    /// Positions the key/value caches hold (at least 1): the prompt and the generated tokens
+    /// must fit, and the caches in the device's memory beside the weights.
     /// Unset, a generation sizes its caches to fit exactly, and a capture to the model's
     /// `max_position_embeddings` capped at 4096.
     pub fn max_seq(mut self, n: usize) -> Self {
@@ -81,5 +84,32 @@ impl GenerateOptions {
     /// Whether the options choose the argmax.
     pub fn is_greedy(&self) -> bool {
         self.sample.is_greedy()
+    }
+
+    /// Refuses options no decoder runs: a NaN temperature, a `top_p` outside `(0, 1]`, a
+    /// `max_seq` of zero. Every constructor of a decoder checks them, so that the call given
+    /// them fails, not a later `prefill`.
+    pub(crate) fn check(&self) -> Result<(), DeviceError> {
+        let SampleParams {
+            temperature, top_p, ..
+        } = self.sample;
+        if temperature.is_nan() {
+            return Err(DeviceError::usage(
+                "GenerateOptions::temperature is NaN; use 0 (or below) for the argmax, or a \
+                 positive temperature to sample",
+            ));
+        }
+        if !(top_p > 0.0 && top_p <= 1.0) {
+            return Err(DeviceError::usage(format!(
+                "GenerateOptions::top_p {top_p:?} must be in (0, 1] (1 keeps every token)"
+            )));
+        }
+        if self.max_seq == Some(0) {
+            return Err(DeviceError::usage(
+                "GenerateOptions::max_seq 0 holds no position; max_seq must be positive, at \
+                 least the prompt's tokens and the generated ones",
+            ));
+        }
+        Ok(())
     }
 }

@@ -73,6 +73,54 @@ impl State {
         })
     }
 
+    /// Refuses a state of `max_seq` positions that the device's memory cannot hold beside the
+    /// weights, before anything is allocated: the caches grow with `max_seq`, and each layer's
+    /// may fit where all of them do not. Its bytes are counted with checked arithmetic; a
+    /// memory whose size is unknown (reported as 0) is not checked.
+    fn ensure_fits(core: &Core, stream: &Stream, max_seq: usize) -> Result<(), DeviceError> {
+        let cfg = &core.cfg;
+        let (heads, hd) = (cfg.num_attention_heads, cfg.head_dim());
+        let parts = decode::attention_partitions(max_seq, DECODE_CHUNK);
+        // Key/value caches (bf16), the generated ids (u32), attention's partial results (f32),
+        // and the per-token vectors (f32).
+        let bytes = || {
+            let caches = [cfg.num_hidden_layers, 2, cfg.kv_heads(), max_seq, hd, 2]
+                .iter()
+                .try_fold(1usize, |n, &d| n.checked_mul(d))?;
+            let generated = max_seq.checked_add(1)?.checked_mul(4)?;
+            let scratch = [heads, parts, hd.checked_add(2)?, 4]
+                .iter()
+                .try_fold(1usize, |n, &d| n.checked_mul(d))?;
+            let vectors = [
+                cfg.hidden_size,
+                cfg.qkv_rows(),
+                heads.checked_mul(hd)?,
+                cfg.intermediate_size,
+                cfg.vocab_size,
+            ]
+            .iter()
+            .try_fold(0usize, |n, &d| n.checked_add(d))?
+            .checked_mul(4)?;
+            caches
+                .checked_add(generated)?
+                .checked_add(scratch)?
+                .checked_add(vectors)
+        };
+        let device = stream.device();
+        let total = device.memory_info()?.total;
+        let weights = core.weights.bytes();
+        let needed = bytes().and_then(|b| b.checked_add(weights));
+        if total > 0 && needed.is_none_or(|n| n > total) {
+            return Err(DeviceError::usage(format!(
+                "caches of max_seq {max_seq} positions need {} bytes beside the {weights} bytes \
+                 of weights, more than the {total} bytes of {device}; lower \
+                 GenerateOptions::max_seq (or the tokens asked for)",
+                bytes().map_or("more than usize::MAX".into(), |b| b.to_string()),
+            )));
+        }
+        Ok(())
+    }
+
     /// Samples the next token from `logits` with `params` and feeds it back: `token`,
     /// `generated[pos + 1]`, `pos + 1`.
     pub(crate) fn sample(&mut self, params: SampleParams) -> impl DeviceOp<Output = ()> + '_ {
@@ -113,12 +161,16 @@ impl LlamaStep {
         options: GenerateOptions,
         capture: bool,
     ) -> Result<LlamaStep, DeviceError> {
-        let max_seq = options.max_seq.unwrap_or(1).max(1);
+        options.check()?;
+        let max_seq = options.max_seq.unwrap_or(1);
         if max_seq >= u32::MAX as usize / 2 {
             return Err(DeviceError::usage(format!(
-                "max_seq {max_seq} does not fit the kernels' 32-bit positions"
+                "max_seq {max_seq} does not fit the kernels' 32-bit positions; lower \
+                 GenerateOptions::max_seq (or the tokens asked for) below {}",
+                u32::MAX / 2
             )));
         }
+        State::ensure_fits(&core, stream, max_seq)?;
         let mut state = State::new(&core, stream, max_seq)?;
         let policy = default_policy(stream.device())?;
         let graph = if capture {
