@@ -38,12 +38,21 @@ struct Args {
     synthetic: Option<String>,
     prompt: Vec<u32>,
     tokens: usize,
+    /// The options of the generation, `max_seq` set to the prompt plus the tokens.
     options: GenerateOptions,
     /// Ranks of tensor parallelism in this process (1: none).
     tp: usize,
 }
 
-fn parse_args() -> Result<Args, DeviceError> {
+/// What the command line asks for: a run, or the usage.
+#[derive(Debug)]
+enum Command {
+    Run(Args),
+    Help,
+}
+
+/// Parses the arguments after the program's name.
+fn parse_args(argv: impl IntoIterator<Item = String>) -> Result<Command, DeviceError> {
     let bad = |what: String| DeviceError::usage(format!("{what}\n{USAGE}"));
     let mut args = Args {
         checkpoint: None,
@@ -55,11 +64,18 @@ fn parse_args() -> Result<Args, DeviceError> {
     };
     let (mut sample, mut temperature, mut top_k, mut top_p, mut seed) =
         (false, 0.8f32, 0u32, 1.0f32, 0u64);
-    let mut it = std::env::args().skip(1);
+    // The sampling flags given, which mean nothing without --sample.
+    let mut sampling_flags = Vec::new();
+    let mut it = argv.into_iter();
     while let Some(flag) = it.next() {
-        if flag == "--sample" {
-            sample = true;
-            continue;
+        match flag.as_str() {
+            "--sample" => {
+                sample = true;
+                continue;
+            }
+            "-h" | "--help" => return Ok(Command::Help),
+            "--temperature" | "--top-k" | "--top-p" | "--seed" => sampling_flags.push(flag.clone()),
+            _ => {}
         }
         let value = it
             .next()
@@ -89,6 +105,11 @@ fn parse_args() -> Result<Args, DeviceError> {
             .top_k(top_k)
             .top_p(top_p)
             .seed(seed);
+    } else if !sampling_flags.is_empty() {
+        return Err(bad(format!(
+            "{} only apply when sampling; add --sample",
+            sampling_flags.join(", ")
+        )));
     }
     if args.checkpoint.is_some() == args.synthetic.is_some() {
         return Err(bad(
@@ -101,7 +122,15 @@ fn parse_args() -> Result<Args, DeviceError> {
     if args.tp == 0 {
         return Err(bad("--tp needs a positive count of ranks".into()));
     }
-    Ok(args)
+    let max_seq = args.prompt.len().checked_add(args.tokens).ok_or_else(|| {
+        bad(format!(
+            "--tokens {} after {} prompt ids needs more positions than any model holds",
+            args.tokens,
+            args.prompt.len()
+        ))
+    })?;
+    args.options = args.options.max_seq(max_seq);
+    Ok(Command::Run(args))
 }
 
 /// Prints an error with its `Display` form, which says what went wrong and how to fix it, and
@@ -126,7 +155,13 @@ fn synthetic_config(name: &str) -> Result<LlamaConfig, DeviceError> {
 }
 
 fn run() -> Result<(), DeviceError> {
-    let args = parse_args()?;
+    let args = match parse_args(std::env::args().skip(1))? {
+        Command::Run(args) => args,
+        Command::Help => {
+            println!("{USAGE}");
+            return Ok(());
+        }
+    };
     let auto = Device::auto()?;
     let device_of = |i: usize| match auto.kind() {
         BackendKind::Cuda => Device::cuda(i),
@@ -229,10 +264,7 @@ fn decode(model: &Llama, stream: &Stream, args: &Args) -> Result<String, DeviceE
         "model: {cfg}, {:.2} GB of bf16 weights (on this rank)\n",
         model.weight_bytes() as f64 / 1e9
     );
-    let (prompt, n) = (&args.prompt, args.tokens);
-    let max_seq = prompt.len() + n;
-
-    let opts = args.options.max_seq(max_seq);
+    let (prompt, n, opts) = (&args.prompt, args.tokens, args.options);
     model.generate(stream, prompt, n, &opts)?;
     let start = Instant::now();
     let eager = model.generate(stream, prompt, n, &opts)?;
@@ -265,4 +297,64 @@ fn decode(model: &Llama, stream: &Stream, args: &Args) -> Result<String, DeviceE
         out += "eager and replayed ids match";
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{parse_args, Command};
+
+    fn parse(line: &str) -> Result<Command, String> {
+        parse_args(line.split_whitespace().map(String::from)).map_err(|e| e.to_string())
+    }
+
+    /// Every bad command line is an error saying what is wrong, with the usage; none panics.
+    #[test]
+    fn bad_command_lines_are_errors() {
+        let max = usize::MAX;
+        for (line, says) in [
+            ("", "exactly one of --checkpoint and --synthetic"),
+            ("--synthetic", "--synthetic needs a value"),
+            ("--synthetic tiny --tokens", "--tokens needs a value"),
+            ("--synthetic tiny --tokens -1", "expected a count"),
+            ("--synthetic tiny --tokens 0", "--tokens must be positive"),
+            (
+                &format!("--synthetic tiny --tokens {max}"),
+                "more positions",
+            ),
+            (
+                &format!("--synthetic tiny --tokens {}", max - 2),
+                "more positions",
+            ),
+            (
+                "--synthetic tiny --prompt-ids 1,,2",
+                "comma-separated token ids",
+            ),
+            ("--synthetic tiny --tp 0", "positive count of ranks"),
+            ("--synthetic tiny --temperature 0.5", "add --sample"),
+            (
+                "--synthetic tiny --seed 3 --top-k 5",
+                "--seed, --top-k only apply",
+            ),
+            ("--synthetic tiny --bogus 1", "unknown argument"),
+        ] {
+            match parse(line) {
+                Ok(c) => panic!("{line:?} parsed as {c:?}"),
+                Err(e) => {
+                    assert!(e.contains(says), "{line:?}: {e}");
+                    assert!(e.contains("usage: 06_llama"), "{line:?}: {e}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn good_command_lines_parse() {
+        assert!(matches!(parse("--help"), Ok(Command::Help)));
+        assert!(matches!(parse("--synthetic tiny -h"), Ok(Command::Help)));
+        let Ok(Command::Run(args)) = parse("--synthetic tiny --sample --seed 3 --tokens 4") else {
+            panic!("a good command line");
+        };
+        assert_eq!((args.tokens, args.prompt.len()), (4, 3));
+        assert!(!args.options.is_greedy());
+    }
 }
