@@ -5,9 +5,14 @@
 
 use cuflow::prelude::*;
 
-/// Prints an error with its `Display` form, which says what went wrong and how to fix it (a
-/// missing driver names the host backend as the way out), and exits with status 1.
+/// Refuses arguments (it takes none); prints an error of the run with its `Display` form,
+/// which says what went wrong and how to fix it (a missing driver names the host backend as
+/// the way out), and exits with status 1.
 fn main() {
+    if let Some(arg) = std::env::args().nth(1) {
+        eprintln!("error: unexpected argument {arg:?}; 01_quickstart takes no arguments");
+        std::process::exit(1);
+    }
     if let Err(e) = run() {
         eprintln!("error: {e}");
         std::process::exit(1);

@@ -26,18 +26,21 @@ const SEED: u64 = 1;
 /// The token the generation starts from.
 const FIRST_TOKEN: u32 = 1;
 
-/// `--tokens N` from the command line (64 when absent).
-fn tokens_arg() -> Result<usize, DeviceError> {
+const USAGE: &str = "usage: 04_inference_loop [--tokens N]";
+
+/// `--tokens N` from the command line (64 when absent); `None` for `-h` / `--help`.
+fn tokens_arg() -> Result<Option<usize>, DeviceError> {
     let mut args = std::env::args().skip(1);
     let mut tokens = 64;
     while let Some(arg) = args.next() {
         let value = match arg.as_str() {
+            "-h" | "--help" => return Ok(None),
             "--tokens" => args.next(),
             _ => match arg.strip_prefix("--tokens=") {
                 Some(v) => Some(v.to_string()),
                 None => {
                     return Err(DeviceError::usage(format!(
-                        "unknown argument {arg:?}; usage: 04_inference_loop [--tokens N]"
+                        "unknown argument {arg:?}; {USAGE}"
                     )))
                 }
             },
@@ -45,9 +48,11 @@ fn tokens_arg() -> Result<usize, DeviceError> {
         tokens = value
             .and_then(|v| v.parse().ok())
             .filter(|&n| n > 0)
-            .ok_or_else(|| DeviceError::usage("--tokens takes a positive number"))?;
+            .ok_or_else(|| {
+                DeviceError::usage(format!("--tokens takes a positive number; {USAGE}"))
+            })?;
     }
-    Ok(tokens)
+    Ok(Some(tokens))
 }
 
 /// Prints an error with its `Display` form, which says what went wrong and how to fix it (a
@@ -60,7 +65,10 @@ fn main() {
 }
 
 fn run() -> Result<(), DeviceError> {
-    let tokens = tokens_arg()?;
+    let Some(tokens) = tokens_arg()? else {
+        println!("{USAGE}");
+        return Ok(());
+    };
     let device = Device::auto()?;
     println!("device: {device}");
     let stream = device.new_stream()?;

@@ -77,15 +77,33 @@ fn run() -> Result<(), DeviceError> {
         println!("{}", run_rank(&comm)?);
         return Ok(());
     }
+    const USAGE: &str = "usage: 07_collectives [--ranks N]";
     let mut ranks = 2;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
-        match (
-            arg.as_str(),
-            args.next().and_then(|v| v.parse::<usize>().ok()),
-        ) {
-            ("--ranks", Some(n)) if n > 0 => ranks = n,
-            _ => return Err(DeviceError::usage("usage: 07_collectives [--ranks N]")),
+        match arg.as_str() {
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                return Ok(());
+            }
+            "--ranks" => {
+                let value = args.next();
+                ranks = value
+                    .as_deref()
+                    .and_then(|v| v.parse::<usize>().ok())
+                    .filter(|&n| n > 0)
+                    .ok_or_else(|| {
+                        DeviceError::usage(format!(
+                            "--ranks takes a positive count of ranks, not {}; {USAGE}",
+                            value.map_or("nothing".into(), |v| format!("{v:?}"))
+                        ))
+                    })?;
+            }
+            _ => {
+                return Err(DeviceError::usage(format!(
+                    "unknown argument {arg:?}; {USAGE}"
+                )))
+            }
         }
     }
     let devices = (0..ranks).map(on_device).collect::<Result<Vec<_>, _>>()?;

@@ -22,9 +22,14 @@ use cuflow_testing::ops::{buffers, spin_then_write};
 /// About 1 ms of spinning per branch (at 2 GHz on CUDA; the host sleeps as long).
 const CYCLES: u64 = 2_000_000;
 
+/// Writes `text` to `path`, an error naming the file.
+fn write_file(path: &Path, text: String) -> Result<(), Box<dyn std::error::Error>> {
+    std::fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()).into())
+}
+
 fn write(dir: &Path, name: &str, trace: &Trace) -> Result<(), Box<dyn std::error::Error>> {
-    std::fs::write(dir.join(format!("{name}.json")), trace.to_chrome_json())?;
-    std::fs::write(dir.join(format!("{name}.dot")), trace.to_dot())?;
+    write_file(&dir.join(format!("{name}.json")), trace.to_chrome_json())?;
+    write_file(&dir.join(format!("{name}.dot")), trace.to_dot())?;
     println!(
         "{name}: {} entries, {} stream lanes",
         trace.entries().len(),
@@ -42,9 +47,24 @@ fn main() {
     }
 }
 
+const USAGE: &str = "usage: 08_timeline [OUT_DIR]   (default target/timeline)";
+
 fn run() -> Result<(), Box<dyn std::error::Error>> {
-    let dir = PathBuf::from(std::env::args().nth(1).unwrap_or("target/timeline".into()));
-    std::fs::create_dir_all(&dir)?;
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let dir = match args.as_slice() {
+        [] => PathBuf::from("target/timeline"),
+        [flag] if flag == "-h" || flag == "--help" => {
+            println!("{USAGE}");
+            return Ok(());
+        }
+        [flag] if flag.starts_with('-') => {
+            return Err(format!("unknown option {flag:?}; {USAGE}").into())
+        }
+        [dir] => PathBuf::from(dir),
+        _ => return Err(format!("one output folder at most, not {args:?}; {USAGE}").into()),
+    };
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| format!("cannot create the output folder {}: {e}", dir.display()))?;
     let device = Device::auto()?;
     println!("device: {device}");
 
@@ -59,7 +79,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         )
         .named("overlap")
     };
-    std::fs::write(dir.join("overlap-op.dot"), eight().describe().to_dot())?;
+    write_file(&dir.join("overlap-op.dot"), eight().describe().to_dot())?;
     eight().sync_with_policy(&pool)?; // compiles the kernels outside the trace
     trace::start()?;
     eight().sync_with_policy(&pool)?;
@@ -83,6 +103,8 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         step.generate(1, 1)?
     };
     write(&dir, "inference-replay", &trace::stop()?)?;
-    assert_eq!(eager, replayed, "eager and replayed steps differ");
+    if eager != replayed {
+        return Err(format!("eager and replayed steps differ: {eager:?} and {replayed:?}").into());
+    }
     Ok(())
 }
