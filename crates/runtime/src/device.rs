@@ -335,13 +335,18 @@ impl Device {
     /// it is gone. Their handles stay safe to hold and drop, but every use of them fails with
     /// [`DeviceError::DeviceFaulted`]; make them again from the returned device. The futures of
     /// work that was in flight resolve with that error too. Waits for the driver calls other
-    /// threads are making on the old state (they fail fast once the device faulted).
+    /// threads are making on the old state (they fail fast once the device faulted), and for
+    /// the copies enqueued on other devices' streams that read the device's memory (copies
+    /// between devices through peer access): the reset frees that memory.
     ///
     /// # Errors
     ///
     /// [`DeviceError::Usage`] while page-locked buffers ([`PinnedBuffer`](crate::PinnedBuffer))
-    /// of the device are alive (their memory goes away with the context: drop them first), or
-    /// when another thread keeps the device busy for more than a few seconds; the driver's
+    /// of the device are alive (their memory goes away with the context: drop them first),
+    /// when another thread keeps the device busy for more than a few seconds, or while a copy
+    /// enqueued on another device's stream still reads the device's memory after a few
+    /// seconds (synchronize that device's streams, or end what holds them, and recover
+    /// again: the device is left as it was); the driver's
     /// error when the reset fails; [`DeviceError::DeviceFaulted`] when the driver does not let
     /// the process use the device again.
     ///

@@ -10,7 +10,9 @@
 //!   raw call is preceded by binding that context to the calling thread.
 //! - **Ordering**: cudarc's per-buffer event tracking is off; cuflow orders work itself
 //!   (streams, events, and the use lists of `Memory`), and frees are stream-ordered after the
-//!   last use of an allocation.
+//!   last use of an allocation. Work of another device's stream that reads this device's
+//!   memory (a peer copy) is noted on this device (`foreign`), and a reset waits for it
+//!   before it frees that memory.
 //! - **Handles**: raw handles (`CUevent`, `CUgraph`, `CUgraphExec`, device pointers, pinned host
 //!   pointers) are owned by exactly one wrapper, which destroys them once, in `Drop`.
 //! - **Presence**: nothing here touches libcuda before `is_culib_present()` said it can be
@@ -20,6 +22,7 @@
 mod blas;
 mod capture;
 mod dylib;
+mod foreign;
 mod kernel;
 mod memory;
 mod nccl;
@@ -204,6 +207,10 @@ fn faulted(ordinal: usize, cause: String) -> DeviceError {
     }
 }
 
+/// How long a reset waits for other threads' calls on the device, and then for other devices'
+/// copies still reading its memory, before it is refused.
+const FOREIGN_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// The lifetime of one state of a device's primary context, from its creation to the reset
 /// that [`CudaDevice::reset`] makes after a fault.
 ///
@@ -356,6 +363,9 @@ pub(crate) struct CudaDeviceShared {
     /// another thread still returns only after those frees are enqueued. Host functions never
     /// take it (they only push to the list).
     host_fn_release: Mutex<()>,
+    /// Work of other devices' streams that reads this device's memory (peer copies), which a
+    /// reset waits for (see `foreign`).
+    foreign: Mutex<foreign::ForeignUses>,
 }
 
 /// A release held back from a host function (see `CudaDeviceShared::host_fn_drops`).
@@ -462,6 +472,15 @@ impl CudaDeviceShared {
             .bind_to_thread()
             .map_err(|e| driver_err("cuCtxSetCurrent", e))?;
         Ok(Bound { _gate: gate })
+    }
+
+    /// Notes work of another device that reads or writes this device's memory, which `done`
+    /// (an event of that device's stream) follows: a reset waits for it. Called while this
+    /// state's gate is held (see `foreign`).
+    pub(crate) fn note_foreign_use(&self, done: CudaEventHandle) {
+        self.foreign
+            .lock()
+            .note(done, |e| foreign::finished(e.is_complete()));
     }
 
     /// The device's allocation stream (see the `alloc_stream` field), created on first use.
@@ -606,6 +625,7 @@ impl CudaDevice {
             staging: Mutex::new(None),
             host_fn_drops: Mutex::new(Vec::new()),
             host_fn_release: Mutex::new(()),
+            foreign: Mutex::new(foreign::ForeignUses::default()),
         });
         Ok((CudaDevice { shared }, name, limits))
     }
@@ -663,18 +683,21 @@ impl CudaDevice {
     }
 
     /// Resets the device's primary context after a fault: waits for the driver calls in
-    /// progress on this state, retires it (every handle of it fails with `DeviceFaulted` from
+    /// progress on this state, then for the copies other devices' streams still make from its
+    /// memory (see `foreign`), retires it (every handle of it fails with `DeviceFaulted` from
     /// then on, and releases nothing), resets the context and clears the fault. A new
     /// `CudaDevice` must be opened afterwards.
     ///
     /// # Errors
     ///
     /// [`DeviceError::Usage`] while page-locked buffers of this device are alive (their memory
-    /// goes away with the context) or while another thread keeps the state busy for longer
-    /// than a few seconds; the driver's error when the reset fails.
+    /// goes away with the context), while another thread keeps the state busy for longer
+    /// than a few seconds, or while a copy enqueued on another device still reads this
+    /// device's memory after a few seconds (the state is then left as it was, and a later
+    /// call tries again); the driver's error when the reset fails.
     pub(crate) fn reset(&self) -> Result<()> {
         let life = &self.shared.life;
-        let Some(_gate) = life.gate.try_write_for(std::time::Duration::from_secs(5)) else {
+        let Some(_gate) = life.gate.try_write_for(FOREIGN_WAIT) else {
             return Err(DeviceError::usage(
                 "Device::recover: another thread kept using the device for 5 s; \
                  stop using it (and its streams and buffers) before recovering it",
@@ -690,6 +713,36 @@ impl CudaDevice {
                  memory goes away with the reset, so drop them first",
                 self.shared.ordinal
             )));
+        }
+        // Peer copies of other devices still reading this device's memory: noted under the
+        // gate, which is now held, so none is added while they are waited for.
+        let mut foreign = self.shared.foreign.lock().take();
+        let waited = foreign::wait_until_finished(&mut foreign, FOREIGN_WAIT, |e| {
+            foreign::finished(e.is_complete())
+        });
+        if !matches!(waited, Ok(true)) {
+            let mut devices: Vec<usize> = foreign.iter().map(CudaEventHandle::ordinal).collect();
+            devices.sort_unstable();
+            devices.dedup();
+            self.shared.foreign.lock().restore(foreign);
+            let devices: Vec<String> = devices.iter().map(|d| format!("cuda:{d}")).collect();
+            return Err(match waited {
+                Err(e) => DeviceError::usage(format!(
+                    "Device::recover: cannot tell whether copies from cuda:{} on {} have \
+                     finished ({e}); synchronize those devices' streams, then recover again",
+                    self.shared.ordinal,
+                    devices.join(", ")
+                )),
+                Ok(_) => DeviceError::usage(format!(
+                    "Device::recover: copies from cuda:{} enqueued on {} still read its \
+                     memory after {} s, which the reset would free; wait for those devices' \
+                     streams (synchronize them, or drop what they wait for), then recover \
+                     again",
+                    self.shared.ordinal,
+                    devices.join(", "),
+                    FOREIGN_WAIT.as_secs()
+                )),
+            });
         }
         life.retired.store(true, Ordering::Release);
         let ctx = &self.shared.ctx;

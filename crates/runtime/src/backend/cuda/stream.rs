@@ -270,13 +270,42 @@ impl CudaStreamHandle {
                 unsafe { result::memcpy_dtod_async(dst_ptr, src_ptr, len, stream) }
             });
         }
-        let (src_ctx, dst_ctx) = (src.shared().ctx.cu_ctx(), dst.shared().ctx.cu_ctx());
+        // The source's device state is held until the copy is noted there (see `foreign`):
+        // a reset of that device, which frees the source, waits for the copy to finish.
+        let source = src.shared();
+        let _source_state = source.life.gate.read_recursive();
+        source.life.check()?;
+        let (src_ctx, dst_ctx) = (source.ctx.cu_ctx(), dst.shared().ctx.cu_ctx());
         self.enqueue_bytes("cuMemcpyPeerAsync", len, |stream| {
             // SAFETY: both ranges were bounds-checked against their allocations, which are
             // alive and whose frees are ordered after this stream's work (the runtime records
-            // this stream as a use of both); each context is the one its allocation was made in.
+            // this stream as a use of both); each context is the one its allocation was made in;
+            // the source's device is not reset before the copy finished (it is noted below,
+            // under that device's gate, and a reset waits for what is noted).
             unsafe { result::memcpy_peer_async(dst_ctx, dst_ptr, src_ctx, src_ptr, len, stream) }
-        })
+        })?;
+        if len == 0 {
+            return Ok(());
+        }
+        match self.record_event(false) {
+            Ok(done) => {
+                source.note_foreign_use(done);
+                Ok(())
+            }
+            Err(e) => {
+                // Nothing says when the copy ends: wait for it here instead.
+                if let Err(wait) = self.synchronize() {
+                    if !matches!(wait, DeviceError::DeviceFaulted { .. }) {
+                        tracing::warn!(
+                            "a copy between devices could not be followed by an event ({e}) \
+                             nor waited for ({wait}); a reset of cuda:{} will not wait for it",
+                            source.ordinal
+                        );
+                    }
+                }
+                Err(e)
+            }
+        }
     }
 
     pub(crate) fn fill_bytes(
@@ -458,6 +487,11 @@ impl CudaEventHandle {
             .as_ref()
             .map(|e| e.0)
             .unwrap_or(std::ptr::null_mut())
+    }
+
+    /// The ordinal of the device the event belongs to.
+    pub(crate) fn ordinal(&self) -> usize {
+        self.shared.ordinal
     }
 
     pub(crate) fn is_complete(&self) -> Result<bool> {
