@@ -130,3 +130,34 @@ fn a_nan_temperature_is_an_error() -> Result<(), DeviceError> {
     assert!(ids.iter().all(|&id| id < 256), "{ids:?}");
     Ok(())
 }
+
+/// A prefill that fails on the device (here its workspace, some 560 GB for a prompt of a
+/// million tokens, cannot be allocated) ends the sequence before it: decoding after it is the
+/// error of decoding before any prefill, never `Ok` over a state the failed prefill left half
+/// written (its position reset, its caches partly overwritten), and `tokens` is empty.
+#[test]
+fn decoding_after_a_failed_prefill_is_an_error() -> Result<(), DeviceError> {
+    let (device, model) = model()?;
+    let stream = device.new_stream()?;
+    const LONG: usize = 1 << 20;
+    let want = model.generate(&stream, &PROMPT, 4, &GenerateOptions::greedy())?;
+    for captured in [false, true] {
+        let options = GenerateOptions::greedy().max_seq(LONG + 1);
+        let mut step = match captured {
+            true => model.capture(&stream, options)?,
+            false => model.decoder(&stream, options)?,
+        };
+        assert_eq!(step.generate(&PROMPT, 3)?, want[..3]);
+        assert!(step.prefill(&vec![1; LONG]).is_err(), "captured {captured}");
+        let err = step.decode(1).unwrap_err();
+        assert!(
+            err.to_string().contains("prefill"),
+            "captured {captured}: {err}"
+        );
+        assert!(step.decode_eager(1).is_err(), "captured {captured}");
+        assert_eq!(step.tokens()?, Vec::<u32>::new(), "captured {captured}");
+        // A new prefill starts a sequence again.
+        assert_eq!(step.generate(&PROMPT, 4)?, want, "captured {captured}");
+    }
+    Ok(())
+}

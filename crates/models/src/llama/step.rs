@@ -254,9 +254,13 @@ impl LlamaStep {
     /// # Errors
     ///
     /// [`DeviceError::Usage`] for an empty prompt, an id outside the vocabulary, or a prompt
-    /// that leaves no position free; device errors.
+    /// that leaves no position free (the sequence before it is kept); device errors, after
+    /// which there is no sequence: decoding needs a new prefill.
     pub fn prefill(&mut self, prompt: &[u32]) -> Result<(), DeviceError> {
         self.check(prompt, 1)?;
+        // The work below overwrites the sequence before it; until it has all been enqueued
+        // there is no sequence to decode.
+        self.end_sequence();
         let (stream, policy) = (&self.stream, &self.policy);
         let s = &mut self.state;
         let seed = self.options.seed;
@@ -303,20 +307,36 @@ impl LlamaStep {
     ///
     /// # Errors
     ///
-    /// [`DeviceError::Usage`] before [`prefill`](Self::prefill) or past `max_seq`; device
-    /// errors.
+    /// [`DeviceError::Usage`] before [`prefill`](Self::prefill) or past `max_seq` (the
+    /// sequence is kept); device errors, after which decoding needs a new prefill.
     pub fn decode(&mut self, n: usize) -> Result<(), DeviceError> {
         self.check_room(n)?;
-        match &mut self.graph {
-            Some(graph) => {
-                for _ in 0..n {
-                    graph.launch()?;
-                }
+        let Some(graph) = &mut self.graph else {
+            return self.decode_eager(n);
+        };
+        let launched = (0..n).try_for_each(|_| graph.launch());
+        self.advance(n, launched)
+    }
+
+    /// Counts `n` more generated tokens when their steps were all enqueued; after a failure
+    /// part of the way, ends the sequence (its position on the device is unknown).
+    fn advance(&mut self, n: usize, enqueued: Result<(), DeviceError>) -> Result<(), DeviceError> {
+        match enqueued {
+            Ok(()) => {
+                self.produced += n;
+                Ok(())
             }
-            None => return self.decode_eager(n),
+            Err(e) => {
+                self.end_sequence();
+                Err(e)
+            }
         }
-        self.produced += n;
-        Ok(())
+    }
+
+    /// Forgets the sequence: decoding needs a prefill, and there are no tokens.
+    fn end_sequence(&mut self) {
+        self.prompt_len = 0;
+        self.produced = 0;
     }
 
     /// Generates `n` more tokens running the step op eagerly (one op per token); waits for
@@ -327,12 +347,11 @@ impl LlamaStep {
     /// As [`decode`](Self::decode).
     pub fn decode_eager(&mut self, n: usize) -> Result<(), DeviceError> {
         self.check_room(n)?;
-        for _ in 0..n {
+        let enqueued = (0..n).try_for_each(|_| {
             let op = self.core.step(&mut self.state, self.options.sample);
-            Self::enqueue(&self.stream, &self.policy, op)?;
-        }
-        self.produced += n;
-        Ok(())
+            Self::enqueue(&self.stream, &self.policy, op)
+        });
+        self.advance(n, enqueued)
     }
 
     /// Waits for the work enqueued so far.
