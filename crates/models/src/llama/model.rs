@@ -343,7 +343,8 @@ impl Llama {
     ///
     /// [`DeviceError::Usage`] for an unsupported config; [`DeviceError::OutOfMemory`] before
     /// anything is allocated when the weights (2 bytes each) are larger than the device's
-    /// memory, or than the host's, which holds them all while they are made; device errors.
+    /// memory, or than the host's, which holds them all while they are made (on the host
+    /// backend, beside the device's copy); device errors.
     pub fn synthetic(device: &Device, cfg: LlamaConfig, seed: u64) -> Result<Llama, DeviceError> {
         cfg.validate()?;
         let bytes = cfg.bf16_weight_bytes()?;
@@ -479,14 +480,14 @@ impl Llama {
 
 /// Refuses weights that the memory of `device` (`device_bytes` of them), or of the host that
 /// makes and stages them (`host_bytes`), cannot hold; a host device's memory is the host's,
-/// checked against the larger. A memory whose size is unknown, reported as 0, is not checked.
+/// which holds both at once. A memory whose size is unknown, reported as 0, is not checked.
 pub(super) fn ensure_fits(
     device: &Device,
     device_bytes: usize,
     host_bytes: usize,
 ) -> Result<(), DeviceError> {
     let checks = if device.kind() == BackendKind::Host {
-        vec![(device.clone(), device_bytes.max(host_bytes))]
+        vec![(device.clone(), device_bytes.saturating_add(host_bytes))]
     } else {
         vec![(device.clone(), device_bytes), (Device::host(), host_bytes)]
     };
@@ -500,4 +501,28 @@ pub(super) fn ensure_fits(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use cuflow_runtime::{Device, DeviceError};
+
+    use super::ensure_fits;
+
+    /// On the host backend the weights on the device and the ones the host makes to stage
+    /// them share one memory: weights that fit it once but not twice are refused (each
+    /// allocation would succeed, and the process run out of memory filling them).
+    #[test]
+    fn host_weights_and_their_staging_share_the_host_memory() -> Result<(), DeviceError> {
+        let host = Device::host();
+        let total = host.memory_info()?.total;
+        if total == 0 {
+            return Ok(()); // An unknown size is not checked.
+        }
+        let most = total / 10 * 6;
+        assert!(ensure_fits(&host, most, most).is_err());
+        assert!(ensure_fits(&host, most, 0).is_ok());
+        assert!(ensure_fits(&host, total / 3, total / 3).is_ok());
+        Ok(())
+    }
 }

@@ -20,7 +20,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use cuflow_dist::Communicator;
-use cuflow_runtime::DeviceError;
+use cuflow_runtime::{BackendKind, DeviceError};
 
 use super::checkpoint::Checkpoint;
 use super::config::LlamaConfig;
@@ -127,8 +127,8 @@ impl Llama {
     /// heads or MLP width do not divide by the world size; [`DeviceError::OutOfMemory`] before
     /// anything is allocated when this rank's slice (2 bytes a weight) is larger than the
     /// device's memory, or the whole model's weights times the world size (every rank makes
-    /// them all while it takes its slice, the host's ranks at once) larger than the host's;
-    /// device and collective errors.
+    /// them all while it takes its slice, the host's ranks at once; on the host backend, with
+    /// every rank's slice) larger than the host's; device and collective errors.
     pub fn synthetic_tp(
         comm: &Communicator,
         cfg: LlamaConfig,
@@ -139,7 +139,12 @@ impl Llama {
         // Every rank makes the whole model's weights on the host before taking its slice, and
         // the ranks of one host do so at once.
         let host_bytes = cfg.bf16_weight_bytes()?.saturating_mul(comm.world_size());
-        ensure_fits(comm.device(), local.bf16_weight_bytes()?, host_bytes)?;
+        // Host devices' slices share the host's memory too, every rank's at once.
+        let mut device_bytes = local.bf16_weight_bytes()?;
+        if comm.device().kind() == BackendKind::Host {
+            device_bytes = device_bytes.saturating_mul(comm.world_size());
+        }
+        ensure_fits(comm.device(), device_bytes, host_bytes)?;
         let tensors = synthetic_map(&cfg, seed)?;
         let source = Source::Memory(&tensors);
         Ok(Llama::new_slice(comm.device(), cfg, local, source, Some(comm.clone()))?.0)
