@@ -181,6 +181,16 @@ fn run() -> Result<(), DeviceError> {
         return Ok(());
     }
     if args.tp > 1 {
+        // Each rank is a thread with a device of its own: refuse more ranks than the model has
+        // query heads to split before making any.
+        let heads = model_config(&args)?.num_attention_heads;
+        if args.tp > heads {
+            return Err(DeviceError::usage(format!(
+                "--tp {} is more ranks than the model's {heads} query heads; tensor parallelism \
+                 splits the heads, so choose a number of ranks that divides {heads}",
+                args.tp
+            )));
+        }
         let devices = (0..args.tp).map(device_of).collect::<Result<Vec<_>, _>>()?;
         let comms = Communicator::local(&devices)?;
         let reports = std::thread::scope(|s| {
@@ -222,6 +232,15 @@ fn run() -> Result<(), DeviceError> {
     };
     println!("{}", decode(&model, &stream, &args)?);
     Ok(())
+}
+
+/// The config of the model the arguments name (a checkpoint's is read from its folder).
+fn model_config(args: &Args) -> Result<LlamaConfig, DeviceError> {
+    match (&args.checkpoint, args.synthetic.as_deref()) {
+        (Some(dir), _) => LlamaConfig::from_file(&std::path::Path::new(dir).join("config.json")),
+        (None, Some(name)) => synthetic_config(name),
+        (None, None) => Err(DeviceError::usage(USAGE)),
+    }
 }
 
 /// What loading `dir` took, or nothing for synthetic weights.

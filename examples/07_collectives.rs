@@ -78,6 +78,8 @@ fn run() -> Result<(), DeviceError> {
         return Ok(());
     }
     const USAGE: &str = "usage: 07_collectives [--ranks N]";
+    // The ranks of one process: each is a thread, with a device of its own.
+    const MAX_RANKS: usize = 1024;
     let mut ranks = 2;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -91,10 +93,11 @@ fn run() -> Result<(), DeviceError> {
                 ranks = value
                     .as_deref()
                     .and_then(|v| v.parse::<usize>().ok())
-                    .filter(|&n| n > 0)
+                    .filter(|&n| (1..=MAX_RANKS).contains(&n))
                     .ok_or_else(|| {
                         DeviceError::usage(format!(
-                            "--ranks takes a positive count of ranks, not {}; {USAGE}",
+                            "--ranks takes a count of ranks from 1 to {MAX_RANKS} (each is a \
+                             thread of this process), not {}; {USAGE}",
                             value.map_or("nothing".into(), |v| format!("{v:?}"))
                         ))
                     })?;
