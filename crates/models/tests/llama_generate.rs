@@ -131,15 +131,15 @@ fn a_nan_temperature_is_an_error() -> Result<(), DeviceError> {
     Ok(())
 }
 
-/// A prefill that fails on the device (here its workspace, some 560 GB for a prompt of a
-/// million tokens, cannot be allocated) ends the sequence before it: decoding after it is the
+/// A prefill that fails on the device (here its workspace, some 2.3 TB for a prompt of two
+/// million tokens, does not fit the device) ends the sequence before it: decoding after it is the
 /// error of decoding before any prefill, never `Ok` over a state the failed prefill left half
 /// written (its position reset, its caches partly overwritten), and `tokens` is empty.
 #[test]
 fn decoding_after_a_failed_prefill_is_an_error() -> Result<(), DeviceError> {
     let (device, model) = model()?;
     let stream = device.new_stream()?;
-    const LONG: usize = 1 << 20;
+    const LONG: usize = 1 << 21;
     let want = model.generate(&stream, &PROMPT, 4, &GenerateOptions::greedy())?;
     for captured in [false, true] {
         let options = GenerateOptions::greedy().max_seq(LONG + 1);
@@ -158,6 +158,35 @@ fn decoding_after_a_failed_prefill_is_an_error() -> Result<(), DeviceError> {
         assert_eq!(step.tokens()?, Vec::<u32>::new(), "captured {captured}");
         // A new prefill starts a sequence again.
         assert_eq!(step.generate(&PROMPT, 4)?, want, "captured {captured}");
+    }
+    Ok(())
+}
+
+/// Replayed and eager steps interleaved on one sequence, sampled or greedy, give the ids of
+/// either alone; a second prefill starts the sequence (and the sampling seed) over.
+#[test]
+fn interleaved_replayed_and_eager_steps_give_the_same_ids() -> Result<(), DeviceError> {
+    let (device, model) = model()?;
+    let stream = device.new_stream()?;
+    for options in [
+        GenerateOptions::greedy(),
+        GenerateOptions::sampled(1.2).top_k(30).top_p(0.95).seed(11),
+    ] {
+        let want = model.generate(&stream, &PROMPT, 9, &options)?;
+        let mut step = model.capture(&stream, options.max_seq(16))?;
+        assert_eq!(
+            step.tokens()?,
+            Vec::<u32>::new(),
+            "no tokens before a prefill"
+        );
+        step.prefill(&PROMPT[..2])?;
+        step.decode(3)?;
+        step.prefill(&PROMPT)?;
+        step.decode(2)?;
+        step.decode_eager(3)?;
+        step.decode(1)?;
+        step.decode_eager(2)?;
+        assert_eq!(step.tokens()?, want, "{options:?}");
     }
     Ok(())
 }

@@ -170,6 +170,48 @@ impl Core {
         })
     }
 
+    /// Refuses a prefill of `rows` prompt tokens over caches of `max_seq` positions whose
+    /// workspace the memory of `device` cannot hold, before anything is allocated: attention's
+    /// partial results grow with the prompt times `max_seq`. Its bytes (the `f32`
+    /// intermediates of [`prefill`](Self::prefill)) are counted with checked arithmetic; a
+    /// memory whose size is unknown (reported as 0) is not checked.
+    pub(crate) fn ensure_prefill_fits(
+        &self,
+        device: &Device,
+        rows: usize,
+        max_seq: usize,
+    ) -> Result<(), DeviceError> {
+        let cfg = &self.cfg;
+        let (heads, hd, d) = (cfg.num_attention_heads, cfg.head_dim(), cfg.hidden_size);
+        let parts = decode::attention_partitions(max_seq, PREFILL_CHUNK);
+        let row_bytes = || {
+            let qd = heads.checked_mul(hd)?;
+            let scratch = [heads, parts, hd.checked_add(2)?]
+                .iter()
+                .try_fold(1usize, |n, &k| n.checked_mul(k))?;
+            // x, h and a projection's output (d each); q and attention (qd each); the fused
+            // query/key/value rows; the MLP's gate/up product and activation (3 × its width).
+            [d, d, d, qd, qd, cfg.qkv_rows(), scratch]
+                .iter()
+                .try_fold(cfg.intermediate_size.checked_mul(3)?, |n, &k| {
+                    n.checked_add(k)
+                })?
+                .checked_mul(4)
+        };
+        let bytes = row_bytes().and_then(|b| b.checked_mul(rows));
+        let total = device.memory_info()?.total;
+        if total > 0 && bytes.is_none_or(|b| b > total) {
+            return Err(DeviceError::usage(format!(
+                "prefilling a prompt of {rows} tokens over caches of max_seq {max_seq} \
+                 positions needs {} bytes of workspace, more than the {total} bytes of \
+                 {device}; prefill a shorter prompt (and decode the rest), or lower \
+                 GenerateOptions::max_seq",
+                bytes.map_or("more than usize::MAX".into(), |b| b.to_string()),
+            )));
+        }
+        Ok(())
+    }
+
     /// The forward pass over all `prompt` rows at positions `0..len` with matrix products,
     /// writing the caches and the logits of the last row into `s.logits`. Allocates its
     /// intermediates (it is not captured).

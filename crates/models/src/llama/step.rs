@@ -254,8 +254,10 @@ impl LlamaStep {
     /// # Errors
     ///
     /// [`DeviceError::Usage`] for an empty prompt, an id outside the vocabulary, or a prompt
-    /// that leaves no position free (the sequence before it is kept); device errors, after
-    /// which there is no sequence: decoding needs a new prefill.
+    /// that leaves no position free (the sequence before it is kept); for a prompt whose
+    /// workspace (it grows with the prompt's length times `max_seq`) the device's memory
+    /// cannot hold, and device errors, after which there is no sequence: decoding needs a new
+    /// prefill.
     pub fn prefill(&mut self, prompt: &[u32]) -> Result<(), DeviceError> {
         self.check(prompt, 1)?;
         // The work below overwrites the sequence before it; until it has all been enqueued
@@ -272,6 +274,8 @@ impl LlamaStep {
                 api::from_vec(vec![seed as u32, (seed >> 32) as u32, 0], &[3]),
             ),
         )?;
+        self.core
+            .ensure_prefill_fits(stream.device(), prompt.len(), s.max_seq)?;
         let ids = api::from_vec(prompt.to_vec(), &[prompt.len()]).sync_on(stream)?;
         Self::enqueue(stream, policy, self.core.prefill(s, &ids))?;
         let last = (prompt.len() - 1) as u32;
@@ -425,6 +429,9 @@ impl LlamaStep {
     ) -> Result<Vec<f32>, DeviceError> {
         self.check(prompt, 0)?;
         let (stream, policy) = (&self.stream, &self.policy);
+        let rows = prompt.len() - usize::from(by_step);
+        self.core
+            .ensure_prefill_fits(stream.device(), rows, self.state.max_seq)?;
         if !by_step {
             let ids = api::from_vec(prompt.to_vec(), &[prompt.len()]).sync_on(stream)?;
             Self::enqueue(stream, policy, self.core.prefill(&mut self.state, &ids))?;
