@@ -408,3 +408,81 @@ fn a_synthetic_model_larger_than_the_device_is_an_error() -> Result<(), DeviceEr
     assert_eq!(device.bytes_in_use(), before, "nothing stays allocated");
     Ok(())
 }
+
+/// A checkpoint whose weights (their shapes and byte ranges all consistent with its config)
+/// are larger than the device's memory is an `OutOfMemory` error before anything is
+/// allocated, not a load that fills memory until an allocation fails or, on the host backend,
+/// until the process is killed. The file is sparse: 128 layers of hidden size 2^14 and MLP
+/// 2^16 are some 4.9 · 10^11 bf16 weights, 0.98 TB that take no disk space.
+#[test]
+fn a_checkpoint_larger_than_the_device_is_an_error() -> Result<(), DeviceError> {
+    let device = cuflow_testing::device::device();
+    let cfg = LlamaConfig {
+        hidden_size: 1 << 14,
+        intermediate_size: 1 << 16,
+        num_hidden_layers: 128,
+        num_attention_heads: 128,
+        num_key_value_heads: Some(16),
+        head_dim: Some(128),
+        ..LlamaConfig::tiny()
+    };
+    cfg.validate()?;
+    let dir = temp_dir("larger-than-device");
+    let io = |e: std::io::Error| DeviceError::usage(e.to_string());
+    std::fs::create_dir_all(&dir).map_err(io)?;
+    let json = serde_json::to_string(&cfg).map_err(|e| DeviceError::usage(e.to_string()))?;
+    std::fs::write(dir.join("config.json"), json).map_err(io)?;
+    // The tensors of the config, in the order and with the names Hugging Face uses.
+    let (d, i, v) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
+    let (q, kv) = (128 * 128, 16 * 128);
+    let mut tensors = vec![("model.embed_tokens.weight".to_string(), vec![v, d])];
+    for l in 0..cfg.num_hidden_layers {
+        let p = format!("model.layers.{l}");
+        for (name, shape) in [
+            ("input_layernorm", vec![d]),
+            ("self_attn.q_proj", vec![q, d]),
+            ("self_attn.k_proj", vec![kv, d]),
+            ("self_attn.v_proj", vec![kv, d]),
+            ("self_attn.o_proj", vec![d, q]),
+            ("post_attention_layernorm", vec![d]),
+            ("mlp.gate_proj", vec![i, d]),
+            ("mlp.up_proj", vec![i, d]),
+            ("mlp.down_proj", vec![d, i]),
+        ] {
+            tensors.push((format!("{p}.{name}.weight"), shape));
+        }
+    }
+    tensors.push(("model.norm.weight".into(), vec![d]));
+    tensors.push(("lm_head.weight".into(), vec![v, d]));
+    let mut header = serde_json::Map::new();
+    let mut offset = 0usize;
+    for (name, shape) in tensors {
+        let end = offset + shape.iter().product::<usize>() * 2;
+        header.insert(
+            name,
+            serde_json::json!({"dtype": "BF16", "shape": shape, "data_offsets": [offset, end]}),
+        );
+        offset = end;
+    }
+    let header = serde_json::to_vec(&header).map_err(|e| DeviceError::usage(e.to_string()))?;
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(&header);
+    let path = dir.join("model.safetensors");
+    std::fs::write(&path, &bytes).map_err(io)?;
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .map_err(io)?;
+    file.set_len((bytes.len() + offset) as u64).map_err(io)?;
+    drop(file);
+
+    let before = device.bytes_in_use();
+    let err = Llama::load(&device, &dir).expect_err("0.98 TB of weights");
+    std::fs::remove_dir_all(&dir).ok();
+    assert!(
+        matches!(err, DeviceError::OutOfMemory { bytes, .. } if bytes > 900 << 30),
+        "{err}"
+    );
+    assert_eq!(device.bytes_in_use(), before, "nothing stays allocated");
+    Ok(())
+}

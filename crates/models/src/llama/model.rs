@@ -352,7 +352,8 @@ impl Llama {
     /// [`DeviceError::Usage`] naming the file or the tensor when the folder has no
     /// `config.json` or `*.safetensors`, the config is unreadable or unsupported, or a tensor
     /// is missing or has another shape than the config implies or an unsupported dtype;
-    /// device errors.
+    /// [`DeviceError::OutOfMemory`] before anything is allocated when the weights (2 bytes
+    /// each) are larger than the device's memory; device errors.
     ///
     /// # Examples
     ///

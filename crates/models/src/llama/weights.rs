@@ -14,6 +14,7 @@ use cuflow_tensor::{bf16, Tensor};
 
 use super::config::LlamaConfig;
 use super::loader::Stager;
+use super::model::ensure_fits;
 
 /// The weights of one decoder layer (linear weights `[out_features, in_features]`).
 #[derive(Clone, Debug)]
@@ -127,6 +128,9 @@ pub(crate) fn build(
     // checkpoint, before the first allocation: a config that does not describe the
     // checkpoint allocates nothing.
     stager.check_all(hf_tensors(cfg), cfg.tie_word_embeddings)?;
+    // And weights the device's memory cannot hold are refused then too, not found out by the
+    // allocation that fails after the ones before it were filled.
+    ensure_fits(stream.device(), cfg.bf16_weight_bytes()?, 0)?;
     let mut names = hf_tensors(cfg);
     let mut next = || {
         names
