@@ -5,7 +5,9 @@
 use std::path::{Path, PathBuf};
 
 use cuflow_dist::Communicator;
-use cuflow_models::llama::testing::{synthetic_tensors, write_checkpoint, WeightDtype};
+use cuflow_models::llama::testing::{
+    synthetic_tensors, write_checkpoint, write_sparse_checkpoint, WeightDtype,
+};
 use cuflow_models::llama::{GenerateOptions, Llama, LlamaConfig};
 use cuflow_runtime::{DeviceError, Stream};
 use cuflow_testing::device::{device, rank_devices};
@@ -163,5 +165,47 @@ fn checkpoint_errors_name_the_tensor_under_a_split() -> Result<(), DeviceError> 
         t.data = t.data.iter().flat_map(|&b| [b, b]).collect();
     })?;
     assert!(dtype.contains(name) && dtype.contains("I32"), "{dtype}");
+    Ok(())
+}
+
+/// Host ranks share the host's memory: a checkpoint whose slices each fit it but together do
+/// not is an `OutOfMemory` error on every rank before anything is allocated, not ranks that
+/// fill the memory between them until the process is killed. The checkpoint is sparse, and
+/// half as large again as the host's memory. (On CUDA each rank has a device of its own, which
+/// `a_checkpoint_larger_than_the_device_is_an_error` covers.)
+#[test]
+fn host_ranks_refuse_slices_that_fit_the_host_only_one_at_a_time() -> Result<(), DeviceError> {
+    let Some(devices) = rank_devices(2) else {
+        return Ok(());
+    };
+    let total = devices[0].memory_info()?.total;
+    if devices[0].kind() != cuflow_runtime::BackendKind::Host || total == 0 {
+        return Ok(());
+    }
+    let layer = LlamaConfig {
+        hidden_size: 1 << 12,
+        intermediate_size: 1 << 14,
+        num_hidden_layers: 1,
+        num_attention_heads: 32,
+        num_key_value_heads: Some(32),
+        head_dim: Some(128),
+        ..LlamaConfig::tiny()
+    };
+    let cfg = LlamaConfig {
+        num_hidden_layers: (total / 2 * 3).div_ceil(layer.parameter_count() * 2),
+        ..layer
+    };
+    let dir = temp_dir("shared-host");
+    let bytes = write_sparse_checkpoint(&dir, &cfg)?;
+    let comms = Communicator::local(&devices)?;
+    let results = on_ranks(&comms, |c| Llama::load_tp(c, &dir));
+    std::fs::remove_dir_all(&dir).ok();
+    for result in results {
+        let err = result.expect_err("slices larger than the host between them");
+        assert!(
+            matches!(err, DeviceError::OutOfMemory { bytes: b, .. } if b >= bytes),
+            "{err}"
+        );
+    }
     Ok(())
 }

@@ -191,7 +191,10 @@ impl Llama {
     ///
     /// As [`Llama::load`] (naming the file or the tensor, with the whole tensor's shape), and
     /// [`DeviceError::Usage`] when the config's query heads, key/value heads or MLP width do
-    /// not divide by the world size; device and collective errors.
+    /// not divide by the world size; [`DeviceError::OutOfMemory`] before anything is
+    /// allocated when this rank's slice is larger than its device's memory, or, on the host
+    /// backend, every rank's slice together larger than the host's; device and collective
+    /// errors.
     pub fn load_tp(comm: &Communicator, path: impl AsRef<Path>) -> Result<Llama, DeviceError> {
         let start = Instant::now();
         let dir = path.as_ref();
@@ -199,6 +202,12 @@ impl Llama {
         cfg.validate()?;
         let local = local_config(&cfg, comm.world_size())?;
         let checkpoint = Checkpoint::open(dir)?;
+        // Host devices' slices share the host's memory, every rank's at once (each rank checks
+        // its own slice against its device as it builds it).
+        if comm.device().kind() == BackendKind::Host {
+            let all = local.bf16_weight_bytes()?.saturating_mul(comm.world_size());
+            ensure_fits(comm.device(), all, 0)?;
+        }
         let source = Source::Files(&checkpoint);
         let (mut model, built) =
             Llama::new_slice(comm.device(), cfg, local, source, Some(comm.clone()))?;

@@ -202,3 +202,59 @@ pub fn write_checkpoint(
 pub fn write_tiny_checkpoint(dir: &Path, cfg: &LlamaConfig, seed: u64) -> Result<(), DeviceError> {
     write_checkpoint(dir, cfg, &synthetic_tensors(cfg, seed, WeightDtype::Bf16)?)
 }
+
+/// Writes `cfg` as `dir/config.json` and a sparse `dir/model.safetensors` whose `bf16`
+/// tensors are all zeros that take no disk space (the file's length is set, nothing is
+/// written past the header): a checkpoint of any size, for tests of what a load refuses.
+/// Returns the bytes of the tensors.
+///
+/// # Errors
+///
+/// [`DeviceError::Usage`] for a config [`LlamaConfig::validate`] refuses, or naming the file
+/// that could not be written.
+///
+/// # Examples
+///
+/// ```
+/// use cuflow_models::llama::{testing, Llama, LlamaConfig};
+/// use cuflow_runtime::Device;
+/// # fn main() -> Result<(), cuflow_runtime::DeviceError> {
+/// let dir = std::env::temp_dir().join(format!("cuflow-doc-sparse-{}", std::process::id()));
+/// let bytes = testing::write_sparse_checkpoint(&dir, &LlamaConfig::tiny())?;
+/// let model = Llama::load(&Device::host(), &dir)?;
+/// assert_eq!(model.weight_bytes(), bytes);
+/// # std::fs::remove_dir_all(&dir).ok();
+/// # Ok(()) }
+/// ```
+pub fn write_sparse_checkpoint(dir: &Path, cfg: &LlamaConfig) -> Result<usize, DeviceError> {
+    cfg.validate()?;
+    let write_err = |path: &Path, e: &dyn std::fmt::Display| {
+        DeviceError::usage(format!("cannot write {}: {e}", path.display()))
+    };
+    std::fs::create_dir_all(dir).map_err(|e| write_err(dir, &e))?;
+    let config_path = dir.join("config.json");
+    let json = serde_json::to_string_pretty(cfg).map_err(|e| write_err(&config_path, &e))?;
+    std::fs::write(&config_path, json).map_err(|e| write_err(&config_path, &e))?;
+    let path = dir.join("model.safetensors");
+    // `validate` bounds every tensor's bytes and their sum.
+    let mut header = serde_json::Map::new();
+    let mut offset = 0usize;
+    for (name, shape) in hf_tensors(cfg) {
+        let end = offset + shape.iter().product::<usize>() * 2;
+        header.insert(
+            name,
+            serde_json::json!({"dtype": "BF16", "shape": shape, "data_offsets": [offset, end]}),
+        );
+        offset = end;
+    }
+    let header = serde_json::to_vec(&header).map_err(|e| write_err(&path, &e))?;
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(&header);
+    std::fs::write(&path, &bytes).map_err(|e| write_err(&path, &e))?;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .and_then(|file| file.set_len((bytes.len() + offset) as u64))
+        .map_err(|e| write_err(&path, &e))?;
+    Ok(offset)
+}
