@@ -38,6 +38,18 @@ fn refused(k: &Kernel, args: &KernelArgs<'_>, s: &Stream) -> Result<bool, Device
     }
 }
 
+/// Checks that launching `k` with `args` is refused; `accepted` says what went through if not.
+#[track_caller]
+fn assert_refused(
+    k: &Kernel,
+    args: &KernelArgs<'_>,
+    s: &Stream,
+    accepted: &str,
+) -> Result<(), DeviceError> {
+    assert!(refused(k, args, s)?, "{accepted}");
+    Ok(())
+}
+
 #[test]
 fn pointer_to_pointer_to_const_is_writable_and_holds_pointers() -> Result<(), DeviceError> {
     let s = stream();
@@ -234,18 +246,16 @@ fn vector_elements_are_checked_by_size() -> Result<(), DeviceError> {
             .scalar(4u32),
         &s
     )?);
-    assert!(
-        refused(
-            &k,
-            KernelArgs::new()
-                .output(&f)
-                .input(&w)
-                .input(&h)
-                .scalar(4u32),
-            &s
-        )?,
-        "an f32 buffer was accepted for `float4* v`"
-    );
+    assert_refused(
+        &k,
+        KernelArgs::new()
+            .output(&f)
+            .input(&w)
+            .input(&h)
+            .scalar(4u32),
+        &s,
+        "an f32 buffer was accepted for `float4* v`",
+    )?;
     assert!(refused(
         &k,
         KernelArgs::new()
@@ -289,32 +299,28 @@ fn the_ordinary_signatures_still_pass() -> Result<(), DeviceError> {
             .scalar(4u64),
         &s
     )?);
-    assert!(
-        refused(
-            &k,
-            KernelArgs::new()
-                .input(&x)
-                .output(&y)
-                .input(&h)
-                .output(&b)
-                .scalar(4u32),
-            &s
-        )?,
-        "a u32 was accepted for `unsigned long long n`"
-    );
-    assert!(
-        refused(
-            &k,
-            KernelArgs::new()
-                .input(&x)
-                .input(&y)
-                .input(&h)
-                .output(&b)
-                .scalar(4u64),
-            &s
-        )?,
-        "an input was accepted for `float* const y`"
-    );
+    assert_refused(
+        &k,
+        KernelArgs::new()
+            .input(&x)
+            .output(&y)
+            .input(&h)
+            .output(&b)
+            .scalar(4u32),
+        &s,
+        "a u32 was accepted for `unsigned long long n`",
+    )?;
+    assert_refused(
+        &k,
+        KernelArgs::new()
+            .input(&x)
+            .input(&y)
+            .input(&h)
+            .output(&b)
+            .scalar(4u64),
+        &s,
+        "an input was accepted for `float* const y`",
+    )?;
     Ok(())
 }
 
@@ -366,30 +372,24 @@ fn a_type_alias_is_checked_as_the_type_it_names() -> Result<(), DeviceError> {
         KernelArgs::new().output(&x64).input(&y).scalar(4u64),
         &s
     )?);
-    assert!(
-        refused(
-            &k,
-            KernelArgs::new().output(&x32).input(&y).scalar(4u64),
-            &s
-        )?,
-        "an f32 buffer was accepted for `scalar_t* x`, scalar_t being double"
-    );
-    assert!(
-        refused(
-            &k,
-            KernelArgs::new().output(&x64).input(&h).scalar(4u64),
-            &s
-        )?,
-        "an f16 buffer was accepted for `cfloat* y`, cfloat being const float"
-    );
-    assert!(
-        refused(
-            &k,
-            KernelArgs::new().output(&x64).input(&y).scalar(4u32),
-            &s
-        )?,
-        "a u32 was accepted for `index_t n`, index_t being unsigned long long"
-    );
+    assert_refused(
+        &k,
+        KernelArgs::new().output(&x32).input(&y).scalar(4u64),
+        &s,
+        "an f32 buffer was accepted for `scalar_t* x`, scalar_t being double",
+    )?;
+    assert_refused(
+        &k,
+        KernelArgs::new().output(&x64).input(&h).scalar(4u64),
+        &s,
+        "an f16 buffer was accepted for `cfloat* y`, cfloat being const float",
+    )?;
+    assert_refused(
+        &k,
+        KernelArgs::new().output(&x64).input(&y).scalar(4u32),
+        &s,
+        "a u32 was accepted for `index_t n`, index_t being unsigned long long",
+    )?;
     Ok(())
 }
 
@@ -415,43 +415,37 @@ fn a_pointer_alias_is_a_pointer() -> Result<(), DeviceError> {
             .scalar(4u32),
         &s
     )?);
-    assert!(
-        refused(
-            &k,
-            KernelArgs::new()
-                .scalar(0x1000u64)
-                .input(&y)
-                .output(&z)
-                .scalar(4u32),
-            &s
-        )?,
-        "a u64 value was accepted for the pointer `fptr x`"
-    );
-    assert!(
-        refused(
-            &k,
-            KernelArgs::new()
-                .output(&x)
-                .input(&y)
-                .input(&z)
-                .scalar(4u32),
-            &s
-        )?,
-        "an input was accepted for `const fptr z`, a const pointer to writable floats"
-    );
+    assert_refused(
+        &k,
+        KernelArgs::new()
+            .scalar(0x1000u64)
+            .input(&y)
+            .output(&z)
+            .scalar(4u32),
+        &s,
+        "a u64 value was accepted for the pointer `fptr x`",
+    )?;
+    assert_refused(
+        &k,
+        KernelArgs::new()
+            .output(&x)
+            .input(&y)
+            .input(&z)
+            .scalar(4u32),
+        &s,
+        "an input was accepted for `const fptr z`, a const pointer to writable floats",
+    )?;
     let d = DeviceBuffer::<half::f16>::zeroed(&s, 4)?;
-    assert!(
-        refused(
-            &k,
-            KernelArgs::new()
-                .output(&d)
-                .input(&y)
-                .output(&z)
-                .scalar(4u32),
-            &s
-        )?,
-        "an f16 buffer was accepted for `fptr x`"
-    );
+    assert_refused(
+        &k,
+        KernelArgs::new()
+            .output(&d)
+            .input(&y)
+            .output(&z)
+            .scalar(4u32),
+        &s,
+        "an f16 buffer was accepted for `fptr x`",
+    )?;
     Ok(())
 }
 
@@ -626,14 +620,12 @@ fn an_alias_naming_the_storage_of_another_type_takes_elements_of_its_size(
         &s
     )?);
     let narrow = DeviceBuffer::<u8>::zeroed(&s, 4)?;
-    assert!(
-        refused(
-            &k,
-            KernelArgs::new().output(&narrow).input(&x).scalar(4u32),
-            &s
-        )?,
-        "a buffer of 1-byte elements was accepted for `f16_bits* out`, f16_bits being 2 bytes"
-    );
+    assert_refused(
+        &k,
+        KernelArgs::new().output(&narrow).input(&x).scalar(4u32),
+        &s,
+        "a buffer of 1-byte elements was accepted for `f16_bits* out`, f16_bits being 2 bytes",
+    )?;
     Ok(())
 }
 
@@ -657,22 +649,18 @@ fn an_alias_takes_a_buffer_of_wider_elements_as_scratch_but_never_narrower(
         KernelArgs::new().output(&i64s).output(&f64s).scalar(4u32),
         &s
     )?);
-    assert!(
-        refused(
-            &k,
-            KernelArgs::new().output(&i64s).output(&f32s).scalar(4u32),
-            &s
-        )?,
-        "a buffer of 4-byte elements was accepted for `wide_t* w`, wide_t being 8 bytes"
-    );
-    assert!(
-        refused(
-            &k,
-            KernelArgs::new().output(&i64s).output(&bytes).scalar(4u32),
-            &s
-        )?,
-        "a buffer of 12-byte elements was accepted for the 8-byte `wide_t* w`"
-    );
+    assert_refused(
+        &k,
+        KernelArgs::new().output(&i64s).output(&f32s).scalar(4u32),
+        &s,
+        "a buffer of 4-byte elements was accepted for `wide_t* w`, wide_t being 8 bytes",
+    )?;
+    assert_refused(
+        &k,
+        KernelArgs::new().output(&i64s).output(&bytes).scalar(4u32),
+        &s,
+        "a buffer of 12-byte elements was accepted for the 8-byte `wide_t* w`",
+    )?;
     Ok(())
 }
 
@@ -701,29 +689,25 @@ fn a_struct_of_one_plain_type_takes_elements_of_its_size() -> Result<(), DeviceE
             .scalar(4u32),
         &s
     )?);
-    assert!(
-        refused(
-            &k,
-            KernelArgs::new()
-                .output(&f)
-                .input(&c)
-                .output(&m)
-                .scalar(4u32),
-            &s
-        )?,
-        "an f32 buffer was accepted for `Vec3* v`, Vec3 being 12 bytes"
-    );
-    assert!(
-        refused(
-            &k,
-            KernelArgs::new()
-                .output(&v)
-                .input(&d)
-                .output(&m)
-                .scalar(4u32),
-            &s
-        )?,
-        "an f64 buffer was accepted for `const complex_t* c`, complex_t being 16 bytes"
-    );
+    assert_refused(
+        &k,
+        KernelArgs::new()
+            .output(&f)
+            .input(&c)
+            .output(&m)
+            .scalar(4u32),
+        &s,
+        "an f32 buffer was accepted for `Vec3* v`, Vec3 being 12 bytes",
+    )?;
+    assert_refused(
+        &k,
+        KernelArgs::new()
+            .output(&v)
+            .input(&d)
+            .output(&m)
+            .scalar(4u32),
+        &s,
+        "an f64 buffer was accepted for `const complex_t* c`, complex_t being 16 bytes",
+    )?;
     Ok(())
 }
