@@ -61,16 +61,15 @@
 
 use std::any::TypeId;
 
+mod alias;
 mod check;
 mod layout;
 mod text;
 
+use alias::{storage_size, Aliases};
 pub(crate) use check::check;
 pub(crate) use layout::SourceLayout;
-use text::{
-    find_ident, matching_paren, parse_param, split_top_level, storage_size, strip_comments,
-    Aliases, Macros,
-};
+use text::{find_ident, matching_paren, parse_param, split_top_level, strip_comments, Macros};
 
 /// A plain element type of CUDA C, as the check compares them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
