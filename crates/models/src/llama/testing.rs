@@ -140,6 +140,19 @@ pub(crate) fn synthetic_map(
         .collect())
 }
 
+/// The error of a file of a checkpoint that could not be written.
+fn write_err(path: &Path, e: impl std::fmt::Display) -> DeviceError {
+    DeviceError::usage(format!("cannot write {}: {e}", path.display()))
+}
+
+/// Creates `dir` if needed and writes `cfg` into it as `config.json`.
+fn write_config(dir: &Path, cfg: &LlamaConfig) -> Result<(), DeviceError> {
+    std::fs::create_dir_all(dir).map_err(|e| write_err(dir, e))?;
+    let path = dir.join("config.json");
+    let json = serde_json::to_string_pretty(cfg).map_err(|e| write_err(&path, e))?;
+    std::fs::write(&path, json).map_err(|e| write_err(&path, e))
+}
+
 /// Writes `cfg` as `dir/config.json` and `tensors` as `dir/model.safetensors`, creating
 /// `dir` if needed.
 ///
@@ -152,13 +165,7 @@ pub fn write_checkpoint(
     cfg: &LlamaConfig,
     tensors: &[CheckpointTensor],
 ) -> Result<(), DeviceError> {
-    let write_err = |path: &Path, e: &dyn std::fmt::Display| {
-        DeviceError::usage(format!("cannot write {}: {e}", path.display()))
-    };
-    std::fs::create_dir_all(dir).map_err(|e| write_err(dir, &e))?;
-    let config_path = dir.join("config.json");
-    let json = serde_json::to_string_pretty(cfg).map_err(|e| write_err(&config_path, &e))?;
-    std::fs::write(&config_path, json).map_err(|e| write_err(&config_path, &e))?;
+    write_config(dir, cfg)?;
     let views = tensors
         .iter()
         .map(|t| {
@@ -176,7 +183,7 @@ pub fn write_checkpoint(
         })
         .collect::<Result<Vec<_>, _>>()?;
     let path = dir.join("model.safetensors");
-    safetensors::serialize_to_file(views, None, &path).map_err(|e| write_err(&path, &e))
+    safetensors::serialize_to_file(views, None, &path).map_err(|e| write_err(&path, e))
 }
 
 /// Writes the synthetic weights of `cfg` and `seed` as a `bf16` checkpoint in `dir`: the
@@ -228,13 +235,7 @@ pub fn write_tiny_checkpoint(dir: &Path, cfg: &LlamaConfig, seed: u64) -> Result
 /// ```
 pub fn write_sparse_checkpoint(dir: &Path, cfg: &LlamaConfig) -> Result<usize, DeviceError> {
     cfg.validate()?;
-    let write_err = |path: &Path, e: &dyn std::fmt::Display| {
-        DeviceError::usage(format!("cannot write {}: {e}", path.display()))
-    };
-    std::fs::create_dir_all(dir).map_err(|e| write_err(dir, &e))?;
-    let config_path = dir.join("config.json");
-    let json = serde_json::to_string_pretty(cfg).map_err(|e| write_err(&config_path, &e))?;
-    std::fs::write(&config_path, json).map_err(|e| write_err(&config_path, &e))?;
+    write_config(dir, cfg)?;
     let path = dir.join("model.safetensors");
     // `validate` bounds every tensor's bytes and their sum.
     let mut header = serde_json::Map::new();
@@ -247,14 +248,14 @@ pub fn write_sparse_checkpoint(dir: &Path, cfg: &LlamaConfig) -> Result<usize, D
         );
         offset = end;
     }
-    let header = serde_json::to_vec(&header).map_err(|e| write_err(&path, &e))?;
+    let header = serde_json::to_vec(&header).map_err(|e| write_err(&path, e))?;
     let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
     bytes.extend_from_slice(&header);
-    std::fs::write(&path, &bytes).map_err(|e| write_err(&path, &e))?;
+    std::fs::write(&path, &bytes).map_err(|e| write_err(&path, e))?;
     std::fs::OpenOptions::new()
         .write(true)
         .open(&path)
         .and_then(|file| file.set_len((bytes.len() + offset) as u64))
-        .map_err(|e| write_err(&path, &e))?;
+        .map_err(|e| write_err(&path, e))?;
     Ok(offset)
 }
