@@ -38,6 +38,20 @@ fn refused(k: &Kernel, args: &KernelArgs<'_>, s: &Stream) -> Result<bool, Device
     }
 }
 
+/// The reason `with_compile_option(option)` on kernel `name` of `source` was refused with
+/// [`DeviceError::InvalidArgument`] naming the kernel; panics when the option was accepted.
+#[track_caller]
+fn option_refusal(name: &str, source: &str, option: &str) -> Result<String, DeviceError> {
+    match noop(name, source).with_compile_option(option) {
+        Err(DeviceError::InvalidArgument { kernel, reason, .. }) => {
+            assert_eq!(kernel, name);
+            Ok(reason)
+        }
+        Ok(_) => panic!("compile option {option} was accepted"),
+        Err(e) => Err(e),
+    }
+}
+
 /// Checks that launching `k` with `args` is refused; `accepted` says what went through if not.
 #[track_caller]
 fn assert_refused(
@@ -180,17 +194,11 @@ fn a_compile_option_that_could_change_the_source_is_refused() -> Result<(), Devi
         "use_fast_math",
         "--std=c++20 -Dfloat=double",
     ] {
-        match noop("opt", source).with_compile_option(option) {
-            Err(DeviceError::InvalidArgument { kernel, reason, .. }) => {
-                assert_eq!(kernel, "opt");
-                assert!(
-                    reason.contains(option) && reason.contains("--use_fast_math"),
-                    "the refusal of {option} names neither it nor the allowed options: {reason}"
-                );
-            }
-            Ok(_) => panic!("compile option {option} was accepted"),
-            Err(e) => return Err(e),
-        }
+        let reason = option_refusal("opt", source, option)?;
+        assert!(
+            reason.contains(option) && reason.contains("--use_fast_math"),
+            "the refusal of {option} names neither it nor the allowed options: {reason}"
+        );
     }
     for option in ["--prec-div=true", "-ftz=false", "-prec-sqrt=false"] {
         noop("opt", source).with_compile_option(option)?;
@@ -336,17 +344,11 @@ fn a_language_standard_option_is_refused_as_kernels_are_cpp17() -> Result<(), De
         "-std=c++11",
         "--std=c++03",
     ] {
-        match noop("std_opt", source).with_compile_option(option) {
-            Err(DeviceError::InvalidArgument { kernel, reason, .. }) => {
-                assert_eq!(kernel, "std_opt");
-                assert!(
-                    reason.contains(option) && reason.contains("C++17"),
-                    "the refusal of {option} does not say kernels are compiled as C++17: {reason}"
-                );
-            }
-            Ok(_) => panic!("compile option {option} was accepted"),
-            Err(e) => return Err(e),
-        }
+        let reason = option_refusal("std_opt", source, option)?;
+        assert!(
+            reason.contains(option) && reason.contains("C++17"),
+            "the refusal of {option} does not say kernels are compiled as C++17: {reason}"
+        );
     }
     Ok(())
 }
