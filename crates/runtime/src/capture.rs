@@ -211,6 +211,12 @@ impl CaptureSession {
 
 /// Work recorded from one or more streams by [`Stream::begin_capture`] /
 /// [`Stream::end_capture`]: nodes and the dependencies between them.
+///
+/// `Send + Sync`: one graph and the executables instantiated from it may be used from any
+/// number of threads at once. The CUDA driver does not synchronize a graph with its
+/// executables, so each call on one of them (instantiation, a launch, an update, a query, a
+/// drop) is made while no other call on the same graph or its executables runs; calls on
+/// unrelated graphs run in parallel.
 pub struct Graph {
     device: Device,
     backend: GraphBackend,
@@ -366,7 +372,8 @@ impl fmt::Debug for Graph {
     }
 }
 
-/// An instantiated [`Graph`]: launch it on a stream as many times as needed. `Send + Sync`.
+/// An instantiated [`Graph`]: launch it on a stream as many times as needed. `Send + Sync`
+/// (see [`Graph`] for how calls from several threads are ordered).
 pub struct GraphExec {
     device: Device,
     backend: GraphExecBackend,

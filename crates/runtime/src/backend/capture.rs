@@ -1,14 +1,16 @@
 //! The backend halves of capture: a capture in progress, the graph it records, and the
 //! executables instantiated from it.
 
+use std::sync::Arc;
+
 use super::{cuda, foreign, host, StreamBackend};
 use crate::error::{DeviceError, Result};
 
 /// A capture's backend half: the host backend records tasks into a shared node list; CUDA
-/// keeps the capture in the driver.
+/// keeps the capture in the driver, and the events recorded during it here.
 pub(crate) enum CaptureBackend {
     Host(host::HostCapture),
-    Cuda,
+    Cuda(Arc<cuda::CapturedEvents>),
 }
 
 /// A captured graph's backend half.

@@ -112,7 +112,12 @@ impl StreamBackend {
     pub(crate) fn join_capture(&self, session: &CaptureSession) -> Result<()> {
         match self {
             StreamBackend::Host(h) => h.join_capture(session),
-            StreamBackend::Cuda(_) => Ok(()),
+            StreamBackend::Cuda(c) => {
+                if let CaptureBackend::Cuda(events) = &session.backend {
+                    c.join_capture(events);
+                }
+                Ok(())
+            }
         }
     }
 
@@ -120,15 +125,21 @@ impl StreamBackend {
     pub(crate) fn end_capture(&self, session: &CaptureSession) -> Result<GraphBackend> {
         match self {
             StreamBackend::Host(h) => h.end_capture(session),
-            StreamBackend::Cuda(c) => c.end_capture(),
+            StreamBackend::Cuda(c) => match &session.backend {
+                CaptureBackend::Cuda(events) => c.end_capture(events),
+                CaptureBackend::Host(_) => Err(crate::error::DeviceError::usage(
+                    "Stream::end_capture: a CUDA stream cannot end a capture of the host backend",
+                )),
+            },
         }
     }
 
     /// Makes a stream that took part in a capture run its work again (the CUDA driver does
     /// this by itself when the capture ends).
     pub(crate) fn leave_capture(&self) {
-        if let StreamBackend::Host(h) = self {
-            h.leave_capture();
+        match self {
+            StreamBackend::Host(h) => h.leave_capture(),
+            StreamBackend::Cuda(c) => c.leave_capture(),
         }
     }
 

@@ -7,39 +7,122 @@ use cudarc::driver::{result, sys};
 use parking_lot::Mutex;
 
 use super::stream::CudaStreamHandle;
-use super::{driver_err, CudaDeviceShared};
+use super::{destroy_event, driver_err, CudaDeviceShared, RawEvent};
 use crate::error::Result;
+
+/// What one graph and every executable instantiated from it share (see [`CudaGraphHandle`]).
+type Family = Arc<FamilyState>;
+
+pub(crate) struct FamilyState {
+    /// Held by every driver call on the graph or one of its executables.
+    lock: Mutex<()>,
+    /// The events recorded during the capture that made the graph, destroyed once the graph,
+    /// its executables and the events' own handles are all gone.
+    _events: Arc<CapturedEvents>,
+}
+
+impl FamilyState {
+    fn lock(&self) -> parking_lot::MutexGuard<'_, ()> {
+        self.lock.lock()
+    }
+}
+
+/// The events recorded on streams while they took part in one capture.
+///
+/// The driver ties an event recorded during a capture to that capture and its graph: such an
+/// event, back in the device's pool and recorded again by eager work of another thread while
+/// the graph was instantiated or its executables destroyed, crashed inside the driver (and
+/// nothing says destroying it then is safe either). So it never goes back to the pool: when
+/// its handle is dropped it is kept here, and destroyed only when the capture's graph, every
+/// executable instantiated from it and every handle of these events are gone (each holds this
+/// value).
+pub(crate) struct CapturedEvents {
+    /// The device of the stream that began the capture (where a drop inside a host function
+    /// is deferred to).
+    shared: Arc<CudaDeviceShared>,
+    /// Each with its own device: streams of other devices may join a capture.
+    events: Mutex<Vec<(Arc<CudaDeviceShared>, RawEvent)>>,
+}
+
+impl CapturedEvents {
+    pub(crate) fn new(shared: Arc<CudaDeviceShared>) -> Arc<Self> {
+        Arc::new(CapturedEvents {
+            shared,
+            events: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Keeps `ev`, recorded during the capture on a stream of `shared`'s device, until the
+    /// capture's graph and executables are gone.
+    pub(crate) fn keep(&self, shared: Arc<CudaDeviceShared>, ev: RawEvent) {
+        self.events.lock().push((shared, ev));
+    }
+}
+
+impl Drop for CapturedEvents {
+    fn drop(&mut self) {
+        let events = std::mem::take(self.events.get_mut());
+        if events.is_empty() {
+            return;
+        }
+        if super::in_host_function() {
+            // The driver refuses the destroys here: they are made at the next synchronization.
+            let moved = CapturedEvents {
+                shared: self.shared.clone(),
+                events: Mutex::new(events),
+            };
+            self.shared.defer_host_fn_handle(moved);
+            return;
+        }
+        for (shared, ev) in events {
+            destroy_event(&shared, ev);
+        }
+    }
+}
 
 /// A captured `CUgraph`, destroyed on drop.
 ///
 /// The driver does not synchronize graph objects internally: calls on one graph, even those
 /// that look read-only (instantiation, node and edge queries, the DOT dump), must not overlap.
-/// Every call through `&self` holds `lock`.
+/// Nor are a graph and its executables independent objects: the driver keeps per-graph state
+/// that instantiating from the graph and destroying one of its executables both change, and
+/// the two made at once from two threads crash inside the driver. So one lock, `family`, is
+/// shared by the graph and every executable instantiated from it, and every driver call on any
+/// of them holds it (launches, updates and destruction included).
 pub(crate) struct CudaGraphHandle {
     graph: sys::CUgraph,
     shared: Arc<CudaDeviceShared>,
-    lock: Mutex<()>,
+    family: Family,
 }
 
 // SAFETY: a CUgraph is a driver handle owned uniquely by this value (Handles); the driver
 // allows using it from any thread once the context is bound.
 unsafe impl Send for CudaGraphHandle {}
-// SAFETY: every driver call on the graph made through `&self` holds `lock`, so no two calls on
-// one graph overlap (the driver's rule for graph objects); drop has `&mut self`.
+// SAFETY: every driver call on the graph (drop included) holds `family`, so no two calls on
+// one graph, or on the graph and one of its executables, overlap (the driver's rule for graph
+// objects).
 unsafe impl Sync for CudaGraphHandle {}
 
 impl CudaGraphHandle {
-    pub(crate) fn new(graph: sys::CUgraph, shared: Arc<CudaDeviceShared>) -> Self {
+    /// The graph a capture ended with; `events` are those recorded during the capture.
+    pub(crate) fn new(
+        graph: sys::CUgraph,
+        shared: Arc<CudaDeviceShared>,
+        events: Arc<CapturedEvents>,
+    ) -> Self {
         CudaGraphHandle {
             graph,
             shared,
-            lock: Mutex::new(()),
+            family: Arc::new(FamilyState {
+                lock: Mutex::new(()),
+                _events: events,
+            }),
         }
     }
 
     fn nodes(&self) -> Result<Vec<sys::CUgraphNode>> {
         let _bound = self.shared.bind()?;
-        let _serial = self.lock.lock();
+        let _serial = self.family.lock();
         let mut n = 0usize;
         // SAFETY: the graph is alive; a null node array asks only for the count.
         unsafe { sys::cuGraphGetNodes(self.graph, std::ptr::null_mut(), &mut n) }
@@ -75,7 +158,7 @@ impl CudaGraphHandle {
             let c_path = std::ffi::CString::new(path.to_string_lossy().as_bytes())
                 .map_err(|e| io(std::io::Error::other(e)))?;
             let _bound = self.shared.bind()?;
-            let _serial = self.lock.lock();
+            let _serial = self.family.lock();
             // SAFETY: the graph is alive; `c_path` is a NUL-terminated path alive for the
             // call; the driver only writes that file.
             unsafe {
@@ -99,7 +182,7 @@ impl CudaGraphHandle {
 
     pub(crate) fn edges(&self) -> Result<Vec<(usize, usize)>> {
         let nodes = self.nodes()?;
-        let _serial = self.lock.lock();
+        let _serial = self.family.lock();
         let index: HashMap<usize, usize> = nodes
             .iter()
             .enumerate()
@@ -149,7 +232,7 @@ impl CudaGraphHandle {
 
     pub(crate) fn instantiate(&self) -> Result<CudaGraphExecHandle> {
         let _bound = self.shared.bind()?;
-        let _serial = self.lock.lock();
+        let _serial = self.family.lock();
         // SAFETY: the graph is alive and complete (capture ended).
         let exec = unsafe {
             result::graph::instantiate(self.graph, sys::CUgraphInstantiate_flags_enum(0))
@@ -158,7 +241,8 @@ impl CudaGraphHandle {
         Ok(CudaGraphExecHandle {
             exec,
             shared: self.shared.clone(),
-            lock: Mutex::new(()),
+            family: self.family.clone(),
+            updated_from: None,
         })
     }
 }
@@ -173,7 +257,7 @@ impl Drop for CudaGraphHandle {
             let moved = CudaGraphHandle {
                 graph: std::mem::replace(&mut self.graph, std::ptr::null_mut()),
                 shared: self.shared.clone(),
-                lock: Mutex::new(()),
+                family: self.family.clone(),
             };
             self.shared.defer_host_fn_handle(moved);
             return;
@@ -181,9 +265,10 @@ impl Drop for CudaGraphHandle {
         let (graph, ctx) = (self.graph, &self.shared.ctx);
         self.shared.life.release(|| {
             ctx.record_err(ctx.bind_to_thread());
+            let _serial = self.family.lock();
             // SAFETY: the graph is owned by `self` and destroyed once, in the state of the
-            // context it was made in (not reset: Life); executables instantiated from it do
-            // not depend on it.
+            // context it was made in (not reset: Life), while no call on one of its executables
+            // runs (`family`); executables instantiated from it do not depend on it.
             if let Err(e) = unsafe { result::graph::destroy(graph) } {
                 tracing::warn!("cuGraphDestroy failed: {}", driver_err("cuGraphDestroy", e));
             }
@@ -194,25 +279,28 @@ impl Drop for CudaGraphHandle {
 /// An instantiated `CUgraphExec`, destroyed on drop (the driver defers the destruction of an
 /// executable that is still running until it completes).
 ///
-/// Like graphs, executables are not synchronized by the driver: launches of one executable from
-/// several threads must not overlap, so `launch` holds `lock`.
+/// Like graphs, executables are not synchronized by the driver: every driver call on one holds
+/// the lock of its graph's family (see [`CudaGraphHandle`]).
 pub(crate) struct CudaGraphExecHandle {
     exec: sys::CUgraphExec,
     shared: Arc<CudaDeviceShared>,
-    lock: Mutex<()>,
+    family: Family,
+    /// The family of the graph of the last successful update, whose captured events stay
+    /// alive while the executable runs that graph's work.
+    updated_from: Option<Family>,
 }
 
 // SAFETY: owned uniquely (Handles); the driver allows using it from any thread once the
 // context is bound.
 unsafe impl Send for CudaGraphExecHandle {}
-// SAFETY: `&self` only launches, under `lock`, so no two driver calls on one executable
-// overlap; updates and drop have `&mut self`.
+// SAFETY: every driver call on the executable (launch, update, drop) holds `family`, so no two
+// calls on one executable, or on it and its graph or sibling executables, overlap.
 unsafe impl Sync for CudaGraphExecHandle {}
 
 impl CudaGraphExecHandle {
     pub(crate) fn launch(&self, stream: &CudaStreamHandle) -> Result<()> {
         let _bound = self.shared.bind()?;
-        let _serial = self.lock.lock();
+        let _serial = self.family.lock();
         // SAFETY: the executable and the stream are alive; the buffers the graph uses are kept
         // alive by the runtime's `GraphExec`, which recorded their use on this stream.
         unsafe { result::graph::launch(self.exec, stream.raw()) }
@@ -221,6 +309,8 @@ impl CudaGraphExecHandle {
 
     pub(crate) fn update(&mut self, graph: &CudaGraphHandle) -> Result<bool> {
         let _bound = self.shared.bind()?;
+        // Both families: the update reads `graph` and writes this executable.
+        let _serial = lock_both(&self.family, &graph.family);
         let mut info = sys::CUgraphExecUpdateResultInfo_st {
             result: sys::CUgraphExecUpdateResult::CU_GRAPH_EXEC_UPDATE_SUCCESS,
             errorNode: std::ptr::null_mut(),
@@ -229,7 +319,11 @@ impl CudaGraphExecHandle {
         // SAFETY: both handles are alive; `info` is a valid out-pointer.
         let r = unsafe { sys::cuGraphExecUpdate_v2(self.exec, graph.graph, &mut info) };
         match r {
-            sys::cudaError_enum::CUDA_SUCCESS => Ok(true),
+            sys::cudaError_enum::CUDA_SUCCESS => {
+                self.updated_from =
+                    (!Arc::ptr_eq(&self.family, &graph.family)).then(|| graph.family.clone());
+                Ok(true)
+            }
             sys::cudaError_enum::CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE => Ok(false),
             other => Err(driver_err(
                 "cuGraphExecUpdate",
@@ -249,7 +343,8 @@ impl Drop for CudaGraphExecHandle {
             let moved = CudaGraphExecHandle {
                 exec: std::mem::replace(&mut self.exec, std::ptr::null_mut()),
                 shared: self.shared.clone(),
-                lock: Mutex::new(()),
+                family: self.family.clone(),
+                updated_from: self.updated_from.take(),
             };
             self.shared.defer_host_fn_handle(moved);
             return;
@@ -257,8 +352,9 @@ impl Drop for CudaGraphExecHandle {
         let (exec, ctx) = (self.exec, &self.shared.ctx);
         self.shared.life.release(|| {
             ctx.record_err(ctx.bind_to_thread());
+            let _serial = self.family.lock();
             // SAFETY: owned by `self`, destroyed once, in the state of the context it was made
-            // in (not reset: Life).
+            // in (not reset: Life), while no other call on its graph's family runs (`family`).
             if let Err(e) = unsafe { result::graph::exec_destroy(exec) } {
                 tracing::warn!(
                     "cuGraphExecDestroy failed: {}",
@@ -267,6 +363,27 @@ impl Drop for CudaGraphExecHandle {
             }
         });
     }
+}
+
+/// Locks two families, the same one once, two in the order of their addresses so that two
+/// threads locking the same pair cannot each wait for the other.
+fn lock_both<'a>(
+    a: &'a Family,
+    b: &'a Family,
+) -> (
+    parking_lot::MutexGuard<'a, ()>,
+    Option<parking_lot::MutexGuard<'a, ()>>,
+) {
+    if Arc::ptr_eq(a, b) {
+        return (a.lock(), None);
+    }
+    let (first, second) = if Arc::as_ptr(a) < Arc::as_ptr(b) {
+        (a, b)
+    } else {
+        (b, a)
+    };
+    let held = first.lock();
+    (held, Some(second.lock()))
 }
 
 /// A new directory under the system's temporary directory that did not exist before (creating

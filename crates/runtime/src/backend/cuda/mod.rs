@@ -32,7 +32,7 @@ mod stream;
 mod tools;
 
 pub(crate) use blas::BlasWorkspace;
-pub(crate) use capture::{CudaGraphExecHandle, CudaGraphHandle};
+pub(crate) use capture::{CapturedEvents, CudaGraphExecHandle, CudaGraphHandle};
 pub(crate) use kernel::CompiledKernel;
 pub(crate) use memory::{CudaMemory, CudaPinned};
 pub(crate) use nccl::{nccl_unique_id, NcclComm, ONESHOT_AREA_BYTES};

@@ -3,13 +3,14 @@
 
 use std::ffi::c_void;
 use std::mem::ManuallyDrop;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use cudarc::driver::{result, sys, CudaStream, DriverError};
 use parking_lot::Mutex;
 use smallvec::SmallVec;
 
-use super::capture::CudaGraphHandle;
+use super::capture::{CapturedEvents, CudaGraphHandle};
 use super::kernel::CompiledKernel;
 use super::memory::{CudaMemory, CudaPinned};
 use super::{driver_err, CudaDeviceShared, RawEvent};
@@ -31,6 +32,11 @@ pub(crate) struct CudaStreamHandle {
     /// into the driver's thread. Inside a scope, the panic goes to the scope (see
     /// [`crate::scope`]).
     host_fn_panic: Arc<Mutex<Option<DeviceError>>>,
+    /// While the stream takes part in a capture: where the events recorded on it go when
+    /// dropped (see [`CapturedEvents`]). `in_capture` says whether it is set, so that eager
+    /// records do not take the lock.
+    capture_events: Mutex<Option<Arc<CapturedEvents>>>,
+    in_capture: AtomicBool,
 }
 
 impl CudaStreamHandle {
@@ -66,6 +72,8 @@ impl CudaStreamHandle {
                 shared: shared.clone(),
                 blas_workspace: Mutex::new(None),
                 host_fn_panic: Arc::new(Mutex::new(None)),
+                capture_events: Mutex::new(None),
+                in_capture: AtomicBool::new(false),
             },
             prio,
         ))
@@ -85,10 +93,16 @@ impl CudaStreamHandle {
         } else {
             self.shared.take_event()?
         };
+        let captured = if self.in_capture.load(Ordering::Acquire) {
+            self.capture_events.lock().clone()
+        } else {
+            None
+        };
         let handle = CudaEventHandle {
             ev: Some(ev),
             timed,
             shared: self.shared.clone(),
+            captured,
         };
         let _bound = self.shared.bind()?;
         // SAFETY: the event and the stream are alive and belong to this context (Context).
@@ -142,10 +156,26 @@ impl CudaStreamHandle {
             )
         }
         .map_err(|e| capture_err("Stream::begin_capture", e))?;
-        Ok(CaptureBackend::Cuda)
+        let events = CapturedEvents::new(self.shared.clone());
+        self.join_capture(&events);
+        Ok(CaptureBackend::Cuda(events))
     }
 
-    pub(crate) fn end_capture(&self) -> Result<GraphBackend> {
+    /// Makes the events recorded on this stream from now on those of the capture that owns
+    /// `events` (this stream began it, or joined it).
+    pub(crate) fn join_capture(&self, events: &Arc<CapturedEvents>) {
+        *self.capture_events.lock() = Some(events.clone());
+        self.in_capture.store(true, Ordering::Release);
+    }
+
+    /// Ends [`CudaStreamHandle::join_capture`]: events recorded from now on are eager ones.
+    pub(crate) fn leave_capture(&self) {
+        self.in_capture.store(false, Ordering::Release);
+        *self.capture_events.lock() = None;
+    }
+
+    /// Ends the capture this stream began; `events` are those of its capture.
+    pub(crate) fn end_capture(&self, events: &Arc<CapturedEvents>) -> Result<GraphBackend> {
         let _bound = self.shared.bind()?;
         // SAFETY: the stream is alive and began a capture (the runtime checked it is the
         // origin of an open capture session).
@@ -160,6 +190,7 @@ impl CudaStreamHandle {
         Ok(GraphBackend::Cuda(CudaGraphHandle::new(
             graph,
             self.shared.clone(),
+            events.clone(),
         )))
     }
 
@@ -432,6 +463,8 @@ impl Drop for CudaStreamHandle {
                 shared: self.shared.clone(),
                 blas_workspace: Mutex::new(self.blas_workspace.get_mut().take()),
                 host_fn_panic: self.host_fn_panic.clone(),
+                capture_events: Mutex::new(None),
+                in_capture: AtomicBool::new(false),
             };
             self.shared.defer_host_fn_handle(moved);
             return;
@@ -479,6 +512,9 @@ pub(crate) struct CudaEventHandle {
     ev: Option<RawEvent>,
     timed: bool,
     shared: Arc<CudaDeviceShared>,
+    /// Set for an event recorded during a capture: where it goes when dropped, instead of the
+    /// pool or a destroy (see [`CapturedEvents`]).
+    captured: Option<Arc<CapturedEvents>>,
 }
 
 impl CudaEventHandle {
@@ -531,12 +567,19 @@ impl CudaEventHandle {
 
 impl Drop for CudaEventHandle {
     fn drop(&mut self) {
+        if let Some(captured) = self.captured.take() {
+            if let Some(ev) = self.ev.take() {
+                captured.keep(self.shared.clone(), ev);
+            }
+            return;
+        }
         if self.timed && self.ev.is_some() && super::in_host_function() {
             // The driver refuses the destroy here: it is made at the next synchronization.
             let moved = CudaEventHandle {
                 ev: self.ev.take(),
                 timed: true,
                 shared: self.shared.clone(),
+                captured: None,
             };
             self.shared.defer_host_fn_handle(moved);
             return;

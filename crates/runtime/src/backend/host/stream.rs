@@ -278,7 +278,7 @@ impl HostStream {
                 *self.core.capture.lock() = Some(CaptureCursor::new(c.clone()));
                 Ok(())
             }
-            CaptureBackend::Cuda => Err(DeviceError::usage(
+            CaptureBackend::Cuda(_) => Err(DeviceError::usage(
                 "a host stream cannot join a CUDA capture",
             )),
         }
