@@ -2,7 +2,7 @@
 //! and dropped together. The CUDA driver keeps state shared by a graph and the executables
 //! instantiated from it, so these calls must never overlap inside it; every replay must land.
 
-use cuflow_runtime::{DeviceBuffer, DeviceError, Graph, Stream};
+use cuflow_runtime::{Device, DeviceBuffer, DeviceError, Graph, Stream};
 use cuflow_testing::{
     device::device,
     kernels::launch_add_one,
@@ -14,6 +14,40 @@ fn plus_ones(v: &[f32], times: usize) -> Vec<f32> {
     v.iter()
         .map(|x| (0..times).fold(*x, |acc, _| acc + 1.0))
         .collect()
+}
+
+/// A stream of the test device and a buffer of `n` random values on it, with those values.
+fn random_buffer(n: usize) -> Result<(Device, Stream, Vec<f32>, DeviceBuffer<f32>), DeviceError> {
+    let device = device();
+    let s = device.new_stream()?;
+    let x0 = random_f32(&mut rng(), n);
+    let x = DeviceBuffer::from_host(&s, &x0)?;
+    Ok((device, s, x0, x))
+}
+
+/// Random values and the buffers holding them.
+type Filled = (Vec<Vec<f32>>, Vec<DeviceBuffer<f32>>);
+
+/// `count` buffers of `n` random values on `s`, with those values, after `s` has written them.
+fn random_buffers(s: &Stream, count: usize, n: usize) -> Result<Filled, DeviceError> {
+    let mut rng = rng();
+    let initial: Vec<Vec<f32>> = (0..count).map(|_| random_f32(&mut rng, n)).collect();
+    let buffers = initial
+        .iter()
+        .map(|v| DeviceBuffer::from_host(s, v))
+        .collect::<Result<Vec<_>, _>>()?;
+    s.synchronize()?;
+    Ok((initial, buffers))
+}
+
+/// Waits for every worker; the first error, or a worker's panic, fails the test.
+fn join_all(
+    workers: Vec<std::thread::ScopedJoinHandle<'_, Result<(), DeviceError>>>,
+) -> Result<(), DeviceError> {
+    for w in workers {
+        w.join().expect("a worker panicked")?;
+    }
+    Ok(())
 }
 
 /// A graph of one launch adding 1.0 to every element of `x`, captured on `s`.
@@ -29,10 +63,7 @@ fn capture_add_one(s: &Stream, x: &DeviceBuffer<f32>) -> Result<Graph, DeviceErr
 /// away, so instantiations and destructions of the graph's executables meet all the time.
 #[test]
 fn executables_of_one_graph_made_launched_and_dropped_by_many_threads() -> Result<(), DeviceError> {
-    let device = device();
-    let s = device.new_stream()?;
-    let x0 = random_f32(&mut rng(), 129);
-    let x = DeviceBuffer::from_host(&s, &x0)?;
+    let (device, s, x0, x) = random_buffer(129)?;
     let graph = capture_add_one(&s, &x)?;
     let (threads, rounds) = (8, 150);
     std::thread::scope(|scope| -> Result<(), DeviceError> {
@@ -47,10 +78,7 @@ fn executables_of_one_graph_made_launched_and_dropped_by_many_threads() -> Resul
                 })
             })
             .collect();
-        for w in workers {
-            w.join().expect("a worker panicked")?;
-        }
-        Ok(())
+        join_all(workers)
     })?;
     assert_eq!(x.to_host_vec(&s)?, plus_ones(&x0, threads * rounds));
     Ok(())
@@ -60,10 +88,7 @@ fn executables_of_one_graph_made_launched_and_dropped_by_many_threads() -> Resul
 /// graph drops the graph: each executable still replays the captured work.
 #[test]
 fn a_graph_dropped_while_threads_launch_and_drop_its_executables() -> Result<(), DeviceError> {
-    let device = device();
-    let s = device.new_stream()?;
-    let x0 = random_f32(&mut rng(), 65);
-    let x = DeviceBuffer::from_host(&s, &x0)?;
+    let (device, s, x0, x) = random_buffer(65)?;
     let (threads, launches) = (8, 40);
     for _ in 0..10 {
         let graph = capture_add_one(&s, &x)?;
@@ -100,10 +125,7 @@ fn a_graph_dropped_while_threads_launch_and_drop_its_executables() -> Result<(),
 /// and every launch, before or after an update, adds one.
 #[test]
 fn executables_updated_crosswise_while_both_graphs_instantiate() -> Result<(), DeviceError> {
-    let device = device();
-    let s = device.new_stream()?;
-    let x0 = random_f32(&mut rng(), 33);
-    let x = DeviceBuffer::from_host(&s, &x0)?;
+    let (device, s, x0, x) = random_buffer(33)?;
     let (g1, g2) = (capture_add_one(&s, &x)?, capture_add_one(&s, &x)?);
     let rounds = 100;
     let device = &device;
@@ -138,10 +160,7 @@ fn executables_updated_crosswise_while_both_graphs_instantiate() -> Result<(), D
                 })
             })
             .collect();
-        for w in updaters.into_iter().chain(instantiators) {
-            w.join().expect("a worker panicked")?;
-        }
-        Ok(())
+        join_all(updaters.into_iter().chain(instantiators).collect())
     })?;
     assert_eq!(x.to_host_vec(&s)?, plus_ones(&x0, 4 * rounds));
     Ok(())
@@ -155,16 +174,8 @@ fn executables_updated_crosswise_while_both_graphs_instantiate() -> Result<(), D
 fn events_recorded_in_captures_and_eager_events_of_other_threads() -> Result<(), DeviceError> {
     let device = device();
     let s = device.new_stream()?;
-    let mut rng = rng();
     let (capturers, eager, rounds) = (2, 4, 120);
-    let initial: Vec<Vec<f32>> = (0..2 * capturers + eager)
-        .map(|_| random_f32(&mut rng, 97))
-        .collect();
-    let buffers = initial
-        .iter()
-        .map(|v| DeviceBuffer::from_host(&s, v))
-        .collect::<Result<Vec<_>, _>>()?;
-    s.synchronize()?;
+    let (initial, buffers) = random_buffers(&s, 2 * capturers + eager, 97)?;
     let device = &device;
     std::thread::scope(|scope| -> Result<(), DeviceError> {
         let mut workers = Vec::new();
@@ -198,10 +209,7 @@ fn events_recorded_in_captures_and_eager_events_of_other_threads() -> Result<(),
                 b.synchronize()
             }));
         }
-        for w in workers {
-            w.join().expect("a worker panicked")?;
-        }
-        Ok(())
+        join_all(workers)
     })?;
     for (i, (x, x0)) in buffers.iter().zip(&initial).enumerate() {
         assert_eq!(x.to_host_vec(&s)?, plus_ones(x0, rounds), "buffer {i}");
@@ -217,16 +225,8 @@ fn replays_read_back_while_other_threads_instantiate_and_drop_executables(
 ) -> Result<(), DeviceError> {
     let device = device();
     let s = device.new_stream()?;
-    let mut rng = rng();
     let (readers, churners, rounds) = (3, 4, 60);
-    let initial: Vec<Vec<f32>> = (0..readers + churners)
-        .map(|_| random_f32(&mut rng, 1001))
-        .collect();
-    let buffers = initial
-        .iter()
-        .map(|v| DeviceBuffer::from_host(&s, v))
-        .collect::<Result<Vec<_>, _>>()?;
-    s.synchronize()?;
+    let (initial, buffers) = random_buffers(&s, readers + churners, 1001)?;
     let device = &device;
     std::thread::scope(|scope| -> Result<(), DeviceError> {
         let mut workers = Vec::new();
@@ -251,10 +251,7 @@ fn replays_read_back_while_other_threads_instantiate_and_drop_executables(
                 own.synchronize()
             }));
         }
-        for w in workers {
-            w.join().expect("a worker panicked")?;
-        }
-        Ok(())
+        join_all(workers)
     })?;
     for (i, (x, x0)) in buffers.iter().zip(&initial).enumerate().skip(readers) {
         assert_eq!(x.to_host_vec(&s)?, plus_ones(x0, rounds), "buffer {i}");
