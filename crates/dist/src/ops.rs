@@ -93,13 +93,23 @@ fn on_comm<R>(
 }
 
 /// The shape of a tensor with axis 0 scaled by `world` (`all_gather`'s output); a scalar
-/// gathers into a vector.
-fn gathered(shape: &[usize], world: usize) -> Vec<usize> {
+/// gathers into a vector. An [`DeviceError::InvalidShape`] naming `op` where axis 0 times
+/// `world` overflows `usize` (an empty tensor may have an axis 0 of any length).
+fn gathered(op: &'static str, shape: &[usize], world: usize) -> Result<Vec<usize>, DeviceError> {
     match shape.split_first() {
-        Some((first, rest)) => std::iter::once(first * world)
-            .chain(rest.iter().copied())
-            .collect(),
-        None => vec![world],
+        Some((first, rest)) => {
+            let first = first
+                .checked_mul(world)
+                .ok_or_else(|| DeviceError::InvalidShape {
+                    op,
+                    reason: format!(
+                        "gathering {shape:?} from world_size = {world} ranks: axis 0 times \
+                         {world} overflows usize"
+                    ),
+                })?;
+            Ok(std::iter::once(first).chain(rest.iter().copied()).collect())
+        }
+        None => Ok(vec![world]),
     }
 }
 
@@ -240,7 +250,7 @@ pub fn all_gather<T: CollectiveType, X: TensorInput<T>>(
         "all_gather",
         comm,
         x,
-        |shape, world| Ok(gathered(shape, world)),
+        |shape, world| gathered("all_gather", shape, world),
         |x, out| CollectiveCall::all_gather(x, out),
     )
 }
@@ -407,7 +417,9 @@ pub fn group<T: CollectiveType>(
                     GroupCall::AllReduce(t, _) | GroupCall::Broadcast(t, _) => {
                         alloc(stream, t.shape())?
                     }
-                    GroupCall::AllGather(t) => alloc(stream, &gathered(t.shape(), world))?,
+                    GroupCall::AllGather(t) => {
+                        alloc(stream, &gathered("all_gather", t.shape(), world)?)?
+                    }
                     GroupCall::ReduceScatter(t, _) => {
                         let shape = match t.shape().split_first() {
                             Some((&f, rest)) if f % world == 0 => std::iter::once(f / world)
