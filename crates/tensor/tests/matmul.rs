@@ -220,3 +220,46 @@ fn matmul_shape_errors_name_the_op_and_shapes() -> Result<(), DeviceError> {
     );
     Ok(())
 }
+
+#[test]
+fn an_empty_batch_times_a_shared_matrix_is_an_empty_batch() -> Result<(), DeviceError> {
+    let stream = stream();
+    let a = api::zeros::<f32>(&[0, 3, 4]).sync_on(&stream)?;
+    let b = api::ones::<f32>(&[4, 2]).sync_on(&stream)?;
+    let w = api::ones::<f32>(&[2, 4]).sync_on(&stream)?;
+    assert_eq!(
+        kernels::matmul(&a, &b).sync_on(&stream)?.shape(),
+        &[0, 3, 2]
+    );
+    assert_eq!(
+        kernels::linear(&a, &w).sync_on(&stream)?.shape(),
+        &[0, 3, 2]
+    );
+    assert_eq!(
+        kernels::matmul_f32(&a, &b).sync_on(&stream)?.shape(),
+        &[0, 3, 2]
+    );
+    assert_eq!(
+        kernels::linear_f32(&a, &w).sync_on(&stream)?.shape(),
+        &[0, 3, 2]
+    );
+    let ah = api::zeros::<bf16>(&[0, 3, 4]).sync_on(&stream)?;
+    let bh = api::ones::<bf16>(&[4, 2]).sync_on(&stream)?;
+    assert_eq!(
+        kernels::matmul_f32(&ah, &bh).sync_on(&stream)?.shape(),
+        &[0, 3, 2]
+    );
+    // An empty batch of both.
+    let b0 = api::ones::<f32>(&[0, 4, 2]).sync_on(&stream)?;
+    assert_eq!(
+        kernels::matmul(&a, &b0).sync_on(&stream)?.shape(),
+        &[0, 3, 2]
+    );
+    // The stream still works.
+    let x = api::ones::<f32>(&[2, 3, 4]).sync_on(&stream)?;
+    assert_eq!(
+        kernels::matmul(&x, &b).sync_on(&stream)?.to_host_vec()?,
+        vec![4.0; 12]
+    );
+    Ok(())
+}

@@ -71,6 +71,11 @@ where
             vec![m, n]
         };
         let out = alloc::<O>(stream, &shape)?;
+        if out.is_empty() {
+            // No product to compute: an empty batch would still have the GEMM check a shared
+            // 2-D `b` as a batch of none.
+            return Ok(out);
+        }
         let size = |x: usize, y: usize| {
             x.checked_mul(y).ok_or_else(|| DeviceError::InvalidShape {
                 op,
