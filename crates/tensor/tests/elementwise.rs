@@ -527,3 +527,44 @@ fn signed_overflow_wraps_on_every_path() -> Result<(), DeviceError> {
         [i64::wrapping_add, i64::wrapping_sub, i64::wrapping_mul],
     )
 }
+
+/// saxpy whose `x` overlaps its output in one buffer (rows of one tensor, shifted by one row
+/// either way, or the same rows): every output is `a · x + out` of the values before the
+/// kernel, whatever order its blocks run in.
+#[test]
+fn saxpy_reads_an_input_overlapping_its_output_as_it_was() -> Result<(), DeviceError> {
+    let stream = stream();
+    let mut rng = seeded_rng(41);
+    let (rows, cols, a) = (9usize, 8usize, 1.5f32);
+    let zh: Vec<f32> = uniform(&mut rng, rows * cols, -1.0, 1.0);
+    // (output rows, input rows), each 8 rows of the 9.
+    for (out_start, x_start) in [(1, 1), (1, 0), (0, 1)] {
+        let z = api::from_vec(zh.clone(), &[rows, cols]).sync_on(&stream)?;
+        let mut out = z.narrow(0, out_start, rows - 1)?;
+        let x = z.narrow(0, x_start, rows - 1)?;
+        let want: Vec<f64> = (0..(rows - 1) * cols)
+            .map(|i| {
+                f64::from(a) * f64::from(zh[x_start * cols + i])
+                    + f64::from(zh[out_start * cols + i])
+            })
+            .collect();
+        for tile in [[1, cols], [rows - 1, cols], [1, 1]] {
+            memcpy_rows(&stream, &z, &zh)?;
+            drop(kernels::saxpy((&mut out).partition(tile), a, &x).sync_on(&stream)?);
+            assert_dtype_close(
+                &out.to_host_vec()?,
+                &want,
+                1e-6,
+                &format!("saxpy of rows {out_start}.. by rows {x_start}.. in tiles {tile:?}"),
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Writes `data` back into the whole of `z`.
+fn memcpy_rows(stream: &Stream, z: &Tensor<f32>, data: &[f32]) -> Result<(), DeviceError> {
+    let mut z = z.clone();
+    let src = api::from_vec(data.to_vec(), z.shape()).sync_on(stream)?;
+    api::memcpy(&mut z, &src).sync_on(stream)
+}

@@ -343,7 +343,14 @@ pub(crate) fn into_partition<T: DType, P: TensorMut<T>, X: TensorInput<T>>(
             }
             o.out_view(ew.name)?;
             let t = tiling(ew.name, o.shape(), out.tile())?;
-            let xd = super::dense(ew.name, stream, xt)?;
+            // An `x` in the output's memory is copied first, so that every output reads the
+            // values of before the kernel (blocks run in any order) and the launch does not
+            // name one range as both an input and the output.
+            let xd = if shares_memory(o, xt) {
+                std::borrow::Cow::Owned(super::gather_copy(stream, xt)?)
+            } else {
+                super::dense(ew.name, stream, xt)?
+            };
             ew.launch(
                 stream,
                 o.out_view(ew.name)?,
@@ -356,6 +363,17 @@ pub(crate) fn into_partition<T: DType, P: TensorMut<T>, X: TensorInput<T>>(
         }
         Ok((out, x))
     })
+}
+
+/// Whether `a` and `b` have elements in one range of one buffer (from each first element to
+/// each last).
+fn shares_memory<T: DType>(a: &Tensor<T>, b: &Tensor<T>) -> bool {
+    let range = |t: &Tensor<T>| {
+        let span = crate::view::span(t.shape(), t.strides());
+        (t.offset(), t.offset() + span)
+    };
+    let ((a0, a1), (b0, b1)) = (range(a), range(b));
+    Arc::ptr_eq(a.buffer(), b.buffer()) && a0 < a1 && b0 < b1 && a0 < b1 && b0 < a1
 }
 
 /// Fills a new tensor of `shape` with `v`.
