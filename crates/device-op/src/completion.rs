@@ -25,7 +25,7 @@ use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use cuflow_runtime::{sync, DeviceError, Event};
+use cuflow_runtime::{sync, DeviceError, ErrorScope, Event};
 use parking_lot::{Condvar, Mutex};
 
 /// How long the first poll of a future waits on its event before parking its waker.
@@ -82,6 +82,16 @@ impl<T> Handoff<T> {
         Polled::Parked { first }
     }
 
+    /// Marks the slot as watched without parking a waker (for a future dropped in flight);
+    /// whether no poll had parked one before, so that the caller hands the slot to whoever
+    /// will complete it, as [`Handoff::poll`]'s first park does.
+    pub(crate) fn watch(&self) -> bool {
+        let mut s = self.state.lock();
+        let first = !s.watched;
+        s.watched = true;
+        first
+    }
+
     /// Stores the result and wakes the parked waker, if any (after releasing the lock).
     ///
     /// A waker is the program's code, and the thread completing is the process's one
@@ -107,6 +117,8 @@ impl<T> Handoff<T> {
 pub(crate) struct CompletionSlot {
     event: Event,
     handoff: Handoff<Result<(), DeviceError>>,
+    /// The error scope of a future dropped before its work completed, settled once it has.
+    settle: Mutex<Option<ErrorScope>>,
 }
 
 impl CompletionSlot {
@@ -114,7 +126,31 @@ impl CompletionSlot {
         Arc::new(CompletionSlot {
             event,
             handoff: Handoff::new(),
+            settle: Mutex::new(None),
         })
+    }
+
+    /// Settles `scope` (see `ErrorScope::settle`) once the work of the slot has completed: at
+    /// once when it has, else on the completion thread when it sees it complete. For a future
+    /// that ends before its work does (dropped, or refused inside a host function): an
+    /// unsettled scope would be freed one recursion per `shared` production nested in it.
+    pub(crate) fn settle_when_complete(self: &Arc<Self>, scope: ErrorScope) {
+        *self.settle.lock() = Some(scope);
+        if !matches!(self.event.is_complete(), Ok(false)) {
+            self.settle_now();
+            return;
+        }
+        if self.handoff.watch() {
+            reactor().watch(self.clone());
+        }
+    }
+
+    /// Settles the scope handed over by [`CompletionSlot::settle_when_complete`], if any.
+    fn settle_now(&self) {
+        let scope = self.settle.lock().take();
+        if let Some(scope) = scope {
+            scope.settle();
+        }
     }
 
     pub(crate) fn poll(self: &Arc<Self>, cx: &mut Context<'_>) -> Poll<Result<(), DeviceError>> {
@@ -152,6 +188,7 @@ impl CompletionSlot {
             Ok(true) => Ok(()),
             Err(e) => Err(e),
         };
+        self.settle_now();
         self.handoff.complete(r);
         true
     }

@@ -184,14 +184,20 @@ fn run_and_wait<O: DeviceOp>(
     let scope = ErrorScope::new();
     let _entered = scope.enter();
     let mut ctx = ExecutionContext::root(policy, stream.clone(), prior_work);
-    let out = execute_root(op, &mut ctx)?;
-    if ctx.has_device_work() {
-        // The root's stream, unless the op replaced its context: the final context's stream
-        // waited for every other one (`join_stray_work`).
-        ctx.current_stream().synchronize()?;
-    }
-    // All of the op's work has completed, and with it the work it depends on.
+    let finished = execute_root(op, &mut ctx).and_then(|out| {
+        if ctx.has_device_work() {
+            // The root's stream, unless the op replaced its context: the final context's
+            // stream waited for every other one (`join_stray_work`).
+            ctx.current_stream().synchronize()?;
+        }
+        Ok(out)
+    });
+    // All of the op's work has completed (or, on an error, been waited for), and with it the
+    // work it depends on. Settled on every outcome: an unsettled scope holds the scopes of
+    // the `shared` productions nested in it, one inside the other, and a chain of them as deep
+    // as the op's would be freed one recursion per level.
     scope.settle();
+    let out = finished?;
     scope.check()?;
     Ok((out, ctx.stats()))
 }
@@ -229,13 +235,29 @@ pub(crate) fn enqueue<O: DeviceOp>(
     let scope = ErrorScope::new();
     let _entered = scope.enter();
     let mut ctx = ExecutionContext::root(policy, stream, false);
-    let out = execute_root(op, &mut ctx)?;
-    let event = if ctx.has_device_work() {
-        Some(ctx.record_event()?)
-    } else {
-        None
-    };
-    Ok((out, event, scope.clone()))
+    let enqueued = execute_root(op, &mut ctx).and_then(|out| {
+        let event = if ctx.has_device_work() {
+            match ctx.record_event() {
+                Ok(event) => Some(event),
+                Err(e) => {
+                    wait_for_enqueued_work(&ctx);
+                    return Err(e);
+                }
+            }
+        } else {
+            None
+        };
+        Ok((out, event))
+    });
+    match enqueued {
+        Ok((out, event)) => Ok((out, event, scope.clone())),
+        Err(e) => {
+            // The work enqueued before the error has finished: settled as `run_and_wait`
+            // settles its scope.
+            scope.settle();
+            Err(e)
+        }
+    }
 }
 
 /// An enqueued op: its output, the event its work completes with, and its error scope.

@@ -87,7 +87,7 @@ impl<T: Send> Future for DeviceFuture<T> {
                 // wait there would never end (on CUDA, the driver runs every host function on
                 // one thread): refused, as every wait inside one is.
                 if cuflow_runtime::in_host_function() {
-                    this.state = State::Done;
+                    this.end();
                     return Poll::Ready(Err(DeviceError::Reentrant {
                         what: "waiting for a DeviceFuture inside a host function",
                     }));
@@ -96,7 +96,7 @@ impl<T: Send> Future for DeviceFuture<T> {
                     match slot.poll(cx) {
                         Poll::Pending => return Poll::Pending,
                         Poll::Ready(Err(e)) => {
-                            this.state = State::Done;
+                            this.end();
                             return Poll::Ready(Err(e));
                         }
                         Poll::Ready(Ok(())) => {}
@@ -123,6 +123,30 @@ impl<T: Send> Future for DeviceFuture<T> {
                 "a lazy DeviceFuture left its lazy state",
             ))),
         }
+    }
+}
+
+impl<T> DeviceFuture<T> {
+    /// Moves the future to `Done`. An in-flight future's error scope is settled once its work
+    /// has completed (at once when it has): a scope dropped unsettled would free the scopes of
+    /// the `shared` productions nested in it one recursion per level.
+    fn end(&mut self) {
+        if let State::InFlight {
+            completion, scope, ..
+        } = std::mem::replace(&mut self.state, State::Done)
+        {
+            match completion {
+                Some(slot) => slot.settle_when_complete(scope),
+                None => scope.settle(),
+            }
+        }
+    }
+}
+
+impl<T> Drop for DeviceFuture<T> {
+    /// Dropped in flight, the work still completes; its error scope is settled then.
+    fn drop(&mut self) {
+        self.end();
     }
 }
 

@@ -3,9 +3,14 @@
 //! the test harness's threads and on threads with small stacks alike (a chain's depth is
 //! limited only by memory, never by the thread's stack).
 
+use std::future::{Future, IntoFuture};
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Waker};
 
-use cuflow_device_op::{enqueue_on, value, zip, BoxedOp, DeviceError, DeviceOpExt};
+use cuflow_device_op::{
+    enqueue_on, from_fn, value, zip, BoxedOp, DeviceError, DeviceOpExt, Shared,
+};
 use cuflow_scheduler::{default_policy, StreamPoolRoundRobin};
 use cuflow_testing::{
     device::{device, stream},
@@ -258,4 +263,75 @@ fn a_deep_chain_of_named_ops_draws_as_dot() {
         );
         assert_eq!(op.sync().expect("runs"), 0);
     });
+}
+
+/// How many shared ops [`nested_shared_chain`] nests: each one's production runs inside the
+/// next one's, so that far deeper than a small stack holds one frame per level.
+const SHARED_DEPTH: usize = 10_000;
+
+/// `first` made shared, then `SHARED_DEPTH` shared ops, each adding one to the one before:
+/// executing the last produces every other one inside its own production.
+fn nested_shared_chain(first: BoxedOp<'static, u64>) -> Shared<BoxedOp<'static, u64>> {
+    let mut last = first.shared();
+    for _ in 0..SHARED_DEPTH {
+        last = last.then(|n: Arc<u64>| value(*n + 1)).boxed().shared();
+    }
+    last
+}
+
+/// A chain of shared ops whose first one fails.
+fn failing_nested_shared_chain() -> Shared<BoxedOp<'static, u64>> {
+    nested_shared_chain(
+        from_fn(|_ctx| Err::<u64, _>(DeviceError::usage("the first op of the chain fails")))
+            .boxed(),
+    )
+}
+
+/// Shared ops produced one inside another, as deep as a loop makes them, end in an error
+/// (when the first one fails) or are dropped in flight without exhausting the stack: their
+/// execution's bookkeeping is released level by level, from every entry point.
+#[test]
+fn a_deep_chain_of_nested_shared_ops_fails_or_is_dropped_on_a_small_stack(
+) -> Result<(), DeviceError> {
+    on_small_stack(|| {
+        let failed = |r: Result<Arc<u64>, DeviceError>, how: &str| match r {
+            Err(DeviceError::Usage { what }) => {
+                assert!(
+                    what.contains("the first op of the chain fails"),
+                    "{how}: {what}"
+                )
+            }
+            other => panic!("{how}: the first op's error, got {other:?}"),
+        };
+        failed(failing_nested_shared_chain().sync(), "sync");
+        failed(failing_nested_shared_chain().sync_on(&stream()), "sync_on");
+        let policy = StreamPoolRoundRobin::new(&device(), 2)?;
+        failed(
+            failing_nested_shared_chain()
+                .schedule(&policy)
+                .and_then(futures::executor::block_on),
+            "schedule",
+        );
+        failed(
+            futures::executor::block_on(failing_nested_shared_chain().into_future()),
+            ".await",
+        );
+
+        // Dropped in flight (its first op's work waits behind a closed gate), unpolled, and
+        // after one poll.
+        for poll_first in [false, true] {
+            let buf = buffer(0.0);
+            let mut gate = Gate::closed(&device())?;
+            let first = fill_after(gate.event(), &buf, 1.0).map(|_| 1u64).boxed();
+            let mut in_flight = nested_shared_chain(first).schedule(&policy)?;
+            if poll_first {
+                let mut cx = Context::from_waker(Waker::noop());
+                assert!(Pin::new(&mut in_flight).poll(&mut cx).is_pending());
+            }
+            drop(in_flight);
+            gate.open();
+            assert_all(&buf, 1.0, "the dropped future's work");
+        }
+        Ok(())
+    })
 }
