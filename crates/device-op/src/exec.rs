@@ -221,6 +221,17 @@ pub(crate) fn sync_on<O: DeviceOp>(
     stream: &Stream,
 ) -> Result<(O::Output, ExecutionStats), DeviceError> {
     let _guard = ExecutionGuard::enter("DeviceOpExt::sync_on")?;
+    if stream.is_capturing() {
+        // The work would be recorded into the graph instead of run, and the wait for it
+        // (which a capture cannot record) would break the capture.
+        return Err(DeviceError::Capture {
+            op: "DeviceOpExt::sync_on".into(),
+            reason: format!(
+                "stream {} is being captured into a graph: the op's work would be recorded,                  not run, and sync_on cannot wait for it; capture the op with its graph API                  (graph_on), or sync it on a stream that is not being captured",
+                stream.id()
+            ),
+        });
+    }
     run_and_wait(op, default_policy(stream.device())?, Some(stream))
 }
 

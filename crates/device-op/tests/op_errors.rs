@@ -301,3 +301,36 @@ fn waiting_for_an_event_of_an_ended_capture_is_refused_on_its_own_stream_too(
     }
     Ok(())
 }
+
+/// `sync_on` waits for the op's work, which a stream being captured into a graph only records:
+/// it refuses such a stream before enqueueing anything, with an error that names it, and the
+/// capture goes on untouched (the work was recorded into it and the wait broke it).
+#[test]
+fn sync_on_a_stream_being_captured_is_refused_and_leaves_the_capture_intact(
+) -> Result<(), DeviceError> {
+    let s = device().new_stream()?;
+    let buf = buffer(0.0);
+    s.begin_capture()?;
+    let plain = fill(&buf, 1.0).sync_on(&s).map(drop);
+    let with_stats = zip!(fill(&buf, 2.0), value(3))
+        .sync_on_with_stats(&s)
+        .map(drop);
+    let graph = s.end_capture();
+    for (how, r) in [("sync_on", plain), ("sync_on_with_stats", with_stats)] {
+        match r {
+            Err(DeviceError::Capture { op, reason }) => assert!(
+                op.contains("sync_on") && reason.contains(&s.id().to_string()),
+                "{how}: {op}: {reason}"
+            ),
+            other => panic!("{how}: a capture error naming sync_on, got {other:?}"),
+        }
+    }
+    let graph = graph?;
+    assert_eq!(
+        graph.node_count()?,
+        0,
+        "nothing was recorded into the capture"
+    );
+    assert_all(&buf, 0.0, "nothing ran");
+    Ok(())
+}

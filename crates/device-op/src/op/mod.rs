@@ -262,7 +262,8 @@ pub trait DeviceOpExt: DeviceOp + Sized {
     ///
     /// # Errors
     ///
-    /// As [`DeviceOpExt::sync`].
+    /// As [`DeviceOpExt::sync`]; [`DeviceError::Capture`], before anything is enqueued, when
+    /// `stream` is being captured into a graph (the work would be recorded, not run).
     fn sync_on(self, stream: &Stream) -> Result<Self::Output, DeviceError> {
         crate::exec::sync_on(self, stream).map(|(out, _)| out)
     }
@@ -272,7 +273,7 @@ pub trait DeviceOpExt: DeviceOp + Sized {
     ///
     /// # Errors
     ///
-    /// As [`DeviceOpExt::sync`].
+    /// As [`DeviceOpExt::sync_on`].
     fn sync_on_with_stats(
         self,
         stream: &Stream,
