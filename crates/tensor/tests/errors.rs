@@ -312,3 +312,31 @@ fn shapes_whose_sizes_overflow_are_invalid_shapes_not_panics() {
         0
     );
 }
+
+/// `where_` names its arguments: a `mask` that does not broadcast with `a` and `b` is named
+/// with both their shapes (the shape it is compared with, their broadcast, is neither's), and
+/// `a` and `b` that do not broadcast are named as such.
+#[test]
+fn where_names_the_arguments_that_do_not_broadcast() -> Result<(), DeviceError> {
+    let s = stream();
+    let mask = api::ones::<u8>(&[3]).sync_on(&s)?;
+    let a = api::ones::<f32>(&[2, 1]).sync_on(&s)?;
+    let b = api::zeros::<f32>(&[1, 4]).sync_on(&s)?;
+    let err = kernels::where_(&mask, &a, &b).sync_on(&s).unwrap_err();
+    let msg = err.to_string();
+    assert_shape_mismatch(err, "where_", &[3], &[2, 4]);
+    for part in ["`mask` [3]", "`a` [2, 1]", "`b` [1, 4]"] {
+        assert!(msg.contains(part), "{msg:?} does not name {part}");
+    }
+
+    let mask = api::ones::<u8>(&[1]).sync_on(&s)?;
+    let b = api::zeros::<f32>(&[3]).sync_on(&s)?;
+    let a = api::ones::<f32>(&[2]).sync_on(&s)?;
+    let err = kernels::where_(&mask, &a, &b).sync_on(&s).unwrap_err();
+    let msg = err.to_string();
+    assert_shape_mismatch(err, "where_", &[2], &[3]);
+    for part in ["`a` [2]", "`b` [3]"] {
+        assert!(msg.contains(part), "{msg:?} does not name {part}");
+    }
+    Ok(())
+}

@@ -3,6 +3,7 @@
 //! broadcasting, reading views and broadcast operands in place.
 
 use cuflow_device_op::ExecutionContext;
+use cuflow_runtime::DeviceError;
 
 use super::strided::{self, Elem, Operand, StridedEw};
 use super::{alloc, TensorResult};
@@ -72,6 +73,20 @@ compare_kernel!(le, "x <= y", "a <= b", PartialOrd::le, "[1u8, 1, 0, 0]");
 compare_kernel!(gt, "x > y", "a > b", PartialOrd::gt, "[0u8, 0, 1, 1]");
 compare_kernel!(ge, "x >= y", "a >= b", PartialOrd::ge, "[0u8, 1, 1, 1]");
 
+/// A shape mismatch of `where_` with the arguments it is between named first (a mismatch of
+/// `mask` is with the broadcast of `a` and `b`, a shape that is none of the arguments').
+fn naming(e: DeviceError, args: String) -> DeviceError {
+    match e {
+        DeviceError::ShapeMismatch { op, what, lhs, rhs } => DeviceError::ShapeMismatch {
+            op,
+            what: format!("{args}: {what}"),
+            lhs,
+            rhs,
+        },
+        other => other,
+    }
+}
+
 /// `a` where `mask` is nonzero, else `b`, elementwise; the three are broadcast to one shape
 /// under NumPy's rules. Masks come from the comparisons ([`eq`], [`lt`], ...).
 ///
@@ -100,8 +115,19 @@ pub fn where_<T: DType, M: TensorInput<u8>, A: TensorInput<T>, B: TensorInput<T>
     b: B,
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
     strided_op3("where_", (mask, a, b), move |stream, m, a, b| {
-        let ab = broadcast_shapes("where_", a.shape(), b.shape())?;
-        let shape = broadcast_shapes("where_", m.shape(), &ab)?;
+        let ab = broadcast_shapes("where_", a.shape(), b.shape())
+            .map_err(|e| naming(e, format!("`a` {:?} and `b` {:?}", a.shape(), b.shape())))?;
+        let shape = broadcast_shapes("where_", m.shape(), &ab).map_err(|e| {
+            naming(
+                e,
+                format!(
+                    "`mask` {:?} and the shape {ab:?} that `a` {:?} and `b` {:?} broadcast to",
+                    m.shape(),
+                    a.shape(),
+                    b.shape()
+                ),
+            )
+        })?;
         let out = alloc::<T>(stream, &shape)?;
         let kernel = StridedEw {
             name: "where",
