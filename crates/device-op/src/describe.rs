@@ -277,16 +277,22 @@ impl DagDump {
     /// ops neither recurses once per level nor rescans every group at each; indentation stops
     /// growing past [`MAX_INDENT`] levels.
     fn write_groups(&self, out: &mut String) {
-        // Slot 0 is the top level, slot g + 1 group g.
-        let slot = |group: Option<usize>| group.map_or(0, |g| g + 1);
+        // Slot 0 is the top level, slot g + 1 group g. A group is drawn inside its parent only
+        // when the parent comes before it (as a builder makes them), so that the clusters form
+        // a tree; a node or group naming a group that is not there is drawn at the top level.
+        let slot = |group: Option<usize>, before: usize| match group {
+            Some(g) if g < before => g + 1,
+            _ => 0,
+        };
         let mut nodes_of: Vec<Vec<usize>> = vec![Vec::new(); self.groups.len() + 1];
         for (i, n) in self.nodes.iter().enumerate() {
-            nodes_of[slot(n.group)].push(i);
+            nodes_of[slot(n.group, self.groups.len())].push(i);
         }
         let mut children: Vec<Vec<usize>> = vec![Vec::new(); self.groups.len() + 1];
         for (g, grp) in self.groups.iter().enumerate() {
-            children[slot(grp.parent)].push(g);
+            children[slot(grp.parent, g)].push(g);
         }
+        let slot = |group: Option<usize>| slot(group, self.groups.len());
         let pad = |depth: usize| "  ".repeat(depth.min(MAX_INDENT));
         enum Step {
             /// Group `.0`'s header at depth `.1`, its nodes and children one deeper.
@@ -340,8 +346,8 @@ impl fmt::Display for DagDump {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for (i, n) in self.nodes.iter().enumerate() {
             write!(f, "n{i} [{}] {}", n.kind.as_str(), n.label)?;
-            if let Some(g) = n.group {
-                write!(f, "  in: {}", self.groups[g].name)?;
+            if let Some(group) = n.group.and_then(|g| self.groups.get(g)) {
+                write!(f, "  in: {}", group.name)?;
             }
             writeln!(f)?;
         }

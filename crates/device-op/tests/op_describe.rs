@@ -117,3 +117,32 @@ fn boxed_prioritized_and_mapped_ops_describe_their_parts() {
     assert!(labels[2].starts_with("inspect "), "{labels:?}");
     assert_eq!(dag.edges.len(), 2);
 }
+
+/// A dump is plain data that a program may edit (drop the groups, regroup nodes) before
+/// rendering it: a node or group naming a group that is not there, or a group named as its own
+/// parent, is drawn at the top level instead of making `to_dot` or `Display` panic.
+#[test]
+fn a_dump_edited_by_the_program_still_renders() {
+    let op = zip!(value(1), value(2)).named("outer").named("outermost");
+    let mut dag = op.describe();
+    let in_groups = dag.nodes.iter().filter(|n| n.group.is_some()).count();
+    assert!(in_groups > 0 && dag.groups.len() == 2, "{dag}");
+
+    let mut no_groups = dag.clone();
+    no_groups.groups.clear();
+    let dot = no_groups.to_dot();
+    assert_eq!(dot.matches("label=\"value\"").count(), 2, "{dot}");
+    assert!(!dot.contains("cluster"), "{dot}");
+    assert_eq!(
+        no_groups.to_string().lines().count(),
+        dag.to_string().lines().count()
+    );
+
+    // Group 1 made its own parent, and group 0 given a parent that is not there.
+    dag.groups[1].parent = Some(1);
+    dag.groups[0].parent = Some(7);
+    let dot = dag.to_dot();
+    assert_eq!(dot.matches("label=\"value\"").count(), 2, "{dot}");
+    assert_eq!(dot.matches("subgraph cluster_").count(), 2, "{dot}");
+    assert_eq!(dot.matches('{').count(), dot.matches('}').count(), "{dot}");
+}
