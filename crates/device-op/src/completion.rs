@@ -136,7 +136,9 @@ impl CompletionSlot {
     /// unsettled scope would be freed one recursion per `shared` production nested in it.
     pub(crate) fn settle_when_complete(self: &Arc<Self>, scope: ErrorScope) {
         *self.settle.lock() = Some(scope);
-        if !matches!(self.event.is_complete(), Ok(false)) {
+        // Inside a host function the event cannot be asked (it would answer with that
+        // refusal, not with its work's state): the completion thread asks it.
+        if !cuflow_runtime::in_host_function() && !matches!(self.event.is_complete(), Ok(false)) {
             self.settle_now();
             return;
         }
