@@ -68,6 +68,10 @@ impl Shown {
 /// more than [`MAX_CELLS`] elements, axes cut to their first and last entries, then to their
 /// first, outermost first.
 fn shown_indices(shape: &[usize]) -> Vec<Vec<Option<usize>>> {
+    if shape.contains(&0) {
+        // No element to show: no axis lists its indices (one may be far too long to list).
+        return vec![Vec::new(); shape.len()];
+    }
     let numel = shape.iter().fold(1usize, |n, &d| n.saturating_mul(d));
     let mut shown: Vec<Shown> = shape
         .iter()

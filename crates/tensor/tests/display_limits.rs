@@ -70,3 +70,26 @@ fn sparse_views_print_their_own_elements() -> Result<(), DeviceError> {
     );
     Ok(())
 }
+
+/// An empty tensor prints `[]` whatever the length of its other axes: its axes list no
+/// indices to show (an axis of 2^40 entries listed them all, which aborted the process on an
+/// allocation of 16 TiB).
+#[test]
+fn an_empty_tensor_with_long_axes_prints_without_listing_them() -> Result<(), DeviceError> {
+    let s = stream();
+    for shape in [
+        [0, 1 << 40, 1 << 23],
+        [1 << 40, 1 << 23, 0],
+        [3, 0, 1 << 60],
+    ] {
+        let t = api::zeros::<f32>(&[0]).sync_on(&s)?.reshape(&shape)?;
+        assert_eq!(
+            t.to_string(),
+            format!(
+                "tensor([], shape={shape:?}, dtype=f32, device={})",
+                t.device()
+            )
+        );
+    }
+    Ok(())
+}
