@@ -24,6 +24,11 @@ use super::weights::{build, Weights};
 /// Partition length of prefill attention (decode uses 64).
 const PREFILL_CHUNK: usize = 512;
 
+/// Workspace of one block of prefill rows: a prompt is prefilled in blocks of as many rows
+/// as this many bytes of intermediates hold (at least one), so that its workspace does not
+/// grow with its length (attention's partial results alone are the rows times `max_seq`).
+const PREFILL_BLOCK_BYTES: usize = 256 << 20;
+
 /// How a checkpoint was loaded.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LoadStats {
@@ -170,42 +175,56 @@ impl Core {
         })
     }
 
+    /// Bytes of the `f32` intermediates of [`prefill`](Self::prefill) per prompt row over
+    /// caches of `max_seq` positions, with checked arithmetic: attention's partial results grow
+    /// with `max_seq`.
+    fn prefill_row_bytes(&self, max_seq: usize) -> Option<usize> {
+        let cfg = &self.cfg;
+        let (heads, hd, d) = (cfg.num_attention_heads, cfg.head_dim(), cfg.hidden_size);
+        let parts = decode::attention_partitions(max_seq, PREFILL_CHUNK);
+        let qd = heads.checked_mul(hd)?;
+        let scratch = [heads, parts, hd.checked_add(2)?]
+            .iter()
+            .try_fold(1usize, |n, &k| n.checked_mul(k))?;
+        // x, h and a projection's output (d each); q and attention (qd each); the fused
+        // query/key/value rows; the MLP's gate/up product and activation (3 × its width).
+        [d, d, d, qd, qd, cfg.qkv_rows(), scratch]
+            .iter()
+            .try_fold(cfg.intermediate_size.checked_mul(3)?, |n, &k| {
+                n.checked_add(k)
+            })?
+            .checked_mul(4)
+    }
+
+    /// The prompt rows one block of [`prefill`](Self::prefill) runs over caches of `max_seq`
+    /// positions: as many as [`PREFILL_BLOCK_BYTES`] of workspace hold, at least one.
+    fn prefill_block_rows(&self, max_seq: usize) -> usize {
+        self.prefill_row_bytes(max_seq)
+            .map_or(1, |b| (PREFILL_BLOCK_BYTES / b.max(1)).max(1))
+    }
+
     /// Refuses a prefill of `rows` prompt tokens over caches of `max_seq` positions whose
-    /// workspace the memory of `device` cannot hold, before anything is allocated: attention's
-    /// partial results grow with the prompt times `max_seq`. Its bytes (the `f32`
-    /// intermediates of [`prefill`](Self::prefill)) are counted with checked arithmetic; a
-    /// memory whose size is unknown (reported as 0) is not checked.
+    /// workspace the memory of `device` cannot hold, before anything is allocated. The prompt
+    /// is prefilled in blocks of rows (see [`prefill`](Self::prefill)), so the workspace is
+    /// one block's: at most [`PREFILL_BLOCK_BYTES`], unless a single row is larger. Its bytes
+    /// are counted with checked arithmetic; a memory whose size is unknown (reported as 0) is
+    /// not checked.
     pub(crate) fn ensure_prefill_fits(
         &self,
         device: &Device,
         rows: usize,
         max_seq: usize,
     ) -> Result<(), DeviceError> {
-        let cfg = &self.cfg;
-        let (heads, hd, d) = (cfg.num_attention_heads, cfg.head_dim(), cfg.hidden_size);
-        let parts = decode::attention_partitions(max_seq, PREFILL_CHUNK);
-        let row_bytes = || {
-            let qd = heads.checked_mul(hd)?;
-            let scratch = [heads, parts, hd.checked_add(2)?]
-                .iter()
-                .try_fold(1usize, |n, &k| n.checked_mul(k))?;
-            // x, h and a projection's output (d each); q and attention (qd each); the fused
-            // query/key/value rows; the MLP's gate/up product and activation (3 × its width).
-            [d, d, d, qd, qd, cfg.qkv_rows(), scratch]
-                .iter()
-                .try_fold(cfg.intermediate_size.checked_mul(3)?, |n, &k| {
-                    n.checked_add(k)
-                })?
-                .checked_mul(4)
-        };
-        let bytes = row_bytes().and_then(|b| b.checked_mul(rows));
+        let block = rows.min(self.prefill_block_rows(max_seq));
+        let bytes = self
+            .prefill_row_bytes(max_seq)
+            .and_then(|b| b.checked_mul(block));
         let total = device.memory_info()?.total;
         if total > 0 && bytes.is_none_or(|b| b > total) {
             return Err(DeviceError::usage(format!(
                 "prefilling a prompt of {rows} tokens over caches of max_seq {max_seq} \
-                 positions needs {} bytes of workspace, more than the {total} bytes of \
-                 {device}; prefill a shorter prompt (and decode the rest), or lower \
-                 GenerateOptions::max_seq",
+                 positions needs {} bytes of workspace for a block of {block} rows, more than \
+                 the {total} bytes of {device}; lower GenerateOptions::max_seq",
                 bytes.map_or("more than usize::MAX".into(), |b| b.to_string()),
             )));
         }
@@ -213,66 +232,134 @@ impl Core {
     }
 
     /// The forward pass over all `prompt` rows at positions `0..len` with matrix products,
-    /// writing the caches and the logits of the last row into `s.logits`. Allocates its
-    /// intermediates (it is not captured).
+    /// writing the caches and the logits of the last row into `s.logits`. The rows are run
+    /// in blocks of [`prefill_block_rows`](Self::prefill_block_rows), one after the other,
+    /// each attending the cache the blocks before it wrote: the workspace is one block's,
+    /// whatever the prompt's length. Allocates its intermediates (it is not captured).
     pub(crate) fn prefill<'a>(
         &'a self,
         s: &'a mut State,
-        prompt: &'a Tensor<u32>,
+        prompt: &'a [u32],
     ) -> impl DeviceOp<Output = ()> + 'a {
         from_fn(move |ctx: &mut ExecutionContext| {
-            let cfg = &self.cfg;
+            if prompt.is_empty() {
+                return Err(DeviceError::internal("a prefill of an empty prompt"));
+            }
+            let block = self.prefill_block_rows(s.max_seq);
+            // Every block but the last has `block` rows: they share one workspace.
+            let mut full: Option<PrefillWorkspace> = None;
+            let mut chunks = prompt.chunks(block).enumerate().peekable();
+            while let Some((i, ids)) = chunks.next() {
+                let start = u32::try_from(i * block).map_err(|_| {
+                    DeviceError::internal("a prefill past the kernels' 32-bit positions")
+                })?;
+                let last = chunks.peek().is_none();
+                let mut partial;
+                let ws = if ids.len() == block {
+                    match &mut full {
+                        Some(ws) => ws,
+                        None => {
+                            full.insert(PrefillWorkspace::new(&self.cfg, block, s.max_seq, ctx)?)
+                        }
+                    }
+                } else {
+                    partial = PrefillWorkspace::new(&self.cfg, ids.len(), s.max_seq, ctx)?;
+                    &mut partial
+                };
+                self.prefill_block(s, ws, ids, start, last).execute(ctx)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// The forward pass over the prompt rows `ids` at positions `start..start + len`, after
+    /// the blocks before them wrote the caches at `0..start`, in `ws` (of `len` rows); the
+    /// last block also writes the logits of its last row into `s.logits`.
+    fn prefill_block<'a>(
+        &'a self,
+        s: &'a mut State,
+        ws: &'a mut PrefillWorkspace,
+        ids: &'a [u32],
+        start: u32,
+        last: bool,
+    ) -> impl DeviceOp<Output = ()> + 'a {
+        from_fn(move |ctx: &mut ExecutionContext| {
             let (w, eps, shape) = (&self.weights, self.eps(), self.shape(s.max_seq));
-            let rows = prompt.len();
-            let (d, qd) = (cfg.hidden_size, cfg.num_attention_heads * cfg.head_dim());
-            let zeros =
-                |shape: &[usize], ctx: &mut ExecutionContext| api::zeros::<f32>(shape).execute(ctx);
-            api::memcpy(&mut s.pos, api::from_vec(vec![0u32], &[1])).execute(ctx)?;
-            let mut x = zeros(&[rows, d], ctx)?;
-            let mut h = zeros(&[rows, d], ctx)?;
-            let mut q = zeros(&[rows, qd], ctx)?;
-            let mut attn = zeros(&[rows, qd], ctx)?;
-            let parts = decode::attention_partitions(s.max_seq, PREFILL_CHUNK);
-            let mut scratch = zeros(
-                &[rows, cfg.num_attention_heads, parts, cfg.head_dim() + 2],
-                ctx,
-            )?;
-            let mut counts =
-                decode::AttentionCounters::zeroed(rows, cfg.kv_heads()).execute(ctx)?;
-            let mut act = zeros(&[rows, cfg.intermediate_size], ctx)?;
-            decode::embed_rows(&mut x, &w.embed, prompt).execute(ctx)?;
+            let rows = ids.len();
+            let PrefillWorkspace {
+                x,
+                h,
+                q,
+                attn,
+                scratch,
+                counts,
+                act,
+            } = ws;
+            api::memcpy(&mut s.pos, api::from_vec(vec![start], &[1])).execute(ctx)?;
+            let prompt = api::from_vec(ids.to_vec(), &[rows]).execute(ctx)?;
+            decode::embed_rows(x, &w.embed, &prompt).execute(ctx)?;
             let mut down: Option<Tensor<f32>> = None;
             for (l, lw) in w.layers.iter().enumerate() {
                 match &down {
-                    None => decode::rms_norm_rows(&mut h, &x, &lw.attn_norm, eps).execute(ctx)?,
-                    Some(dn) => decode::residual_rms_norm(&mut x, &mut h, dn, &lw.attn_norm, eps)
-                        .execute(ctx)?,
+                    None => decode::rms_norm_rows(h, x, &lw.attn_norm, eps).execute(ctx)?,
+                    Some(dn) => {
+                        decode::residual_rms_norm(x, h, dn, &lw.attn_norm, eps).execute(ctx)?
+                    }
                 }
-                let qkv = project(&h, &lw.wqkv).execute(ctx)?;
+                let qkv = project(h, &lw.wqkv).execute(ctx)?;
                 let cache = &mut s.caches[l];
-                decode::rope_kv_append(&mut q, cache, &qkv, &self.inv_freq, &s.pos, shape)
+                decode::rope_kv_append(q, cache, &qkv, &self.inv_freq, &s.pos, shape)
                     .execute(ctx)?;
-                decode::attention(
-                    &mut attn,
-                    &mut scratch,
-                    &mut counts,
-                    &q,
-                    cache,
-                    &s.pos,
-                    shape,
-                )
-                .execute(ctx)?;
-                let o = project(&attn, &lw.wo).execute(ctx)?;
+                decode::attention(attn, scratch, counts, q, cache, &s.pos, shape).execute(ctx)?;
+                let o = project(attn, &lw.wo).execute(ctx)?;
                 let o = self.reduce_product(o, ctx)?;
-                decode::residual_rms_norm(&mut x, &mut h, &o, &lw.mlp_norm, eps).execute(ctx)?;
-                let gu = project(&h, &lw.w_gate_up).execute(ctx)?;
-                decode::silu_mul(&mut act, &gu).execute(ctx)?;
-                let dn = project(&act, &lw.w_down).execute(ctx)?;
+                decode::residual_rms_norm(x, h, &o, &lw.mlp_norm, eps).execute(ctx)?;
+                let gu = project(h, &lw.w_gate_up).execute(ctx)?;
+                decode::silu_mul(act, &gu).execute(ctx)?;
+                let dn = project(act, &lw.w_down).execute(ctx)?;
                 down = Some(self.reduce_product(dn, ctx)?);
             }
             let dn = down.ok_or_else(|| DeviceError::internal("a model without layers"))?;
-            decode::residual_rms_norm(&mut x, &mut h, &dn, &w.final_norm, eps).execute(ctx)?;
-            decode::gemv(&mut s.logits, &w.lm_head, &h, rows - 1).execute(ctx)
+            if !last {
+                // The caches are written; only the last block's last row has logits to give.
+                return Ok(());
+            }
+            decode::residual_rms_norm(x, h, &dn, &w.final_norm, eps).execute(ctx)?;
+            decode::gemv(&mut s.logits, &w.lm_head, h, rows - 1).execute(ctx)
+        })
+    }
+}
+
+/// The intermediates of one block of prefill rows.
+struct PrefillWorkspace {
+    x: Tensor<f32>,
+    h: Tensor<f32>,
+    q: Tensor<f32>,
+    attn: Tensor<f32>,
+    scratch: Tensor<f32>,
+    counts: decode::AttentionCounters,
+    act: Tensor<f32>,
+}
+
+impl PrefillWorkspace {
+    /// The intermediates of `rows` prompt rows over caches of `max_seq` positions.
+    fn new(
+        cfg: &LlamaConfig,
+        rows: usize,
+        max_seq: usize,
+        ctx: &mut ExecutionContext,
+    ) -> Result<PrefillWorkspace, DeviceError> {
+        let (d, qd) = (cfg.hidden_size, cfg.num_attention_heads * cfg.head_dim());
+        let mut zeros = |shape: &[usize]| api::zeros::<f32>(shape).execute(ctx);
+        let parts = decode::attention_partitions(max_seq, PREFILL_CHUNK);
+        Ok(PrefillWorkspace {
+            x: zeros(&[rows, d])?,
+            h: zeros(&[rows, d])?,
+            q: zeros(&[rows, qd])?,
+            attn: zeros(&[rows, qd])?,
+            scratch: zeros(&[rows, cfg.num_attention_heads, parts, cfg.head_dim() + 2])?,
+            act: zeros(&[rows, cfg.intermediate_size])?,
+            counts: decode::AttentionCounters::zeroed(rows, cfg.kv_heads()).execute(ctx)?,
         })
     }
 }

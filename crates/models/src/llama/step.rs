@@ -254,10 +254,10 @@ impl LlamaStep {
     /// # Errors
     ///
     /// [`DeviceError::Usage`] for an empty prompt, an id outside the vocabulary, or a prompt
-    /// that leaves no position free (the sequence before it is kept); for a prompt whose
-    /// workspace (it grows with the prompt's length times `max_seq`) the device's memory
-    /// cannot hold, and device errors, after which there is no sequence: decoding needs a new
-    /// prefill.
+    /// that leaves no position free (the sequence before it is kept); for a workspace the
+    /// device's memory cannot hold (the prompt is prefilled in blocks of rows, whose
+    /// workspace grows with `max_seq`), and device errors, after which there is no sequence:
+    /// decoding needs a new prefill.
     pub fn prefill(&mut self, prompt: &[u32]) -> Result<(), DeviceError> {
         self.check(prompt, 1)?;
         // The work below overwrites the sequence before it; until it has all been enqueued
@@ -276,8 +276,7 @@ impl LlamaStep {
         )?;
         self.core
             .ensure_prefill_fits(stream.device(), prompt.len(), s.max_seq)?;
-        let ids = api::from_vec(prompt.to_vec(), &[prompt.len()]).sync_on(stream)?;
-        Self::enqueue(stream, policy, self.core.prefill(s, &ids))?;
+        Self::enqueue(stream, policy, self.core.prefill(s, prompt))?;
         let last = (prompt.len() - 1) as u32;
         Self::enqueue(
             stream,
@@ -433,13 +432,11 @@ impl LlamaStep {
         self.core
             .ensure_prefill_fits(stream.device(), rows, self.state.max_seq)?;
         if !by_step {
-            let ids = api::from_vec(prompt.to_vec(), &[prompt.len()]).sync_on(stream)?;
-            Self::enqueue(stream, policy, self.core.prefill(&mut self.state, &ids))?;
+            Self::enqueue(stream, policy, self.core.prefill(&mut self.state, prompt))?;
         } else {
             let (head, last) = prompt.split_at(prompt.len() - 1);
             if !head.is_empty() {
-                let ids = api::from_vec(head.to_vec(), &[head.len()]).sync_on(stream)?;
-                Self::enqueue(stream, policy, self.core.prefill(&mut self.state, &ids))?;
+                Self::enqueue(stream, policy, self.core.prefill(&mut self.state, head))?;
             }
             let s = &mut self.state;
             Self::enqueue(
