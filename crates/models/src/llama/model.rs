@@ -511,7 +511,9 @@ impl Llama {
     /// [`DeviceError::Usage`] for an empty prompt, an id outside the vocabulary, a prompt
     /// and generation longer than `options`' `max_seq`, options out of range (a NaN
     /// temperature, a `top_p` outside `(0, 1]`, a `max_seq` of 0), or caches of more
-    /// positions than the device's memory holds beside the weights; device errors.
+    /// positions than the device's memory holds beside the weights;
+    /// [`DeviceError::DeviceMismatch`] for a stream of another device than the model's;
+    /// device errors.
     pub fn generate(
         &self,
         stream: &Stream,
@@ -540,7 +542,8 @@ impl Llama {
     ///
     /// [`DeviceError::Usage`] for options out of range (a NaN temperature, a `top_p` outside
     /// `(0, 1]`, a `max_seq` of 0) or caches of more positions than the device's memory holds
-    /// beside the weights; [`DeviceError::Capture`] and device errors of the capture.
+    /// beside the weights; [`DeviceError::DeviceMismatch`] for a stream of another device
+    /// than the model's; [`DeviceError::Capture`] and device errors of the capture.
     pub fn capture(
         &self,
         stream: &Stream,

@@ -162,6 +162,16 @@ impl LlamaStep {
         capture: bool,
     ) -> Result<LlamaStep, DeviceError> {
         options.check()?;
+        let device = core.weights.embed.device();
+        if stream.device() != device {
+            // Before the caches are allocated on the stream's device.
+            return Err(DeviceError::device_mismatch(
+                "Llama",
+                "the stream given (a model runs on streams of the device its weights are on)",
+                device,
+                stream.device(),
+            ));
+        }
         let max_seq = options.max_seq.unwrap_or(1);
         if max_seq >= u32::MAX as usize / 2 {
             return Err(DeviceError::usage(format!(
