@@ -376,7 +376,7 @@ fn philox(i: u64, seed: u64) -> [u32; 4] {
 
 /// Checks the parameters of a distribution: `[a, b)` for a uniform one (finite, `a <= b`, its
 /// width finite), mean `a` and standard deviation `b` for a normal one (both finite, `b >= 0`).
-fn check_distribution(a: f64, b: f64, normal: bool) -> Result<(), DeviceError> {
+fn check_distribution<T: DType>(a: f64, b: f64, normal: bool) -> Result<(), DeviceError> {
     let (op, reason) = if normal {
         let ok = a.is_finite() && b.is_finite() && b >= 0.0;
         (
@@ -390,15 +390,26 @@ fn check_distribution(a: f64, b: f64, normal: bool) -> Result<(), DeviceError> {
         )
     } else {
         let ok = a.is_finite() && b.is_finite() && a <= b && (b - a).is_finite();
-        (
-            "rand",
-            (!ok).then(|| {
-                format!(
-                    "a uniform distribution over [{a}, {b}) needs finite bounds, the low one \
-                     not above the high one, and a width no wider than f64 spans"
-                )
-            }),
-        )
+        // The values near `low` round to it in `T`: one past `T`'s finite values would give
+        // infinities (a high bound past them is fine: values round below it).
+        let low_t = T::from_f64(a).to_f64();
+        let reason = if !ok {
+            Some(format!(
+                "a uniform distribution over [{a}, {b}) needs finite bounds, the low one not \
+                 above the high one, and a width no wider than f64 spans"
+            ))
+        } else if !low_t.is_finite() {
+            Some(format!(
+                "the low bound {a} of [{a}, {b}) lies past the finite values of {}, where it \
+                 rounds to {low_t}: the values near it would be infinite; give a low bound \
+                 that {} holds",
+                T::NAME,
+                T::NAME
+            ))
+        } else {
+            None
+        };
+        ("rand", reason)
     };
     match reason {
         Some(reason) => Err(DeviceError::InvalidShape { op, reason }),
@@ -415,7 +426,7 @@ fn random<T: FloatDType>(
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
     let shape: Shape = shape.into();
     from_fn(move |ctx: &mut ExecutionContext| {
-        check_distribution(a, b, normal)?;
+        check_distribution::<T>(a, b, normal)?;
         let stream = ctx.stream()?;
         let out = alloc::<T>(stream, &shape)?;
         if !out.is_empty() {
@@ -445,7 +456,7 @@ fn random<T: FloatDType>(
 /// # Errors
 ///
 /// [`DeviceError::InvalidShape`] naming `rand` (when run) for bounds that are not finite,
-/// `low > high`, or a range wider than `f64` spans.
+/// `low > high`, a range wider than `f64` spans, or a `low` past the finite values of `T`.
 pub fn rand<T: FloatDType>(
     low: f64,
     high: f64,

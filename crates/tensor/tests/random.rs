@@ -250,3 +250,40 @@ fn random_constructors_refuse_ranges_without_a_distribution() -> Result<(), Devi
     assert_eq!(constant, vec![3.0; 4], "a zero deviation gives the mean");
     Ok(())
 }
+
+/// A low bound past the largest finite value of the dtype is refused naming the dtype and the
+/// bound, instead of giving infinities (`rand::<f16>(70000, 80000)` gave `inf` everywhere, and
+/// `(-70000, 0)` `-inf` for the values below -65520). A high bound past it is fine: the
+/// values stay finite and below it.
+#[test]
+fn rand_refuses_a_low_bound_the_dtype_cannot_hold() -> Result<(), DeviceError> {
+    let s = stream();
+    for (low, high) in [(70000.0, 80000.0), (-70000.0, 0.0)] {
+        let err = api::rand_seeded::<f16>(low, high, &[8], 7)
+            .sync_on(&s)
+            .expect_err("a low bound past f16");
+        let text = err.to_string();
+        assert!(
+            matches!(err, DeviceError::InvalidShape { op: "rand", .. }),
+            "{text}"
+        );
+        assert!(
+            text.contains("f16") && text.contains(&format!("{low}")),
+            "{text}"
+        );
+    }
+    let err = api::rand_seeded::<f32>(-1e39, 0.0, &[8], 7)
+        .sync_on(&s)
+        .expect_err("a low bound past f32");
+    assert!(err.to_string().contains("f32"), "{err}");
+    let v = f64s(&read(
+        &api::rand_seeded::<f16>(0.0, 70000.0, &[1000], 7).sync_on(&s)?,
+    ));
+    assert!(
+        v.iter()
+            .all(|x| x.is_finite() && (0.0..70000.0).contains(x)),
+        "values of [0, 70000) in f16: {:?}",
+        v.iter().find(|x| !x.is_finite())
+    );
+    Ok(())
+}
