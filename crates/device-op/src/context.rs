@@ -16,6 +16,7 @@
 //! another device of the same backend (spreading work over GPUs); the fork and join events then
 //! order the work across devices, as they do across streams.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use cuflow_runtime::{Device, DeviceError, Event, Stream, StreamId};
@@ -41,6 +42,9 @@ struct ForkPoint {
 
 /// The device, stream and scheduling policy an op executes with.
 pub struct ExecutionContext {
+    /// Tells this context from every other one, whatever an op does with the `&mut` it is
+    /// given (replace it, swap it): see [`ExecutionContext::tracking_work`].
+    id: u64,
     device: Device,
     policy: Arc<dyn SchedulingPolicy>,
     stream: Stream,
@@ -88,6 +92,12 @@ struct ExecutionStreams {
     open: usize,
 }
 
+/// The id of a new context.
+fn next_context_id() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
 impl ExecutionContext {
     /// A root context. `prior_work` says whether `stream` may hold work the op depends on
     /// (an explicit `sync_on` stream): then branches on other streams fork from it; a stream
@@ -98,6 +108,7 @@ impl ExecutionContext {
         prior_work: bool,
     ) -> Self {
         ExecutionContext {
+            id: next_context_id(),
             device: stream.device().clone(),
             policy,
             stream,
@@ -313,9 +324,34 @@ impl ExecutionContext {
     /// Runs `f` with this context, and says whether `f` enqueued device work through it (its
     /// own work, or a wait that orders the context after other work), whatever the context did
     /// before.
-    pub(crate) fn tracking_work<R>(&mut self, f: impl FnOnce(&mut Self) -> R) -> (R, bool) {
+    ///
+    /// When `f` loses track of a context its work went through (it replaces or swaps this
+    /// context, or leaves a context that enqueued work neither joined nor dropped: see
+    /// [`ExecutionContext::join_stray_work`]), this context's stream is made to wait for the
+    /// work of every stream of the execution, and that counts as work enqueued through it: so
+    /// the work of `f` is behind this context's stream whatever `f` did with the contexts.
+    ///
+    /// # Errors
+    ///
+    /// The error of `f`, or of recording or waiting on an event of that join.
+    pub(crate) fn tracking_work<R>(
+        &mut self,
+        f: impl FnOnce(&mut Self) -> Result<R, DeviceError>,
+    ) -> (Result<R, DeviceError>, bool) {
+        let (id, counted, open) = (self.id, self.counted, self.streams.lock().open);
         let before = std::mem::replace(&mut self.enqueued, false);
-        let out = f(self);
+        let mut out = f(self);
+        if out.is_ok() {
+            // Contexts that enqueued work and are still open: this one, if `f` made it so, and
+            // none of those `f` made (each was joined, or handed over when dropped).
+            let lost = self.id != id
+                || self.streams.lock().open > open + usize::from(self.counted && !counted);
+            if lost {
+                if let Err(e) = self.join_used_streams() {
+                    out = Err(e);
+                }
+            }
+        }
         let enqueued = self.enqueued;
         self.enqueued |= before;
         (out, enqueued)
@@ -370,6 +406,7 @@ impl ExecutionContext {
             vec![self.fork_point()]
         };
         Ok(ExecutionContext {
+            id: next_context_id(),
             device: stream.device().clone(),
             policy: self.policy.clone(),
             stream,
@@ -567,13 +604,20 @@ impl ExecutionContext {
     ///
     /// The error of recording an event or waiting on it.
     pub(crate) fn join_stray_work(&mut self) -> Result<(), DeviceError> {
-        let used = {
-            let streams = self.streams.lock();
-            if streams.open <= usize::from(self.counted) {
-                return Ok(());
-            }
-            streams.used.clone()
-        };
+        if self.streams.lock().open <= usize::from(self.counted) {
+            return Ok(());
+        }
+        self.join_used_streams()
+    }
+
+    /// Makes this context's stream wait for the work so far of every other stream of the
+    /// execution, and counts as work enqueued through this context.
+    ///
+    /// # Errors
+    ///
+    /// The error of recording an event or waiting on it.
+    fn join_used_streams(&mut self) -> Result<(), DeviceError> {
+        let used = self.streams.lock().used.clone();
         for stream in used {
             if stream == self.stream {
                 continue;

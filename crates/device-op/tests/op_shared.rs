@@ -5,7 +5,10 @@ use std::future::IntoFuture;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 
-use cuflow_device_op::{from_fn, value, with_context, zip, BoxedOp, DeviceError, DeviceOpExt};
+use cuflow_device_op::{
+    from_fn, value, with_context, zip, BoxedOp, DeviceError, DeviceFuture, DeviceOp, DeviceOpExt,
+    FromFn, Shared,
+};
 use cuflow_runtime::BackendKind;
 use cuflow_scheduler::{SingleStream, StreamPoolRoundRobin};
 use cuflow_testing::{
@@ -608,5 +611,107 @@ fn a_failed_branch_dropped_beside_a_shared_producer_does_not_reach_its_consumers
         &produced,
         format_args!("the execution whose dropped branch failed"),
     );
+    Ok(())
+}
+
+/// How an op loses track of the context its work went through (safe code, all three): it
+/// replaces its context with a branch it forks, swaps the two, or forgets a branch it ran its
+/// work on.
+#[derive(Clone, Copy, Debug)]
+enum Lost {
+    Replaced,
+    Swapped,
+    Forgotten,
+}
+
+/// Runs `op` and then loses its context as `how` says.
+fn losing_its_context<O: DeviceOp + 'static>(op: O, how: Lost) -> FromFn<impl OpFn<O::Output>> {
+    from_fn(move |ctx| match how {
+        Lost::Replaced => {
+            let out = op.execute(ctx)?;
+            *ctx = ctx.fork_branch(0, 1)?;
+            Ok(out)
+        }
+        Lost::Swapped => {
+            let mut branch = ctx.fork_branch(0, 1)?;
+            let out = op.execute(ctx)?;
+            std::mem::swap(ctx, &mut branch);
+            Ok(out)
+        }
+        Lost::Forgotten => {
+            let mut branch = ctx.fork_branch(0, 1)?;
+            let out = op.execute(&mut branch)?;
+            std::mem::forget(branch);
+            Ok(out)
+        }
+    })
+}
+
+/// Schedules an execution that produces `shared`: the shared op alone, or `after_work`, other
+/// work and then the shared op.
+fn producing<O>(
+    shared: Shared<O>,
+    after_work: bool,
+    policy: &StreamPoolRoundRobin,
+) -> Result<DeviceFuture<Arc<O::Output>>, DeviceError>
+where
+    O: DeviceOp + 'static,
+    O::Output: Sync,
+{
+    if after_work {
+        fill(&buffer(0.0), 2.0)
+            .then(move |_| shared)
+            .schedule(policy)
+    } else {
+        shared.schedule(policy)
+    }
+}
+
+/// A shared op that loses track of the context its work went through is still produced when
+/// that work is: a consumer in another execution completes only after it, and its failure is
+/// the consumer's too, as for a shared op that keeps its context. Produced first thing in its
+/// execution, and after other work of it.
+#[test]
+fn consumers_elsewhere_wait_for_a_shared_op_that_loses_its_context() -> Result<(), DeviceError> {
+    let policy = StreamPoolRoundRobin::new(&device(), 4)?;
+    let cases = [Lost::Replaced, Lost::Swapped, Lost::Forgotten]
+        .into_iter()
+        .flat_map(|how| [(how, false), (how, true)]);
+    for (how, after_work) in cases {
+        let case = format!("{how:?}{}", if after_work { " after work" } else { "" });
+        let flag = Arc::new(AtomicBool::new(false));
+        let buf = buffer(0.0);
+        let shared = {
+            let flag = flag.clone();
+            losing_its_context(
+                spin_then_write(&buf, 1.0, SPIN).then(move |b| set_flag(&flag).map(move |()| b)),
+                how,
+            )
+            .shared()
+        };
+        let produced = producing(shared.clone(), after_work, &policy)?;
+        let (out, _) = shared.sync_with_policy(&policy)?;
+        assert!(
+            flag.load(Ordering::SeqCst),
+            "{case}: a consumer elsewhere completed before the shared op's work"
+        );
+        assert_all(&out, 1.0, &format!("{case}: the consumer's output"));
+        futures::executor::block_on(produced)?;
+
+        let failing = losing_its_context(
+            fill(&buffer(0.0), 1.0).then(|b| panic_on_stream().map(move |()| b)),
+            how,
+        )
+        .shared();
+        let produced = producing(failing.clone(), after_work, &policy)?;
+        assert_panicked(
+            &failing.sync_with_policy(&policy).map(drop),
+            format_args!("{case}: a consumer elsewhere of a shared op whose work failed"),
+        );
+        assert_panicked(
+            &futures::executor::block_on(produced).map(drop),
+            format_args!("{case}: the producing execution"),
+        );
+    }
     Ok(())
 }
