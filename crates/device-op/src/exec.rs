@@ -236,12 +236,14 @@ pub(crate) fn sync_on<O: DeviceOp>(
 }
 
 /// Enqueues `op` under `policy` without waiting; returns its output, an event that completes
-/// with its device work (when it enqueued some), and the scope its work's errors go to.
+/// with its device work (when it enqueued some), and the scope its work's errors go to. `what`
+/// is the entry point, as errors and traces name it.
 pub(crate) fn enqueue<O: DeviceOp>(
     op: O,
     policy: Arc<dyn SchedulingPolicy>,
+    what: &'static str,
 ) -> Result<Enqueued<O::Output>, DeviceError> {
-    let _guard = ExecutionGuard::enter("DeviceOp execution")?;
+    let _guard = ExecutionGuard::enter(what)?;
     let stream = place_root(&*policy)?;
     let scope = ErrorScope::new();
     let _entered = scope.enter();
@@ -276,14 +278,14 @@ pub(crate) type Enqueued<T> = (T, Option<Event>, ErrorScope);
 
 pub(crate) fn enqueue_default<O: DeviceOp>(op: O) -> Result<Enqueued<O::Output>, DeviceError> {
     let device = default_device()?;
-    enqueue(op, default_policy(&device)?)
+    enqueue(op, default_policy(&device)?, ".await")
 }
 
 pub(crate) fn schedule<O: DeviceOp>(
     op: O,
     policy: Arc<dyn SchedulingPolicy>,
 ) -> Result<DeviceFuture<O::Output>, DeviceError> {
-    let (out, event, scope) = enqueue(op, policy)?;
+    let (out, event, scope) = enqueue(op, policy, "DeviceOpExt::schedule")?;
     Ok(DeviceFuture::in_flight(out, event, scope))
 }
 
