@@ -204,7 +204,8 @@ impl ExecutionContext {
 
     /// Runs `f` on `stream`, a stream of any device, in order with this context's work:
     /// `stream` first waits for everything enqueued through this context so far, `f` enqueues
-    /// its work on `stream`, and this context's stream then waits for that work. Ops use it to
+    /// its work on `stream`, and this context's stream then waits for that work (also when `f`
+    /// fails: what it enqueued before its error is this context's work). Ops use it to
     /// place part of their work on a device other than the context's (see
     /// [`ExecutionContext::on_device`]).
     ///
@@ -258,8 +259,12 @@ impl ExecutionContext {
             stats.events_recorded += 1;
             stats.event_waits += 1;
         }
-        let out = f(stream)?;
-        own.wait_event(&stream.record_event()?)?;
+        // Joined back whether `f` succeeded or not: the work it enqueued before an error is
+        // this context's work all the same, which the op may go on after.
+        let out = f(stream);
+        let joined = stream.record_event().and_then(|done| own.wait_event(&done));
+        let out = out?;
+        joined?;
         let mut stats = self.stats.lock();
         stats.events_recorded += 1;
         stats.event_waits += 1;

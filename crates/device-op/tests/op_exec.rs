@@ -293,3 +293,78 @@ fn an_op_that_replaces_swaps_or_forgets_its_context_still_completes_after_its_wo
     }
     Ok(())
 }
+
+/// Runs `work` on `other` through `ExecutionContext::on_stream`, which fails after `work`
+/// enqueued it, and goes on: the op's own error handling (a fallback, say) swallows the error.
+fn on_stream_failing_after<W>(other: &Stream, work: W) -> FromFn<impl OpFn<()>>
+where
+    W: FnOnce(&Stream) -> Result<(), DeviceError> + Send + 'static,
+{
+    let other = other.clone();
+    from_fn(move |ctx| {
+        let tried = ctx.on_stream(&other, |s| {
+            work(s)?;
+            Err::<(), _>(DeviceError::usage("the work on the other stream fails"))
+        });
+        assert!(tried.is_err(), "on_stream returns the error of its closure");
+        Ok(())
+    })
+}
+
+/// Work that `ExecutionContext::on_stream` enqueued before its closure failed is the op's work
+/// all the same: every entry point returns after it, and its failure is the op's, even when
+/// the op goes on after the error.
+#[test]
+fn work_enqueued_by_a_failed_on_stream_completes_before_the_op() -> Result<(), DeviceError> {
+    let device = device();
+    let policy = StreamPoolRoundRobin::new(&device, 4)?;
+    let (stream, other) = (device.new_stream()?, device.new_stream()?);
+    let buf = buffer(0.0);
+    assert_every_entry_point_waits_for_the_work(
+        "a failed on_stream",
+        &stream,
+        &policy,
+        |v, flag| {
+            let (flag, other) = (flag.clone(), other.clone());
+            fill(&buf, v).then(move |b| {
+                on_stream_failing_after(&other, move |s| {
+                    s.enqueue_host_fn(move || {
+                        std::thread::sleep(std::time::Duration::from_millis(50));
+                        flag.store(true, Ordering::SeqCst);
+                    })
+                })
+                .map(move |()| b)
+            })
+        },
+    )?;
+    let failing = || {
+        on_stream_failing_after(&other, |s| {
+            s.enqueue_host_fn(|| panic!("the work on the other stream panics"))
+        })
+    };
+    let outcomes = [
+        ("sync", failing().sync()),
+        ("sync_on", failing().sync_on(&stream)),
+        (
+            "sync_with_policy",
+            failing().sync_with_policy(&policy).map(drop),
+        ),
+        (
+            "schedule",
+            failing()
+                .schedule(&policy)
+                .and_then(futures::executor::block_on),
+        ),
+        (
+            ".await",
+            futures::executor::block_on(failing().into_future()),
+        ),
+    ];
+    for (entry, outcome) in outcomes {
+        assert!(
+            matches!(outcome, Err(DeviceError::Panicked { .. })),
+            "{entry}: the failed on_stream's work is the op's: {outcome:?}"
+        );
+    }
+    Ok(())
+}
