@@ -315,8 +315,8 @@ fn in_place_kernels_write_contiguous_views_only() -> Result<(), DeviceError> {
     let above = wide.narrow(0, 0, 2)?;
     kernels::saxpy((&mut rows).partition([1, 8]), 2.0, &above).sync_on(&s)?;
     let mut overlapped: Vec<f32> = (0..32).map(|v| v as f32).collect();
-    for i in 8..24 {
-        overlapped[i] += 2.0 * (i - 8) as f32;
+    for (i, v) in overlapped[8..24].iter_mut().enumerate() {
+        *v += 2.0 * i as f32;
     }
     assert_exact(&read(&wide), &overlapped, "rows 1..3 plus twice rows 0..2");
     let _ = &mut base;
