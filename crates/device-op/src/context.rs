@@ -535,16 +535,34 @@ impl ExecutionContext {
     ///
     /// # Errors
     ///
-    /// The error of waiting.
+    /// The error of waiting; [`DeviceError::Capture`] when `event` was recorded during a
+    /// capture into a graph that this context's stream is not part of (its work runs only when
+    /// the graph is replayed, and the wait would pull this stream into that capture).
     pub fn wait_for(&mut self, event: &Event) -> Result<(), DeviceError> {
         // On its own stream an event orders nothing new, unless it stands for captured work
-        // outside this stream's capture (which `Stream::wait_event` refuses or joins).
+        // outside this stream's capture (refused below).
         let own = event.stream_id() == self.stream.id();
         if own && (!event.is_captured() || event.is_captured_with(&self.stream)) {
             self.stream()?;
             return Ok(());
         }
-        self.stream()?.wait_event(event)?;
+        // Claimed first: a branch of a capture joins it by waiting on its fork.
+        let stream = self.stream()?;
+        if event.is_captured() && !event.is_captured_with(stream) {
+            return Err(DeviceError::Capture {
+                op: "ExecutionContext::wait_for".into(),
+                reason: format!(
+                    "the event was recorded on stream {} during a capture into a graph that \
+                     the op on stream {} is not part of: the work before it runs only when the \
+                     graph is replayed, and waiting for it would pull stream {} into that \
+                     capture; wait for it only inside the op being captured",
+                    event.stream_id(),
+                    stream.id(),
+                    stream.id()
+                ),
+            });
+        }
+        stream.wait_event(event)?;
         self.stats.lock().event_waits += 1;
         Ok(())
     }

@@ -335,3 +335,45 @@ fn sync_on_a_stream_being_captured_is_refused_and_leaves_the_capture_intact(
     assert_all(&buf, 0.0, "nothing ran");
     Ok(())
 }
+
+/// An event recorded during a capture that is still open stands for work that runs only when
+/// the graph is replayed: an op that is not part of that capture, on the capturing thread or
+/// another one, cannot wait for it. It is refused with an error naming the wait, before the
+/// op's stream joins the capture, and the capture goes on untouched.
+#[test]
+fn waiting_for_an_event_of_an_open_capture_from_outside_it_is_refused() -> Result<(), DeviceError> {
+    let d = device();
+    let capturing = d.new_stream()?;
+    let buf = buffer(0.0);
+    capturing.begin_capture()?;
+    let captured = capturing.record_event();
+    let waits_then_fills = |event: &cuflow_runtime::Event| {
+        let (event, buf) = (event.clone(), buf.clone());
+        from_fn(move |ctx| ctx.wait_for(&event)).then(move |()| fill(&buf, 4.0))
+    };
+    let outcomes = captured.clone().map(|event| {
+        let here = waits_then_fills(&event).sync().map(drop);
+        let elsewhere = {
+            let op = waits_then_fills(&event);
+            std::thread::spawn(move || op.sync().map(drop))
+                .join()
+                .expect("the other thread")
+        };
+        [
+            ("on the capturing thread", here),
+            ("on another thread", elsewhere),
+        ]
+    });
+    let graph = capturing.end_capture();
+    for (how, r) in outcomes? {
+        match r {
+            Err(DeviceError::Capture { op, .. }) => {
+                assert_eq!(op, "ExecutionContext::wait_for", "{how}")
+            }
+            other => panic!("{how}: a capture error of the wait, got {other:?}"),
+        }
+    }
+    assert_eq!(graph?.node_count()?, 0, "nothing joined the capture");
+    assert_all(&buf, 0.0, "nothing ran");
+    Ok(())
+}
