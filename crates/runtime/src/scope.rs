@@ -39,6 +39,7 @@
 //! context (see [`DeviceError::DeviceFaulted`]).
 
 use std::cell::RefCell;
+use std::collections::HashSet;
 use std::fmt;
 use std::sync::{Arc, Weak};
 
@@ -88,6 +89,25 @@ struct Links {
     nested: Vec<ErrorScope>,
 }
 
+impl Drop for ScopeInner {
+    /// Unlinks the scopes this one held, and those they held, one after the other: a chain of
+    /// scopes each holding the next (deep chains of shared ops make them) would otherwise be
+    /// dropped by one nested drop per link, past the end of the thread's stack.
+    fn drop(&mut self) {
+        let links = std::mem::take(self.links.get_mut());
+        let mut pending = links.depends_on;
+        pending.extend(links.nested);
+        while let Some(scope) = pending.pop() {
+            // The last handle of that scope: take its links before it is dropped (with none).
+            if let Some(mut inner) = Arc::into_inner(scope.inner) {
+                let links = std::mem::take(inner.links.get_mut());
+                pending.extend(links.depends_on);
+                pending.extend(links.nested);
+            }
+        }
+    }
+}
+
 thread_local! {
     static CURRENT: RefCell<Option<ErrorScope>> = const { RefCell::new(None) };
 }
@@ -122,8 +142,9 @@ impl ErrorScope {
         let parent = ErrorScope::current()?;
         let child = ErrorScope {
             inner: Arc::new(ScopeInner {
+                error: Mutex::new(None),
                 parent: Some(Arc::downgrade(&parent.inner)),
-                ..ScopeInner::default()
+                links: Mutex::new(Links::default()),
             }),
         };
         parent.inner.links.lock().nested.push(child.clone());
@@ -189,14 +210,12 @@ impl ErrorScope {
         }
         // The scopes it depends on, and theirs, each once (they form no cycle: a scope depends
         // on work enqueued before its own, but one scope is reachable along several paths).
-        let mut seen: Vec<*const ScopeInner> = vec![Arc::as_ptr(&self.inner)];
+        let mut seen: HashSet<*const ScopeInner> = HashSet::from([Arc::as_ptr(&self.inner)]);
         let mut next: Vec<ErrorScope> = self.inner.links.lock().depends_on.clone();
         while let Some(scope) = next.pop() {
-            let key = Arc::as_ptr(&scope.inner);
-            if seen.contains(&key) {
+            if !seen.insert(Arc::as_ptr(&scope.inner)) {
                 continue;
             }
-            seen.push(key);
             if let Some(e) = scope.inner.error.lock().clone() {
                 return Some(e);
             }
@@ -231,9 +250,10 @@ impl ErrorScope {
         }
         // Every scope reachable along links, in the order found (each once).
         let mut found: Vec<ErrorScope> = Vec::new();
+        let mut seen: HashSet<*const ScopeInner> = HashSet::new();
         let mut next = vec![self.clone()];
         while let Some(scope) = next.pop() {
-            if found.iter().any(|f| Arc::ptr_eq(&f.inner, &scope.inner)) {
+            if !seen.insert(Arc::as_ptr(&scope.inner)) {
                 continue;
             }
             {
