@@ -238,7 +238,10 @@ fn check_operand<T>(
     );
     let need = span(cfg.batch, stride, rows, cols)
         .ok_or_else(|| shape_err(format!("{shape}: the sizes overflow the address space")))?;
-    if view.len != need {
+    // An empty batch reads nothing; one matrix shared by every batch (stride 0) may still be
+    // given whole, as it is for a batch of any other size.
+    let shared_whole = cfg.batch == 0 && stride == 0 && Some(view.len) == rows.checked_mul(cols);
+    if view.len != need && !shared_whole {
         return Err(shape_err(format!(
             "{shape}: it needs a view of {need} elements, the view has {}",
             view.len

@@ -342,6 +342,13 @@ fn empty_dimensions_do_what_blas_does() -> Result<(), DeviceError> {
         empty.view(),
         empty.view(),
     )?;
+    // An empty batch by one matrix shared by every batch (stride 0): that matrix is accepted
+    // as it is, as is an empty view of it.
+    let shared = DeviceBuffer::from_host(&s, &[1.0f32; 8])?;
+    let broadcast = GemmConfig::new(3, 2, 4).batched(0).strides(12, 0, 6);
+    gemm(&s, broadcast, empty.view(), shared.view(), empty.view())?;
+    gemm(&s, broadcast, empty.view(), empty.view(), empty.view())?;
+    assert_eq!(shared.to_host_vec(&s)?, vec![1.0; 8], "nothing is touched");
     s.synchronize()
 }
 
