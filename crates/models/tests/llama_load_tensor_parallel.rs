@@ -118,11 +118,14 @@ fn a_split_that_does_not_divide_the_checkpoint_is_an_error() -> Result<(), Devic
             continue;
         };
         let comms = Communicator::local(&devices)?;
-        let e = Llama::load_tp(&comms[0], &dir).unwrap_err().to_string();
-        assert!(
-            e.contains(what) && e.contains(&format!("{tp} ranks")),
-            "{e}"
-        );
+        // Every rank loads at once, as load_tp asks: the ranks agree before any has a model.
+        for r in on_ranks(&comms, |c| Llama::load_tp(c, &dir)) {
+            let e = r.unwrap_err().to_string();
+            assert!(
+                e.contains(what) && e.contains(&format!("{tp} ranks")),
+                "{e}"
+            );
+        }
     }
     std::fs::remove_dir_all(&dir).ok();
     Ok(())
@@ -141,8 +144,12 @@ fn checkpoint_errors_name_the_tensor_under_a_split() -> Result<(), DeviceError> 
         edit(&mut tensors);
         let dir = temp_dir(what);
         write_checkpoint(&dir, &cfg, &tensors)?;
-        let e = Llama::load_tp(&comms[1], &dir).expect_err("an edited checkpoint must not load");
+        // Every rank loads at once, as load_tp asks; rank 1's own error is looked at.
+        let mut results = on_ranks(&comms, |c| Llama::load_tp(c, &dir));
         std::fs::remove_dir_all(&dir).ok();
+        let e = results
+            .swap_remove(1)
+            .expect_err("an edited checkpoint must not load");
         Ok(e.to_string())
     };
     let missing = load_edited("missing", &|t| t.retain(|t| t.name != name))?;

@@ -4,7 +4,7 @@
 
 use cuflow_dist::Communicator;
 use cuflow_models::llama::{GenerateOptions, Llama, LlamaConfig};
-use cuflow_runtime::DeviceError;
+use cuflow_runtime::{BackendKind, Device, DeviceError};
 use cuflow_testing::device::{device, rank_devices};
 use cuflow_testing::measure::assert_close_in_norm;
 
@@ -94,9 +94,14 @@ fn a_split_that_does_not_divide_the_heads_is_an_error() {
         return;
     };
     let comms = Communicator::local(&devices).unwrap();
-    // The tiny model has 2 key/value heads: 4 ranks cannot split them.
-    let e = Llama::synthetic_tp(&comms[0], LlamaConfig::tiny(), SEED).unwrap_err();
-    assert!(e.to_string().contains("num_key_value_heads (2)"), "{e}");
+    // The tiny model has 2 key/value heads: 4 ranks cannot split them. Every rank makes its
+    // slice at once, as synthetic_tp asks: the ranks agree before any has a model.
+    for r in on_ranks(&comms, |c| {
+        Llama::synthetic_tp(c, LlamaConfig::tiny(), SEED)
+    }) {
+        let e = r.unwrap_err();
+        assert!(e.to_string().contains("num_key_value_heads (2)"), "{e}");
+    }
 }
 
 /// A split model larger than memory is an `OutOfMemory` error before anything is made, as
@@ -107,6 +112,13 @@ fn a_split_that_does_not_divide_the_heads_is_an_error() {
 fn a_split_model_larger_than_memory_is_an_error() {
     let Some(devices) = rank_devices(2) else {
         return;
+    };
+    // `bytes_in_use` counts the buffers of every test on a device, and the other tests of this
+    // binary run at once on host devices 0..4 (the ranks agree through an all-gather, whose
+    // buffers are theirs): on the host backend, devices of this test's own.
+    let devices = match devices[0].kind() {
+        BackendKind::Host => vec![Device::host_numbered(16), Device::host_numbered(17)],
+        _ => devices,
     };
     let comms = Communicator::local(&devices).unwrap();
     let cfg = LlamaConfig {
@@ -121,7 +133,9 @@ fn a_split_model_larger_than_memory_is_an_error() {
     };
     cfg.validate().unwrap();
     let before = comms[0].device().bytes_in_use();
-    let err = Llama::synthetic_tp(&comms[0], cfg, SEED).expect_err("256 TB of weights");
+    let mut results = on_ranks(&comms, |c| Llama::synthetic_tp(c, cfg.clone(), SEED));
+    let err = results.swap_remove(0).expect_err("256 TB of weights");
+
     assert!(
         matches!(err, cuflow_runtime::DeviceError::OutOfMemory { bytes, .. } if bytes > 1 << 47),
         "{err}"
@@ -131,4 +145,15 @@ fn a_split_model_larger_than_memory_is_an_error() {
         before,
         "nothing stays allocated"
     );
+}
+
+/// Runs `make` on every rank of `comms`, each on its own thread, and what it gives.
+fn on_ranks<T: Send>(
+    comms: &[Communicator],
+    make: impl Fn(&Communicator) -> Result<T, DeviceError> + Sync,
+) -> Vec<Result<T, DeviceError>> {
+    std::thread::scope(|s| {
+        let ranks: Vec<_> = comms.iter().map(|c| s.spawn(|| make(c))).collect();
+        ranks.into_iter().map(|h| h.join().unwrap()).collect()
+    })
 }

@@ -19,13 +19,15 @@
 use std::path::Path;
 use std::time::Instant;
 
-use cuflow_dist::Communicator;
+use cuflow_device_op::DeviceOpExt;
+use cuflow_dist::{all_gather, Communicator};
 use cuflow_runtime::{BackendKind, DeviceError};
+use cuflow_tensor::api;
 
 use super::checkpoint::Checkpoint;
 use super::config::LlamaConfig;
 use super::loader::{Part, Source};
-use super::model::{ensure_fits, Llama};
+use super::model::{ensure_fits, Built, Llama};
 use super::testing::synthetic_map;
 
 /// The config of one rank's slice of `cfg` split over `tp` ranks.
@@ -128,8 +130,21 @@ impl Llama {
     /// anything is allocated when this rank's slice (2 bytes a weight) is larger than the
     /// device's memory, or the whole model's weights times the world size (every rank makes
     /// them all while it takes its slice, the host's ranks at once; on the host backend, with
-    /// every rank's slice) larger than the host's; device and collective errors.
+    /// every rank's slice) larger than the host's; [`DeviceError::Usage`] naming the ranks
+    /// whose slice failed, or that were given another config or seed than rank 0 (the ranks
+    /// agree before any has a model, so a rank alone waits for the others up to the
+    /// communicator's timeout); device and collective errors.
     pub fn synthetic_tp(
+        comm: &Communicator,
+        cfg: LlamaConfig,
+        seed: u64,
+    ) -> Result<Llama, DeviceError> {
+        let model = fingerprint(&format!("{cfg:?} seed {seed}"));
+        agree(comm, model, Llama::synthetic_slice(comm, cfg, seed))
+    }
+
+    /// This rank's part of [`Llama::synthetic_tp`], before the ranks agree.
+    fn synthetic_slice(
         comm: &Communicator,
         cfg: LlamaConfig,
         seed: u64,
@@ -193,12 +208,31 @@ impl Llama {
     /// [`DeviceError::Usage`] when the config's query heads, key/value heads or MLP width do
     /// not divide by the world size; [`DeviceError::OutOfMemory`] before anything is
     /// allocated when this rank's slice is larger than its device's memory, or, on the host
-    /// backend, every rank's slice together larger than the host's; device and collective
+    /// backend, every rank's slice together larger than the host's; [`DeviceError::Usage`]
+    /// naming the ranks whose slice failed, or whose config differs from rank 0's (the ranks
+    /// agree before any has a model, as for [`Llama::synthetic_tp`]); device and collective
     /// errors.
     pub fn load_tp(comm: &Communicator, path: impl AsRef<Path>) -> Result<Llama, DeviceError> {
         let start = Instant::now();
         let dir = path.as_ref();
-        let cfg = LlamaConfig::from_file(&dir.join("config.json"))?;
+        let cfg = LlamaConfig::from_file(&dir.join("config.json"));
+        // A rank without a config takes part in the agreement all the same, as failed.
+        let model = cfg
+            .as_ref()
+            .map_or(0, |cfg| fingerprint(&format!("{cfg:?}")));
+        let loaded = cfg.and_then(|cfg| Llama::load_slice(comm, dir, cfg));
+        let (mut model, built) = agree(comm, model, loaded)?;
+        model.load = Some(built.stats(start));
+        Ok(model)
+    }
+
+    /// This rank's part of [`Llama::load_tp`] of the checkpoint `dir` of config `cfg`, before
+    /// the ranks agree.
+    fn load_slice(
+        comm: &Communicator,
+        dir: &Path,
+        cfg: LlamaConfig,
+    ) -> Result<(Llama, Built), DeviceError> {
         cfg.validate()?;
         let local = local_config(&cfg, comm.world_size())?;
         let checkpoint = Checkpoint::open(dir)?;
@@ -209,9 +243,67 @@ impl Llama {
             ensure_fits(comm.device(), all, 0)?;
         }
         let source = Source::Files(&checkpoint);
-        let (mut model, built) =
-            Llama::new_slice(comm.device(), cfg, local, source, Some(comm.clone()))?;
-        model.load = Some(built.stats(start));
-        Ok(model)
+        Llama::new_slice(comm.device(), cfg, local, source, Some(comm.clone()))
     }
+}
+
+/// A 64-bit FNV-1a hash of `text`: the same in every process of every rank.
+fn fingerprint(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// Every rank's outcome of building its slice, agreed on by all of them with one all-gather
+/// before any has a model: `result` (this rank's) and `model` (the fingerprint of the model
+/// it was asked for) against every other rank's. Each rank takes part whether its own build
+/// failed or not, so none is left waiting for it in the collectives of a later call (for the
+/// communicator's timeout, or for ever under NCCL).
+///
+/// # Errors
+///
+/// This rank's own error; [`DeviceError::Usage`] naming the ranks whose build failed, or
+/// whose model differs from rank 0's (slices of different models would be summed into wrong
+/// results); the all-gather's errors.
+fn agree<T>(
+    comm: &Communicator,
+    model: u64,
+    result: Result<T, DeviceError>,
+) -> Result<T, DeviceError> {
+    let mine = vec![
+        u32::from(result.is_ok()),
+        model as u32,
+        (model >> 32) as u32,
+    ];
+    let gathered = all_gather(comm, api::from_vec(mine, &[3]))
+        .sync_on(comm.stream())
+        .and_then(|t| t.to_host_vec());
+    let built = result?;
+    let all = gathered?;
+    let world = comm.world_size();
+    let ranks = |pick: &dyn Fn(&[u32]) -> bool| -> Vec<String> {
+        all.chunks_exact(3)
+            .enumerate()
+            .filter(|(_, r)| pick(r))
+            .map(|(rank, _)| format!("rank {rank}"))
+            .collect()
+    };
+    let failed = ranks(&|r| r[0] == 0);
+    if !failed.is_empty() {
+        return Err(DeviceError::usage(format!(
+            "{} of the {world} ranks failed to build its slice of the model (its own error \
+             says why); no rank has a model until every rank has its slice",
+            failed.join(", ")
+        )));
+    }
+    let first = all.get(1..3).unwrap_or_default().to_vec();
+    let differ = ranks(&|r| r[1..] != first[..]);
+    if !differ.is_empty() {
+        return Err(DeviceError::usage(format!(
+            "the model {} asked for differs from rank 0's (another config.json, or another \
+             seed); every rank of a tensor-parallel model loads the same model",
+            differ.join(", ")
+        )));
+    }
+    Ok(built)
 }
