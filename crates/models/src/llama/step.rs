@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use cuflow_device_op::{enqueue_on, DeviceOp, DeviceOpExt};
 use cuflow_graph_capture::{CudaGraph, GraphCaptureExt};
-use cuflow_runtime::{DeviceError, Stream};
+use cuflow_runtime::{DeviceError, ErrorScope, Stream};
 use cuflow_scheduler::{default_policy, SchedulingPolicy};
 use cuflow_tensor::kernels::decode::{self, SampleParams};
 use cuflow_tensor::{api, bf16, Tensor};
@@ -152,6 +152,11 @@ pub struct LlamaStep {
     /// Length of the prompt last prefilled, and tokens generated since.
     prompt_len: usize,
     produced: usize,
+    /// The failures of the sequence's eager work (its prefill, its eager steps) after it was
+    /// enqueued: reported by [`synchronize`](Self::synchronize) and
+    /// [`tokens`](Self::tokens) until the next prefill starts a sequence with a scope of
+    /// its own. (Replays report theirs through the graph.)
+    scope: ErrorScope,
 }
 
 impl LlamaStep {
@@ -201,6 +206,7 @@ impl LlamaStep {
             graph,
             prompt_len: 0,
             produced: 0,
+            scope: ErrorScope::new(),
         })
     }
 
@@ -273,6 +279,8 @@ impl LlamaStep {
         // The work below overwrites the sequence before it; until it has all been enqueued
         // there is no sequence to decode.
         self.end_sequence();
+        self.scope = ErrorScope::new();
+        let _entered = self.scope.enter();
         let (stream, policy) = (&self.stream, &self.policy);
         let s = &mut self.state;
         let seed = self.options.seed;
@@ -360,10 +368,13 @@ impl LlamaStep {
     /// As [`decode`](Self::decode).
     pub fn decode_eager(&mut self, n: usize) -> Result<(), DeviceError> {
         self.check_room(n)?;
-        let enqueued = (0..n).try_for_each(|_| {
-            let op = self.core.step(&mut self.state, self.options.sample);
-            Self::enqueue(&self.stream, &self.policy, op)
-        });
+        let enqueued = {
+            let _entered = self.scope.enter();
+            (0..n).try_for_each(|_| {
+                let op = self.core.step(&mut self.state, self.options.sample);
+                Self::enqueue(&self.stream, &self.policy, op)
+            })
+        };
         self.advance(n, enqueued)
     }
 
@@ -372,11 +383,14 @@ impl LlamaStep {
     /// # Errors
     ///
     /// Device errors of that work, the failure of a replay of the captured step among them
-    /// (a replay's failure is reported by its graph, not by the stream).
+    /// (a replay's failure is reported by its graph, not by the stream), and the failure of
+    /// the sequence's prefill or eager steps (a collective that timed out, say), at every
+    /// call until the next prefill; not the failures of other work on the stream.
     pub fn synchronize(&self) -> Result<(), DeviceError> {
         if let Some(graph) = &self.graph {
             graph.synchronize()?;
         }
+        let _entered = self.scope.enter();
         self.stream.synchronize()
     }
 
@@ -384,13 +398,17 @@ impl LlamaStep {
     ///
     /// # Errors
     ///
-    /// Device errors.
+    /// As [`synchronize`](Self::synchronize): tokens whose work failed are never returned.
     pub fn tokens(&self) -> Result<Vec<u32>, DeviceError> {
         // A failed replay leaves tokens unwritten: its failure is the graph's to report.
         if let Some(graph) = &self.graph {
             graph.synchronize()?;
         }
-        let all = self.state.generated.to_host_vec_on(&self.stream)?;
+        // Read in the sequence's scope: a failure of its prefill or eager steps is reported.
+        let all = {
+            let _entered = self.scope.enter();
+            self.state.generated.to_host_vec_on(&self.stream)?
+        };
         Ok(all
             .get(self.prompt_len..self.prompt_len + self.produced)
             .unwrap_or_default()
@@ -437,6 +455,7 @@ impl LlamaStep {
         by_step: bool,
     ) -> Result<Vec<f32>, DeviceError> {
         self.check(prompt, 0)?;
+        let _entered = self.scope.enter();
         let (stream, policy) = (&self.stream, &self.policy);
         let rows = prompt.len() - usize::from(by_step);
         self.core

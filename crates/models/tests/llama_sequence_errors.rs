@@ -1,0 +1,49 @@
+//! A decoder's sequence owns the failures of its work: a prefill whose work fails after it was
+//! enqueued (here an all-reduce of a tensor-parallel rank whose peer never takes part) makes
+//! the decoder's `synchronize` and `tokens` errors, never `Ok` over tokens that work did not
+//! write.
+
+use std::time::Duration;
+
+use cuflow_dist::Communicator;
+use cuflow_models::llama::{GenerateOptions, Llama, LlamaConfig};
+use cuflow_runtime::DeviceError;
+use cuflow_testing::device::rank_devices;
+
+/// Short, so that the lone rank's all-reduce fails soon; a hang fails the test at this bound.
+const TIMEOUT: Duration = Duration::from_secs(2);
+
+#[test]
+fn tokens_after_a_prefill_whose_all_reduce_failed_are_an_error() {
+    let Some(devices) = rank_devices(2) else {
+        return;
+    };
+    let comms = Communicator::local_with_timeout(&devices, TIMEOUT).expect("communicators");
+    let results: Vec<Result<(String, String), DeviceError>> = std::thread::scope(|s| {
+        let ranks: Vec<_> = comms
+            .iter()
+            .map(|c| {
+                s.spawn(move || {
+                    let model = Llama::synthetic_tp(c, LlamaConfig::tiny(), 3)?;
+                    let options = GenerateOptions::greedy().max_seq(16);
+                    let mut step = model.decoder(c.stream(), options)?;
+                    if c.rank() == 1 {
+                        // Rank 1 never prefills: rank 0's all-reduces wait for it in vain.
+                        return Ok((String::new(), String::new()));
+                    }
+                    step.prefill(&[3, 141, 59])?;
+                    let synced = format!("{:?}", step.synchronize());
+                    let tokens = format!("{:?}", step.tokens());
+                    Ok((synced, tokens))
+                })
+            })
+            .collect();
+        ranks
+            .into_iter()
+            .map(|h| h.join().expect("a rank panicked"))
+            .collect()
+    });
+    let (synced, tokens) = results[0].as_ref().expect("rank 0 enqueued its prefill");
+    assert!(synced.starts_with("Err(Timeout"), "synchronize: {synced}");
+    assert!(tokens.starts_with("Err(Timeout"), "tokens: {tokens}");
+}
