@@ -316,6 +316,25 @@ fn shape_errors_come_before_copying_views() -> Result<(), DeviceError> {
     Ok(())
 }
 
+/// An empty result is given without copying its inputs' views to dense tensors first: views of
+/// 2^40 elements that nothing reads give an empty tensor, not an out-of-memory error.
+#[test]
+fn empty_results_copy_no_view() -> Result<(), DeviceError> {
+    let s = stream();
+    let none = api::zeros::<f32>(&[0, 5]).sync_on(&s)?;
+    let wide_idx = api::zeros::<u32>(&[1]).sync_on(&s)?.expand(&[1 << 40])?;
+    let y = kernels::index_select(&none, 1, &wide_idx).sync_on(&s)?;
+    assert_eq!(y.shape(), &[0, 1 << 40]);
+    let huge = api::ones::<f32>(&[1]).sync_on(&s)?.expand(&[3, 1 << 40])?;
+    let no_idx = api::zeros::<u32>(&[0]).sync_on(&s)?;
+    let y = kernels::index_select(&huge, 1, &no_idx).sync_on(&s)?;
+    assert_eq!(y.shape(), &[3, 0]);
+    let no_idx = api::zeros::<u32>(&[3, 0]).sync_on(&s)?;
+    let y = kernels::gather(&huge, 1, &no_idx).sync_on(&s)?;
+    assert_eq!(y.shape(), &[3, 0]);
+    Ok(())
+}
+
 #[test]
 fn concat_refuses_mismatched_shapes_before_copying() -> Result<(), DeviceError> {
     let s = stream();

@@ -379,17 +379,22 @@ fn launch_select<T: DType, I: IndexDType>(
     )
 }
 
+/// What [`run_indexed`] gives: the output, and the inputs to compute it (none when it is
+/// empty).
+type Indexed<T, I> = (Tensor<T>, Option<(Tensor<T>, Tensor<I>, Stream)>);
+
 /// Runs `x` and `index` together, checks them (device, axis, then `check_shapes` on them as
-/// given), and gives them as dense tensors (views copied on the executing stream, once their
-/// shapes are known to fit).
+/// given), allocates the output of the shape `out_shape` gives, and then gives the inputs as
+/// dense tensors (views copied on the executing stream, once their shapes are known to fit),
+/// unless the output is empty: then nothing reads them, and no view is copied.
 fn run_indexed<T: DType, I: IndexDType, X: TensorInput<T>, J: TensorInput<I>>(
     op: &'static str,
-    x: X,
-    index: J,
+    (x, index): (X, J),
     axis: usize,
     check_shapes: impl FnOnce(&Tensor<T>, &Tensor<I>) -> Result<(), DeviceError>,
+    out_shape: impl FnOnce(&Tensor<T>, &Tensor<I>) -> Vec<usize>,
     ctx: &mut ExecutionContext,
-) -> Result<(Tensor<T>, Tensor<I>, Stream), DeviceError> {
+) -> Result<Indexed<T, I>, DeviceError> {
     let both = Zip2::new(x.into_op(), index.into_op());
     let (x, index) = ctx.with_same_device(|ctx| both.execute(ctx))?;
     let stream = ctx.stream()?.clone();
@@ -397,9 +402,13 @@ fn run_indexed<T: DType, I: IndexDType, X: TensorInput<T>, J: TensorInput<I>>(
     check_device(op, &stream, index.tensor())?;
     check_axis(op, axis, x.tensor().ndim(), x.tensor().shape())?;
     check_shapes(x.tensor(), index.tensor())?;
+    let out = alloc::<T>(&stream, &out_shape(x.tensor(), index.tensor()))?;
+    if out.numel() == 0 {
+        return Ok((out, None));
+    }
     let x = super::dense(op, &stream, x.tensor())?.into_owned();
     let index = super::dense(op, &stream, index.tensor())?.into_owned();
-    Ok((x, index, stream))
+    Ok((out, Some((x, index, stream))))
 }
 
 /// The entries of `x` at positions `indices` (1-D, any [`IndexDType`]) along `axis`: the
@@ -445,14 +454,18 @@ pub fn index_select<T: DType, I: IndexDType, X: TensorInput<T>, J: TensorInput<I
                 format!("the indices must be 1-D, got {other:?}"),
             )),
         };
-        let (x, indices, stream) = run_indexed("index_select", x, indices, axis, one_dim, ctx)?;
-        let (x, indices) = (x.tensor(), indices.tensor());
+        let shape = |x: &Tensor<T>, indices: &Tensor<I>| {
+            let mut shape = x.shape().to_vec();
+            shape[axis] = indices.numel();
+            shape
+        };
+        let (out, inputs) = run_indexed("index_select", (x, indices), axis, one_dim, shape, ctx)?;
+        let Some((x, indices, stream)) = inputs else {
+            return Ok(out);
+        };
         let n = indices.numel();
         let (outer, len, inner) = around(x.shape(), axis);
-        let mut shape = x.shape().to_vec();
-        shape[axis] = n;
-        let out = alloc::<T>(&stream, &shape)?;
-        launch_select(&stream, &out, x, indices, (outer, len, n, inner), false)?;
+        launch_select(&stream, &out, &x, &indices, (outer, len, n, inner), false)?;
         Ok(out)
     })
 }
@@ -489,13 +502,15 @@ pub fn gather<T: DType, I: IndexDType, X: TensorInput<T>, J: TensorInput<I>>(
     index: J,
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
     from_fn(move |ctx: &mut ExecutionContext| {
-        let (x, index, stream) =
-            run_indexed("gather", x, index, axis, check_gather_shapes(axis), ctx)?;
-        let (x, index) = (x.tensor(), index.tensor());
+        let shape = |_: &Tensor<T>, index: &Tensor<I>| index.shape().to_vec();
+        let checks = check_gather_shapes(axis);
+        let (out, inputs) = run_indexed("gather", (x, index), axis, checks, shape, ctx)?;
+        let Some((x, index, stream)) = inputs else {
+            return Ok(out);
+        };
         let (outer, len, inner) = around(x.shape(), axis);
         let n = index.shape()[axis];
-        let out = alloc::<T>(&stream, index.shape())?;
-        launch_select(&stream, &out, x, index, (outer, len, n, inner), true)?;
+        launch_select(&stream, &out, &x, &index, (outer, len, n, inner), true)?;
         Ok(out)
     })
 }
