@@ -195,6 +195,43 @@ where
     Ok(())
 }
 
+/// Runs the op `failing()` makes through every entry point (`sync_on` on `stream`, the policy
+/// ones on `policy`) and checks that each fails with the panic of its work (`what`).
+fn assert_every_entry_point_fails_with_the_panic<T: std::fmt::Debug + Send + 'static, O>(
+    what: &str,
+    stream: &Stream,
+    policy: &StreamPoolRoundRobin,
+    failing: impl Fn() -> O,
+) where
+    O: DeviceOp<Output = T> + IntoFuture<Output = Result<T, DeviceError>>,
+{
+    let outcomes = [
+        ("sync", failing().sync().map(drop)),
+        ("sync_on", failing().sync_on(stream).map(drop)),
+        (
+            "sync_with_policy",
+            failing().sync_with_policy(policy).map(drop),
+        ),
+        (
+            "schedule",
+            failing()
+                .schedule(policy)
+                .and_then(futures::executor::block_on)
+                .map(drop),
+        ),
+        (
+            ".await",
+            futures::executor::block_on(failing().into_future()).map(drop),
+        ),
+    ];
+    for (entry, outcome) in outcomes {
+        assert!(
+            matches!(outcome, Err(DeviceError::Panicked { .. })),
+            "{entry}: {what} is the op's: {outcome:?}"
+        );
+    }
+}
+
 #[test]
 fn a_branch_an_op_forks_and_drops_unjoined_completes_before_the_op() -> Result<(), DeviceError> {
     let device = device();
@@ -210,63 +247,13 @@ fn a_branch_an_op_forks_and_drops_unjoined_completes_before_the_op() -> Result<(
     )?;
     // The branch's failure after it was enqueued is the op's error.
     let failing = || on_unjoined_branch(fill(&buf, 9.0).then(|_| panic_on_stream()));
-    let outcomes = [
-        ("sync", failing().sync()),
-        ("sync_on", failing().sync_on(&stream)),
-        (
-            "sync_with_policy",
-            failing().sync_with_policy(&policy).map(drop),
-        ),
-        (
-            "schedule",
-            failing()
-                .schedule(&policy)
-                .and_then(futures::executor::block_on),
-        ),
-        (
-            ".await",
-            futures::executor::block_on(failing().into_future()),
-        ),
-    ];
-    for (entry, outcome) in outcomes {
-        assert!(
-            matches!(outcome, Err(DeviceError::Panicked { .. })),
-            "{entry}: the unjoined branch's failure is the op's: {outcome:?}"
-        );
-    }
+    assert_every_entry_point_fails_with_the_panic(
+        "the unjoined branch's failure",
+        &stream,
+        &policy,
+        failing,
+    );
     Ok(())
-}
-
-/// How an op loses track of the context its work went through: it replaces its context with a
-/// branch it forks, swaps the two, or forgets a branch it ran its work on. Safe code, all three.
-#[derive(Clone, Copy, Debug)]
-enum Lost {
-    Replaced,
-    Swapped,
-    Forgotten,
-}
-
-/// Runs `op` and then loses its context as `how` says.
-fn losing_its_context<O: DeviceOp + 'static>(op: O, how: Lost) -> FromFn<impl OpFn<O::Output>> {
-    from_fn(move |ctx| match how {
-        Lost::Replaced => {
-            let out = op.execute(ctx)?;
-            *ctx = ctx.fork_branch(0, 1)?;
-            Ok(out)
-        }
-        Lost::Swapped => {
-            let mut branch = ctx.fork_branch(0, 1)?;
-            let out = op.execute(ctx)?;
-            std::mem::swap(ctx, &mut branch);
-            Ok(out)
-        }
-        Lost::Forgotten => {
-            let mut branch = ctx.fork_branch(0, 1)?;
-            let out = op.execute(&mut branch)?;
-            std::mem::forget(branch);
-            Ok(out)
-        }
-    })
 }
 
 /// Whatever an op does with its context, every entry point returns after all of the work it
@@ -278,7 +265,7 @@ fn an_op_that_replaces_swaps_or_forgets_its_context_still_completes_after_its_wo
     let policy = StreamPoolRoundRobin::new(&device, 4)?;
     let stream = device.new_stream()?;
     let buf = buffer(0.0);
-    for how in [Lost::Replaced, Lost::Swapped, Lost::Forgotten] {
+    for how in Lost::ALL {
         assert_every_entry_point_waits_for_the_work(
             &format!("an op whose context was {how:?}"),
             &stream,
@@ -342,29 +329,11 @@ fn work_enqueued_by_a_failed_on_stream_completes_before_the_op() -> Result<(), D
             s.enqueue_host_fn(|| panic!("the work on the other stream panics"))
         })
     };
-    let outcomes = [
-        ("sync", failing().sync()),
-        ("sync_on", failing().sync_on(&stream)),
-        (
-            "sync_with_policy",
-            failing().sync_with_policy(&policy).map(drop),
-        ),
-        (
-            "schedule",
-            failing()
-                .schedule(&policy)
-                .and_then(futures::executor::block_on),
-        ),
-        (
-            ".await",
-            futures::executor::block_on(failing().into_future()),
-        ),
-    ];
-    for (entry, outcome) in outcomes {
-        assert!(
-            matches!(outcome, Err(DeviceError::Panicked { .. })),
-            "{entry}: the failed on_stream's work is the op's: {outcome:?}"
-        );
-    }
+    assert_every_entry_point_fails_with_the_panic(
+        "the failed on_stream's work",
+        &stream,
+        &policy,
+        failing,
+    );
     Ok(())
 }

@@ -7,7 +7,7 @@ use std::sync::{Arc, Barrier};
 
 use cuflow_device_op::{
     from_fn, value, with_context, zip, BoxedOp, DeviceError, DeviceFuture, DeviceOp, DeviceOpExt,
-    FromFn, Shared,
+    Shared,
 };
 use cuflow_runtime::BackendKind;
 use cuflow_scheduler::{SingleStream, StreamPoolRoundRobin};
@@ -614,39 +614,6 @@ fn a_failed_branch_dropped_beside_a_shared_producer_does_not_reach_its_consumers
     Ok(())
 }
 
-/// How an op loses track of the context its work went through (safe code, all three): it
-/// replaces its context with a branch it forks, swaps the two, or forgets a branch it ran its
-/// work on.
-#[derive(Clone, Copy, Debug)]
-enum Lost {
-    Replaced,
-    Swapped,
-    Forgotten,
-}
-
-/// Runs `op` and then loses its context as `how` says.
-fn losing_its_context<O: DeviceOp + 'static>(op: O, how: Lost) -> FromFn<impl OpFn<O::Output>> {
-    from_fn(move |ctx| match how {
-        Lost::Replaced => {
-            let out = op.execute(ctx)?;
-            *ctx = ctx.fork_branch(0, 1)?;
-            Ok(out)
-        }
-        Lost::Swapped => {
-            let mut branch = ctx.fork_branch(0, 1)?;
-            let out = op.execute(ctx)?;
-            std::mem::swap(ctx, &mut branch);
-            Ok(out)
-        }
-        Lost::Forgotten => {
-            let mut branch = ctx.fork_branch(0, 1)?;
-            let out = op.execute(&mut branch)?;
-            std::mem::forget(branch);
-            Ok(out)
-        }
-    })
-}
-
 /// Schedules an execution that produces `shared`: the shared op alone, or `after_work`, other
 /// work and then the shared op.
 fn producing<O>(
@@ -674,7 +641,7 @@ where
 #[test]
 fn consumers_elsewhere_wait_for_a_shared_op_that_loses_its_context() -> Result<(), DeviceError> {
     let policy = StreamPoolRoundRobin::new(&device(), 4)?;
-    let cases = [Lost::Replaced, Lost::Swapped, Lost::Forgotten]
+    let cases = Lost::ALL
         .into_iter()
         .flat_map(|how| [(how, false), (how, true)]);
     for (how, after_work) in cases {

@@ -244,6 +244,47 @@ pub fn on_unjoined_branch<O: DeviceOp + 'static>(op: O) -> FromFn<impl OpFn<O::O
     })
 }
 
+/// How an op loses track of the context its work went through (safe code, all three): it
+/// replaces its context with a branch it forks, swaps the two, or forgets a branch it ran its
+/// work on.
+#[derive(Clone, Copy, Debug)]
+pub enum Lost {
+    /// `*ctx = ctx.fork_branch(..)` after the op's work.
+    Replaced,
+    /// The op's work on the context, then the context swapped with a fresh branch.
+    Swapped,
+    /// The op's work on a branch that is then forgotten (`std::mem::forget`).
+    Forgotten,
+}
+
+impl Lost {
+    /// Every way.
+    pub const ALL: [Lost; 3] = [Lost::Replaced, Lost::Swapped, Lost::Forgotten];
+}
+
+/// Runs `op` and then loses its context as `how` says.
+pub fn losing_its_context<O: DeviceOp + 'static>(op: O, how: Lost) -> FromFn<impl OpFn<O::Output>> {
+    from_fn(move |ctx| match how {
+        Lost::Replaced => {
+            let out = op.execute(ctx)?;
+            *ctx = ctx.fork_branch(0, 1)?;
+            Ok(out)
+        }
+        Lost::Swapped => {
+            let mut branch = ctx.fork_branch(0, 1)?;
+            let out = op.execute(ctx)?;
+            std::mem::swap(ctx, &mut branch);
+            Ok(out)
+        }
+        Lost::Forgotten => {
+            let mut branch = ctx.fork_branch(0, 1)?;
+            let out = op.execute(&mut branch)?;
+            std::mem::forget(branch);
+            Ok(out)
+        }
+    })
+}
+
 /// Panics on the op's stream, in order with its earlier work: the op's work fails after it
 /// was enqueued.
 pub fn panic_on_stream() -> FromFn<impl OpFn<()>> {
