@@ -2,6 +2,9 @@
 //! or `f32` checkpoint is the one `synthetic_tp` makes of the same weights, and the ranks
 //! together generate the tokens of the whole checkpoint on one device.
 
+mod common;
+use common::on_ranks;
+
 use std::path::{Path, PathBuf};
 
 use cuflow_dist::Communicator;
@@ -37,17 +40,6 @@ fn run(model: &Llama, stream: &Stream) -> Result<RankResult, DeviceError> {
     let prefill = model.prefill_logits(stream, &PROMPT)?;
     let step = model.decode_logits(stream, &PROMPT[..1])?;
     Ok((tokens, prefill, step))
-}
-
-/// Runs `make` on every rank of `comms`, each on its own thread, and what it gives.
-fn on_ranks<T: Send>(
-    comms: &[Communicator],
-    make: impl Fn(&Communicator) -> Result<T, DeviceError> + Sync,
-) -> Vec<Result<T, DeviceError>> {
-    std::thread::scope(|s| {
-        let ranks: Vec<_> = comms.iter().map(|c| s.spawn(|| make(c))).collect();
-        ranks.into_iter().map(|h| h.join().unwrap()).collect()
-    })
 }
 
 /// `load_tp` of `dir` and `synthetic_tp` of the same weights over `tp` ranks: each rank's

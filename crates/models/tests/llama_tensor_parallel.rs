@@ -2,6 +2,9 @@
 //! tokens and (within rounding) the logits of the whole model on one device, eagerly and
 //! replayed.
 
+mod common;
+use common::on_ranks;
+
 use cuflow_dist::Communicator;
 use cuflow_models::llama::{GenerateOptions, Llama, LlamaConfig};
 use cuflow_runtime::{BackendKind, Device, DeviceError};
@@ -145,15 +148,4 @@ fn a_split_model_larger_than_memory_is_an_error() {
         before,
         "nothing stays allocated"
     );
-}
-
-/// Runs `make` on every rank of `comms`, each on its own thread, and what it gives.
-fn on_ranks<T: Send>(
-    comms: &[Communicator],
-    make: impl Fn(&Communicator) -> Result<T, DeviceError> + Sync,
-) -> Vec<Result<T, DeviceError>> {
-    std::thread::scope(|s| {
-        let ranks: Vec<_> = comms.iter().map(|c| s.spawn(|| make(c))).collect();
-        ranks.into_iter().map(|h| h.join().unwrap()).collect()
-    })
 }
