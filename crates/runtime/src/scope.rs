@@ -38,9 +38,10 @@
 //! A CUDA kernel's fault is not scoped: the driver reports it to every later call of the
 //! context (see [`DeviceError::DeviceFaulted`]).
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashSet;
 use std::fmt;
+use std::marker::PhantomData;
 use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
@@ -109,7 +110,12 @@ impl Drop for ScopeInner {
 }
 
 thread_local! {
-    static CURRENT: RefCell<Option<ErrorScope>> = const { RefCell::new(None) };
+    /// The scopes entered on this thread and not left yet, each with the number of its guard,
+    /// most recently entered last: the current scope is the last one. A guard removes its own
+    /// entry, wherever it is, so guards dropped out of order leave the others' scopes entered.
+    static ENTERED: RefCell<Vec<(u64, ErrorScope)>> = const { RefCell::new(Vec::new()) };
+    /// The number of the next guard made on this thread.
+    static NEXT_GUARD: Cell<u64> = const { Cell::new(0) };
 }
 
 impl ErrorScope {
@@ -195,11 +201,21 @@ impl ErrorScope {
         }
     }
 
-    /// Makes this the current thread's scope until the guard is dropped (the previous one, if
-    /// any, is restored then).
+    /// Makes this the current thread's scope until the guard is dropped. Dropping it leaves
+    /// this entry of the scope, wherever it is: the thread is then in the scope most recently
+    /// entered whose guard is still alive (the one entered before, when guards are dropped in
+    /// the reverse order of their entries), or in none.
     pub fn enter(&self) -> EnteredScope {
-        let previous = CURRENT.with(|c| c.replace(Some(self.clone())));
-        EnteredScope { previous }
+        let token = NEXT_GUARD.with(|n| {
+            let token = n.get();
+            n.set(token.wrapping_add(1));
+            token
+        });
+        ENTERED.with(|e| e.borrow_mut().push((token, self.clone())));
+        EnteredScope {
+            token,
+            _not_send: PhantomData,
+        }
     }
 
     /// The scope's first error, if its work (or the work of a scope it depends on) failed so
@@ -294,7 +310,7 @@ impl ErrorScope {
 
     /// The scope entered on this thread, if any.
     pub(crate) fn current() -> Option<ErrorScope> {
-        CURRENT.with(|c| c.borrow().clone())
+        ENTERED.with(|e| e.borrow().last().map(|(_, scope)| scope.clone()))
     }
 
     /// This scope and the scopes it is nested in that are still alive, innermost first.
@@ -313,16 +329,34 @@ impl fmt::Debug for ErrorScope {
     }
 }
 
-/// The guard of an entered [`ErrorScope`]; dropping it restores the thread's previous scope.
+/// The guard of an entered [`ErrorScope`]; dropping it leaves that entry of the scope (see
+/// [`ErrorScope::enter`]).
+///
+/// It is not `Send`: the scope is entered on the thread that entered it, and only that
+/// thread can leave it.
+///
+/// ```compile_fail
+/// fn send<T: Send>(_: T) {}
+/// send(cuflow_runtime::ErrorScope::new().enter());
+/// ```
 #[must_use = "the scope is left when this guard is dropped"]
 pub struct EnteredScope {
-    previous: Option<ErrorScope>,
+    /// The number of this entry among the thread's entered scopes.
+    token: u64,
+    _not_send: PhantomData<*const ()>,
 }
 
 impl Drop for EnteredScope {
     fn drop(&mut self) {
-        let previous = self.previous.take();
-        CURRENT.with(|c| *c.borrow_mut() = previous);
+        let token = self.token;
+        // The scope is dropped once the list's borrow has ended. `try_with`: a guard dropped
+        // while the thread's locals are destroyed has nothing left to leave.
+        let left = ENTERED.try_with(|e| {
+            let mut entered = e.borrow_mut();
+            let pos = entered.iter().rposition(|(t, _)| *t == token)?;
+            Some(entered.remove(pos))
+        });
+        drop(left);
     }
 }
 
