@@ -92,6 +92,8 @@ pub(crate) struct DeviceInner {
     /// first such copy (see `DeviceBuffer::copy_from_device_staged`).
     pub(crate) staging_stream: Mutex<Option<Stream>>,
     /// Extension slots for crates above the runtime (e.g. the default scheduling policy).
+    /// Each type's slot (a `OnceLock<Arc<T>>`), made at its first request; the lock is held
+    /// only to find a slot, never while a value is made.
     pub(crate) extensions: Mutex<HashMap<std::any::TypeId, Arc<dyn std::any::Any + Send + Sync>>>,
 }
 
@@ -478,14 +480,21 @@ impl Device {
 
     /// Returns the extension value of type `T` stored on this device, creating it with `init`
     /// the first time. Crates above the runtime keep per-device, process-wide state here.
+    ///
+    /// `init` may ask for extensions of other types (of this device or another): it runs
+    /// while no lock of the device is held. Threads asking for a `T` at once while it is made
+    /// wait for that `init`, which runs once; it must not ask for a `T` itself.
     pub fn extension<T: Send + Sync + 'static>(&self, init: impl FnOnce() -> T) -> Arc<T> {
-        let mut map = self.inner.extensions.lock();
-        let entry = map
-            .entry(std::any::TypeId::of::<T>())
-            .or_insert_with(|| Arc::new(init()));
-        match Arc::clone(entry).downcast::<T>() {
-            Ok(v) => v,
-            // The map is keyed by TypeId, so the entry always has type T.
+        let slot = {
+            let mut map = self.inner.extensions.lock();
+            let slot = map
+                .entry(std::any::TypeId::of::<T>())
+                .or_insert_with(|| Arc::new(OnceLock::<Arc<T>>::new()));
+            Arc::clone(slot)
+        };
+        match slot.downcast::<OnceLock<Arc<T>>>() {
+            Ok(cell) => Arc::clone(cell.get_or_init(|| Arc::new(init()))),
+            // The map is keyed by TypeId, so the entry always holds a slot of T.
             Err(_) => unreachable!("extension map keyed by TypeId holds another type"),
         }
     }

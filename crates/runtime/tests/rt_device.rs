@@ -169,6 +169,23 @@ fn extensions_hold_one_value_per_type_per_device() {
 }
 
 #[test]
+fn an_extension_whose_init_asks_for_another_extension_is_made() {
+    #[derive(Debug, PartialEq)]
+    struct Outer(u32);
+    #[derive(Debug, PartialEq)]
+    struct Inner(u32);
+    let device = device();
+    let outer = cuflow_testing::thread::within_a_minute(
+        "an extension's init asking for another extension of its device hung",
+        move || {
+            let inner_device = device.clone();
+            device.extension(move || Outer(inner_device.extension(|| Inner(7)).0 + 1))
+        },
+    );
+    assert_eq!(*outer, Outer(8));
+}
+
+#[test]
 fn runtime_handles_can_cross_threads() {
     fn send_sync<T: Send + Sync>() {}
     send_sync::<Device>();
