@@ -106,7 +106,14 @@ pub(crate) fn tiling(
         )));
     }
     for (axis, (t, s)) in tile.iter().zip(shape).enumerate() {
-        if *t == 0 || s % t != 0 {
+        if *t == 0 {
+            return Err(bad(format!(
+                "the tile {tile:?} has length 0 along axis {axis}; every axis of a tile must \
+                 hold at least one element (an empty tensor {shape:?} takes tiles of length 1 \
+                 along its empty axes)"
+            )));
+        }
+        if s % t != 0 {
             return Err(bad(format!(
                 "the tile {tile:?} does not divide the tensor {shape:?} along axis {axis} \
                  ({s} is not a multiple of {t})"

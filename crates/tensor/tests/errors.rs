@@ -150,6 +150,33 @@ fn a_tile_must_not_be_empty() -> Result<(), DeviceError> {
     bad_partition(&[64], [0])
 }
 
+/// A tile with an axis of length 0 is refused for that reason: over an empty axis the error
+/// said "0 is not a multiple of 0", which is false (0 = 0 · 0) and hid the fix.
+#[test]
+fn an_empty_tile_is_refused_as_empty() -> Result<(), DeviceError> {
+    bad_partition(&[0, 4], [0, 4])?;
+    let s = stream();
+    for (shape, tile) in [([0usize, 4], [0usize, 4]), ([16, 16], [4, 0])] {
+        let mut z = api::zeros::<f32>(&shape).sync_on(&s)?;
+        let x = api::ones::<f32>(&shape).sync_on(&s)?;
+        let msg = kernels::saxpy((&mut z).partition(tile), 1.0, &x)
+            .sync_on(&s)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            !msg.contains("multiple of 0")
+                && msg.contains("length 0")
+                && msg.contains("axis 1") == (tile[1] == 0),
+            "tile {tile:?} over {shape:?}: {msg}"
+        );
+    }
+    // What the message suggests for an empty tensor: tiles of length 1 along its empty axes.
+    let mut z = api::zeros::<f32>(&[0, 4]).sync_on(&s)?;
+    let x = api::ones::<f32>(&[0, 4]).sync_on(&s)?;
+    kernels::saxpy((&mut z).partition([1, 4]), 1.0, &x).sync_on(&s)?;
+    Ok(())
+}
+
 #[test]
 fn a_tile_must_keep_middle_axes_whole() -> Result<(), DeviceError> {
     bad_partition(&[4, 3, 8], [2, 1, 4])?;
