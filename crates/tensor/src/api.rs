@@ -379,15 +379,25 @@ fn philox(i: u64, seed: u64) -> [u32; 4] {
 fn check_distribution<T: DType>(a: f64, b: f64, normal: bool) -> Result<(), DeviceError> {
     let (op, reason) = if normal {
         let ok = a.is_finite() && b.is_finite() && b >= 0.0;
-        (
-            "randn",
-            (!ok).then(|| {
-                format!(
-                    "a normal distribution needs a finite mean and a finite, non-negative \
-                     standard deviation, got mean {a} and standard deviation {b}"
-                )
-            }),
-        )
+        // As `rand`'s low bound: a mean past `T`'s finite values would make every value near
+        // it infinite.
+        let mean_t = T::from_f64(a).to_f64();
+        let reason = if !ok {
+            Some(format!(
+                "a normal distribution needs a finite mean and a finite, non-negative \
+                 standard deviation, got mean {a} and standard deviation {b}"
+            ))
+        } else if !mean_t.is_finite() {
+            Some(format!(
+                "the mean {a} lies past the finite values of {}, where it rounds to {mean_t}: \
+                 the values near it would be infinite; give a mean that {} holds",
+                T::NAME,
+                T::NAME
+            ))
+        } else {
+            None
+        };
+        ("randn", reason)
     } else {
         let ok = a.is_finite() && b.is_finite() && a <= b && (b - a).is_finite();
         // The values near `low` round to it in `T`: one past `T`'s finite values would give
@@ -485,7 +495,7 @@ pub fn rand_seeded<T: FloatDType>(
 /// # Errors
 ///
 /// [`DeviceError::InvalidShape`] naming `randn` (when run) for a mean or a deviation that is
-/// not finite, or a negative deviation.
+/// not finite, a negative deviation, or a mean past the finite values of `T`.
 pub fn randn<T: FloatDType>(
     mean: f64,
     std: f64,

@@ -287,3 +287,48 @@ fn rand_refuses_a_low_bound_the_dtype_cannot_hold() -> Result<(), DeviceError> {
     );
     Ok(())
 }
+
+/// A mean past the finite values of the dtype is refused, as `rand`'s low bound is: every value
+/// of `randn::<f16>(1e5, 1.0)` rounded to inf (and those of a mean of -1e5 to -inf), as Ok.
+#[test]
+fn randn_refuses_a_mean_the_dtype_cannot_hold() -> Result<(), DeviceError> {
+    let s = stream();
+    for mean in [1e5, -1e5] {
+        let err = api::randn_seeded::<f16>(mean, 1.0, &[8], 7)
+            .sync_on(&s)
+            .expect_err("a mean past f16");
+        let text = err.to_string();
+        assert!(
+            matches!(err, DeviceError::InvalidShape { op: "randn", .. }),
+            "{text}"
+        );
+        assert!(
+            text.contains("f16") && text.contains(&format!("{mean}")),
+            "{text}"
+        );
+    }
+    for err in [
+        api::randn_seeded::<bf16>(1e39, 1.0, &[8], 7)
+            .sync_on(&s)
+            .expect_err("a mean past bf16"),
+        api::randn_seeded::<f32>(-1e39, 1.0, &[8], 7)
+            .sync_on(&s)
+            .expect_err("a mean past f32"),
+    ] {
+        assert!(
+            matches!(err, DeviceError::InvalidShape { op: "randn", .. }),
+            "{err}"
+        );
+    }
+    // A mean the dtype holds, near its largest value, gives finite values about it.
+    let v = f64s(&read(
+        &api::randn_seeded::<f16>(60000.0, 16.0, &[1000], 7).sync_on(&s)?,
+    ));
+    let mean = v.iter().sum::<f64>() / v.len() as f64;
+    assert!(
+        v.iter().all(|x| x.is_finite()) && (mean - 60000.0).abs() < 8.0,
+        "mean {mean}, a value {:?}",
+        v.iter().find(|x| !x.is_finite())
+    );
+    Ok(())
+}
