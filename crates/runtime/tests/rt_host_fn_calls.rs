@@ -102,6 +102,52 @@ fn work_enqueued_inside_a_host_function_runs_or_is_refused() -> Result<(), Devic
     assert_stream_usable(&s)
 }
 
+/// A read back that waits for a host function, which meanwhile enqueues a write of the same
+/// buffer on another stream (on the host backend; refused on CUDA), returns: the read does not
+/// keep the buffer's ordering to itself while it waits. The read sees the buffer from before
+/// the write or after it, as the two were ordered.
+#[test]
+fn a_read_back_waiting_for_a_host_function_that_writes_its_buffer_returns() {
+    cuflow_testing::thread::within_a_minute("the read back or the host function hung", || {
+        let s = stream();
+        let other = s.device().new_stream().expect("a second stream");
+        let x = std::sync::Arc::new(DeviceBuffer::from_host(&other, &[1.0f32]).expect("x"));
+        other.synchronize().expect("x is written");
+        let (release, released) = mpsc::channel::<()>();
+        let wrote = std::sync::Arc::new(Mutex::new(None));
+        s.enqueue_host_fn({
+            let (other, x, wrote) = (other.clone(), x.clone(), wrote.clone());
+            move || {
+                let _ = released.recv_timeout(Duration::from_secs(20));
+                let filled = x.view().fill_bytes(&other, 0);
+                *wrote.lock().expect("the result") = Some(filled);
+            }
+        })
+        .expect("enqueue the host function");
+        let read = std::thread::scope(|scope| {
+            let read = scope.spawn(|| x.to_host_vec(&s));
+            // Lets the read start waiting first (either order must finish).
+            std::thread::sleep(Duration::from_millis(100));
+            let _ = release.send(());
+            read.join().expect("the reading thread")
+        })
+        .expect("the read back");
+        s.synchronize().expect("the host function ran");
+        let wrote = wrote.lock().expect("the result").take().expect("it ran");
+        match s.device().kind() {
+            BackendKind::Host => {
+                wrote.expect("the write inside the host function");
+                assert!(read == [1.0] || read == [0.0], "{read:?}");
+                assert_eq!(x.to_host_vec(&other).expect("x"), vec![0.0]);
+            }
+            kind => {
+                assert_refused(wrote, kind, "a fill");
+                assert_eq!(read, vec![1.0]);
+            }
+        }
+    });
+}
+
 /// The last handles of a buffer, a pinned buffer, a stream, a kernel, a graph and its
 /// executable, dropped by a host function: every later call, on any thread, answers for
 /// itself.

@@ -38,6 +38,25 @@ impl SyncWait {
     }
 }
 
+/// A copy to the host begun by [`StreamBackend::begin_copy_to_host`].
+pub(crate) enum CopyToHost {
+    /// The copy has landed in its destination.
+    Done,
+    /// The copy is enqueued on a host stream.
+    Host(host::HostCopyToHost),
+}
+
+impl CopyToHost {
+    /// Waits for the copy and puts what it read in `out` (the destination it was begun with);
+    /// the first error the stream's work hit, if any (`out` is then left as it was).
+    pub(crate) fn finish(self, out: &mut [u8]) -> Result<()> {
+        match self {
+            CopyToHost::Done => Ok(()),
+            CopyToHost::Host(h) => h.finish(out),
+        }
+    }
+}
+
 impl StreamBackend {
     pub(super) fn kind(&self) -> BackendKind {
         match self {
@@ -173,11 +192,23 @@ impl StreamBackend {
         }
     }
 
-    /// Copies `src` into `out` after the work enqueued so far, and waits for the copy.
-    pub(crate) fn copy_to_host(&self, src: Region<'_>, out: &mut [u8]) -> Result<()> {
+    /// Begins a copy of `src` into `out` after the work enqueued so far; the copy has landed in
+    /// `out` once [`CopyToHost::finish`] returned `Ok`. On CUDA the copy is made, and waited
+    /// for, here. On the host backend it is only enqueued here, and waited for by `finish`:
+    /// the caller lets the buffer's access state go in between, so that the stream's work
+    /// before the copy (a host function enqueuing work on the same buffer on another stream)
+    /// can take it.
+    pub(crate) fn begin_copy_to_host(&self, src: Region<'_>, out: &mut [u8]) -> Result<CopyToHost> {
         match self {
-            StreamBackend::Host(s) => s.copy_to_host(src.mem.clone(), src.offset, out),
-            StreamBackend::Cuda(s) => s.copy_to_host(src.mem.backend.cuda()?, src.offset, out),
+            StreamBackend::Host(s) => Ok(CopyToHost::Host(s.begin_copy_to_host(
+                src.mem.clone(),
+                src.offset,
+                out.len(),
+            )?)),
+            StreamBackend::Cuda(s) => {
+                s.copy_to_host(src.mem.backend.cuda()?, src.offset, out)?;
+                Ok(CopyToHost::Done)
+            }
         }
     }
 

@@ -140,16 +140,24 @@ impl<'a, T: DeviceCopy> BufferView<'a, T> {
         check_len("copy_to_host", self.len, out.len())?;
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(out);
         // A read: ordered after the last write on any stream, and seen by later writers, which
-        // wait for it. The buffer's state stays locked until the copy has finished, so no write
-        // can slip in between.
+        // wait for it. On CUDA the buffer's state stays locked until the copy has finished, so
+        // no write can slip in between; on the host backend the copy is enqueued in stream
+        // order (later writers wait for it as for any read) and waited for once the state is
+        // unlocked: the work it waits for may itself enqueue work on this buffer (a host
+        // function on another stream's buffer, allowed there), which takes the state.
         let len = bytes.len();
-        ordered_copy(
+        let copy = ordered_copy(
             stream,
             "copy_to_host",
             len,
             smallvec![(self.mem, Access::Read)],
-            || stream.backend().copy_to_host(self.region(), bytes),
-        )
+            || {
+                stream
+                    .backend()
+                    .begin_copy_to_host(self.region(), &mut *bytes)
+            },
+        )?;
+        copy.finish(bytes)
     }
 
     /// Copies this view to a new host vector, after all work that used the buffer.

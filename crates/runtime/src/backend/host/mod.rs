@@ -22,7 +22,7 @@ pub(crate) use capture::{HostCapture, HostGraph, HostGraphExec, HostNodeKind};
 pub(crate) use collective::{enqueue_collective, HostComm};
 pub(crate) use kernel::launch_host_kernel;
 pub(crate) use memory::{HostMemory, HostPinned};
-pub(crate) use stream::{on_worker_thread, HostEvent, HostStream, HostSyncWait};
+pub(crate) use stream::{on_worker_thread, HostCopyToHost, HostEvent, HostStream, HostSyncWait};
 
 use crate::device::MemoryInfo;
 use crate::error::Result;

@@ -65,6 +65,30 @@ impl HostSyncWait {
     }
 }
 
+/// A copy to the host enqueued by [`HostStream::begin_copy_to_host`].
+pub(crate) struct HostCopyToHost {
+    wait: HostSyncWait,
+    landed: Arc<Mutex<Vec<u8>>>,
+}
+
+impl HostCopyToHost {
+    /// Waits for the copy and puts its bytes in `out`; the first error the work before it hit,
+    /// if any (`out` is then left as it was).
+    pub(crate) fn finish(self, out: &mut [u8]) -> Result<()> {
+        self.wait.wait()?;
+        let landed = std::mem::take(&mut *self.landed.lock());
+        if landed.len() != out.len() {
+            return Err(DeviceError::internal(format!(
+                "a copy to the host of {} bytes landed {} bytes",
+                out.len(),
+                landed.len()
+            )));
+        }
+        out.copy_from_slice(&landed);
+        Ok(())
+    }
+}
+
 /// A host stream handle (shared by the clones of its `Stream`).
 pub(crate) struct HostStream {
     core: Arc<HostStreamCore>,
@@ -182,13 +206,15 @@ impl HostStream {
         self.send(Msg::Once(Box::new(f), self.sink()))
     }
 
-    pub(crate) fn synchronize(&self) -> Result<()> {
-        self.begin_synchronize()?.wait()
-    }
-
     /// Enqueues the marker a synchronization waits for. A stream being captured is refused,
     /// and its capture invalidated, as `cuStreamSynchronize` does on CUDA.
     pub(crate) fn begin_synchronize(&self) -> Result<HostSyncWait> {
+        self.begin_synchronize_after(None)
+    }
+
+    /// [`HostStream::begin_synchronize`], enqueueing `work` (when given) right before the
+    /// marker, under the same checks.
+    fn begin_synchronize_after(&self, work: Option<HostTask>) -> Result<HostSyncWait> {
         if on_worker_thread() {
             return Err(DeviceError::Reentrant {
                 what: "Stream::synchronize inside a host kernel or host function",
@@ -210,6 +236,9 @@ impl HostStream {
             };
             cursor.capture().invalidate(err.clone());
             return Err(err);
+        }
+        if let Some(work) = work {
+            self.send(Msg::Run(work, sink.clone()))?;
         }
         self.send(Msg::Once(
             Box::new(move || {
@@ -322,19 +351,36 @@ impl HostStream {
         )
     }
 
-    pub(crate) fn copy_to_host(
+    /// Enqueues a copy of `len` bytes of `mem` at `offset` into host memory of the copy's own,
+    /// and the marker of a synchronization after it: [`HostCopyToHost::finish`] waits for both.
+    /// Nothing is enqueued on a worker thread (the wait would wait for itself), nor while the
+    /// stream is being captured.
+    pub(crate) fn begin_copy_to_host(
         &self,
         mem: Arc<Memory>,
         offset: usize,
-        out: &mut [u8],
-    ) -> Result<()> {
-        // In-order stream: once synchronized, every earlier write has landed.
-        self.synchronize()?;
-        let h = super::memory::host_mem(&mem)?;
-        let r = h.read();
-        let bytes: &[u8] = bytemuck::cast_slice(&r[..]);
-        out.copy_from_slice(&bytes[offset..offset + out.len()]);
-        Ok(())
+        len: usize,
+    ) -> Result<HostCopyToHost> {
+        let landed: Arc<Mutex<Vec<u8>>> = Arc::new(Mutex::new(Vec::new()));
+        let target = landed.clone();
+        let copy: HostTask = Arc::new(move || {
+            let h = super::memory::host_mem(&mem)?;
+            let r = h.read();
+            let bytes: &[u8] = bytemuck::cast_slice(&r[..]);
+            let from = bytes.get(offset..offset + len).ok_or_else(|| {
+                DeviceError::internal(format!(
+                    "a copy to the host of bytes {offset}..{} of an allocation of {}",
+                    offset + len,
+                    bytes.len()
+                ))
+            })?;
+            *target.lock() = from.to_vec();
+            Ok(())
+        });
+        Ok(HostCopyToHost {
+            wait: self.begin_synchronize_after(Some(copy))?,
+            landed,
+        })
     }
 
     pub(crate) fn copy_device(
