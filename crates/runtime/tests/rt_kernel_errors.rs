@@ -479,7 +479,8 @@ fn overlapping_arguments_of_a_written_buffer_are_refused() -> Result<(), DeviceE
 /// An empty view overlaps nothing, even where it starts at the first element of a range the
 /// launch writes: such a launch runs on every backend, as on a GPU.
 #[test]
-fn an_empty_argument_beside_a_written_range_overlaps_nothing() -> Result<(), DeviceError> {
+fn an_empty_argument_beside_or_inside_a_written_range_overlaps_nothing() -> Result<(), DeviceError>
+{
     let s = stream();
     // SAFETY: the kernel writes only `y[0..n)`, below the count it is given, one element per
     // thread, and never reads `empty`.
@@ -504,8 +505,8 @@ fn an_empty_argument_beside_a_written_range_overlaps_nothing() -> Result<(), Dev
     let data: Vec<f32> = random_f32(&mut rng(), 16);
     let buf = DeviceBuffer::from_host(&s, &data)?;
     let mut want = data.clone();
-    // The empty view at the start of the written range, then at its end.
-    for empty_at in [4, 12] {
+    // The empty view at the start of the written range, inside it, then at its end.
+    for empty_at in [4, 8, 12] {
         double.launch(
             &s,
             LaunchConfig::linear(1, 32),
@@ -519,6 +520,26 @@ fn an_empty_argument_beside_a_written_range_overlaps_nothing() -> Result<(), Dev
         }
         assert_eq!(buf.to_host_vec(&s)?, want, "the empty view at {empty_at}");
     }
+    assert_stream_usable(&s)
+}
+
+/// An empty output writes nothing: reads of the same buffer may overlap it and each other, as
+/// in a buffer the launch does not write.
+#[test]
+fn an_empty_output_inside_ranges_it_reads_writes_nothing() -> Result<(), DeviceError> {
+    let s = stream();
+    let data: Vec<f32> = random_f32(&mut rng(), 16);
+    let buf = DeviceBuffer::from_host(&s, &data)?;
+    cuflow_testing::kernels::add().launch(
+        &s,
+        LaunchConfig::linear(1, 32),
+        KernelArgs::new()
+            .output(buf.slice(6..6)?)
+            .input(buf.slice(0..8)?)
+            .input(buf.slice(4..12)?)
+            .scalar(0u32),
+    )?;
+    assert_eq!(buf.to_host_vec(&s)?, data);
     assert_stream_usable(&s)
 }
 

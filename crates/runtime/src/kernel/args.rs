@@ -256,6 +256,10 @@ impl<'a> HostKernelArgs<'a> {
                     ));
                 }
                 let bytes: &'a [u8] = bytes;
+                if bytes.is_empty() {
+                    // Whatever the address of the empty range: it holds no element to align.
+                    return Ok(&[]);
+                }
                 bytemuck::try_cast_slice(bytes).map_err(|e| self.mismatch(index, e.to_string()))
             }
             Some(_) => Err(self.mismatch(index, "is not an input buffer".into())),
@@ -288,6 +292,10 @@ impl<'a> HostKernelArgs<'a> {
                 let taken = bytes
                     .take()
                     .ok_or_else(|| err("was already taken in this launch".into()))?;
+                if taken.is_empty() {
+                    // As for an input: an empty range holds no element to align.
+                    return Ok(&mut []);
+                }
                 bytemuck::try_cast_slice_mut(taken).map_err(|e| err(e.to_string()))
             }
             Some(_) => Err(err("is not an output buffer".into())),

@@ -420,8 +420,9 @@ impl fmt::Debug for Kernel {
 
 /// Refuses two buffer arguments whose ranges overlap in an allocation that any argument of the
 /// launch writes: threads writing one while others read or write the other would race. Reads
-/// may overlap in allocations the launch only reads. The host backend carves the same ranges
-/// out of each allocation, so both backends refuse the same launches.
+/// may overlap in allocations the launch only reads. An empty range overlaps nothing and
+/// writes nothing, wherever it lies. The host backend carves the same ranges out of each
+/// allocation, so both backends refuse the same launches.
 ///
 /// On the launch path, so it allocates nothing: a pairwise scan over the few arguments of a
 /// launch, where distinct allocations cost one pointer comparison a pair.
@@ -433,13 +434,14 @@ fn check_disjoint(kernel: &str, args: &[KernelArg<&Arc<Memory>>]) -> Result<()> 
                 byte_offset,
                 byte_len,
                 ..
-            } => Some((*mem, *byte_offset, byte_offset.saturating_add(*byte_len))),
-            KernelArg::Scalar { .. } => None,
+            } if *byte_len > 0 => Some((*mem, *byte_offset, byte_offset.saturating_add(*byte_len))),
+            _ => None,
         }
     }
     let written = |mem: &Arc<Memory>| {
         args.iter().any(|a| {
-            matches!(a, KernelArg::Buffer { mem: m, writable: true, .. } if Arc::ptr_eq(m, mem))
+            matches!(a, KernelArg::Buffer { mem: m, writable: true, byte_len, .. }
+                if *byte_len > 0 && Arc::ptr_eq(m, mem))
         })
     };
     for (j, b) in args.iter().enumerate() {

@@ -54,13 +54,21 @@ fn run(
     config: LaunchConfig,
     args: &[KernelArg<Arc<Memory>>],
 ) -> Result<()> {
-    // Distinct allocations, in address order, with whether any argument writes them.
+    // Distinct allocations, in address order, with whether any argument writes them (an empty
+    // range writes nothing).
     let mut groups: Vec<(&Arc<Memory>, bool)> = Vec::new();
     for a in args {
-        if let KernelArg::Buffer { mem, writable, .. } = a {
+        if let KernelArg::Buffer {
+            mem,
+            writable,
+            byte_len,
+            ..
+        } = a
+        {
+            let writes = *writable && *byte_len > 0;
             match groups.iter_mut().find(|(m, _)| Arc::ptr_eq(m, mem)) {
-                Some(g) => g.1 |= *writable,
-                None => groups.push((mem, *writable)),
+                Some(g) => g.1 |= writes,
+                None => groups.push((mem, writes)),
             }
         }
     }
@@ -77,20 +85,44 @@ fn run(
 
     let mut slots: Vec<Option<HostSlot<'_>>> = (0..args.len()).map(|_| None).collect();
     for (a, slot) in args.iter().zip(slots.iter_mut()) {
-        if let KernelArg::Scalar {
-            bytes,
-            len,
-            ty,
-            ty_name,
-            ..
-        } = a
-        {
-            *slot = Some(HostSlot::Scalar {
-                bytes: *bytes,
-                len: *len,
-                ty: *ty,
+        match a {
+            KernelArg::Scalar {
+                bytes,
+                len,
+                ty,
                 ty_name,
-            });
+                ..
+            } => {
+                *slot = Some(HostSlot::Scalar {
+                    bytes: *bytes,
+                    len: *len,
+                    ty: *ty,
+                    ty_name,
+                });
+            }
+            // An empty range, wherever it lies, is an empty slice of its own.
+            KernelArg::Buffer {
+                byte_len: 0,
+                ty,
+                ty_name,
+                writable,
+                ..
+            } => {
+                *slot = Some(if *writable {
+                    HostSlot::Out {
+                        bytes: Some(&mut []),
+                        ty: *ty,
+                        ty_name,
+                    }
+                } else {
+                    HostSlot::In {
+                        bytes: &[],
+                        ty: *ty,
+                        ty_name,
+                    }
+                });
+            }
+            KernelArg::Buffer { .. } => {}
         }
     }
     for ((mem, _), guard) in groups.iter().zip(guards.iter_mut()) {
@@ -104,12 +136,11 @@ fn run(
                     byte_offset,
                     byte_len,
                     ..
-                } if Arc::ptr_eq(m, mem) => Some((i, *byte_offset, *byte_len)),
+                } if *byte_len > 0 && Arc::ptr_eq(m, mem) => Some((i, *byte_offset, *byte_len)),
                 _ => None,
             })
             .collect();
-        // By offset; an empty range before a range starting where it does, which it does not
-        // overlap (the launch accepted the two).
+        // By offset (empty ranges have their slices already).
         members.sort_by_key(|&(_, off, len)| (off, len));
         match guard {
             Guard::Read(g) => {
