@@ -115,3 +115,25 @@ fn empty_pinned_buffers_copy_to_and_from_an_empty_device_buffer() -> Result<(), 
     assert!(dev.to_host_vec(&stream)?.is_empty());
     Ok(())
 }
+
+/// A pinned buffer of a zero-sized element type either is refused at `new`, or reads and
+/// writes as slices of its length: never as an empty slice beside a non-zero `len`.
+#[test]
+fn a_pinned_buffer_of_a_zero_sized_type_is_refused_or_has_its_length() {
+    for len in [1, 10, 1 << 40] {
+        match PinnedBuffer::<()>::new(&device(), len) {
+            Ok(mut pinned) => {
+                assert_eq!(pinned.len(), len);
+                assert_eq!(pinned.as_slice().len(), len, "as_slice of {len} elements");
+                assert_eq!(pinned.as_mut_slice().len(), len, "as_mut_slice of {len}");
+            }
+            Err(DeviceError::InvalidShape { op, reason }) => {
+                assert_eq!(op, "PinnedBuffer::new");
+                assert!(reason.contains("zero-sized"), "{reason}");
+            }
+            Err(e) => panic!("{len} zero-sized elements: {e}"),
+        }
+    }
+    // An empty one is an empty buffer like any other.
+    assert!(PinnedBuffer::<()>::new(&device(), 0).is_ok_and(|p| p.as_slice().is_empty()));
+}

@@ -43,8 +43,9 @@ impl<T: DeviceCopy> PinnedBuffer<T> {
     ///
     /// [`DeviceError::InvalidShape`] when `T` needs an alignment above 8 bytes (more than
     /// every backend guarantees for pinned memory, which the host reads in place; use a type
-    /// of the same bytes aligned to 8, e.g. `[u64; 2]` for `u128`) or `len` elements overflow
-    /// the address space; [`DeviceError::OutOfMemory`] or a driver error.
+    /// of the same bytes aligned to 8, e.g. `[u64; 2]` for `u128`), when `T` is zero-sized and
+    /// `len` is not 0, or when `len` elements overflow the address space;
+    /// [`DeviceError::OutOfMemory`] or a driver error.
     pub fn new(device: &Device, len: usize) -> Result<Self> {
         let op = "PinnedBuffer::new";
         let align = std::mem::align_of::<T>();
@@ -55,6 +56,17 @@ impl<T: DeviceCopy> PinnedBuffer<T> {
                     "{} needs {align}-byte alignment; pinned buffers are aligned to \
                      {PINNED_ALIGN} bytes: use an element type of the same bytes aligned to \
                      at most {PINNED_ALIGN} (e.g. [u64; 2] for u128)",
+                    std::any::type_name::<T>()
+                ),
+            });
+        }
+        if std::mem::size_of::<T>() == 0 && len > 0 {
+            // The host reads the buffer in place, as a slice over its bytes: elements of no
+            // bytes would read as an empty slice.
+            return Err(DeviceError::InvalidShape {
+                op,
+                reason: format!(
+                    "{len} elements of the zero-sized {} hold no bytes to copy; pinned buffers                      need an element type of at least one byte",
                     std::any::type_name::<T>()
                 ),
             });
