@@ -31,7 +31,7 @@ pub fn zeros<T: DType>(
     let shape: Shape = shape.into();
     from_fn(move |ctx: &mut ExecutionContext| {
         let stream = ctx.stream()?;
-        let out = alloc::<T>(stream, &shape)?;
+        let out = alloc::<T>("zeros", stream, &shape)?;
         out.buffer().view().fill_bytes(stream, 0)?;
         Ok(out)
     })
@@ -41,7 +41,7 @@ pub fn zeros<T: DType>(
 pub fn ones<T: DType>(
     shape: &[usize],
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
-    fill(shape, T::from_f64(1.0))
+    crate::kernels::fill("ones", shape, T::from_f64(1.0))
 }
 
 /// A tensor of `shape` filled with `value`.
@@ -49,7 +49,7 @@ pub fn full<T: DType>(
     shape: &[usize],
     value: T,
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
-    fill(shape, value)
+    crate::kernels::fill("full", shape, value)
 }
 
 fn iota_kernel<T: DType>() -> Kernel {
@@ -108,6 +108,7 @@ fn grid_for(stream: &Stream, n: usize) -> LaunchConfig {
 /// where given. The first element is `a0 · scale`; `scale` is 1, or 2 where the values span
 /// more than `f64` holds and `a0` and `d` are halved.
 fn iota<T: DType>(
+    op: &'static str,
     shape: Shape,
     (a0, d, scale): (f64, f64, f64),
     eye_cols: u64,
@@ -115,7 +116,7 @@ fn iota<T: DType>(
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
     from_fn(move |ctx: &mut ExecutionContext| {
         let stream = ctx.stream()?;
-        let out = alloc::<T>(stream, &shape)?;
+        let out = alloc::<T>(op, stream, &shape)?;
         if !out.is_empty() {
             iota_kernel::<T>().launch(
                 stream,
@@ -169,6 +170,7 @@ pub fn arange<T: DType>(
         Ok(count as usize)
     };
     let inner = iota::<T>(
+        "arange",
         Shape::from_slice(&[n.as_ref().copied().unwrap_or(0)]),
         (start, step, 1.0),
         0,
@@ -206,6 +208,7 @@ pub fn linspace<T: DType>(
         (start / 2.0, (end / 2.0 - start / 2.0) / intervals, 2.0)
     };
     let inner = iota::<T>(
+        "linspace",
         Shape::from_slice(&[if finite { steps } else { 0 }]),
         (a0, d, scale),
         0,
@@ -229,6 +232,7 @@ pub fn eye<T: DType>(
     n: usize,
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
     iota::<T>(
+        "eye",
         Shape::from_slice(&[n, n]),
         (0.0, 0.0, 1.0),
         n.max(1) as u64,
@@ -248,6 +252,7 @@ pub fn eye_rect<T: DType>(
     cols: usize,
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
     iota::<T>(
+        "eye_rect",
         Shape::from_slice(&[rows, cols]),
         (0.0, 0.0, 1.0),
         cols.max(1) as u64,
@@ -438,7 +443,7 @@ fn random<T: FloatDType>(
     from_fn(move |ctx: &mut ExecutionContext| {
         check_distribution::<T>(a, b, normal)?;
         let stream = ctx.stream()?;
-        let out = alloc::<T>(stream, &shape)?;
+        let out = alloc::<T>(if normal { "randn" } else { "rand" }, stream, &shape)?;
         if !out.is_empty() {
             random_kernel::<T>().launch(
                 stream,
@@ -561,9 +566,9 @@ pub fn dup<T: DType, X: TensorInput<T>>(
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
     strided_op("dup", x, move |stream, x| {
         if !x.is_contiguous() {
-            return crate::kernels::gather_copy(stream, x);
+            return crate::kernels::gather_copy("dup", stream, x);
         }
-        let out = alloc::<T>(stream, x.shape())?;
+        let out = alloc::<T>("dup", stream, x.shape())?;
         out.view("dup")?.copy_from(stream, x.range("dup")?)?;
         Ok(out)
     })
@@ -596,7 +601,7 @@ pub fn memcpy<'a, T: DType, S: TensorInput<T> + 'a>(
         let src = if src.is_contiguous() {
             std::borrow::Cow::Borrowed(src)
         } else {
-            std::borrow::Cow::Owned(crate::kernels::gather_copy(stream, src)?)
+            std::borrow::Cow::Owned(crate::kernels::gather_copy("memcpy", stream, src)?)
         };
         if !dst.is_contiguous() {
             return Err(DeviceError::InvalidShape {
@@ -699,7 +704,7 @@ pub fn cast<I: DType, O: DType, X: TensorInput<I>>(
     x: X,
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<O> + Send> {
     kernel_op("cast", x, move |stream, x| {
-        let out = alloc::<O>(stream, x.shape())?;
+        let out = alloc::<O>("cast", stream, x.shape())?;
         if !out.is_empty() {
             cast_kernel::<I, O>().launch(
                 stream,

@@ -27,7 +27,7 @@ pub fn fill<T: DType>(
     shape: &[usize],
     value: T,
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
-    fill_kernel(shape, value)
+    fill_kernel("fill", shape, value)
 }
 
 /// A tensor of `x`'s shape (and dtype) with every element `value`, on the executing
@@ -48,7 +48,7 @@ pub fn full_like<T: DType, X: TensorInput<T>>(
     let x = x.into_op();
     from_fn(move |ctx: &mut ExecutionContext| {
         let x = x.execute(ctx)?;
-        fill_kernel(x.tensor().shape(), value).execute(ctx)
+        fill_kernel("full_like", x.tensor().shape(), value).execute(ctx)
     })
 }
 

@@ -94,7 +94,7 @@ where
             })?)
         };
         ctx.on_device(&self.device, |stream| {
-            let out = alloc::<T>(stream, src.shape())?;
+            let out = alloc::<T>("to_device", stream, src.shape())?;
             out.view("to_device")?
                 .copy_from_device(stream, src.range("to_device")?)?;
             Ok(out)

@@ -303,7 +303,7 @@ fn shapes_whose_sizes_overflow_are_invalid_shapes_not_panics() {
     let err = api::zeros::<f32>(&[0, huge, huge])
         .sync_on(&stream())
         .expect_err("a shape whose strides overflow");
-    assert_invalid_shape(err, "alloc");
+    assert_invalid_shape(err, "zeros");
     let err = api::from_vec::<f32>(Vec::new(), &[0, huge, huge])
         .sync_on(&stream())
         .expect_err("a shape whose strides overflow");
@@ -312,7 +312,7 @@ fn shapes_whose_sizes_overflow_are_invalid_shapes_not_panics() {
     let err = api::zeros::<f32>(&[huge, huge])
         .sync_on(&stream())
         .expect_err("a shape of 2^80 elements");
-    assert_invalid_shape(err, "alloc");
+    assert_invalid_shape(err, "zeros");
     // A reshape of an empty tensor to such a shape.
     let empty = api::zeros::<f32>(&[0])
         .sync_on(&stream())
@@ -326,7 +326,7 @@ fn shapes_whose_sizes_overflow_are_invalid_shapes_not_panics() {
     let err = api::zeros::<f32>(&[huge, huge, 0])
         .sync_on(&stream())
         .expect_err("a shape whose rows overflow");
-    assert_invalid_shape(err, "alloc");
+    assert_invalid_shape(err, "zeros");
     // Products of dimensions that fit are fine, zero-size axes included.
     let t = api::zeros::<f32>(&[huge, 0])
         .sync_on(&stream())
@@ -337,6 +337,68 @@ fn shapes_whose_sizes_overflow_are_invalid_shapes_not_panics() {
             .expect("scale")
             .len(),
         0
+    );
+}
+
+/// An output or a copy too large for the address space is refused naming the function called,
+/// not an internal step: constructors and `index_select` said `alloc`, and `concat`, `stack`
+/// and kernels copying a huge expanded view said `DeviceBuffer::alloc` (of the copy of one
+/// input, 2^63 elements, where the output holds 2^64).
+#[test]
+fn outputs_past_the_address_space_name_the_function_called() {
+    let s = stream();
+    let huge = 1usize << 40;
+    let big = [usize::MAX, 2];
+    let name = |r: Result<(), DeviceError>, op: &str| {
+        let err = r.expect_err(op);
+        assert_invalid_shape(err, op)
+    };
+    name(api::zeros::<f32>(&big).sync_on(&s).map(drop), "zeros");
+    name(api::ones::<f32>(&big).sync_on(&s).map(drop), "ones");
+    name(api::full(&big, 1.0f32).sync_on(&s).map(drop), "full");
+    name(api::fill(&big, 1.0f32).sync_on(&s).map(drop), "fill");
+    name(api::eye::<f32>(1 << 33).sync_on(&s).map(drop), "eye");
+    name(
+        api::eye_rect::<f32>(usize::MAX, 2).sync_on(&s).map(drop),
+        "eye_rect",
+    );
+    name(
+        api::rand::<f32>(0.0, 1.0, &big).sync_on(&s).map(drop),
+        "rand",
+    );
+    name(
+        api::randn::<f32>(0.0, 1.0, &big).sync_on(&s).map(drop),
+        "randn",
+    );
+    // 2^62 f32 elements fit in usize, but not their bytes in the address space.
+    name(api::zeros::<f32>(&[1 << 62]).sync_on(&s).map(drop), "zeros");
+    let one = api::ones::<f32>(&[1, 1]).sync_on(&s).expect("a tensor");
+    let wide = one
+        .expand(&[huge, 1 << 23])
+        .expect("a view of 2^63 elements");
+    name(
+        kernels::concat(vec![&wide, &wide], 0).sync_on(&s).map(drop),
+        "concat",
+    );
+    name(
+        kernels::stack(vec![&wide, &wide], 0).sync_on(&s).map(drop),
+        "stack",
+    );
+    name(kernels::softmax(&wide).sync_on(&s).map(drop), "softmax");
+    name(
+        kernels::contiguous(&wide).sync_on(&s).map(drop),
+        "contiguous",
+    );
+    name(api::dup(&wide).sync_on(&s).map(drop), "dup");
+    let ids = api::zeros::<u32>(&[1])
+        .sync_on(&s)
+        .expect("an index")
+        .expand(&[huge])
+        .expect("a view");
+    let table = one.expand(&[1, 1 << 24]).expect("a view");
+    name(
+        kernels::index_select(&table, 0, &ids).sync_on(&s).map(drop),
+        "index_select",
     );
 }
 

@@ -22,7 +22,7 @@ fn compare<T: DType, X: TensorInput<T>, Y: TensorInput<T>>(
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<u8> + Send> {
     strided_op2(name, (x, y), move |stream, x, y| {
         let shape = broadcast_shapes(name, x.shape(), y.shape())?;
-        let out = alloc::<u8>(stream, &shape)?;
+        let out = alloc::<u8>(name, stream, &shape)?;
         strided::broadcast2(stream, name, expr, Elem::Mask, x, y, &out, move |a, b| {
             u8::from(host(&a, &b))
         })?;
@@ -128,7 +128,7 @@ pub fn where_<T: DType, M: TensorInput<u8>, A: TensorInput<T>, B: TensorInput<T>
                 ),
             )
         })?;
-        let out = alloc::<T>(stream, &shape)?;
+        let out = alloc::<T>("where_", stream, &shape)?;
         let kernel = StridedEw {
             name: "where",
             expr: "a ? b : c",
@@ -194,7 +194,7 @@ pub fn clamp<T: DType, X: TensorInput<T>>(
     max: T,
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
     strided_op("clamp", x, move |stream, x| {
-        let out = alloc::<T>(stream, x.shape())?;
+        let out = alloc::<T>("clamp", stream, x.shape())?;
         let kernel = StridedEw {
             name: "clamp",
             expr: "(a < s ? s : a) > t ? t : (a < s ? s : a)",

@@ -245,9 +245,25 @@ pub(crate) fn check_device<T: DType>(
     Ok(())
 }
 
-/// A new tensor of `shape` on the context's stream (contents unspecified).
-pub(crate) fn alloc<T: DType>(stream: &Stream, shape: &[usize]) -> Result<Tensor<T>, DeviceError> {
-    let n = crate::tensor::numel("alloc", shape)?;
+/// A new tensor of `shape` on the context's stream (contents unspecified) for `op`, which an
+/// element count or a size in bytes past the address space names.
+pub(crate) fn alloc<T: DType>(
+    op: &'static str,
+    stream: &Stream,
+    shape: &[usize],
+) -> Result<Tensor<T>, DeviceError> {
+    let n = crate::tensor::numel(op, shape)?;
+    if n.checked_mul(std::mem::size_of::<T>())
+        .is_none_or(|bytes| bytes > isize::MAX as usize)
+    {
+        return Err(DeviceError::InvalidShape {
+            op,
+            reason: format!(
+                "{shape:?} holds {n} elements of {}, more bytes than the address space has",
+                T::NAME
+            ),
+        });
+    }
     Tensor::from_buffer(Arc::new(DeviceBuffer::alloc(stream, n)?), shape)
 }
 
@@ -258,7 +274,7 @@ pub(crate) fn unary<T: DType, X: TensorInput<T>>(
     s: T,
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> Result<Tensor<T>, DeviceError> + Send> {
     kernel_op(ew.name, x, move |stream, x| {
-        let out = alloc::<T>(stream, x.shape())?;
+        let out = alloc::<T>(ew.name, stream, x.shape())?;
         ew.launch(
             stream,
             out.view(ew.name)?,
@@ -283,7 +299,7 @@ pub(crate) fn binary<T: DType, X: TensorInput<T>, Y: TensorInput<T>>(
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> Result<Tensor<T>, DeviceError> + Send> {
     strided_op2(ew.name, (x, y), move |stream, x, y| {
         let shape = crate::view::broadcast_shapes(ew.name, x.shape(), y.shape())?;
-        let out = alloc::<T>(stream, &shape)?;
+        let out = alloc::<T>(ew.name, stream, &shape)?;
         let (_, cols) = out.rows_cols();
         let dense = x.is_kernel_ready() && y.is_kernel_ready() && x.shape() == &shape[..];
         let row = y.shape().last() == Some(&cols) && y.len() == cols && cols > 0;
@@ -347,7 +363,7 @@ pub(crate) fn into_partition<T: DType, P: TensorMut<T>, X: TensorInput<T>>(
             // values of before the kernel (blocks run in any order) and the launch does not
             // name one range as both an input and the output.
             let xd = if shares_memory(o, xt) {
-                std::borrow::Cow::Owned(super::gather_copy(stream, xt)?)
+                std::borrow::Cow::Owned(super::gather_copy(ew.name, stream, xt)?)
             } else {
                 super::dense(ew.name, stream, xt)?
             };
@@ -376,15 +392,16 @@ fn shares_memory<T: DType>(a: &Tensor<T>, b: &Tensor<T>) -> bool {
     Arc::ptr_eq(a.buffer(), b.buffer()) && a0 < a1 && b0 < b1 && a0 < b1 && b0 < a1
 }
 
-/// Fills a new tensor of `shape` with `v`.
+/// Fills a new tensor of `shape` with `v`, for `op` (`fill`, `ones`, `full`, ...).
 pub(crate) fn fill<T: DType>(
+    op: &'static str,
     shape: &[usize],
     v: T,
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> Result<Tensor<T>, DeviceError> + Send> {
     let shape: crate::tensor::Shape = shape.into();
     from_fn(move |ctx: &mut ExecutionContext| {
         let stream = ctx.stream()?;
-        let out = alloc::<T>(stream, &shape)?;
+        let out = alloc::<T>(op, stream, &shape)?;
         fill_ew::<T>().launch(
             stream,
             out.view("fill")?,

@@ -286,9 +286,9 @@ pub fn concat<T: DType, X: TensorInput<T>>(
                 .checked_add(x.shape()[axis])
                 .ok_or_else(|| invalid("concat", format!("axis {axis} overflows usize")))?;
         }
+        let out = alloc::<T>("concat", &stream, &shape)?;
         let dense = dense_all("concat", &stream, &parts)?;
         let parts: Vec<&Tensor<T>> = dense.iter().collect();
-        let out = alloc::<T>(&stream, &shape)?;
         copy_blocks(&stream, &out, &parts, around(&shape, axis).0)?;
         Ok(out)
     })
@@ -344,9 +344,9 @@ pub fn stack<T: DType, X: TensorInput<T>>(
         }
         let mut shape = first.shape().to_vec();
         shape.insert(axis, parts.len());
+        let out = alloc::<T>("stack", &stream, &shape)?;
         let dense = dense_all("stack", &stream, &parts)?;
         let parts: Vec<&Tensor<T>> = dense.iter().collect();
-        let out = alloc::<T>(&stream, &shape)?;
         copy_blocks(&stream, &out, &parts, around(&shape, axis).0)?;
         Ok(out)
     })
@@ -402,7 +402,7 @@ fn run_indexed<T: DType, I: IndexDType, X: TensorInput<T>, J: TensorInput<I>>(
     check_device(op, &stream, index.tensor())?;
     check_axis(op, axis, x.tensor().ndim(), x.tensor().shape())?;
     check_shapes(x.tensor(), index.tensor())?;
-    let out = alloc::<T>(&stream, &out_shape(x.tensor(), index.tensor()))?;
+    let out = alloc::<T>(op, &stream, &out_shape(x.tensor(), index.tensor()))?;
     if out.numel() == 0 {
         return Ok((out, None));
     }

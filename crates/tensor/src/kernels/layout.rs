@@ -66,9 +66,9 @@ pub fn transpose<T: DType, X: TensorInput<T>>(
         // view by the strided kernel, which loops over its tiles.
         let [grid_x, grid_y, _] = stream.device().limits().max_grid_dim;
         if rows.div_ceil(32) > grid_y as usize || cols.div_ceil(32) > grid_x as usize {
-            return super::strided::gather(stream, &x.transpose(0, 1)?);
+            return super::strided::gather("transpose", stream, &x.transpose(0, 1)?);
         }
-        let out = alloc::<T>(stream, &[cols, rows])?;
+        let out = alloc::<T>("transpose", stream, &[cols, rows])?;
         if rows > 0 && cols > 0 {
             let config = LaunchConfig::new(
                 (cols.div_ceil(32) as u32, rows.div_ceil(32) as u32, 1),
@@ -145,7 +145,7 @@ pub fn embedding<T: DType, W: TensorInput<T>, I: TensorInput<u32>>(
         };
         let mut shape = ids.shape().to_vec();
         shape.push(dim);
-        let out = alloc::<T>(stream, &shape)?;
+        let out = alloc::<T>("embedding", stream, &shape)?;
         let n = ids.len();
         if n > 0 && dim > 0 {
             let grid = n.clamp(1, 65_535) as u32;

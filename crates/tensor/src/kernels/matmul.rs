@@ -70,7 +70,7 @@ where
         } else {
             vec![m, n]
         };
-        let out = alloc::<O>(stream, &shape)?;
+        let out = alloc::<O>(op, stream, &shape)?;
         if out.is_empty() {
             // No product to compute: an empty batch would still have the GEMM check a shared
             // 2-D `b` as a batch of none.

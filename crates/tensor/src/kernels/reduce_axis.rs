@@ -127,14 +127,19 @@ fn reduced(shape: &[usize], axis: usize, keepdim: bool) -> Shape {
 
 /// `x` with `axis` moved last, as a dense copy (or `x` itself when it is last already and `x`
 /// is contiguous).
-fn axis_last<T: DType>(stream: &Stream, x: &Tensor<T>, axis: usize) -> TensorResult<T> {
+fn axis_last<T: DType>(
+    op: &'static str,
+    stream: &Stream,
+    x: &Tensor<T>,
+    axis: usize,
+) -> TensorResult<T> {
     let mut order: SmallVec<[usize; 8]> = (0..x.rank()).filter(|&a| a != axis).collect();
     order.push(axis);
     let p = x.permute(&order)?;
     if p.is_kernel_ready() {
         Ok(p)
     } else {
-        gather(stream, &p)
+        gather(op, stream, &p)
     }
 }
 
@@ -164,7 +169,13 @@ fn reduce_into<T: DType, O: DType>(
     let dense = contiguous_strides(red.name(), &shape)?;
     let (dims, [_, st]) = collapse(&shape, [&dense, &strides]);
     if dims.len() > MAX_DIMS {
-        return reduce_into(stream, red, &gather(stream, x)?, axis, out_shape);
+        return reduce_into(
+            stream,
+            red,
+            &gather(red.name(), stream, x)?,
+            axis,
+            out_shape,
+        );
     }
     launch_strided(stream, red, x, k, sk, &dims, &st, out_shape)
 }
@@ -200,7 +211,7 @@ fn reduce<T: DType, O: DType, X: TensorInput<T>>(
         }
         if k == 0 || out_shape.contains(&0) {
             // The sum over an empty axis is 0; no outputs need no launch.
-            let out = alloc::<O>(stream, &out_shape)?;
+            let out = alloc::<O>(red.name(), stream, &out_shape)?;
             out.view(red.name())?.fill_bytes(stream, 0)?;
             return Ok(out);
         }
@@ -355,7 +366,7 @@ fn normalize<T: FloatDType, X: TensorInput<T>>(
 ) -> TensorOp<impl FnOnce(&mut ExecutionContext) -> TensorResult<T> + Send> {
     strided_op(name, x, move |stream, x| {
         check_axis(name, axis, x.shape())?;
-        let rows = axis_last(stream, x, axis)?;
+        let rows = axis_last(name, stream, x, axis)?;
         let kernel = || norm_kernel::<T>(name, "", body);
         let out = launch_rows(stream, kernel, rows.shape(), &rows, &[], None)?;
         if axis + 1 == x.rank() {
@@ -364,7 +375,7 @@ fn normalize<T: FloatDType, X: TensorInput<T>>(
         // Back to the input's axis order, dense.
         let mut order: SmallVec<[usize; 8]> = (0..x.rank() - 1).collect();
         order.insert(axis, x.rank() - 1);
-        gather(stream, &out.permute(&order)?)
+        gather(name, stream, &out.permute(&order)?)
     })
 }
 

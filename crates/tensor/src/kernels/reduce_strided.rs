@@ -356,7 +356,7 @@ pub(super) fn launch_strided<T: DType, O: DType>(
     out_shape: &[usize],
 ) -> TensorResult<O> {
     let n_out: usize = out_shape.iter().product();
-    let out = alloc::<O>(stream, out_shape)?;
+    let out = alloc::<O>(red.name(), stream, out_shape)?;
     let span = crate::view::span(x.shape(), x.strides());
     let view = x.buffer().slice(x.offset()..x.offset() + span)?;
     let sms = crate::kernels::multiprocessors(stream);

@@ -171,7 +171,7 @@ fn reduce<T: DType, X: TensorInput<T>>(
         if cols == 0 {
             if name == "sum" {
                 // The sum of nothing is 0, as `sum_axis` gives.
-                let out = alloc::<T>(stream, &reduced_shape(x.shape()))?;
+                let out = alloc::<T>(name, stream, &reduced_shape(x.shape()))?;
                 out.view(name)?.fill_bytes(stream, 0)?;
                 return Ok(out);
             }

@@ -114,7 +114,7 @@ pub(super) fn launch_rows_by<O: DType, T: DType>(
     launch: impl FnOnce(usize, usize) -> Result<LaunchConfig, DeviceError>,
 ) -> TensorResult<O> {
     let (rows, cols) = x.rows_cols();
-    let out = alloc::<O>(stream, out_shape)?;
+    let out = alloc::<O>("row kernel", stream, out_shape)?;
     if rows > 0 && cols > 0 {
         let mut args = KernelArgs::new();
         args.output(out.view("row kernel")?)

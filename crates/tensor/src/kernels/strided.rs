@@ -102,7 +102,7 @@ impl<'a, U: DType> Operand<'a, U> {
             });
         }
         Ok(Operand {
-            tensor: Cow::Owned(gather(stream, &tensor.expand(shape)?)?),
+            tensor: Cow::Owned(gather("broadcast", stream, &tensor.expand(shape)?)?),
             strides: dense,
         })
     }
@@ -349,9 +349,13 @@ fn copy_ew() -> StridedEw {
     }
 }
 
-/// A dense copy of `x` on `stream`.
-pub(crate) fn gather<T: DType>(stream: &Stream, x: &Tensor<T>) -> TensorResult<T> {
-    let out = alloc::<T>(stream, x.shape())?;
+/// A dense copy of `x` on `stream`, for `op`.
+pub(crate) fn gather<T: DType>(
+    op: &'static str,
+    stream: &Stream,
+    x: &Tensor<T>,
+) -> TensorResult<T> {
+    let out = alloc::<T>(op, stream, x.shape())?;
     copy_into(stream, out.view("contiguous")?, x)?;
     Ok(out)
 }
@@ -415,14 +419,14 @@ fn copy_into<T: DType>(
 /// boundary), else a dense copy made on `stream`: what a kernel that reads packed rows calls
 /// on its inputs.
 pub(crate) fn dense<'a, T: DType>(
-    _op: &'static str,
+    op: &'static str,
     stream: &Stream,
     x: &'a Tensor<T>,
 ) -> Result<Cow<'a, Tensor<T>>, DeviceError> {
     if x.is_kernel_ready() {
         Ok(Cow::Borrowed(x))
     } else {
-        Ok(Cow::Owned(gather(stream, x)?))
+        Ok(Cow::Owned(gather(op, stream, x)?))
     }
 }
 
