@@ -713,3 +713,50 @@ fn a_struct_of_one_plain_type_takes_elements_of_its_size() -> Result<(), DeviceE
     )?;
     Ok(())
 }
+
+#[test]
+fn an_array_parameter_sized_by_a_product_is_an_array_of_its_elements() -> Result<(), DeviceError> {
+    let s = stream();
+    let k = noop(
+        "arr_product",
+        r#"extern "C" __global__ void arr_product(const float x[2*2], float* y, unsigned n) {
+               if (threadIdx.x < n) y[threadIdx.x] = x[threadIdx.x]; }"#,
+    );
+    let (x, y) = (
+        DeviceBuffer::<f32>::zeroed(&s, 4)?,
+        DeviceBuffer::<f32>::zeroed(&s, 4)?,
+    );
+    assert!(
+        !refused(&k, KernelArgs::new().input(&x).output(&y).scalar(4u32), &s)?,
+        "f32 buffers were refused for `const float x[2*2]`"
+    );
+    let wide = DeviceBuffer::<f64>::zeroed(&s, 4)?;
+    assert_refused(
+        &k,
+        KernelArgs::new().input(&wide).output(&y).scalar(4u32),
+        &s,
+        "an f64 buffer was accepted for `const float x[2*2]`",
+    )?;
+    Ok(())
+}
+
+#[test]
+fn a_parameter_type_ending_in_a_multibyte_character_is_checked_or_refused() {
+    let s = stream();
+    let k = noop(
+        "unicode_type",
+        "struct Pointé { float x; float y; };\n\
+         extern \"C\" __global__ void unicode_type(Pointé p, float* y) { y[0] = p.x; }",
+    );
+    let y = DeviceBuffer::<f32>::zeroed(&s, 1).expect("y");
+    let launched = k.launch(
+        &s,
+        LaunchConfig::for_num_elems(1),
+        KernelArgs::new().scalar([1.0f32, 2.0]).output(&y),
+    );
+    match launched {
+        Ok(()) => s.synchronize().expect("the launch ran"),
+        Err(DeviceError::InvalidArgument { .. } | DeviceError::Compile { .. }) => {}
+        Err(e) => panic!("unexpected error: {e}"),
+    }
+}

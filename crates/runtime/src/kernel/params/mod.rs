@@ -218,7 +218,9 @@ fn vector_size(word: &str) -> Option<u8> {
         "dim3" => return Some(12),
         _ => {}
     }
-    let (base, lanes) = word.split_at(word.len().checked_sub(1)?);
+    // At the last character, which need not be one byte (identifiers may hold any).
+    let (last, _) = word.char_indices().next_back()?;
+    let (base, lanes) = word.split_at(last);
     let lanes: u8 = match lanes {
         "1" => 1,
         "2" => 2,

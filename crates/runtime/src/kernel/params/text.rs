@@ -217,15 +217,22 @@ pub(super) fn parse_param(text: &str) -> Option<Param> {
             param(Kind::Value(Elem::Unknown))
         };
     }
-    // The levels of indirection outside template arguments: `*`s, then `[`s.
-    let mut depth = 0i32;
+    // The levels of indirection outside template arguments and array sizes (`float x[N*M]`
+    // has one level, an array): `*`s, then `[`s.
+    let (mut depth, mut in_size) = (0i32, 0i32);
     let (mut stars, mut brackets) = (Vec::new(), Vec::new());
     for (i, c) in text.char_indices() {
         match c {
             '<' => depth += 1,
             '>' => depth -= 1,
-            '*' if depth == 0 => stars.push(i),
-            '[' if depth == 0 => brackets.push(i),
+            '*' if depth == 0 && in_size == 0 => stars.push(i),
+            '[' => {
+                if depth == 0 && in_size == 0 {
+                    brackets.push(i);
+                }
+                in_size += 1;
+            }
+            ']' => in_size -= 1,
             _ => {}
         }
     }
@@ -240,7 +247,8 @@ pub(super) fn parse_param(text: &str) -> Option<Param> {
         Some(_) => last_star.map_or(0, |s| s + 1),
         None => stars.iter().rev().nth(1).map_or(0, |s| s + 1),
     };
-    let writable = !has_outer_const(&text[qualifiers_from..level]);
+    // Empty where a `*` follows the array (not C): no qualifier is read from it.
+    let writable = !has_outer_const(text.get(qualifiers_from..level).unwrap_or_default());
     let elem = match (stars.len(), brackets.len()) {
         // The elements are pointers, or arrays.
         (_, 2..) => Elem::Unknown,
