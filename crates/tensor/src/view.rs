@@ -253,7 +253,7 @@ impl<T: DType> Tensor<T> {
     /// # Ok(()) }
     /// ```
     pub fn narrow(&self, axis: usize, start: usize, len: usize) -> Result<Tensor<T>, DeviceError> {
-        self.slice_axis(axis, start..start.saturating_add(len))
+        self.slice_axis_as("narrow", axis, start..start.saturating_add(len))
     }
 
     /// The view of `range` along `axis` (`..`, `a..`, `..b`, `a..b`, `a..=b`).
@@ -276,12 +276,22 @@ impl<T: DType> Tensor<T> {
         axis: usize,
         range: impl RangeBounds<usize>,
     ) -> Result<Tensor<T>, DeviceError> {
-        check_axis("narrow", axis, &self.shape)?;
+        self.slice_axis_as("slice_axis", axis, range)
+    }
+
+    /// [`slice_axis`](Tensor::slice_axis) for `op`, the method called, which errors name.
+    fn slice_axis_as(
+        &self,
+        op: &'static str,
+        axis: usize,
+        range: impl RangeBounds<usize>,
+    ) -> Result<Tensor<T>, DeviceError> {
+        check_axis(op, axis, &self.shape)?;
         let len = self.shape[axis];
         let (start, end) = bounds(&range, len);
         if start > end || end > len {
             return Err(DeviceError::InvalidShape {
-                op: "narrow",
+                op,
                 reason: format!(
                     "the range {start}..{end} does not lie inside axis {axis} of {:?} \
                      ({len} elements)",
@@ -294,7 +304,7 @@ impl<T: DType> Tensor<T> {
         let offset = if shape.contains(&0) {
             0
         } else {
-            self.offset_along("narrow", axis, start)?
+            self.offset_along(op, axis, start)?
         };
         Ok(self.with_layout(shape, self.strides.clone(), offset))
     }
@@ -330,7 +340,7 @@ impl<T: DType> Tensor<T> {
         }
         let mut t = self.clone();
         for (axis, r) in ranges.iter().enumerate() {
-            t = t.slice_axis(axis, r.clone())?;
+            t = t.slice_axis_as("slice", axis, r.clone())?;
         }
         Ok(t)
     }
@@ -466,12 +476,17 @@ impl<T: DType> Tensor<T> {
     /// # Ok(()) }
     /// ```
     pub fn expand(&self, shape: &[usize]) -> Result<Tensor<T>, DeviceError> {
+        self.expand_as("expand", shape)
+    }
+
+    /// [`expand`](Tensor::expand) for `op`, the method called, which errors name.
+    fn expand_as(&self, op: &'static str, shape: &[usize]) -> Result<Tensor<T>, DeviceError> {
         let lead =
             shape
                 .len()
                 .checked_sub(self.rank())
                 .ok_or_else(|| DeviceError::InvalidShape {
-                    op: "expand",
+                    op,
                     reason: format!(
                         "cannot expand {:?} to {shape:?}, which has fewer axes",
                         self.shape
@@ -480,10 +495,10 @@ impl<T: DType> Tensor<T> {
         for (i, &d) in self.shape.iter().enumerate() {
             if d != shape[lead + i] && d != 1 {
                 return Err(DeviceError::InvalidShape {
-                    op: "expand",
+                    op,
                     reason: format!(
-                        "cannot expand {:?} to {shape:?}: along axis {} the length {d} is \
-                         neither {} nor 1",
+                        "cannot expand {:?} to {shape:?}: along axis {} the length {d} \
+                         differs from {}, and only an axis of length 1 expands",
                         self.shape,
                         lead + i,
                         shape[lead + i]
@@ -491,7 +506,7 @@ impl<T: DType> Tensor<T> {
                 });
             }
         }
-        numel("expand", shape)?;
+        numel(op, shape)?;
         let strides = broadcast_strides(&self.shape, &self.strides, shape);
         Ok(self.with_layout(SmallVec::from_slice(shape), strides, self.offset))
     }
@@ -512,7 +527,7 @@ impl<T: DType> Tensor<T> {
     /// # Ok(()) }
     /// ```
     pub fn broadcast_to(&self, shape: &[usize]) -> Result<Tensor<T>, DeviceError> {
-        self.expand(shape)
+        self.expand_as("broadcast_to", shape)
     }
 
     /// The view without `axis`, which must have length 1.

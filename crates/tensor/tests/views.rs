@@ -468,6 +468,34 @@ fn bad_axes_and_ranges_name_the_axis() -> Result<(), DeviceError> {
     Ok(())
 }
 
+/// A view's error names the method called: `slice` and `slice_axis` said `narrow`, and
+/// `broadcast_to` said `expand`.
+#[test]
+fn view_errors_name_the_method_called() -> Result<(), DeviceError> {
+    let s = stream();
+    let x = api::zeros::<f32>(&[2, 3]).sync_on(&s)?;
+    type Case = (Result<Tensor<f32>, DeviceError>, &'static str);
+    #[allow(clippy::reversed_empty_ranges)]
+    let cases: Vec<Case> = vec![
+        (x.slice(&[0..2, 2..1]), "slice"),
+        (x.slice(&[0..3, 0..1]), "slice"),
+        (x.slice_axis(1, 1..5), "slice_axis"),
+        (x.slice_axis(2, ..), "slice_axis"),
+        (x.narrow(1, 2, 2), "narrow"),
+        (x.broadcast_to(&[4, 3, 3]), "broadcast_to"),
+        (x.broadcast_to(&[3]), "broadcast_to"),
+        (x.expand(&[4, 3, 3]), "expand"),
+    ];
+    for (r, op) in cases {
+        let err = r.unwrap_err();
+        assert!(
+            matches!(err, DeviceError::InvalidShape { op: o, .. } if o == op),
+            "{op}: {err}"
+        );
+    }
+    Ok(())
+}
+
 /// Views of a tensor without elements never step past the address space: after a narrow near
 /// the end of an axis of `usize::MAX` elements, viewed whole again, every view method gives an
 /// empty view (which starts at element 0) instead of overflowing its offset.
