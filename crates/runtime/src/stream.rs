@@ -597,11 +597,19 @@ impl Stream {
             }),
             None => {
                 self.inner.backend.join_capture(session)?;
+                // Still eager: the fence stands for this stream's work before the capture.
+                let fence = match self.record_ungated(false) {
+                    Ok(fence) => fence,
+                    Err(e) => {
+                        // Not joined after all: the backend forgets the capture again.
+                        self.inner.backend.leave_capture();
+                        return Err(e);
+                    }
+                };
                 if let Some(workspace) = workspace {
                     session.add_blas_workspace(self.inner.id, workspace);
                 }
-                // Still eager: the fence stands for this stream's work before the capture.
-                *self.inner.fence.lock() = Some(self.record_ungated(false)?);
+                *self.inner.fence.lock() = Some(fence);
                 session.members.lock().push(self.clone());
                 *slot = Some(session.clone());
                 self.inner.capturing.store(true, Ordering::Release);
