@@ -168,6 +168,15 @@ impl CudaStreamHandle {
         self.in_capture.store(true, Ordering::Release);
     }
 
+    /// The events of the capture this stream takes part in, if any (see
+    /// [`CudaStreamHandle::join_capture`]).
+    pub(crate) fn capture_events(&self) -> Option<Arc<CapturedEvents>> {
+        if !self.in_capture.load(Ordering::Acquire) {
+            return None;
+        }
+        self.capture_events.lock().clone()
+    }
+
     /// Ends [`CudaStreamHandle::join_capture`]: events recorded from now on are eager ones.
     pub(crate) fn leave_capture(&self) {
         self.in_capture.store(false, Ordering::Release);

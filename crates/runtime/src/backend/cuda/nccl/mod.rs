@@ -267,7 +267,21 @@ impl NcclComm {
             Some(side) => side,
             None => self.eager_side()?,
         };
-        side.wait_event(&stream.record_event(false)?)?;
+        // A side that joins the capture records the capture's events, which must not go back
+        // to the pool while its graph lives (see `CapturedEvents`).
+        let events = captured_side.as_ref().and(stream.capture_events());
+        if let (Some(side), Some(events)) = (&captured_side, &events) {
+            side.join_capture(events);
+        }
+        let forked = stream
+            .record_event(false)
+            .and_then(|fork| side.wait_event(&fork));
+        if let Err(e) = forked {
+            if let Some(side) = &captured_side {
+                side.leave_capture();
+            }
+            return Err(e);
+        }
         let small_done = run_small(side);
         let rest_done = self.nccl_group(raw.0, stream, &rest);
         // Joined back whatever failed: a capture ends only with its forks joined, and the
@@ -276,6 +290,7 @@ impl NcclComm {
             .record_event(false)
             .and_then(|done| stream.wait_event(&done));
         if let Some(side) = captured_side {
+            side.leave_capture();
             self.captured_sides.lock().push(side);
         }
         small_done.and(rest_done).and(joined)
