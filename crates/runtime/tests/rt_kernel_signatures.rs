@@ -64,6 +64,13 @@ fn assert_refused(
     Ok(())
 }
 
+/// Fails unless `k` accepts `args` (or the driver cannot check them, see [`refused`]).
+#[track_caller]
+fn assert_accepted(k: &Kernel, args: &KernelArgs<'_>, s: &Stream) -> Result<(), DeviceError> {
+    assert!(!refused(k, args, s)?, "the launch was refused");
+    Ok(())
+}
+
 #[test]
 fn pointer_to_pointer_to_const_is_writable_and_holds_pointers() -> Result<(), DeviceError> {
     let s = stream();
@@ -82,11 +89,7 @@ fn pointer_to_pointer_to_const_is_writable_and_holds_pointers() -> Result<(), De
         "a buffer of 4-byte elements was accepted for the 8-byte `const float*` elements"
     );
     let pointers = DeviceBuffer::<u64>::zeroed(&s, 4)?;
-    assert!(!refused(
-        &k,
-        KernelArgs::new().output(&pointers).scalar(4u32),
-        &s
-    )?);
+    assert_accepted(&k, KernelArgs::new().output(&pointers).scalar(4u32), &s)?;
     Ok(())
 }
 
@@ -100,11 +103,11 @@ fn a_const_right_before_the_last_star_makes_pointer_elements_read_only() -> Resu
     );
     let pointers = DeviceBuffer::<u64>::zeroed(&s, 4)?;
     let more = DeviceBuffer::<u64>::zeroed(&s, 4)?;
-    assert!(!refused(
+    assert_accepted(
         &k,
         KernelArgs::new().input(&pointers).input(&more).scalar(4u32),
-        &s
-    )?);
+        &s,
+    )?;
     Ok(())
 }
 
@@ -125,7 +128,7 @@ fn an_inactive_preprocessor_branch_is_not_the_signature() -> Result<(), DeviceEr
         refused(&k, KernelArgs::new().input(&x).scalar(4u32), &s)?,
         "an input buffer was accepted for the compiled `float* x`"
     );
-    assert!(!refused(&k, KernelArgs::new().output(&x).scalar(4u32), &s)?);
+    assert_accepted(&k, KernelArgs::new().output(&x).scalar(4u32), &s)?;
     Ok(())
 }
 
@@ -142,7 +145,7 @@ fn declarations_that_disagree_take_an_input_only_where_all_are_const() -> Result
     );
     let x = DeviceBuffer::<f32>::zeroed(&s, 4)?;
     let y = DeviceBuffer::<f32>::zeroed(&s, 4)?;
-    assert!(!refused(&k, KernelArgs::new().input(&x).scalar(4u32), &s)?);
+    assert_accepted(&k, KernelArgs::new().input(&x).scalar(4u32), &s)?;
     assert!(
         refused(&k, KernelArgs::new().input(&x).input(&y).scalar(4u32), &s)?,
         "an input buffer was accepted where one declaration has a value"
@@ -154,7 +157,7 @@ fn declarations_that_disagree_take_an_input_only_where_all_are_const() -> Result
          if (threadIdx.x < n) x[threadIdx.x] = 0.0f; }",
     );
     assert!(refused(&k, KernelArgs::new().input(&x).scalar(4u32), &s)?);
-    assert!(!refused(&k, KernelArgs::new().output(&x).scalar(4u32), &s)?);
+    assert_accepted(&k, KernelArgs::new().output(&x).scalar(4u32), &s)?;
     Ok(())
 }
 
@@ -210,7 +213,7 @@ fn a_compile_option_that_could_change_the_source_is_refused() -> Result<(), Devi
         .with_compile_option("--fmad=false")?
         .with_compile_option("--prec-sqrt=true")?;
     let x = DeviceBuffer::<f32>::zeroed(&s, 4)?;
-    assert!(!refused(&k, KernelArgs::new().output(&x).scalar(4u32), &s)?);
+    assert_accepted(&k, KernelArgs::new().output(&x).scalar(4u32), &s)?;
     assert!(refused(&k, KernelArgs::new().input(&x).scalar(4u32), &s)?);
     Ok(())
 }
@@ -230,7 +233,7 @@ fn an_unnamed_two_word_type_keeps_its_second_word() -> Result<(), DeviceError> {
         "a u32 buffer was accepted for `unsigned short*`"
     );
     let x = DeviceBuffer::<u16>::zeroed(&s, 4)?;
-    assert!(!refused(&k, KernelArgs::new().output(&x).scalar(4u32), &s)?);
+    assert_accepted(&k, KernelArgs::new().output(&x).scalar(4u32), &s)?;
     Ok(())
 }
 
@@ -245,15 +248,15 @@ fn vector_elements_are_checked_by_size() -> Result<(), DeviceError> {
     let w = DeviceBuffer::<[f64; 2]>::zeroed(&s, 4)?;
     let h = DeviceBuffer::<u32>::zeroed(&s, 4)?;
     let f = DeviceBuffer::<f32>::zeroed(&s, 16)?;
-    assert!(!refused(
+    assert_accepted(
         &k,
         KernelArgs::new()
             .output(&v)
             .input(&w)
             .input(&h)
             .scalar(4u32),
-        &s
-    )?);
+        &s,
+    )?;
     assert_refused(
         &k,
         KernelArgs::new()
@@ -297,7 +300,7 @@ fn the_ordinary_signatures_still_pass() -> Result<(), DeviceError> {
     let y = DeviceBuffer::<f32>::zeroed(&s, 4)?;
     let h = DeviceBuffer::<half::f16>::zeroed(&s, 4)?;
     let b = DeviceBuffer::<half::bf16>::zeroed(&s, 4)?;
-    assert!(!refused(
+    assert_accepted(
         &k,
         KernelArgs::new()
             .input(&x)
@@ -305,8 +308,8 @@ fn the_ordinary_signatures_still_pass() -> Result<(), DeviceError> {
             .input(&h)
             .output(&b)
             .scalar(4u64),
-        &s
-    )?);
+        &s,
+    )?;
     assert_refused(
         &k,
         KernelArgs::new()
@@ -369,11 +372,11 @@ fn a_type_alias_is_checked_as_the_type_it_names() -> Result<(), DeviceError> {
     let x32 = DeviceBuffer::<f32>::zeroed(&s, 4)?;
     let y = DeviceBuffer::<f32>::zeroed(&s, 4)?;
     let h = DeviceBuffer::<half::f16>::zeroed(&s, 4)?;
-    assert!(!refused(
+    assert_accepted(
         &k,
         KernelArgs::new().output(&x64).input(&y).scalar(4u64),
-        &s
-    )?);
+        &s,
+    )?;
     assert_refused(
         &k,
         KernelArgs::new().output(&x32).input(&y).scalar(4u64),
@@ -408,15 +411,15 @@ fn a_pointer_alias_is_a_pointer() -> Result<(), DeviceError> {
     let x = DeviceBuffer::<f32>::zeroed(&s, 4)?;
     let y = DeviceBuffer::<f32>::zeroed(&s, 4)?;
     let z = DeviceBuffer::<f32>::zeroed(&s, 4)?;
-    assert!(!refused(
+    assert_accepted(
         &k,
         KernelArgs::new()
             .output(&x)
             .input(&y)
             .output(&z)
             .scalar(4u32),
-        &s
-    )?);
+        &s,
+    )?;
     assert_refused(
         &k,
         KernelArgs::new()
@@ -509,11 +512,7 @@ fn an_alias_the_check_cannot_resolve_is_refused() -> Result<(), DeviceError> {
                if (threadIdx.x < n) p[threadIdx.x].a = 0; }"#,
     );
     let pairs = DeviceBuffer::<[f32; 2]>::zeroed(&s, 4)?;
-    assert!(!refused(
-        &k,
-        KernelArgs::new().output(&pairs).scalar(4u32),
-        &s
-    )?);
+    assert_accepted(&k, KernelArgs::new().output(&pairs).scalar(4u32), &s)?;
     Ok(())
 }
 
@@ -529,11 +528,7 @@ fn cuda_complex_elements_are_checked_by_size() -> Result<(), DeviceError> {
     let x = DeviceBuffer::<[f32; 2]>::zeroed(&s, 4)?;
     let y = DeviceBuffer::<[f64; 2]>::zeroed(&s, 4)?;
     let f = DeviceBuffer::<f32>::zeroed(&s, 8)?;
-    assert!(!refused(
-        &k,
-        KernelArgs::new().output(&x).input(&y).scalar(4u32),
-        &s
-    )?);
+    assert_accepted(&k, KernelArgs::new().output(&x).input(&y).scalar(4u32), &s)?;
     assert!(
         refused(&k, KernelArgs::new().output(&f).input(&y).scalar(4u32), &s)?,
         "an f32 buffer was accepted for `cuFloatComplex* x`"
@@ -596,11 +591,11 @@ fn an_alias_a_function_like_macro_declares_is_refused() -> Result<(), DeviceErro
     );
     let pairs = DeviceBuffer::<[f32; 2]>::zeroed(&s, 4)?;
     let v = DeviceBuffer::<[f32; 4]>::zeroed(&s, 4)?;
-    assert!(!refused(
+    assert_accepted(
         &k,
         KernelArgs::new().output(&pairs).output(&v).scalar(4u32),
-        &s
-    )?);
+        &s,
+    )?;
     Ok(())
 }
 
@@ -616,11 +611,11 @@ fn an_alias_naming_the_storage_of_another_type_takes_elements_of_its_size(
     );
     let out = DeviceBuffer::<half::f16>::zeroed(&s, 4)?;
     let x = DeviceBuffer::<half::f16>::zeroed(&s, 4)?;
-    assert!(!refused(
+    assert_accepted(
         &k,
         KernelArgs::new().output(&out).input(&x).scalar(4u32),
-        &s
-    )?);
+        &s,
+    )?;
     let narrow = DeviceBuffer::<u8>::zeroed(&s, 4)?;
     assert_refused(
         &k,
@@ -646,11 +641,11 @@ fn an_alias_takes_a_buffer_of_wider_elements_as_scratch_but_never_narrower(
     let f64s = DeviceBuffer::<f64>::zeroed(&s, 4)?;
     let f32s = DeviceBuffer::<f32>::zeroed(&s, 4)?;
     let bytes = DeviceBuffer::<[u8; 12]>::zeroed(&s, 4)?;
-    assert!(!refused(
+    assert_accepted(
         &k,
         KernelArgs::new().output(&i64s).output(&f64s).scalar(4u32),
-        &s
-    )?);
+        &s,
+    )?;
     assert_refused(
         &k,
         KernelArgs::new().output(&i64s).output(&f32s).scalar(4u32),
@@ -682,15 +677,15 @@ fn a_struct_of_one_plain_type_takes_elements_of_its_size() -> Result<(), DeviceE
     let m = DeviceBuffer::<[f64; 2]>::zeroed(&s, 4)?;
     let f = DeviceBuffer::<f32>::zeroed(&s, 4)?;
     let d = DeviceBuffer::<f64>::zeroed(&s, 4)?;
-    assert!(!refused(
+    assert_accepted(
         &k,
         KernelArgs::new()
             .output(&v)
             .input(&c)
             .output(&m)
             .scalar(4u32),
-        &s
-    )?);
+        &s,
+    )?;
     assert_refused(
         &k,
         KernelArgs::new()
