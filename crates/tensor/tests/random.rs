@@ -251,6 +251,20 @@ fn random_constructors_refuse_ranges_without_a_distribution() -> Result<(), Devi
     Ok(())
 }
 
+/// Fails unless `err` is `op`'s shape error naming f16 and the value past its range.
+#[track_caller]
+fn assert_past_f16(err: DeviceError, op: &str, value: f64) {
+    let text = err.to_string();
+    assert!(
+        matches!(err, DeviceError::InvalidShape { op: got, .. } if got == op),
+        "{text}"
+    );
+    assert!(
+        text.contains("f16") && text.contains(&format!("{value}")),
+        "{text}"
+    );
+}
+
 /// A low bound past the largest finite value of the dtype is refused naming the dtype and the
 /// bound, instead of giving infinities (`rand::<f16>(70000, 80000)` gave `inf` everywhere, and
 /// `(-70000, 0)` `-inf` for the values below -65520). A high bound past it is fine: the
@@ -262,15 +276,7 @@ fn rand_refuses_a_low_bound_the_dtype_cannot_hold() -> Result<(), DeviceError> {
         let err = api::rand_seeded::<f16>(low, high, &[8], 7)
             .sync_on(&s)
             .expect_err("a low bound past f16");
-        let text = err.to_string();
-        assert!(
-            matches!(err, DeviceError::InvalidShape { op: "rand", .. }),
-            "{text}"
-        );
-        assert!(
-            text.contains("f16") && text.contains(&format!("{low}")),
-            "{text}"
-        );
+        assert_past_f16(err, "rand", low);
     }
     let err = api::rand_seeded::<f32>(-1e39, 0.0, &[8], 7)
         .sync_on(&s)
@@ -297,15 +303,7 @@ fn randn_refuses_a_mean_the_dtype_cannot_hold() -> Result<(), DeviceError> {
         let err = api::randn_seeded::<f16>(mean, 1.0, &[8], 7)
             .sync_on(&s)
             .expect_err("a mean past f16");
-        let text = err.to_string();
-        assert!(
-            matches!(err, DeviceError::InvalidShape { op: "randn", .. }),
-            "{text}"
-        );
-        assert!(
-            text.contains("f16") && text.contains(&format!("{mean}")),
-            "{text}"
-        );
+        assert_past_f16(err, "randn", mean);
     }
     for err in [
         api::randn_seeded::<bf16>(1e39, 1.0, &[8], 7)
