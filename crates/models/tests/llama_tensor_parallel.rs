@@ -5,6 +5,8 @@
 mod common;
 use common::on_ranks;
 
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
 use cuflow_dist::Communicator;
 use cuflow_models::llama::{GenerateOptions, Llama, LlamaConfig};
 use cuflow_runtime::{BackendKind, Device, DeviceError};
@@ -14,6 +16,16 @@ use cuflow_testing::measure::assert_close_in_norm;
 const SEED: u64 = 11;
 const PROMPT: [u32; 5] = [3, 141, 59, 26, 5];
 const TOKENS: usize = 6;
+
+/// Held by the tests that use the first CUDA devices: one of them compares a device's bytes in
+/// use before and after, which counts the buffers of every test on that device (on the host
+/// backend that test has devices of its own).
+static CUDA_DEVICES: Mutex<()> = Mutex::new(());
+
+/// Takes [`CUDA_DEVICES`]; a test that panicked holding it leaves nothing the others rely on.
+fn cuda_devices() -> MutexGuard<'static, ()> {
+    CUDA_DEVICES.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 /// The tiny model with as many key/value heads as query heads, so that 4 ranks split both.
 fn config() -> LlamaConfig {
@@ -39,6 +51,7 @@ fn run(model: &Llama, stream: &cuflow_runtime::Stream) -> Result<RankResult, Dev
 
 #[test]
 fn split_models_decode_like_the_whole_model() {
+    let _devices = cuda_devices();
     let cfg = config();
     let whole_device = device();
     let whole = Llama::synthetic(&whole_device, cfg.clone(), SEED).unwrap();
@@ -93,6 +106,7 @@ fn split_models_decode_like_the_whole_model() {
 
 #[test]
 fn a_split_that_does_not_divide_the_heads_is_an_error() {
+    let _devices = cuda_devices();
     let Some(devices) = rank_devices(4) else {
         return;
     };
@@ -113,6 +127,7 @@ fn a_split_that_does_not_divide_the_heads_is_an_error() {
 /// 2^16 is an embedding table alone of 2^47 bf16 weights, 256 TB.
 #[test]
 fn a_split_model_larger_than_memory_is_an_error() {
+    let _devices = cuda_devices();
     let Some(devices) = rank_devices(2) else {
         return;
     };
