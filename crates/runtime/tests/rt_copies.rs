@@ -51,6 +51,58 @@ fn random_data_of_odd_sizes_round_trips() -> Result<(), DeviceError> {
     Ok(())
 }
 
+/// Read-backs on either side of the size up to which CUDA stages them through page-locked
+/// memory (16 MiB), and several at once from threads sharing the staging buffers, land every
+/// byte, into destinations poisoned before.
+#[test]
+fn read_backs_of_every_size_class_land_every_byte() -> Result<(), DeviceError> {
+    let stream = stream();
+    let mut rng = rng();
+    let staged_max = 16 << 20;
+    for bytes in [
+        4,
+        64 << 10,
+        (64 << 10) + 4,
+        staged_max - 4,
+        staged_max,
+        staged_max + 4,
+    ] {
+        let data: Vec<u32> = random_vec(&mut rng, bytes / 4);
+        let buf = DeviceBuffer::from_host(&stream, &data)?;
+        let mut back = vec![POISON_U32; data.len()];
+        buf.view().copy_to_host(&stream, &mut back)?;
+        assert!(back == data, "a read-back of {bytes} bytes");
+        // A sub-view at an odd offset reads its own range.
+        let view = buf.slice(1..data.len())?;
+        let mut back = vec![POISON_U32; data.len() - 1];
+        view.copy_to_host(&stream, &mut back)?;
+        assert!(
+            back == data[1..],
+            "a read-back of {} bytes at offset 4",
+            bytes - 4
+        );
+    }
+    let buffers: Vec<(Vec<u32>, DeviceBuffer<u32>)> = (0..8)
+        .map(|i| {
+            let data: Vec<u32> = random_vec(&mut rng, 1000 + 997 * i);
+            let buf = DeviceBuffer::from_host(&stream, &data)?;
+            Ok((data, buf))
+        })
+        .collect::<Result<_, DeviceError>>()?;
+    stream.synchronize()?;
+    std::thread::scope(|s| {
+        for (data, buf) in &buffers {
+            s.spawn(move || {
+                let own = buf.device().new_stream().expect("a stream");
+                for _ in 0..20 {
+                    assert!(buf.to_host_vec(&own).expect("read back") == *data);
+                }
+            });
+        }
+    });
+    Ok(())
+}
+
 #[test]
 fn empty_buffers_and_views_copy_nothing() -> Result<(), DeviceError> {
     let stream = stream();

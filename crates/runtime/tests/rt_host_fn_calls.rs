@@ -148,6 +148,49 @@ fn a_read_back_waiting_for_a_host_function_that_writes_its_buffer_returns() {
     });
 }
 
+/// A read back that waits for a host function, which waits in turn for another thread to
+/// write the same buffer on another stream, returns on every backend, and the host function
+/// sees the write: the read holds the buffer's ordering only while it enqueues its copy, not
+/// while it waits for the stream (before, on CUDA, the write waited for the read, and the host
+/// function gave up after its 20 s). The read sees the buffer from before the write or after
+/// it, as the two were ordered.
+#[test]
+fn a_read_back_waiting_for_a_host_function_that_waits_for_another_thread_s_write_returns() {
+    cuflow_testing::thread::within_a_minute("the read back or the write hung", || {
+        let s = stream();
+        let other = s.device().new_stream().expect("a second stream");
+        let x = DeviceBuffer::from_host(&other, &[1.0f32, 2.0]).expect("x");
+        other.synchronize().expect("x is written");
+        let (wrote, written) = mpsc::channel::<()>();
+        let saw_the_write = std::sync::Arc::new(AtomicBool::new(false));
+        s.enqueue_host_fn({
+            let saw_the_write = saw_the_write.clone();
+            move || {
+                let seen = written.recv_timeout(Duration::from_secs(20)).is_ok();
+                saw_the_write.store(seen, Ordering::SeqCst);
+            }
+        })
+        .expect("enqueue the host function");
+        let read = std::thread::scope(|scope| {
+            let read = scope.spawn(|| x.to_host_vec(&s));
+            // Lets the read start waiting first (either order must finish).
+            std::thread::sleep(Duration::from_millis(100));
+            let filled = x.view().fill_bytes(&other, 0);
+            let _ = wrote.send(());
+            filled.expect("the write");
+            read.join().expect("the reading thread")
+        })
+        .expect("the read back");
+        s.synchronize().expect("the host function ran");
+        assert!(
+            saw_the_write.load(Ordering::SeqCst),
+            "the write waited for the read back, which waited for the host function"
+        );
+        assert!(read == [1.0, 2.0] || read == [0.0, 0.0], "{read:?}");
+        assert_eq!(x.to_host_vec(&other).expect("x"), vec![0.0, 0.0]);
+    });
+}
+
 /// The last handles of a buffer, a pinned buffer, a stream, a kernel, a graph and its
 /// executable, dropped by a host function: every later call, on any thread, answers for
 /// itself.

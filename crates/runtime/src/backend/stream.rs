@@ -40,10 +40,10 @@ impl SyncWait {
 
 /// A copy to the host begun by [`StreamBackend::begin_copy_to_host`].
 pub(crate) enum CopyToHost {
-    /// The copy has landed in its destination.
-    Done,
     /// The copy is enqueued on a host stream.
     Host(host::HostCopyToHost),
+    /// The copy is enqueued on a CUDA stream.
+    Cuda(cuda::CudaCopyToHost),
 }
 
 impl CopyToHost {
@@ -51,8 +51,8 @@ impl CopyToHost {
     /// the first error the stream's work hit, if any (`out` is then left as it was).
     pub(crate) fn finish(self, out: &mut [u8]) -> Result<()> {
         match self {
-            CopyToHost::Done => Ok(()),
             CopyToHost::Host(h) => h.finish(out),
+            CopyToHost::Cuda(c) => c.finish(out),
         }
     }
 }
@@ -193,11 +193,12 @@ impl StreamBackend {
     }
 
     /// Begins a copy of `src` into `out` after the work enqueued so far; the copy has landed in
-    /// `out` once [`CopyToHost::finish`] returned `Ok`. On CUDA the copy is made, and waited
-    /// for, here. On the host backend it is only enqueued here, and waited for by `finish`:
-    /// the caller lets the buffer's access state go in between, so that the stream's work
-    /// before the copy (a host function enqueuing work on the same buffer on another stream)
-    /// can take it.
+    /// `out` once [`CopyToHost::finish`] returned `Ok`. The copy is only enqueued here, and
+    /// waited for by `finish`: the caller lets the buffer's access state and the stream's
+    /// capture gate go in between, so that the stream's work before the copy (a host function
+    /// waiting for another thread that writes the buffer; on the host backend, one enqueuing
+    /// work on the buffer itself) can take them. On CUDA a copy of more than 16 MiB is made,
+    /// and waited for, here (see `CudaStreamHandle::begin_copy_to_host`).
     pub(crate) fn begin_copy_to_host(&self, src: Region<'_>, out: &mut [u8]) -> Result<CopyToHost> {
         match self {
             StreamBackend::Host(s) => Ok(CopyToHost::Host(s.begin_copy_to_host(
@@ -205,10 +206,11 @@ impl StreamBackend {
                 src.offset,
                 out.len(),
             )?)),
-            StreamBackend::Cuda(s) => {
-                s.copy_to_host(src.mem.backend.cuda()?, src.offset, out)?;
-                Ok(CopyToHost::Done)
-            }
+            StreamBackend::Cuda(s) => Ok(CopyToHost::Cuda(s.begin_copy_to_host(
+                src.mem.backend.cuda()?,
+                src.offset,
+                out,
+            )?)),
         }
     }
 

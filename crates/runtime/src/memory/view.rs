@@ -130,6 +130,12 @@ impl<'a, T: DeviceCopy> BufferView<'a, T> {
     /// Copies this view into `out` (same length), after all work that used the buffer, and
     /// waits for the copy.
     ///
+    /// While it waits, other threads may enqueue work on the buffer and on `stream` (ordered
+    /// after the copy where they write the buffer): a host function before the copy may wait
+    /// for such a thread. On CUDA this holds for copies of up to 16 MiB, which are staged
+    /// through page-locked memory; a larger copy keeps the buffer's writers waiting until it
+    /// has landed.
+    ///
     /// # Errors
     ///
     /// [`DeviceError::LengthMismatch`] when lengths differ; any error the pending work hit.
@@ -140,11 +146,11 @@ impl<'a, T: DeviceCopy> BufferView<'a, T> {
         check_len("copy_to_host", self.len, out.len())?;
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(out);
         // A read: ordered after the last write on any stream, and seen by later writers, which
-        // wait for it. On CUDA the buffer's state stays locked until the copy has finished, so
-        // no write can slip in between; on the host backend the copy is enqueued in stream
-        // order (later writers wait for it as for any read) and waited for once the state is
-        // unlocked: the work it waits for may itself enqueue work on this buffer (a host
-        // function on another stream's buffer, allowed there), which takes the state.
+        // wait for it. The copy is enqueued in stream order (later writers wait for it as for
+        // any read) and waited for once the state is unlocked: the work it waits for may need
+        // the state (a host function waiting for another thread that writes this buffer; on
+        // the host backend, one writing it itself). On CUDA a copy of more than 16 MiB, into
+        // pageable memory, is waited for with the state still locked.
         let len = bytes.len();
         let copy = ordered_copy(
             stream,

@@ -12,7 +12,7 @@ use smallvec::SmallVec;
 
 use super::capture::{CapturedEvents, CudaGraphHandle};
 use super::kernel::CompiledKernel;
-use super::memory::{CudaMemory, CudaPinned};
+use super::memory::{CudaMemory, CudaPinned, ReadStaging};
 use super::{driver_err, CudaDeviceShared, RawEvent};
 use crate::backend::{CaptureBackend, GraphBackend};
 use crate::error::{DeviceError, Result};
@@ -273,12 +273,79 @@ impl CudaStreamHandle {
         })
     }
 
-    pub(crate) fn copy_to_host(
+    /// Begins a copy of `out.len()` bytes of `src` from `offset` into `out`, after the work
+    /// enqueued on this stream so far; it has landed in `out` once
+    /// [`CudaCopyToHost::finish`] returned `Ok`. A copy of at most [`STAGED_READ_MAX`] bytes
+    /// is enqueued into a page-locked staging buffer of the device's, followed by an event,
+    /// and waited for by `finish`: the caller lets go of the buffer's access state and the
+    /// stream's capture gate in between, so that the work before the copy (a host function
+    /// waiting for another thread, which takes them) can end. A larger copy goes straight into
+    /// `out`, pageable memory, which the driver returns from only once the copy has landed:
+    /// it is made, and waited for, here.
+    pub(crate) fn begin_copy_to_host(
         &self,
         src: &CudaMemory,
         offset: usize,
         out: &mut [u8],
-    ) -> Result<()> {
+    ) -> Result<CudaCopyToHost> {
+        let len = out.len();
+        let copy = |staging, wait| CudaCopyToHost {
+            staging,
+            wait,
+            len,
+            shared: self.shared.clone(),
+        };
+        if len > STAGED_READ_MAX {
+            self.copy_to_host(src, offset, out)?;
+            return Ok(copy(None, None));
+        }
+        if len == 0 {
+            return Ok(copy(None, Some(self.begin_synchronize()?)));
+        }
+        let mut staging = self.shared.take_read_staging(len)?;
+        let enqueued = self.shared.bind().and_then(|_bound| {
+            // SAFETY: the staging buffer holds at least `len` page-locked bytes, owned by the
+            // `CudaCopyToHost` made below, which neither reads, reuses nor frees them before
+            // the event recorded after this copy has completed (or the stream was waited for);
+            // `src` holds at least `offset + len` bytes (the view was bounds-checked) and is
+            // alive, its free ordered after this copy by the access tracker.
+            unsafe {
+                result::memcpy_dtoh_async(
+                    staging.head_mut(len),
+                    src.ptr() + offset as u64,
+                    self.raw(),
+                )
+            }
+            .map_err(|e| driver_err("cuMemcpyDtoHAsync", e))
+        });
+        if let Err(e) = enqueued {
+            // Nothing was enqueued: the buffer is free for the next read-back.
+            self.shared.give_back_read_staging(staging);
+            return Err(e);
+        }
+        // The copy may be in flight from here on: the staging buffer goes back once it landed.
+        let mut staged = copy(Some(staging), None);
+        match self.begin_synchronize() {
+            Ok(wait) => {
+                staged.wait = Some(wait);
+                Ok(staged)
+            }
+            Err(e) => {
+                // No event follows the copy: the stream, waited for, says when it landed
+                // (when that fails too, dropping `staged` decides what the buffer becomes).
+                if self.synchronize().is_ok() {
+                    if let Some(staging) = staged.staging.take() {
+                        self.shared.give_back_read_staging(staging);
+                    }
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Copies `out.len()` bytes of `src` from `offset` into `out` after the work enqueued on
+    /// this stream, and waits for the copy.
+    fn copy_to_host(&self, src: &CudaMemory, offset: usize, out: &mut [u8]) -> Result<()> {
         if out.is_empty() {
             return self.synchronize();
         }
@@ -513,6 +580,78 @@ impl CudaSyncWait {
         self.event.synchronize()?;
         self.event.shared.release_host_fn_drops();
         ErrorSink::here(&self.host_fn_panic).sync_result()
+    }
+}
+
+/// Read-backs of at most this many bytes are staged through page-locked memory and waited
+/// for after the caller unlocked the buffer (see [`CudaStreamHandle::begin_copy_to_host`]).
+const STAGED_READ_MAX: usize = 16 << 20;
+
+/// A read-back begun by [`CudaStreamHandle::begin_copy_to_host`].
+pub(crate) struct CudaCopyToHost {
+    /// The staging buffer the copy lands in first; `None` once given back, or when the copy
+    /// went straight into its destination.
+    staging: Option<ReadStaging>,
+    /// The synchronization after the copy; `None` when there is nothing to wait for (the copy
+    /// landed already) or no event follows the copy.
+    wait: Option<CudaSyncWait>,
+    len: usize,
+    shared: Arc<CudaDeviceShared>,
+}
+
+impl CudaCopyToHost {
+    /// Waits for the copy and puts what it read in `out` (the destination it was begun with);
+    /// the error of the stream's work, if any.
+    pub(crate) fn finish(mut self, out: &mut [u8]) -> Result<()> {
+        let Some(wait) = self.wait.take() else {
+            return Ok(());
+        };
+        // On an error the copy may not have landed: dropping `self` decides what becomes of
+        // the staging buffer.
+        wait.event.synchronize()?;
+        if let Some(staging) = self.staging.take() {
+            let landed = staging.head(self.len);
+            let copied = if landed.len() == self.len && out.len() == self.len {
+                out.copy_from_slice(landed);
+                Ok(())
+            } else {
+                Err(DeviceError::internal(format!(
+                    "a read-back of {} bytes was finished into {} bytes",
+                    self.len,
+                    out.len()
+                )))
+            };
+            self.shared.give_back_read_staging(staging);
+            copied?;
+        }
+        wait.event.shared.release_host_fn_drops();
+        ErrorSink::here(&wait.host_fn_panic).sync_result()
+    }
+}
+
+impl Drop for CudaCopyToHost {
+    /// A staging buffer that a copy may still be writing is neither reused nor freed: it goes
+    /// back once the copy's event has completed, is freed when the device faulted or was reset
+    /// (its work runs no more), and is leaked otherwise.
+    fn drop(&mut self) {
+        let Some(staging) = self.staging.take() else {
+            return;
+        };
+        if let Some(wait) = self.wait.take() {
+            if wait.event.synchronize().is_ok() {
+                self.shared.give_back_read_staging(staging);
+                return;
+            }
+        }
+        if self.shared.life.check().is_err() {
+            staging.free(&self.shared);
+        } else {
+            tracing::warn!(
+                "a read-back staging buffer of {} bytes is leaked: whether its copy landed \
+                 is unknown",
+                staging.bytes()
+            );
+        }
     }
 }
 
