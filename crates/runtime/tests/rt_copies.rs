@@ -51,34 +51,46 @@ fn random_data_of_odd_sizes_round_trips() -> Result<(), DeviceError> {
     Ok(())
 }
 
-/// Read-backs on either side of the size up to which CUDA stages them through page-locked
-/// memory (16 MiB), and several at once from threads sharing the staging buffers, land every
-/// byte, into destinations poisoned before.
+/// Copies to and from the host of every size class of CUDA's staging (writes of at most 16 KiB
+/// go straight from pageable memory, larger ones through page-locked buffers in pieces of
+/// 16 MiB; read-backs through a buffer of their size, kept up to 16 MiB), and read-backs from
+/// several threads at once sharing the buffers, land every byte, into destinations poisoned
+/// before.
 #[test]
-fn read_backs_of_every_size_class_land_every_byte() -> Result<(), DeviceError> {
+fn copies_of_every_staging_size_class_land_every_byte() -> Result<(), DeviceError> {
     let stream = stream();
     let mut rng = rng();
-    let staged_max = 16 << 20;
+    let mib = 1 << 20;
     for bytes in [
         4,
-        64 << 10,
+        16 << 10,
+        (16 << 10) + 4,
         (64 << 10) + 4,
-        staged_max - 4,
-        staged_max,
-        staged_max + 4,
+        16 * mib - 4,
+        16 * mib,
+        16 * mib + 4,
+        40 * mib + 12,
     ] {
         let data: Vec<u32> = random_vec(&mut rng, bytes / 4);
         let buf = DeviceBuffer::from_host(&stream, &data)?;
         let mut back = vec![POISON_U32; data.len()];
         buf.view().copy_to_host(&stream, &mut back)?;
-        assert!(back == data, "a read-back of {bytes} bytes");
-        // A sub-view at an odd offset reads its own range.
+        assert!(back == data, "a round trip of {bytes} bytes");
+        // A sub-view at an odd offset reads and writes its own range.
         let view = buf.slice(1..data.len())?;
         let mut back = vec![POISON_U32; data.len() - 1];
         view.copy_to_host(&stream, &mut back)?;
         assert!(
             back == data[1..],
             "a read-back of {} bytes at offset 4",
+            bytes - 4
+        );
+        let fresh: Vec<u32> = random_vec(&mut rng, data.len() - 1);
+        view.copy_from_host(&stream, &fresh)?;
+        let all = buf.to_host_vec(&stream)?;
+        assert!(
+            all[0] == data[0] && all[1..] == fresh[..],
+            "a write of {} bytes at offset 4",
             bytes - 4
         );
     }
