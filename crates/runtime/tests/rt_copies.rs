@@ -51,13 +51,12 @@ fn random_data_of_odd_sizes_round_trips() -> Result<(), DeviceError> {
     Ok(())
 }
 
-/// Copies to and from the host of every size class of CUDA's staging (writes of at most 16 KiB
-/// go straight from pageable memory, larger ones through page-locked buffers in pieces of
-/// 16 MiB; read-backs through a buffer of their size, kept up to 16 MiB), and read-backs from
-/// several threads at once sharing the buffers, land every byte, into destinations poisoned
-/// before.
+/// Copies to and from the host on both sides of the sizes where CUDA's read-backs change path
+/// (up to 16 MiB through page-locked buffers of the device's, at least 64 KiB each; beyond,
+/// straight into pageable memory), and read-backs from several threads at once sharing the
+/// buffers, land every byte, into destinations poisoned before.
 #[test]
-fn copies_of_every_staging_size_class_land_every_byte() -> Result<(), DeviceError> {
+fn copies_on_both_sides_of_every_read_back_size_class_land_every_byte() -> Result<(), DeviceError> {
     let stream = stream();
     let mut rng = rng();
     let mib = 1 << 20;

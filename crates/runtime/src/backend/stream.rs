@@ -197,7 +197,8 @@ impl StreamBackend {
     /// waited for by `finish`: the caller lets the buffer's access state and the stream's
     /// capture gate go in between, so that the stream's work before the copy (a host function
     /// waiting for another thread that writes the buffer; on the host backend, one enqueuing
-    /// work on the buffer itself) can take them.
+    /// work on the buffer itself) can take them. On CUDA a copy of more than 16 MiB is made,
+    /// and waited for, here (see `CudaStreamHandle::begin_copy_to_host`).
     pub(crate) fn begin_copy_to_host(&self, src: Region<'_>, out: &mut [u8]) -> Result<CopyToHost> {
         match self {
             StreamBackend::Host(s) => Ok(CopyToHost::Host(s.begin_copy_to_host(
@@ -208,7 +209,7 @@ impl StreamBackend {
             StreamBackend::Cuda(s) => Ok(CopyToHost::Cuda(s.begin_copy_to_host(
                 src.mem.backend.cuda()?,
                 src.offset,
-                out.len(),
+                out,
             )?)),
         }
     }

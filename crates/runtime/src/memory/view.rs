@@ -111,10 +111,6 @@ impl<'a, T: DeviceCopy> BufferView<'a, T> {
 
     /// Enqueues a copy of `data` into this view. `data` may be dropped as soon as this returns.
     ///
-    /// It never waits for the work enqueued before it: on CUDA, `data` beyond 16 KiB is first
-    /// copied into page-locked memory that the device keeps for such copies (up to 32 MiB
-    /// between synchronizations of its streams; more is allocated, and freed at the next one).
-    ///
     /// # Errors
     ///
     /// [`DeviceError::LengthMismatch`] when lengths differ; [`DeviceError::Capture`] during a
@@ -136,9 +132,9 @@ impl<'a, T: DeviceCopy> BufferView<'a, T> {
     ///
     /// While it waits, other threads may enqueue work on the buffer and on `stream` (ordered
     /// after the copy where they write the buffer): a host function before the copy may wait
-    /// for such a thread. On CUDA the copy is staged through page-locked memory that the
-    /// device keeps for such copies (up to 32 MiB; a larger read holds page-locked memory of
-    /// its size until it returns).
+    /// for such a thread. On CUDA this holds for copies of up to 16 MiB, which are staged
+    /// through page-locked memory; a larger copy keeps the buffer's writers waiting until it
+    /// has landed.
     ///
     /// # Errors
     ///
@@ -153,7 +149,8 @@ impl<'a, T: DeviceCopy> BufferView<'a, T> {
         // wait for it. The copy is enqueued in stream order (later writers wait for it as for
         // any read) and waited for once the state is unlocked: the work it waits for may need
         // the state (a host function waiting for another thread that writes this buffer; on
-        // the host backend, one writing it itself).
+        // the host backend, one writing it itself). On CUDA a copy of more than 16 MiB, into
+        // pageable memory, is waited for with the state still locked.
         let len = bytes.len();
         let copy = ordered_copy(
             stream,

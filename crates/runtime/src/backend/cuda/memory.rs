@@ -301,3 +301,72 @@ impl Drop for CudaPinned {
         });
     }
 }
+
+/// Page-locked host memory that read-backs from this device are staged through (see
+/// `CudaCopyToHost`): kept by the device's state between read-backs and lent to one at a time.
+/// It holds no handle of the state, so the state can keep it without a cycle; whoever holds it
+/// frees it with [`ReadStaging::free`] or leaks it (dropping it frees nothing).
+pub(crate) struct ReadStaging {
+    ptr: *mut u8,
+    bytes: usize,
+}
+
+// SAFETY: plain host memory owned uniquely by this value; access goes through `&self` /
+// `&mut self`, so Rust's borrow rules order it across threads.
+unsafe impl Send for ReadStaging {}
+
+impl ReadStaging {
+    /// `bytes` (> 0) of page-locked memory of `shared`'s context, zeroed.
+    pub(crate) fn alloc(shared: &CudaDeviceShared, bytes: usize) -> Result<ReadStaging> {
+        let _bound = shared.bind()?;
+        // SAFETY: allocates fresh page-locked memory, owned by the returned value.
+        let p = unsafe { result::malloc_host(bytes, 0) }.map_err(|e| match e.0 {
+            sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY => DeviceError::OutOfMemory {
+                bytes,
+                device: "pinned host memory".into(),
+            },
+            _ => driver_err("cuMemHostAlloc", e),
+        })? as *mut u8;
+        // SAFETY: `p` points to `bytes` writable bytes just allocated.
+        unsafe { std::ptr::write_bytes(p, 0, bytes) };
+        Ok(ReadStaging { ptr: p, bytes })
+    }
+
+    /// Its size in bytes.
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Its first `len` bytes (at most its size).
+    pub(crate) fn head(&self, len: usize) -> &[u8] {
+        // SAFETY: `ptr` points to `bytes` initialized bytes owned by `self`; no copy writes
+        // them while the host can borrow them (the read-back lending it waits for its copy
+        // before it reads them).
+        unsafe { std::slice::from_raw_parts(self.ptr, len.min(self.bytes)) }
+    }
+
+    /// Its first `len` bytes (at most its size), for the copy that fills them.
+    pub(crate) fn head_mut(&mut self, len: usize) -> &mut [u8] {
+        // SAFETY: as in `head`, and `&mut self` makes the borrow unique.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, len.min(self.bytes)) }
+    }
+
+    /// Frees it, unless `shared` (the state it was allocated in) was reset, which freed it
+    /// already. No copy may still be writing it.
+    pub(crate) fn free(self, shared: &CudaDeviceShared) {
+        let ptr = self.ptr;
+        let ctx = &shared.ctx;
+        shared.life.release(|| {
+            ctx.record_err(ctx.bind_to_thread());
+            // SAFETY: `ptr` came from cuMemHostAlloc in this state of the context (not reset:
+            // Life), is freed once (`self` is consumed) and no copy writes it (the caller's
+            // promise).
+            if let Err(e) = unsafe { result::free_host(ptr as *mut std::ffi::c_void) } {
+                tracing::warn!(
+                    "freeing pinned memory failed: {}",
+                    driver_err("cuMemFreeHost", e)
+                );
+            }
+        });
+    }
+}

@@ -23,7 +23,6 @@ mod blas;
 mod capture;
 mod dylib;
 mod foreign;
-mod host_staging;
 mod kernel;
 mod memory;
 mod nccl;
@@ -35,6 +34,7 @@ mod tools;
 pub(crate) use blas::BlasWorkspace;
 pub(crate) use capture::{CapturedEvents, CudaGraphExecHandle, CudaGraphHandle};
 pub(crate) use kernel::CompiledKernel;
+use memory::ReadStaging;
 pub(crate) use memory::{CudaMemory, CudaPinned};
 pub(crate) use nccl::{nccl_unique_id, NcclComm, ONESHOT_AREA_BYTES};
 pub(crate) use peer::copy_staged;
@@ -354,9 +354,9 @@ pub(crate) struct CudaDeviceShared {
     /// The page-locked buffers that staged copies into this device go through, allocated at
     /// the first such copy (see `peer`).
     staging: Mutex<Option<peer::StagingRing>>,
-    /// The page-locked buffers that copies between pageable host memory and this device are
-    /// staged through (see `host_staging`).
-    host_staging: Mutex<host_staging::StagingPool>,
+    /// The page-locked buffers that read-backs from this device are staged through, kept
+    /// between read-backs up to [`READ_STAGING_KEPT`] bytes in all (see `CudaCopyToHost`).
+    read_staging: Mutex<Vec<ReadStaging>>,
     /// What a host function dropped last and the driver must release (device memory, pinned
     /// memory, streams, graphs, timed events), where the driver refuses every call: released
     /// by the next synchronization with this device made outside one (see
@@ -513,6 +513,30 @@ impl CudaDeviceShared {
         Ok(RawEvent(ev))
     }
 
+    /// A staging buffer of at least `len` bytes for a read-back: one kept from an earlier
+    /// read-back when one is large enough, or a new one (a power of two of at least 64 KiB).
+    pub(crate) fn take_read_staging(&self, len: usize) -> Result<ReadStaging> {
+        let mut kept = self.read_staging.lock();
+        if let Some(i) = kept.iter().position(|s| s.bytes() >= len) {
+            return Ok(kept.swap_remove(i));
+        }
+        drop(kept);
+        ReadStaging::alloc(self, len.max(64 << 10).next_power_of_two())
+    }
+
+    /// Takes back a staging buffer that no copy writes any more: kept for later read-backs
+    /// while the kept ones total at most [`READ_STAGING_KEPT`] bytes, freed otherwise.
+    pub(crate) fn give_back_read_staging(&self, staging: ReadStaging) {
+        let mut kept = self.read_staging.lock();
+        let total: usize = kept.iter().map(ReadStaging::bytes).sum();
+        if total + staging.bytes() <= READ_STAGING_KEPT {
+            kept.push(staging);
+        } else {
+            drop(kept);
+            staging.free(self);
+        }
+    }
+
     pub(crate) fn return_event(&self, ev: RawEvent) {
         let mut pool = self.event_pool.lock();
         // Inside a host function the driver refuses the destroy: the pool keeps it.
@@ -524,6 +548,9 @@ impl CudaDeviceShared {
         }
     }
 }
+
+/// The most bytes of read-back staging buffers a device keeps between read-backs.
+const READ_STAGING_KEPT: usize = 32 << 20;
 
 pub(crate) fn destroy_event(shared: &CudaDeviceShared, ev: RawEvent) {
     shared.life.release(|| {
@@ -537,8 +564,9 @@ pub(crate) fn destroy_event(shared: &CudaDeviceShared, ev: RawEvent) {
 
 impl Drop for CudaDeviceShared {
     fn drop(&mut self) {
-        // First: it returns its events to the pool, destroyed below.
-        self.release_staging();
+        for staging in std::mem::take(self.read_staging.get_mut()) {
+            staging.free(self);
+        }
         let events = std::mem::take(self.event_pool.get_mut());
         for ev in events {
             destroy_event(self, ev);
@@ -629,7 +657,7 @@ impl CudaDevice {
             alloc_stream: Mutex::new(None),
             peers: Mutex::new(HashMap::new()),
             staging: Mutex::new(None),
-            host_staging: Mutex::new(host_staging::StagingPool::default()),
+            read_staging: Mutex::new(Vec::new()),
             host_fn_drops: Mutex::new(Vec::new()),
             host_fn_release: Mutex::new(()),
             foreign: Mutex::new(foreign::ForeignUses::default()),

@@ -11,9 +11,8 @@ use parking_lot::Mutex;
 use smallvec::SmallVec;
 
 use super::capture::{CapturedEvents, CudaGraphHandle};
-use super::host_staging::HostStaging;
 use super::kernel::CompiledKernel;
-use super::memory::{CudaMemory, CudaPinned};
+use super::memory::{CudaMemory, CudaPinned, ReadStaging};
 use super::{driver_err, CudaDeviceShared, RawEvent};
 use crate::backend::{CaptureBackend, GraphBackend};
 use crate::error::{DeviceError, Result};
@@ -266,12 +265,6 @@ impl CudaStreamHandle {
         offset: usize,
         data: &[u8],
     ) -> Result<()> {
-        if data.len() > DIRECT_WRITE_MAX {
-            // Staged through the device's page-locked buffers: never waits for the stream.
-            return self
-                .shared
-                .stage_write(self.raw(), dst.ptr() + offset as u64, data);
-        }
         self.enqueue_bytes("cuMemcpyHtoDAsync", data.len(), |stream| {
             // SAFETY: `dst` holds at least `offset + data.len()` bytes (the view was
             // bounds-checked) and is alive; for pageable `data` the driver stages it before
@@ -281,27 +274,35 @@ impl CudaStreamHandle {
     }
 
     /// Begins a copy of `out.len()` bytes of `src` from `offset` into `out`, after the work
-    /// enqueued on this stream so far: the device copies into a page-locked staging buffer of
-    /// its own, an event follows, and [`CudaCopyToHost::finish`] waits for it and puts the
-    /// bytes in `out`. The caller lets go of the buffer's access state and the stream's capture
-    /// gate in between, so that the work before the copy (a host function waiting for another
-    /// thread, which takes them) can end.
+    /// enqueued on this stream so far; it has landed in `out` once
+    /// [`CudaCopyToHost::finish`] returned `Ok`. A copy of at most [`STAGED_READ_MAX`] bytes
+    /// is enqueued into a page-locked staging buffer of the device's, followed by an event,
+    /// and waited for by `finish`: the caller lets go of the buffer's access state and the
+    /// stream's capture gate in between, so that the work before the copy (a host function
+    /// waiting for another thread, which takes them) can end. A larger copy goes straight into
+    /// `out`, pageable memory, which the driver returns from only once the copy has landed:
+    /// it is made, and waited for, here.
     pub(crate) fn begin_copy_to_host(
         &self,
         src: &CudaMemory,
         offset: usize,
-        len: usize,
+        out: &mut [u8],
     ) -> Result<CudaCopyToHost> {
+        let len = out.len();
         let copy = |staging, wait| CudaCopyToHost {
             staging,
             wait,
             len,
             shared: self.shared.clone(),
         };
+        if len > STAGED_READ_MAX {
+            self.copy_to_host(src, offset, out)?;
+            return Ok(copy(None, None));
+        }
         if len == 0 {
             return Ok(copy(None, Some(self.begin_synchronize()?)));
         }
-        let mut staging = self.shared.take_staging(len)?;
+        let mut staging = self.shared.take_read_staging(len)?;
         let enqueued = self.shared.bind().and_then(|_bound| {
             // SAFETY: the staging buffer holds at least `len` page-locked bytes, owned by the
             // `CudaCopyToHost` made below, which neither reads, reuses nor frees them before
@@ -318,8 +319,8 @@ impl CudaStreamHandle {
             .map_err(|e| driver_err("cuMemcpyDtoHAsync", e))
         });
         if let Err(e) = enqueued {
-            // Nothing was enqueued: the buffer is free for the next copy.
-            self.shared.give_back_staging(staging);
+            // Nothing was enqueued: the buffer is free for the next read-back.
+            self.shared.give_back_read_staging(staging);
             return Err(e);
         }
         // The copy may be in flight from here on: the staging buffer goes back once it landed.
@@ -334,12 +335,26 @@ impl CudaStreamHandle {
                 // (when that fails too, dropping `staged` decides what the buffer becomes).
                 if self.synchronize().is_ok() {
                     if let Some(staging) = staged.staging.take() {
-                        self.shared.give_back_staging(staging);
+                        self.shared.give_back_read_staging(staging);
                     }
                 }
                 Err(e)
             }
         }
+    }
+
+    /// Copies `out.len()` bytes of `src` from `offset` into `out` after the work enqueued on
+    /// this stream, and waits for the copy.
+    fn copy_to_host(&self, src: &CudaMemory, offset: usize, out: &mut [u8]) -> Result<()> {
+        if out.is_empty() {
+            return self.synchronize();
+        }
+        let _bound = self.shared.bind()?;
+        // SAFETY: `src` holds at least `offset + out.len()` bytes and is alive; `out` stays
+        // borrowed until the synchronize below has waited for the copy.
+        unsafe { result::memcpy_dtoh_async(out, src.ptr() + offset as u64, self.raw()) }
+            .map_err(|e| driver_err("cuMemcpyDtoHAsync", e))?;
+        self.synchronize()
     }
 
     /// Copies `len` bytes from `src` into `dst` (of this stream's device) after the work
@@ -564,24 +579,21 @@ impl CudaSyncWait {
     pub(crate) fn wait(self) -> Result<()> {
         self.event.synchronize()?;
         self.event.shared.release_host_fn_drops();
-        self.event.shared.trim_staging();
         ErrorSink::here(&self.host_fn_panic).sync_result()
     }
 }
 
-/// Copies from the host of at most this many bytes are enqueued straight from the caller's
-/// pageable memory, which the driver copies into its own staging before it returns; larger
-/// ones go through the device's page-locked buffers (see `host_staging`), since the driver may
-/// wait for the stream to reach a large one (seen with 64 MiB behind a blocked stream).
-const DIRECT_WRITE_MAX: usize = 16 << 10;
+/// Read-backs of at most this many bytes are staged through page-locked memory and waited
+/// for after the caller unlocked the buffer (see [`CudaStreamHandle::begin_copy_to_host`]).
+const STAGED_READ_MAX: usize = 16 << 20;
 
 /// A read-back begun by [`CudaStreamHandle::begin_copy_to_host`].
 pub(crate) struct CudaCopyToHost {
-    /// The staging buffer the copy lands in first; `None` once given back, and for an empty
-    /// copy.
-    staging: Option<HostStaging>,
-    /// The synchronization after the copy; `None` once waited for, or when no event follows
-    /// the copy.
+    /// The staging buffer the copy lands in first; `None` once given back, or when the copy
+    /// went straight into its destination.
+    staging: Option<ReadStaging>,
+    /// The synchronization after the copy; `None` when there is nothing to wait for (the copy
+    /// landed already) or no event follows the copy.
     wait: Option<CudaSyncWait>,
     len: usize,
     shared: Arc<CudaDeviceShared>,
@@ -592,7 +604,7 @@ impl CudaCopyToHost {
     /// the error of the stream's work, if any.
     pub(crate) fn finish(mut self, out: &mut [u8]) -> Result<()> {
         let Some(wait) = self.wait.take() else {
-            return Err(DeviceError::internal("a read-back was finished twice"));
+            return Ok(());
         };
         // On an error the copy may not have landed: dropping `self` decides what becomes of
         // the staging buffer.
@@ -609,11 +621,10 @@ impl CudaCopyToHost {
                     out.len()
                 )))
             };
-            self.shared.give_back_staging(staging);
+            self.shared.give_back_read_staging(staging);
             copied?;
         }
         wait.event.shared.release_host_fn_drops();
-        self.shared.trim_staging();
         ErrorSink::here(&wait.host_fn_panic).sync_result()
     }
 }
@@ -628,7 +639,7 @@ impl Drop for CudaCopyToHost {
         };
         if let Some(wait) = self.wait.take() {
             if wait.event.synchronize().is_ok() {
-                self.shared.give_back_staging(staging);
+                self.shared.give_back_read_staging(staging);
                 return;
             }
         }
