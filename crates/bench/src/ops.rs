@@ -36,15 +36,38 @@ pub(crate) fn run(device: &Device, iters: usize) -> Result<Results, BenchError> 
 
     let trials = iters.clamp(5, 51);
     let (mut ours, mut theirs, mut direct) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut prebuilt, mut one_op) = (Vec::new(), Vec::new());
+    let per_op = |t: Instant| t.elapsed().as_secs_f64() * 1e6 / n as f64;
     for _ in 0..trials {
         let t = Instant::now();
         chain(&kernel, n).sync_on(&stream)?;
-        ours.push(t.elapsed().as_secs_f64() * 1e6 / n as f64);
+        ours.push(per_op(t));
         theirs.push(raw.launch_n(n)?.as_secs_f64() * 1e6 / n as f64);
         // The same launches made directly through `Kernel::launch`: what the chain adds to
         // the launch path.
         let elapsed = crate::launch::cuflow_launches(&stream, &kernel, None, n)?;
         direct.push(elapsed.as_secs_f64() * 1e6 / n as f64);
+        // Where the chain's own cost lies: the chain built before the timer starts (its
+        // execution alone), and one op whose closure makes the same launches (an execution
+        // without a chain).
+        let built = chain(&kernel, n);
+        let t = Instant::now();
+        built.sync_on(&stream)?;
+        prebuilt.push(per_op(t));
+        let k = kernel.clone();
+        let t = Instant::now();
+        from_fn(move |ctx: &mut ExecutionContext| {
+            for _ in 0..n {
+                k.launch(
+                    ctx.stream()?,
+                    LaunchConfig::linear(1, 1),
+                    &KernelArgs::new(),
+                )?;
+            }
+            Ok(())
+        })
+        .sync_on(&stream)?;
+        one_op.push(per_op(t));
     }
 
     // One tiny op: `.await` (default policy, completion reactor) vs `.sync_on`.
@@ -73,7 +96,9 @@ pub(crate) fn run(device: &Device, iters: usize) -> Result<Results, BenchError> 
                 "chain: µs per op of a {n}-kernel dependent chain built with `then` (boxed ops, \
                  build + enqueue + sync), median of {trials} trials; raw: {n} launches of the \
                  same empty kernel + sync; direct: the same {n} launches through \
-                 Kernel::launch + sync, in the same trials"
+                 Kernel::launch + sync, in the same trials; the chain built before the timer: \
+                 its execution + sync alone; one op: a from_fn op whose closure makes the \
+                 {n} launches, + sync"
             ),
             format!("round trip: µs per op, median of 7 trials of {rounds} one-kernel ops"),
         ],
@@ -90,6 +115,20 @@ pub(crate) fn run(device: &Device, iters: usize) -> Result<Results, BenchError> 
                 "then-chain of 1000 empty kernels",
                 "us/op",
                 &ours,
+                "the same launches through Kernel::launch",
+                &direct,
+            ),
+            Row::from_trials(
+                "the chain built before the timer",
+                "us/op",
+                &prebuilt,
+                "the same launches through Kernel::launch",
+                &direct,
+            ),
+            Row::from_trials(
+                "one op making the 1000 launches",
+                "us/op",
+                &one_op,
                 "the same launches through Kernel::launch",
                 &direct,
             ),
