@@ -252,18 +252,34 @@ impl Device {
         }
     }
 
-    /// Parses a device selector as `$CUFLOW_DEVICE` does: `host`, `cuda` or `cuda:N`.
+    /// Parses a device selector as `$CUFLOW_DEVICE` does: `host`, `host:N` (host device `N`,
+    /// [`Device::host_numbered`]), `cuda` or `cuda:N`; `cpu` and `gpu` are accepted for
+    /// `host` and `cuda`. A device's [`Display`](fmt::Display) form (`host:1`) parses back to
+    /// that device.
     ///
     /// # Errors
     ///
     /// [`DeviceError::BadDeviceSelector`] for anything else, or the error of opening the device.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cuflow_runtime::Device;
+    /// let second = Device::host_numbered(1);
+    /// assert_eq!(Device::from_selector(&second.to_string())?, second);
+    /// assert_eq!(Device::from_selector("host")?, Device::host());
+    /// assert!(Device::from_selector("host:one").is_err());
+    /// # Ok::<(), cuflow_runtime::DeviceError>(())
+    /// ```
     pub fn from_selector(value: &str) -> Result<Device> {
         let v = value.trim();
+        let numbered = |prefix: &str| v.strip_prefix(prefix).map(str::parse::<usize>);
         match v {
             "host" | "cpu" => Ok(Device::host()),
             "cuda" | "gpu" => Device::cuda(0),
-            _ => match v.strip_prefix("cuda:").map(str::parse::<usize>) {
-                Some(Ok(n)) => Device::cuda(n),
+            _ => match (numbered("cuda:"), numbered("host:")) {
+                (Some(Ok(n)), _) => Device::cuda(n),
+                (_, Some(Ok(n))) => Ok(Device::host_numbered(n)),
                 _ => Err(DeviceError::BadDeviceSelector {
                     value: value.to_string(),
                 }),

@@ -75,7 +75,7 @@ pub enum DeviceError {
         count: usize,
     },
     /// `CUFLOW_DEVICE` holds something cuflow does not understand.
-    #[error("CUFLOW_DEVICE={value:?} is not understood; use `host`, `cuda` or `cuda:N`")]
+    #[error("CUFLOW_DEVICE={value:?} is not understood; use `host`, `host:N`, `cuda` or `cuda:N`")]
     BadDeviceSelector {
         /// The value that was found.
         value: String,

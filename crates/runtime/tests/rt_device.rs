@@ -61,13 +61,26 @@ fn selectors_name_devices_or_are_refused() {
             "{sel:?}"
         );
     }
-    for sel in ["bogus", "", "cuda:", "cuda:x", "cuda:-1", "host:0", "CUDA0"] {
+    // Host devices by number, as they print themselves.
+    for n in [0, 1, 7] {
+        let d = Device::host_numbered(n);
+        assert_eq!(
+            Device::from_selector(&format!("host:{n}")).expect("host:N"),
+            d
+        );
+        assert_eq!(Device::from_selector(&d.to_string()).expect("printed"), d);
+    }
+    for sel in [
+        "bogus", "", "cuda:", "cuda:x", "cuda:-1", "host:", "host:x", "host:-1", "cpu:1", "CUDA0",
+    ] {
         match Device::from_selector(sel) {
             Err(DeviceError::BadDeviceSelector { value }) => {
                 assert_eq!(value, sel);
                 let msg = DeviceError::BadDeviceSelector { value }.to_string();
                 assert!(
-                    msg.contains("CUFLOW_DEVICE") && msg.contains("cuda:N"),
+                    msg.contains("CUFLOW_DEVICE")
+                        && msg.contains("cuda:N")
+                        && msg.contains("host:N"),
                     "{msg}"
                 );
             }
