@@ -15,7 +15,7 @@ pub use cudarc::driver::DriverError;
 
 use crate::device::{Device, DeviceId};
 
-/// The kind of backend a [`Device`](crate::Device) runs on.
+/// The kind of backend a [`Device`] runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum BackendKind {

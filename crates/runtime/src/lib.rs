@@ -10,7 +10,7 @@
 //!
 //! Besides kernels, the runtime provides one library primitive, [`gemm`]: a stream-ordered,
 //! capturable matrix multiply (cuBLAS on CUDA, loaded at run time like the driver; a blocked CPU
-//! GEMM on the host). [`collective`] enqueues collectives between the ranks of a [`Comm`] the
+//! GEMM on the host). [`collective`](fn@collective) enqueues collectives between the ranks of a [`Comm`] the
 //! same way (NCCL on CUDA, point-to-point messages between host devices).
 //!
 //! [`Device::auto`] picks the device from `$CUFLOW_DEVICE` (`host`, `cuda`, `cuda:N`), else

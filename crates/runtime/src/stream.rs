@@ -14,7 +14,7 @@
 //! Streams also carry the capture state used by graph capture: while a stream is capturing, the
 //! work enqueued on it is recorded rather than run, and a stream that waits on an event recorded
 //! by a capturing stream joins that capture (as on CUDA). Buffers used by captured work are kept
-//! alive by the resulting [`Graph`](crate::Graph).
+//! alive by the resulting [`Graph`].
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -79,7 +79,7 @@ static NEXT_STREAM_ID: AtomicU64 = AtomicU64::new(1);
 
 /// Whether this thread is running a host function ([`Stream::enqueue_host_fn`]) of a CUDA
 /// stream, where every call into the device is refused with
-/// [`DeviceError::Reentrant`](crate::DeviceError::Reentrant), or is a host stream's worker
+/// [`DeviceError::Reentrant`], or is a host stream's worker
 /// (running a host function or a host kernel), where every wait is.
 ///
 /// Crates built on the runtime check it before they take a lock that their own device calls

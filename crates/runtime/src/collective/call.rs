@@ -33,7 +33,7 @@ impl CallKind {
 }
 
 /// One collective: what it does, its element type, and its buffers. Built by the constructors
-/// below and enqueued with [`collective`](crate::collective) (a group of one or more calls).
+/// below and enqueued with [`collective`](fn@crate::collective) (a group of one or more calls).
 ///
 /// Lengths, for a world of `n` ranks: `all_reduce` and `broadcast` take send and receive
 /// buffers of one length; `all_gather` receives `n` times what each rank sends (rank `r`'s part

@@ -8,7 +8,7 @@
 //! a replay runs the nodes in recorded (topological) order on the launching stream.
 //!
 //! Host kernels and host functions run on worker threads; they may not block on a stream
-//! (that would deadlock a worker), which is reported as [`DeviceError::Reentrant`].
+//! (that would deadlock a worker), which is reported as [`DeviceError::Reentrant`](crate::DeviceError::Reentrant).
 
 mod blas;
 mod capture;

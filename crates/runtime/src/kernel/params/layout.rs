@@ -2,7 +2,7 @@
 //! launch: one pointer per parameter in the argument array, and behind each, as many bytes as
 //! the parameter's size.
 //!
-//! A launch that passes [`check`](super::check) against parameters whose number is known (the
+//! A launch that passes [`check`](fn@super::check) against parameters whose number is known (the
 //! declarations agree) and whose by-value parameters each have a size the check compares
 //! (a plain type, a vector type, a type known through an alias or a struct of one plain type)
 //! hands the driver exactly one argument per parameter, each in a slot of at least the

@@ -21,7 +21,7 @@
 //! once are expanded in parameter lists; compile options cannot define any (see
 //! [`Kernel::with_compile_option`](super::Kernel::with_compile_option)).
 //!
-//! A launch is then refused with [`DeviceError::InvalidArgument`] naming the parameter when it
+//! A launch is then refused with [`DeviceError::InvalidArgument`](crate::DeviceError::InvalidArgument) naming the parameter when it
 //! passes a different number of arguments, a buffer where a value is declared (or the
 //! reverse), an input buffer for a pointer to elements that are not `const` (the kernel may
 //! write through it, while an input is ordered as a read, concurrent with other readers), a
