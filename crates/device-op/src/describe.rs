@@ -234,16 +234,76 @@ impl DagBuilder {
 }
 
 /// `T`'s type name, short: generics and closure markers dropped, the last two path segments
-/// kept (`cuflow_testing::ops::fill::{{closure}}` → `ops::fill`).
+/// kept (`cuflow_testing::ops::fill::{{closure}}` → `ops::fill`). A closure built in a method
+/// keeps its type and method: `model::Cache<f32>::append::{{closure}}` → `Cache::append`, and
+/// in a trait's method, whose name is a qualified path, the type it is implemented for:
+/// `<model::Attention as model::Layer>::forward::{{closure}}` → `Attention::forward`.
 pub fn short_type_name<T: ?Sized>() -> String {
-    let full = std::any::type_name::<T>();
-    let base = full.split('<').next().unwrap_or(full);
-    let segments: Vec<&str> = base
+    let path = without_generics(std::any::type_name::<T>());
+    let segments: Vec<&str> = path
         .split("::")
         .filter(|s| !s.is_empty() && !s.starts_with("{{"))
         .collect();
     let keep = segments.len().saturating_sub(2);
     segments[keep..].join("::")
+}
+
+/// `name` without its generic arguments, at every level of its path; a qualified path
+/// (`<Self as Trait>::item`) is written with its self type (`Self::item`).
+fn without_generics(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    let mut i = 0;
+    while let Some(c) = name[i..].chars().next() {
+        if c == '<' {
+            let close = closing_bracket(name, i);
+            if out.is_empty() {
+                // A qualified path: its self type stands for it.
+                out.push_str(&without_generics(self_type(&name[i + 1..close])));
+            }
+            i = (close + 1).min(name.len());
+        } else {
+            out.push(c);
+            i += c.len_utf8();
+        }
+    }
+    out
+}
+
+/// The index of the `>` that closes the `<` at `open` (`name.len()` when none does); the `>`
+/// of a function type's `->` closes nothing.
+fn closing_bracket(name: &str, open: usize) -> usize {
+    let bytes = name.as_bytes();
+    let mut depth = 0usize;
+    for (i, &b) in bytes.iter().enumerate().skip(open) {
+        match b {
+            b'<' => depth += 1,
+            b'>' if bytes[i - 1] == b'-' => {}
+            b'>' => {
+                depth -= 1;
+                if depth == 0 {
+                    return i;
+                }
+            }
+            _ => {}
+        }
+    }
+    bytes.len()
+}
+
+/// The self type of a qualified path's `Self as Trait` (all of `inner` when it has no `as`).
+fn self_type(inner: &str) -> &str {
+    let bytes = inner.as_bytes();
+    let mut depth = 0usize;
+    for (i, &b) in bytes.iter().enumerate() {
+        match b {
+            b'<' => depth += 1,
+            b'>' if i > 0 && bytes[i - 1] == b'-' => {}
+            b'>' => depth = depth.saturating_sub(1),
+            b' ' if depth == 0 && inner[i..].starts_with(" as ") => return &inner[..i],
+            _ => {}
+        }
+    }
+    inner
 }
 
 impl DagDump {
@@ -355,5 +415,30 @@ impl fmt::Display for DagDump {
             writeln!(f, "n{} -> n{} ({})", e.from, e.to, e.kind.as_str())?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::without_generics;
+
+    /// Generic arguments go at every level, a function type's `->` inside them included; a
+    /// qualified path, nested or not, keeps its self type; a name cut short does not panic.
+    #[test]
+    fn generics_are_dropped_and_qualified_paths_keep_their_self_type() {
+        let cases = [
+            ("a::f::{{closure}}", "a::f::{{closure}}"),
+            ("a::S<fn(u8) -> u8>::m::{{closure}}", "a::S::m::{{closure}}"),
+            (
+                "<a::S<u8> as a::T<u8>>::m::{{closure}}",
+                "a::S::m::{{closure}}",
+            ),
+            ("<<a::S as a::T>::U as a::V>::m", "a::S::U::m"),
+            ("a::S<u8", "a::S"),
+            ("<a::S", "a::S"),
+        ];
+        for (name, expected) in cases {
+            assert_eq!(without_generics(name), expected, "{name}");
+        }
     }
 }

@@ -1,7 +1,7 @@
 //! `describe`: an op's structure before it runs, as nodes and edges, DOT and text.
 
 use cuflow_device_op::describe::{DagDump, EdgeKind, NodeKind};
-use cuflow_device_op::{join_all, value, zip, DeviceError, DeviceOpExt};
+use cuflow_device_op::{from_fn, join_all, value, zip, DeviceError, DeviceOpExt};
 use cuflow_testing::ops::*;
 
 fn nodes(dag: &DagDump, kind: NodeKind) -> Vec<usize> {
@@ -145,4 +145,43 @@ fn a_dump_edited_by_the_program_still_renders() {
     assert_eq!(dot.matches("label=\"value\"").count(), 2, "{dot}");
     assert_eq!(dot.matches("subgraph cluster_").count(), 2, "{dot}");
     assert_eq!(dot.matches('{').count(), dot.matches('}').count(), "{dot}");
+}
+
+/// Builds its ops in a trait's method, as a program's model layers do.
+trait Layer {
+    fn forward(&self) -> DagDump;
+}
+
+struct Attention;
+
+impl Layer for Attention {
+    fn forward(&self) -> DagDump {
+        from_fn(|_| Ok(1)).map(|x| x + 1).describe()
+    }
+}
+
+/// Builds its ops in a method of a generic type.
+struct Cache<T>(T);
+
+impl<T> Cache<T> {
+    fn append(&self) -> DagDump {
+        from_fn(|_| Ok(1)).describe()
+    }
+}
+
+/// A closure is named after the type and method that built it, also where that method is a
+/// trait's (its type name is a qualified path, `<Attention as Layer>::forward::{{closure}}`)
+/// or a generic type's (`Cache<T>::append::{{closure}}`).
+#[test]
+fn closures_built_in_methods_are_named_after_their_type_and_method() {
+    let dag = Attention.forward();
+    let labels: Vec<&str> = dag.nodes.iter().map(|n| n.label.as_str()).collect();
+    assert_eq!(
+        labels,
+        ["Attention::forward", "map Attention::forward"],
+        "{dag}"
+    );
+
+    let dag = Cache(0u8).append();
+    assert_eq!(dag.nodes[0].label, "Cache::append", "{dag}");
 }
