@@ -167,7 +167,7 @@ pub fn arange<T: DType>(
             "from {start} to {end} by {step} is {count:e} values, more than a tensor can hold"
         )))
     } else {
-        Ok(count as usize)
+        Ok(arange_count(start, end, step, count as usize))
     };
     let inner = iota::<T>(
         "arange",
@@ -180,6 +180,47 @@ pub fn arange<T: DType>(
         n?;
         inner.execute(ctx)
     })
+}
+
+/// The number of values of `arange(start, end, step)`: the first `i` whose value
+/// `start + i · step`, rounded as the iota kernel rounds it, is not below `end` (not above it
+/// for a negative step). The quotient `estimate` = ⌈(end - start) / step⌉ is off where the
+/// division or the values round (`1 + 3 · 0.1` is `1.3` itself); the values grow monotonically
+/// with `i`, so the count is bisected from it.
+fn arange_count(start: f64, end: f64, step: f64, estimate: usize) -> usize {
+    let value = |i: usize| {
+        if i == 0 {
+            start
+        } else {
+            start + i as f64 * step
+        }
+    };
+    let inside = |i: usize| {
+        let v = value(i);
+        if step > 0.0 {
+            v < end
+        } else {
+            v > end
+        }
+    };
+    if !inside(0) {
+        return 0;
+    }
+    // Index `lo` is inside and `hi` is not: the count lies in `lo + 1..=hi`.
+    let mut hi = estimate.saturating_add(2);
+    while inside(hi) && hi < usize::MAX {
+        hi = hi.saturating_mul(2);
+    }
+    let mut lo = 0;
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if inside(mid) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    hi
 }
 
 /// `steps` values evenly spaced from `start` to `end` inclusive (one value: `start`), computed

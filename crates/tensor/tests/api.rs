@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use cuflow_device_op::DeviceOpExt;
 use cuflow_runtime::DeviceError;
-use cuflow_tensor::{api, bf16, f16, kernels, DType, PartitionExt};
+use cuflow_tensor::{api, bf16, f16, kernels, DType, PartitionExt, TensorOpExt};
 use cuflow_testing::{device::stream, rng::seeded_rng, tensor::*};
 
 /// zeros, ones and full of `T`, over memory that held `poison` just before.
@@ -83,6 +83,51 @@ fn arange_counts_from_start_by_step() -> Result<(), DeviceError> {
     // Empty ranges.
     assert!(make(&s, &[0], api::arange::<f32>(3.0, 3.0, 1.0))?.is_empty());
     assert!(make(&s, &[0], api::arange::<f32>(3.0, 0.0, 1.0))?.is_empty());
+    Ok(())
+}
+
+/// The values `start + i · step` (in `f64`, as `arange` computes them) before the first one
+/// that is not below `end` (not above it, for a negative step).
+fn arange_reference(start: f64, end: f64, step: f64) -> Vec<f64> {
+    let inside = |v: f64| if step > 0.0 { v < end } else { v > end };
+    (0..)
+        .map(|i| {
+            if i == 0 {
+                start
+            } else {
+                start + i as f64 * step
+            }
+        })
+        .take_while(|&v| inside(v))
+        .collect()
+}
+
+#[test]
+fn arange_holds_exactly_the_values_before_the_end() -> Result<(), DeviceError> {
+    let s = stream();
+    // (end - start) / step rounds up to a whole count where the last value is the end itself:
+    // 1 + 3 · 0.1 == 1.3 exactly in f64, and likewise 1 - 3 · 0.1 == 0.7.
+    assert_eq!(
+        make(&s, &[3], api::arange::<f64>(1.0, 1.3, 0.1))?,
+        vec![1.0, 1.1, 1.2]
+    );
+    assert_eq!(
+        make(&s, &[3], api::arange::<f64>(1.0, 0.7, -0.1))?,
+        vec![1.0, 0.9, 0.8]
+    );
+    // Decimal starts, ends and steps, either way: no value at or past the end, none missing.
+    let decimals = [0.1, 0.2, 0.3, 0.7, 1.1, 1.3, 2.675, 3.0, 1e-3, 7.1];
+    for &a in &decimals {
+        for &b in &decimals {
+            for &d in &[0.1, 0.3, 0.7, 1e-3, 0.05] {
+                for (start, end, step) in [(a, a + b, d), (a + b, a, -d), (-a, b, d)] {
+                    let want = arange_reference(start, end, step);
+                    let got = api::arange::<f64>(start, end, step).to_host_vec()?;
+                    assert_eq!(got, want, "arange({start}, {end}, {step})");
+                }
+            }
+        }
+    }
     Ok(())
 }
 
