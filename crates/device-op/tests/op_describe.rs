@@ -1,7 +1,7 @@
 //! `describe`: an op's structure before it runs, as nodes and edges, DOT and text.
 
 use cuflow_device_op::describe::{DagDump, EdgeKind, NodeKind};
-use cuflow_device_op::{from_fn, join_all, value, zip, DeviceError, DeviceOpExt};
+use cuflow_device_op::{from_fn, join_all, value, zip, DeviceError, DeviceOpExt, UnzipExt};
 use cuflow_testing::ops::*;
 
 fn nodes(dag: &DagDump, kind: NodeKind) -> Vec<usize> {
@@ -184,4 +184,34 @@ fn closures_built_in_methods_are_named_after_their_type_and_method() {
 
     let dag = Cache(0u8).append();
     assert_eq!(dag.nodes[0].label, "Cache::append", "{dag}");
+}
+
+/// The parts of an unzipped op describe the op they split, once (it runs once, as a shared
+/// op), and which element each takes.
+#[test]
+fn unzipped_parts_describe_the_op_they_split_once() -> Result<(), DeviceError> {
+    let a = buffer(0.0);
+    let (left, right) = zip!(fill(&a, 5.0), value(2)).unzip();
+    let op = zip!(right, left);
+    let dag = op.describe();
+    let shared = nodes(&dag, NodeKind::Shared);
+    assert_eq!(shared.len(), 1, "{dag}");
+    assert_eq!(nodes(&dag, NodeKind::Work).len(), 1, "{dag}");
+    assert!(
+        dag.nodes
+            .iter()
+            .all(|n| n.kind != NodeKind::Opaque && !n.label.is_empty()),
+        "{dag}"
+    );
+    let parts: Vec<&str> = dag
+        .edges
+        .iter()
+        .filter(|e| e.from == shared[0] && e.kind == EdgeKind::Then)
+        .map(|e| dag.nodes[e.to].label.as_str())
+        .collect();
+    assert_eq!(parts, ["unzip element 1", "unzip element 0"], "{dag}");
+
+    let (n, _) = op.sync()?;
+    assert_eq!(n, 2);
+    Ok(())
 }

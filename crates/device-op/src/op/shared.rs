@@ -446,14 +446,21 @@ where
     }
 
     fn describe_into(&self, dag: &mut DagBuilder) -> Described {
-        // Every clone is one op: described once, keyed by the state they share.
+        self.describe_producer_with(dag, |op, dag| op.describe_into(dag))
+    }
+}
+
+impl<O: DeviceOp> Shared<O> {
+    /// The shared node of this op, with its producer described by `describe` the first time.
+    /// Every clone is one op: described once, keyed by the state they share.
+    pub(crate) fn describe_producer_with(
+        &self,
+        dag: &mut DagBuilder,
+        describe: impl FnOnce(&O, &mut DagBuilder) -> Described,
+    ) -> Described {
         let key = Arc::as_ptr(&self.inner) as *const () as usize;
         dag.shared(key, |dag| {
-            self.inner
-                .op
-                .lock()
-                .as_ref()
-                .map(|op| op.describe_into(dag))
+            self.inner.op.lock().as_ref().map(|op| describe(op, dag))
         })
     }
 }

@@ -42,6 +42,11 @@ impl<A, F> Then<A, F> {
     pub(crate) fn new(first: A, next: F) -> Self {
         Then { first, next }
     }
+
+    /// The op that runs first.
+    pub(crate) fn first(&self) -> &A {
+        &self.first
+    }
 }
 
 impl<A, F> DeviceOp for Then<A, F>

@@ -13,6 +13,7 @@ use super::map::Map;
 use super::shared::Shared;
 use super::{DeviceOp, DeviceOpExt};
 use crate::context::ExecutionContext;
+use crate::describe::{DagBuilder, Described, EdgeKind, NodeKind};
 
 /// An element of an unzipped tuple, waiting for its part to take it.
 type Slot<A> = Mutex<Option<A>>;
@@ -68,6 +69,23 @@ where
                 self.index
             ))
         })
+    }
+
+    /// The original op, once for all parts (as the shared op it runs as), then the element
+    /// this part takes.
+    fn describe_into(&self, dag: &mut DagBuilder) -> Described {
+        let source = self
+            .source
+            .describe_producer_with(dag, |split, dag| split.first().describe_into(dag));
+        let part = dag.node(
+            NodeKind::Continuation,
+            format!("unzip element {}", self.index),
+        );
+        dag.edge(source.exit, part.entry, EdgeKind::Then);
+        Described {
+            entry: source.entry,
+            exit: part.exit,
+        }
     }
 }
 
