@@ -98,3 +98,41 @@ fn the_default_policy_set_on_one_thread_is_seen_on_every_other() -> Result<(), D
     assert!(!roots.contains(&only.id()));
     Ok(())
 }
+
+/// A policy whose `device` panics.
+#[derive(Debug)]
+struct NoDevice;
+
+impl SchedulingPolicy for NoDevice {
+    fn device(&self) -> &cuflow_runtime::Device {
+        panic!("the policy panics naming its device")
+    }
+
+    fn place(
+        &self,
+        _: &cuflow_scheduler::Placement<'_>,
+    ) -> Result<cuflow_runtime::Stream, DeviceError> {
+        Err(DeviceError::usage("never placed"))
+    }
+}
+
+/// Setting a default policy that panics when asked its device is a `Panicked` error naming the
+/// policy (the panic crossed `set_default_policy`), and the default stays as it was.
+#[test]
+fn setting_a_default_policy_that_panics_is_an_error_and_keeps_the_default(
+) -> Result<(), DeviceError> {
+    let _one_at_a_time = DEFAULT_POLICY.lock();
+    let device = device();
+    let before = device.default_policy()?;
+    let set = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        device.set_default_policy(Arc::new(NoDevice))
+    }));
+    match set {
+        Ok(Err(DeviceError::Panicked { .. })) => {}
+        Ok(other) => panic!("expected a Panicked error, got {other:?}"),
+        Err(_) => panic!("set_default_policy let the policy's panic through"),
+    }
+    assert!(Arc::ptr_eq(&device.default_policy()?, &before));
+    assert_eq!(value(2).map(|v| v * 3).sync()?, 6);
+    Ok(())
+}

@@ -1,6 +1,7 @@
 //! The per-device default policy: process-wide, created on first use as a
 //! [`StreamPoolRoundRobin`] of four streams, replaceable at any time.
 
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
 use cuflow_runtime::{Device, DeviceError};
@@ -38,17 +39,22 @@ pub fn default_policy(device: &Device) -> Result<Arc<dyn SchedulingPolicy>, Devi
 ///
 /// # Errors
 ///
-/// [`DeviceError::DeviceMismatch`] when the policy places work on another device.
+/// [`DeviceError::DeviceMismatch`] when the policy places work on another device;
+/// [`DeviceError::Panicked`] when the policy panics naming its device (the default is then
+/// left as it was).
 pub fn set_default_policy(
     device: &Device,
     policy: Arc<dyn SchedulingPolicy>,
 ) -> Result<(), DeviceError> {
-    if policy.device() != device {
+    // The policy is the program's code: its panic is an error, as when an op is placed.
+    let policy_device = catch_unwind(AssertUnwindSafe(|| policy.device().clone()))
+        .map_err(|p| DeviceError::from_panic("the scheduling policy", &*p))?;
+    if policy_device != *device {
         return Err(DeviceError::device_mismatch(
             "set_default_policy",
             "the scheduling policy",
             device,
-            policy.device(),
+            &policy_device,
         ));
     }
     *device.extension(DefaultPolicySlot::default).0.write() = Some(policy);
