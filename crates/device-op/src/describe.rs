@@ -211,12 +211,24 @@ impl DagBuilder {
         key: usize,
         describe: impl FnOnce(&mut DagBuilder) -> Option<Described>,
     ) -> Described {
+        self.shared_running(key, false, describe)
+    }
+
+    /// [`DagBuilder::shared`] for a shared op whose producer, when `describe` gives none, is
+    /// `running` on some thread (else it already ran).
+    pub(crate) fn shared_running(
+        &mut self,
+        key: usize,
+        running: bool,
+        describe: impl FnOnce(&mut DagBuilder) -> Option<Described>,
+    ) -> Described {
         if let Some(d) = self.shared.get(&key) {
             return *d;
         }
         let producer = describe(self);
         let label = match producer {
             Some(_) => "shared (runs once)",
+            None if running => "shared (running)",
             None => "shared (already ran)",
         };
         let node = self.node(NodeKind::Shared, label);

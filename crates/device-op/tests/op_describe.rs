@@ -215,3 +215,35 @@ fn unzipped_parts_describe_the_op_they_split_once() -> Result<(), DeviceError> {
     assert_eq!(n, 2);
     Ok(())
 }
+
+/// A shared op described while another thread produces it is running, not done: it says so
+/// (it said "already ran"), and says it ran once it has.
+#[test]
+fn a_shared_op_described_while_it_is_produced_says_it_is_running() -> Result<(), DeviceError> {
+    use std::sync::mpsc::channel;
+    use std::time::Duration;
+    let (started, has_started) = channel::<()>();
+    let (finish, may_finish) = channel::<()>();
+    let shared = from_fn(move |_| {
+        let _ = started.send(());
+        may_finish
+            .recv_timeout(Duration::from_secs(60))
+            .map_err(|e| DeviceError::usage(format!("never told to finish: {e}")))
+    })
+    .shared();
+    let producer = {
+        let shared = shared.clone();
+        std::thread::spawn(move || shared.sync().map(drop))
+    };
+    has_started
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the production started");
+    let during = shared.describe();
+    let _ = finish.send(());
+    producer.join().expect("the producing thread")?;
+    let after = shared.describe();
+    assert_eq!(during.nodes.len(), 1, "{during}");
+    assert_eq!(during.nodes[0].label, "shared (running)", "{during}");
+    assert_eq!(after.nodes[0].label, "shared (already ran)", "{after}");
+    Ok(())
+}

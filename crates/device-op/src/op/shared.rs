@@ -459,9 +459,11 @@ impl<O: DeviceOp> Shared<O> {
         describe: impl FnOnce(&O, &mut DagBuilder) -> Described,
     ) -> Described {
         let key = Arc::as_ptr(&self.inner) as *const () as usize;
-        dag.shared(key, |dag| {
-            self.inner.op.lock().as_ref().map(|op| describe(op, dag))
-        })
+        let op = self.inner.op.lock();
+        // Without its op and not finished (looked at once the op was taken): a consumer took
+        // the op and is producing it.
+        let running = op.is_none() && !self.inner.once.is_finished();
+        dag.shared_running(key, running, |dag| op.as_ref().map(|op| describe(op, dag)))
     }
 }
 
