@@ -227,7 +227,9 @@ pub(crate) fn sync_on<O: DeviceOp>(
         return Err(DeviceError::Capture {
             op: "DeviceOpExt::sync_on".into(),
             reason: format!(
-                "stream {} is being captured into a graph: the op's work would be recorded,                  not run, and sync_on cannot wait for it; capture the op with its graph API                  (graph_on), or sync it on a stream that is not being captured",
+                "stream {} is being captured into a graph: the op's work would be recorded, \
+                 not run, and sync_on cannot wait for it; capture the op with its graph API \
+                 (graph_on), or sync it on a stream that is not being captured",
                 stream.id()
             ),
         });
