@@ -380,3 +380,92 @@ fn waiting_for_an_event_of_an_open_capture_from_outside_it_is_refused() -> Resul
     assert_all(&buf, 0.0, "nothing ran");
     Ok(())
 }
+
+/// A panic payload whose drop panics in turn.
+struct PanicsWhenDropped;
+
+impl Drop for PanicsWhenDropped {
+    fn drop(&mut self) {
+        panic!("the panic's payload panics when dropped");
+    }
+}
+
+/// A policy that panics placing work (`at` "place") or naming its device (`at` "device"),
+/// with a payload that panics when dropped.
+#[derive(Debug)]
+struct PolicyPanicsWithABadPayload {
+    inner: StreamPoolRoundRobin,
+    at: &'static str,
+}
+
+impl cuflow_scheduler::SchedulingPolicy for PolicyPanicsWithABadPayload {
+    fn device(&self) -> &cuflow_runtime::Device {
+        if self.at == "device" {
+            std::panic::panic_any(PanicsWhenDropped)
+        }
+        self.inner.device()
+    }
+
+    fn place(
+        &self,
+        _: &cuflow_scheduler::Placement<'_>,
+    ) -> Result<cuflow_runtime::Stream, DeviceError> {
+        std::panic::panic_any(PanicsWhenDropped)
+    }
+}
+
+/// A panic whose payload panics again when dropped (in an op's closure, or in a policy) is a
+/// `Panicked` error from every entry point: the payload's own panic does not unwind out of
+/// the call that caught the first.
+#[test]
+fn a_panic_whose_payload_panics_when_dropped_is_an_error_from_every_entry_point(
+) -> Result<(), DeviceError> {
+    use cuflow_scheduler::DevicePolicyExt;
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+    let policy = StreamPoolRoundRobin::new(&device(), 2)?;
+    let stream = device().new_stream()?;
+    let panicking = |at| {
+        Arc::new(PolicyPanicsWithABadPayload {
+            inner: policy.clone(),
+            at,
+        })
+    };
+    let op = || value(1).map(|_: i32| -> i32 { std::panic::panic_any(PanicsWhenDropped) });
+    type EntryPoint<'a> = (&'a str, Box<dyn FnOnce() -> Result<(), DeviceError> + 'a>);
+    let entry_points: Vec<EntryPoint<'_>> = vec![
+        ("sync", Box::new(|| op().sync().map(drop))),
+        ("sync_on", Box::new(|| op().sync_on(&stream).map(drop))),
+        (
+            "sync_with_policy",
+            Box::new(|| op().sync_with_policy(&policy).map(drop)),
+        ),
+        ("schedule", Box::new(|| op().schedule(&policy).map(drop))),
+        (
+            ".await",
+            Box::new(|| futures::executor::block_on(op().into_future()).map(drop)),
+        ),
+        (
+            "enqueue_on",
+            Box::new(|| {
+                cuflow_device_op::enqueue_on(op(), &stream, Arc::new(policy.clone())).map(drop)
+            }),
+        ),
+        (
+            "a policy placing the root",
+            Box::new(|| value(1).sync_with_policy(&panicking("place")).map(drop)),
+        ),
+        (
+            "set_default_policy with a policy naming its device",
+            Box::new(|| device().set_default_policy(panicking("device"))),
+        ),
+    ];
+    for (entry, run) in entry_points {
+        match catch_unwind(AssertUnwindSafe(run)) {
+            Ok(Err(DeviceError::Panicked { .. })) => {}
+            Ok(other) => panic!("{entry}: expected a Panicked error, got {other:?}"),
+            Err(_) => panic!("{entry}: the payload's panic unwound out of the API"),
+        }
+    }
+    assert_eq!(value(3).map(|v| v + 1).sync()?, 4);
+    Ok(())
+}
