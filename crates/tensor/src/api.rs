@@ -420,8 +420,41 @@ fn philox(i: u64, seed: u64) -> [u32; 4] {
     c
 }
 
+/// How many standard deviations from the mean the normal values reach at most: the
+/// Box–Muller radius `√(-2 ln u1)` of the smallest `u1` the generator draws, 2^-25.
+const NORMAL_REACH: f64 = 5.887_050_112_577_373;
+
+/// Whether some value of `T` lies in `[a, b)` (`a < b`, both finite). The value of `T`
+/// nearest to `a` is the least at or above `a` when it is not below `a`; otherwise the least
+/// is the next one above it, found by bisection between it and `b`.
+fn holds_a_value<T: DType>(a: f64, b: f64) -> bool {
+    let near = T::from_f64(a).to_f64();
+    if near >= a {
+        return near < b;
+    }
+    // Every value in `(near, lo]` rounds to `near`; `hi` rounds above it.
+    let (mut lo, mut hi) = (near, b);
+    if T::from_f64(hi).to_f64() <= near {
+        return false;
+    }
+    // Down to neighbouring doubles (at most about 2100 halvings over the range of `f64`).
+    for _ in 0..2200 {
+        let m = lo + 0.5 * (hi - lo);
+        if m <= lo || m >= hi {
+            break;
+        }
+        if T::from_f64(m).to_f64() > near {
+            hi = m;
+        } else {
+            lo = m;
+        }
+    }
+    T::from_f64(hi).to_f64() < b
+}
+
 /// Checks the parameters of a distribution: `[a, b)` for a uniform one (finite, `a <= b`, its
-/// width finite), mean `a` and standard deviation `b` for a normal one (both finite, `b >= 0`).
+/// width finite, holding a value of `T` unless empty), mean `a` and standard deviation `b` for
+/// a normal one (both finite, `b >= 0`, every value it reaches finite in `T`).
 fn check_distribution<T: DType>(a: f64, b: f64, normal: bool) -> Result<(), DeviceError> {
     let (op, reason) = if normal {
         let ok = a.is_finite() && b.is_finite() && b >= 0.0;
@@ -438,6 +471,18 @@ fn check_distribution<T: DType>(a: f64, b: f64, normal: bool) -> Result<(), Devi
                 "the mean {a} lies past the finite values of {}, where it rounds to {mean_t}: \
                  the values near it would be infinite; give a mean that {} holds",
                 T::NAME,
+                T::NAME
+            ))
+        } else if ![a - b * NORMAL_REACH, a + b * NORMAL_REACH]
+            .iter()
+            .all(|v| T::from_f64(*v).to_f64().is_finite())
+        {
+            Some(format!(
+                "with mean {a} and standard deviation {b} the values reach {NORMAL_REACH:.3} \
+                 deviations from the mean, {} to {}, past the finite values of {}, where they \
+                 would be infinite; give a deviation that keeps them inside",
+                a - b * NORMAL_REACH,
+                a + b * NORMAL_REACH,
                 T::NAME
             ))
         } else {
@@ -459,6 +504,14 @@ fn check_distribution<T: DType>(a: f64, b: f64, normal: bool) -> Result<(), Devi
                 "the low bound {a} of [{a}, {b}) lies past the finite values of {}, where it \
                  rounds to {low_t}: the values near it would be infinite; give a low bound \
                  that {} holds",
+                T::NAME,
+                T::NAME
+            ))
+        } else if a < b && !holds_a_value::<T>(a, b) {
+            Some(format!(
+                "no value of {} lies in [{a}, {b}), whose bounds both lie between two \
+                 neighbouring values of {} (the nearest to the low bound is {low_t}); give a \
+                 range that holds one",
                 T::NAME,
                 T::NAME
             ))
@@ -512,7 +565,8 @@ fn random<T: FloatDType>(
 /// # Errors
 ///
 /// [`DeviceError::InvalidShape`] naming `rand` (when run) for bounds that are not finite,
-/// `low > high`, a range wider than `f64` spans, or a `low` past the finite values of `T`.
+/// `low > high`, a range wider than `f64` spans, a `low` past the finite values of `T`, or a
+/// range `low < high` that holds no value of `T`.
 pub fn rand<T: FloatDType>(
     low: f64,
     high: f64,
@@ -541,7 +595,8 @@ pub fn rand_seeded<T: FloatDType>(
 /// # Errors
 ///
 /// [`DeviceError::InvalidShape`] naming `randn` (when run) for a mean or a deviation that is
-/// not finite, a negative deviation, or a mean past the finite values of `T`.
+/// not finite, a negative deviation, a mean past the finite values of `T`, or a deviation
+/// whose values (up to about 5.9 deviations from the mean) would lie past them.
 pub fn randn<T: FloatDType>(
     mean: f64,
     std: f64,

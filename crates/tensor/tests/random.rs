@@ -330,3 +330,74 @@ fn randn_refuses_a_mean_the_dtype_cannot_hold() -> Result<(), DeviceError> {
     );
     Ok(())
 }
+
+/// A range holding no value of the dtype is refused naming it and the bounds: every value of
+/// `rand::<f16>(1.0008, 1.0009)` was 1.0009766, at or above the high bound, and every value of
+/// `rand::<f16>(1.0004, 1.0005)` was 1.0, below the low bound, both as Ok. A range holding a
+/// single value gives it everywhere.
+#[test]
+fn rand_refuses_a_range_without_a_value_of_the_dtype() -> Result<(), DeviceError> {
+    let s = stream();
+    let refused = |err: DeviceError, dtype: &str, low: f64, high: f64| {
+        let text = err.to_string();
+        assert!(
+            matches!(err, DeviceError::InvalidShape { op: "rand", .. }),
+            "{text}"
+        );
+        assert!(
+            text.contains(dtype) && text.contains(&format!("[{low}, {high})")),
+            "{text}"
+        );
+    };
+    for (low, high) in [(1.0008, 1.0009), (1.0004, 1.0005), (-1.0005, -1.0004)] {
+        let err = api::rand_seeded::<f16>(low, high, &[8], 7)
+            .sync_on(&s)
+            .expect_err("a range between two f16");
+        refused(err, "f16", low, high);
+    }
+    let err = api::rand_seeded::<bf16>(1.001, 1.002, &[8], 7)
+        .sync_on(&s)
+        .expect_err("a range between two bf16");
+    refused(err, "bf16", 1.001, 1.002);
+    let (low, high) = (1.0 + 1e-8, 1.0 + 2e-8);
+    let err = api::rand_seeded::<f32>(low, high, &[8], 7)
+        .sync_on(&s)
+        .expect_err("a range between two f32");
+    refused(err, "f32", low, high);
+    // [1.0009, 1.001) holds one f16, 1 + 2^-10, and [1.0, 1.0005) holds 1.0.
+    let one_value = read(&api::rand_seeded::<f16>(1.0009, 1.001, &[8], 7).sync_on(&s)?);
+    assert_eq!(one_value, vec![f16::from_f64(1.0 + 1.0 / 1024.0); 8]);
+    let one_value = read(&api::rand_seeded::<f16>(1.0, 1.0005, &[8], 7).sync_on(&s)?);
+    assert_eq!(one_value, vec![f16::from_f64(1.0); 8]);
+    Ok(())
+}
+
+/// A standard deviation whose values the dtype cannot hold is refused naming it: the values of
+/// `randn::<f16>(0, 1e5)` and `randn::<f64>(0, f64::MAX)` were infinite as often as not, as
+/// Ok. The values lie within 5.9 deviations of the mean, so `randn::<f16>(0, 1e4)` is fine.
+#[test]
+fn randn_refuses_a_deviation_the_dtype_cannot_hold() -> Result<(), DeviceError> {
+    let s = stream();
+    for (mean, std) in [(0.0, 1e5), (60000.0, 1000.0)] {
+        let err = api::randn_seeded::<f16>(mean, std, &[8], 7)
+            .sync_on(&s)
+            .expect_err("a deviation past f16");
+        assert_past_f16(err, "randn", std);
+    }
+    let err = api::randn_seeded::<f64>(0.0, f64::MAX, &[8], 7)
+        .sync_on(&s)
+        .expect_err("a deviation past f64");
+    assert!(
+        matches!(err, DeviceError::InvalidShape { op: "randn", .. }),
+        "{err}"
+    );
+    let v = f64s(&read(
+        &api::randn_seeded::<f16>(0.0, 1e4, &[10_000], 7).sync_on(&s)?,
+    ));
+    assert!(
+        v.iter().all(|x| x.is_finite()),
+        "{:?}",
+        v.iter().find(|x| !x.is_finite())
+    );
+    Ok(())
+}
