@@ -252,12 +252,22 @@ impl DagBuilder {
 /// `<model::Attention as model::Layer>::forward::{{closure}}` → `Attention::forward`.
 pub fn short_type_name<T: ?Sized>() -> String {
     let path = without_generics(std::any::type_name::<T>());
+    if is_fn_pointer(&path) {
+        // No path names it, and its signature's would be cut into pieces.
+        return "fn".to_string();
+    }
     let segments: Vec<&str> = path
         .split("::")
         .filter(|s| !s.is_empty() && !s.starts_with("{{"))
         .collect();
     let keep = segments.len().saturating_sub(2);
     segments[keep..].join("::")
+}
+
+/// Whether `name` is a function pointer type (`fn(u8) -> u8`, `unsafe extern "C" fn()`).
+fn is_fn_pointer(name: &str) -> bool {
+    let name = name.strip_prefix("unsafe ").unwrap_or(name);
+    name.starts_with("fn(") || name.starts_with("extern ")
 }
 
 /// `name` without its generic arguments, at every level of its path; a qualified path
@@ -452,5 +462,14 @@ mod tests {
         for (name, expected) in cases {
             assert_eq!(without_generics(name), expected, "{name}");
         }
+    }
+
+    /// Function pointers are `fn`, however they are qualified; paths are not.
+    #[test]
+    fn function_pointers_are_told_from_paths() {
+        assert_eq!(super::short_type_name::<fn(Vec<u8>) -> usize>(), "fn");
+        assert_eq!(super::short_type_name::<unsafe extern "C" fn(u8)>(), "fn");
+        assert_eq!(super::short_type_name::<extern "C" fn()>(), "fn");
+        assert_eq!(super::short_type_name::<Vec<fn(u8)>>(), "vec::Vec");
     }
 }

@@ -247,3 +247,21 @@ fn a_shared_op_described_while_it_is_produced_says_it_is_running() -> Result<(),
     assert_eq!(after.nodes[0].label, "shared (already ran)", "{after}");
     Ok(())
 }
+
+/// A function pointer has no path to name it by: it is `fn`, whatever the types in its
+/// signature (their paths were cut into pieces: `map vec::Vec) -> usize`).
+#[test]
+fn a_function_pointer_is_named_fn() {
+    fn total(v: Vec<u8>) -> usize {
+        v.len()
+    }
+    let by_pointer = value(vec![1u8]).map(total as fn(Vec<u8>) -> usize);
+    let dag = by_pointer.describe();
+    assert_eq!(dag.nodes[1].label, "map fn", "{dag}");
+    let by_item = value(vec![1u8]).map(total);
+    let dag = by_item.describe();
+    assert_eq!(
+        dag.nodes[1].label, "map a_function_pointer_is_named_fn::total",
+        "{dag}"
+    );
+}
