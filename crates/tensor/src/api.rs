@@ -153,7 +153,21 @@ pub fn arange<T: DType>(
         op: "arange",
         reason,
     };
-    let count = ((end - start) / step).ceil().max(0.0);
+    // Where `end - start` overflows, the values are computed halved and doubled back, as
+    // `linspace` does: the halves of finite values are exact, and `i · step / 2` stays finite
+    // where `i · step` would not (doubling is exact, so the values are those of the plain
+    // formula wherever it does not overflow).
+    let halved = (end - start).is_infinite();
+    let (a0, d, scale) = if halved {
+        (start / 2.0, step / 2.0, 2.0)
+    } else {
+        (start, step, 1.0)
+    };
+    let count = if halved {
+        ((end / 2.0 - a0) / d).ceil().max(0.0)
+    } else {
+        ((end - start) / step).ceil().max(0.0)
+    };
     let n = if !start.is_finite() || !end.is_finite() {
         Err(invalid(format!(
             "the start and the end must be finite, got start {start} and end {end}"
@@ -164,15 +178,16 @@ pub fn arange<T: DType>(
         )))
     } else if count >= usize::MAX as f64 {
         Err(invalid(format!(
-            "from {start} to {end} by {step} is {count:e} values, more than a tensor can hold"
+            "from {start:e} to {end:e} by {step:e} is {count:e} values, more than a tensor \
+             can hold"
         )))
     } else {
-        Ok(arange_count(start, end, step, count as usize))
+        Ok(arange_count((a0, d, scale), end, count as usize))
     };
     let inner = iota::<T>(
         "arange",
         Shape::from_slice(&[n.as_ref().copied().unwrap_or(0)]),
-        (start, step, 1.0),
+        (a0, d, scale),
         0,
         None,
     );
@@ -182,22 +197,22 @@ pub fn arange<T: DType>(
     })
 }
 
-/// The number of values of `arange(start, end, step)`: the first `i` whose value
-/// `start + i · step`, rounded as the iota kernel rounds it, is not below `end` (not above it
-/// for a negative step). The quotient `estimate` = ⌈(end - start) / step⌉ is off where the
-/// division or the values round (`1 + 3 · 0.1` is `1.3` itself); the values grow monotonically
-/// with `i`, so the count is bisected from it.
-fn arange_count(start: f64, end: f64, step: f64, estimate: usize) -> usize {
+/// The number of values of `arange`: the first `i` whose value `(a0 + i · d) · scale`,
+/// rounded as the iota kernel rounds it, is not below `end` (not above it for a negative
+/// step). The quotient `estimate` = ⌈(end - start) / step⌉ is off where the division or the
+/// values round (`1 + 3 · 0.1` is `1.3` itself); the values grow monotonically with `i`, so
+/// the count is bisected from it.
+fn arange_count((a0, d, scale): (f64, f64, f64), end: f64, estimate: usize) -> usize {
     let value = |i: usize| {
         if i == 0 {
-            start
+            a0 * scale
         } else {
-            start + i as f64 * step
+            (a0 + i as f64 * d) * scale
         }
     };
     let inside = |i: usize| {
         let v = value(i);
-        if step > 0.0 {
+        if d > 0.0 {
             v < end
         } else {
             v > end

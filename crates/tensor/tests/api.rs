@@ -87,7 +87,8 @@ fn arange_counts_from_start_by_step() -> Result<(), DeviceError> {
 }
 
 /// The values `start + i · step` (in `f64`, as `arange` computes them) before the first one
-/// that is not below `end` (not above it, for a negative step).
+/// that is not below `end` (not above it, for a negative step). They are computed halved and
+/// doubled, which is exact and keeps `i · step` finite in ranges wider than `f64` holds.
 fn arange_reference(start: f64, end: f64, step: f64) -> Vec<f64> {
     let inside = |v: f64| if step > 0.0 { v < end } else { v > end };
     (0..)
@@ -95,7 +96,7 @@ fn arange_reference(start: f64, end: f64, step: f64) -> Vec<f64> {
             if i == 0 {
                 start
             } else {
-                start + i as f64 * step
+                2.0 * (start / 2.0 + i as f64 * (step / 2.0))
             }
         })
         .take_while(|&v| inside(v))
@@ -127,6 +128,25 @@ fn arange_holds_exactly_the_values_before_the_end() -> Result<(), DeviceError> {
                 }
             }
         }
+    }
+    Ok(())
+}
+
+/// A range wider than `f64` holds (`end - start` overflows) is counted all the same: its
+/// values are finite. It was refused as "inf values, more than a tensor can hold" where it held
+/// 36.
+#[test]
+fn arange_counts_a_range_wider_than_f64_holds() -> Result<(), DeviceError> {
+    let s = stream();
+    for (start, end, step) in [
+        (-f64::MAX, f64::MAX, 1e307),
+        (f64::MAX, -f64::MAX, -1e307),
+        (-1.5e308, 1.7e308, 3e307),
+    ] {
+        let want = arange_reference(start, end, step);
+        assert!(want.len() > 10 && want.iter().all(|v| v.is_finite()));
+        let got = make(&s, &[want.len()], api::arange::<f64>(start, end, step))?;
+        assert_eq!(got, want, "arange({start:e}, {end:e}, {step:e})");
     }
     Ok(())
 }
