@@ -15,7 +15,6 @@
 //! enqueued (a host kernel's error, a host function's panic) is that execution's error, given
 //! to its `sync*` call or future and to no other op that shares its streams.
 
-use std::any::Any;
 use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
@@ -116,23 +115,12 @@ pub fn place_root(policy: &dyn SchedulingPolicy) -> Result<Stream, DeviceError> 
         policy.place(&Placement::root(policy.device()))
     })) {
         Ok(placed) => placed?,
-        Err(p) => return Err(panic_error("the scheduling policy", p)),
+        Err(p) => return Err(DeviceError::from_panic_payload("the scheduling policy", p)),
     };
     if stream.is_capturing() {
         return Err(placed_on_capturing_stream("the root of an op", &stream));
     }
     Ok(stream)
-}
-
-/// The [`DeviceError::Panicked`] of a panic caught in `what`. The payload is the program's
-/// (`panic_any`), and so is its drop: a drop that panics in turn is caught too, and its own
-/// payload leaked rather than risk a panic unwinding out of the entry point.
-fn panic_error(what: &'static str, payload: Box<dyn Any + Send>) -> DeviceError {
-    let error = DeviceError::from_panic(what, &*payload);
-    if let Err(again) = catch_unwind(AssertUnwindSafe(move || drop(payload))) {
-        std::mem::forget(again);
-    }
-    error
 }
 
 /// The error of a policy that placed `what` on `stream`, a stream being captured into a graph:
@@ -161,7 +149,7 @@ fn execute_root<O: DeviceOp>(op: O, ctx: &mut ExecutionContext) -> Result<O::Out
     }));
     let result = match executed {
         Ok(r) => r,
-        Err(p) => Err(panic_error("op execution", p)),
+        Err(p) => Err(DeviceError::from_panic_payload("op execution", p)),
     };
     if result.is_err() {
         wait_for_enqueued_work(ctx);

@@ -76,6 +76,7 @@
 mod isolation;
 
 use std::fmt;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
 use cuflow_device_op::{enqueue_on, place_root, DeviceOp, ExecutionContext, ExecutionStats};
@@ -194,12 +195,15 @@ impl<T: Send> CudaGraph<T> {
         stream: Stream,
         policy: Arc<dyn SchedulingPolicy>,
     ) -> Result<Self, DeviceError> {
-        if policy.device() != stream.device() {
+        // The policy is the program's code: its panic is an error, as when an op is placed.
+        let policy_device = catch_unwind(AssertUnwindSafe(|| policy.device().clone()))
+            .map_err(|payload| DeviceError::from_panic_payload("the scheduling policy", payload))?;
+        if policy_device != *stream.device() {
             return Err(DeviceError::device_mismatch(
                 "graph_on",
                 "the scheduling policy",
                 stream.device(),
-                policy.device(),
+                &policy_device,
             ));
         }
         let Captured {

@@ -332,7 +332,39 @@ pub enum DeviceError {
 }
 
 impl DeviceError {
-    /// Builds a [`DeviceError::Panicked`] from a caught panic's payload.
+    /// Builds a [`DeviceError::Panicked`] from a caught panic's payload, and drops the payload.
+    ///
+    /// The payload is the program's (`std::panic::panic_any` takes any value), and so is its
+    /// drop: a drop that panics in turn is caught too, and that second payload leaked, so that
+    /// no panic unwinds out of the caller. Prefer it to [`DeviceError::from_panic`] wherever a
+    /// caught payload is at hand.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cuflow_runtime::DeviceError;
+    /// struct Loud;
+    /// impl Drop for Loud {
+    ///     fn drop(&mut self) {
+    ///         panic!("dropped");
+    ///     }
+    /// }
+    /// # std::panic::set_hook(Box::new(|_| {}));
+    /// let payload = std::panic::catch_unwind(|| std::panic::panic_any(Loud)).unwrap_err();
+    /// let e = DeviceError::from_panic_payload("a closure", payload);
+    /// assert!(matches!(e, DeviceError::Panicked { op: "a closure", .. }));
+    /// ```
+    pub fn from_panic_payload(op: &'static str, payload: Box<dyn std::any::Any + Send>) -> Self {
+        let error = DeviceError::from_panic(op, &*payload);
+        let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(payload)));
+        if let Err(again) = dropped {
+            std::mem::forget(again);
+        }
+        error
+    }
+
+    /// Builds a [`DeviceError::Panicked`] from a caught panic's payload, which it leaves to the
+    /// caller (see [`DeviceError::from_panic_payload`] for one that drops it safely).
     pub fn from_panic(op: &'static str, payload: &(dyn std::any::Any + Send)) -> Self {
         let message = if let Some(s) = payload.downcast_ref::<&str>() {
             (*s).to_string()

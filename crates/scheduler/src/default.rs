@@ -47,16 +47,8 @@ pub fn set_default_policy(
     policy: Arc<dyn SchedulingPolicy>,
 ) -> Result<(), DeviceError> {
     // The policy is the program's code: its panic is an error, as when an op is placed.
-    let policy_device =
-        catch_unwind(AssertUnwindSafe(|| policy.device().clone())).map_err(|payload| {
-            let error = DeviceError::from_panic("the scheduling policy", &*payload);
-            // The payload's drop is the program's too: a panic of it is caught, and its own
-            // payload leaked rather than risk a panic unwinding out of this call.
-            if let Err(again) = catch_unwind(AssertUnwindSafe(move || drop(payload))) {
-                std::mem::forget(again);
-            }
-            error
-        })?;
+    let policy_device = catch_unwind(AssertUnwindSafe(|| policy.device().clone()))
+        .map_err(|payload| DeviceError::from_panic_payload("the scheduling policy", payload))?;
     if policy_device != *device {
         return Err(DeviceError::device_mismatch(
             "set_default_policy",

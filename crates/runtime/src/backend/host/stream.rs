@@ -1,6 +1,5 @@
 //! Host streams and events: one worker thread per stream, draining an in-order queue.
 
-use std::any::Any;
 use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc;
@@ -97,20 +96,7 @@ pub(crate) struct HostStream {
 pub(crate) fn run_task(task: &HostTask) -> Result<()> {
     match catch_unwind(AssertUnwindSafe(|| task())) {
         Ok(r) => r,
-        Err(p) => {
-            let e = DeviceError::from_panic("a host kernel", &*p);
-            drop_payload(p);
-            Err(e)
-        }
-    }
-}
-
-/// Drops a caught panic's payload on a worker thread. A payload whose drop panics in turn is
-/// dropped no further: that second payload is leaked rather than risk a panic unwinding out of
-/// the worker.
-fn drop_payload(payload: Box<dyn Any + Send>) {
-    if let Err(again) = catch_unwind(AssertUnwindSafe(move || drop(payload))) {
-        std::mem::forget(again);
+        Err(p) => Err(DeviceError::from_panic_payload("a host kernel", p)),
     }
 }
 
@@ -138,15 +124,16 @@ impl HostStream {
                                 failures.record(&sink, e);
                             }
                             if let Err(p) = dropped {
-                                let e = DeviceError::from_panic("dropping finished host work", &*p);
-                                drop_payload(p);
+                                let e = DeviceError::from_panic_payload(
+                                    "dropping finished host work",
+                                    p,
+                                );
                                 failures.record(&sink, e);
                             }
                         }
                         Msg::Once(f, sink) => {
                             if let Err(p) = catch_unwind(AssertUnwindSafe(f)) {
-                                let e = DeviceError::from_panic("a host function", &*p);
-                                drop_payload(p);
+                                let e = DeviceError::from_panic_payload("a host function", p);
                                 failures.record(&sink, e);
                             }
                         }
