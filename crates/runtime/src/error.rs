@@ -231,12 +231,15 @@ pub enum DeviceError {
         /// What went wrong.
         reason: String,
     },
-    /// An op was executed from inside another op's execution on the same thread, or the device
-    /// was called from inside a host function or host kernel.
+    /// An op was executed from inside another op's execution on the same thread, the device
+    /// was called from inside a host function or host kernel, or shared ops were consumed
+    /// while they were being produced (by the same thread, or in a cycle across threads):
+    /// work that would wait for itself.
     #[error(
-        "re-entrant execution: {what} was called from inside work of the runtime (an op \
-         executing on this thread, a host function or a host kernel); compose with `then`, or \
-         make the call after the host function, instead of calling it inside"
+        "re-entrant execution: {what}; this would wait for itself. It happens when an op or \
+         the device is called from inside work of the runtime (an op executing on this thread, \
+         a host function or a host kernel), or when shared ops consume each other; compose with \
+         `then`, or make the call after that work, instead of calling it inside"
     )]
     Reentrant {
         /// What was called.
