@@ -177,7 +177,8 @@ macro_rules! tensor_methods {
             /// # Ok(()) }
             /// ```
             fn broadcast_to(self, shape: impl IntoShape) -> ViewOp<T> {
-                self.expand(shape)
+                let shape = shape.into_shape();
+                view_op(self, move |t| t.broadcast_to(&shape))
             }
 
             /// [`Tensor::squeeze`] of the op's tensor.

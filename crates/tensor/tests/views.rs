@@ -496,6 +496,35 @@ fn view_errors_name_the_method_called() -> Result<(), DeviceError> {
     Ok(())
 }
 
+/// The view methods of lazy ops name the method called as the tensor's do: `broadcast_to` on
+/// an op said "expand".
+#[test]
+fn lazy_view_errors_name_the_method_called() -> Result<(), DeviceError> {
+    use cuflow_tensor::TensorMethodsExt;
+    let s = stream();
+    let x = || api::zeros::<f32>(&[2, 3]);
+    let cases = vec![
+        (x().broadcast_to([4, 3, 3]).sync_on(&s), "broadcast_to"),
+        (x().broadcast_to([3]).sync_on(&s), "broadcast_to"),
+        (x().expand([4, 3, 3]).sync_on(&s), "expand"),
+        (x().narrow(1, 2, 2).sync_on(&s), "narrow"),
+        (x().slice_axis(1, 1..5).sync_on(&s), "slice_axis"),
+        (x().select(0, 2).sync_on(&s), "select"),
+        (x().permute([0, 0]).sync_on(&s), "permute"),
+        (x().transpose(0, 2).sync_on(&s), "transpose"),
+        (x().squeeze(1).sync_on(&s), "squeeze"),
+        (x().unsqueeze(3).sync_on(&s), "unsqueeze"),
+    ];
+    for (r, op) in cases {
+        let err = r.unwrap_err();
+        assert!(
+            matches!(err, DeviceError::InvalidShape { op: o, .. } if o == op),
+            "{op}: {err}"
+        );
+    }
+    Ok(())
+}
+
 /// Views of a tensor without elements never step past the address space: after a narrow near
 /// the end of an axis of `usize::MAX` elements, viewed whole again, every view method gives an
 /// empty view (which starts at element 0) instead of overflowing its offset.
