@@ -107,10 +107,14 @@ pub(crate) fn tiling(
     }
     for (axis, (t, s)) in tile.iter().zip(shape).enumerate() {
         if *t == 0 {
+            let hint = if *s == 0 {
+                format!("an empty tensor {shape:?} takes tiles of length 1 along its empty axes")
+            } else {
+                format!("axis {axis} of {shape:?} holds {s}; give a length that divides it")
+            };
             return Err(bad(format!(
                 "the tile {tile:?} has length 0 along axis {axis}; every axis of a tile must \
-                 hold at least one element (an empty tensor {shape:?} takes tiles of length 1 \
-                 along its empty axes)"
+                 hold at least one element ({hint})"
             )));
         }
         if s % t != 0 {

@@ -169,6 +169,12 @@ fn an_empty_tile_is_refused_as_empty() -> Result<(), DeviceError> {
                 && msg.contains("axis 1") == (tile[1] == 0),
             "tile {tile:?} over {shape:?}: {msg}"
         );
+        // Only a tensor with an empty axis is called empty (a [16, 16] one was).
+        assert_eq!(
+            msg.contains("empty tensor"),
+            shape.contains(&0),
+            "tile {tile:?} over {shape:?}: {msg}"
+        );
     }
     // What the message suggests for an empty tensor: tiles of length 1 along its empty axes.
     let mut z = api::zeros::<f32>(&[0, 4]).sync_on(&s)?;
