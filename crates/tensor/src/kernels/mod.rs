@@ -276,9 +276,6 @@ pub fn saxpy<T: DType, P: TensorMut<T>, X: TensorInput<T>>(
     )
 }
 
-/// The error function for the host GELU: the Chebyshev fit of `erfc` from Numerical Recipes
-/// (`erfcc`), with a fractional error below 1.2e-7 everywhere, so host and CUDA GELU agree to
-/// about that relative precision (within every dtype's tolerance except exact `f64` equality).
 /// The multiprocessors of `stream`'s device (at least 1): what grids are sized by.
 pub(crate) fn multiprocessors(stream: &Stream) -> usize {
     stream.device().limits().multiprocessor_count.max(1) as usize
