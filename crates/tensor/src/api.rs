@@ -439,18 +439,25 @@ fn philox(i: u64, seed: u64) -> [u32; 4] {
 /// Box–Muller radius `√(-2 ln u1)` of the smallest `u1` the generator draws, 2^-25.
 const NORMAL_REACH: f64 = 5.887_050_112_577_373;
 
-/// Whether some value of `T` lies in `[a, b)` (`a < b`, both finite). The value of `T`
-/// nearest to `a` is the least at or above `a` when it is not below `a`; otherwise the least
-/// is the next one above it, found by bisection between it and `b`.
+/// Whether some value of `T` lies in `[a, b)` (`a < b`, both finite): the value `T` rounds
+/// [`rounds_from`] to, if any, lies below `b`.
 fn holds_a_value<T: DType>(a: f64, b: f64) -> bool {
+    rounds_from::<T>(a, b).is_some_and(|m| T::from_f64(m).to_f64() < b)
+}
+
+/// The least `f64` in `[a, b]` that rounds in `T` to a value not below `a` (`a < b`, both
+/// finite): `a` itself unless `T` rounds it down; else the point past which values round up
+/// to the next value of `T`, found by bisection (`None` when `b` still rounds down). Uniform
+/// values drawn from it on round to `[a, ..)`; drawn from `a`, the lowest would round below it.
+fn rounds_from<T: DType>(a: f64, b: f64) -> Option<f64> {
     let near = T::from_f64(a).to_f64();
     if near >= a {
-        return near < b;
+        return Some(a);
     }
-    // Every value in `(near, lo]` rounds to `near`; `hi` rounds above it.
-    let (mut lo, mut hi) = (near, b);
+    // `lo` rounds to `near`; `hi` rounds above it.
+    let (mut lo, mut hi) = (a, b);
     if T::from_f64(hi).to_f64() <= near {
-        return false;
+        return None;
     }
     // Down to neighbouring doubles (at most about 2100 halvings over the range of `f64`).
     for _ in 0..2200 {
@@ -464,7 +471,7 @@ fn holds_a_value<T: DType>(a: f64, b: f64) -> bool {
             lo = m;
         }
     }
-    T::from_f64(hi).to_f64() < b
+    Some(hi)
 }
 
 /// Checks the parameters of a distribution: `[a, b)` for a uniform one (finite, `a <= b`, its
@@ -551,6 +558,12 @@ fn random<T: FloatDType>(
     let shape: Shape = shape.into();
     from_fn(move |ctx: &mut ExecutionContext| {
         check_distribution::<T>(a, b, normal)?;
+        // Uniform values are drawn from where they round to `a` or above.
+        let a = if normal || a == b {
+            a
+        } else {
+            rounds_from::<T>(a, b).unwrap_or(a)
+        };
         let stream = ctx.stream()?;
         let out = alloc::<T>(if normal { "randn" } else { "rand" }, stream, &shape)?;
         if !out.is_empty() {
@@ -571,8 +584,9 @@ fn random<T: FloatDType>(
 }
 
 /// Uniform random values in `[low, high)`, seeded from the sequence [`manual_seed`] sets.
-/// Where rounding to `T` would give `high`, the value is the largest below it; `low == high`
-/// gives `low` everywhere.
+/// Where rounding to `T` would give `high`, the value is the largest below it; where `T`
+/// rounds `low` down, the values are drawn from where they round up to it or above; `low ==
+/// high` gives `low` everywhere.
 ///
 /// Both backends use the counter-based Philox4x32-10 generator, so a seed gives the same
 /// values on host and CUDA up to the final rounding.

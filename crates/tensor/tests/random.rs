@@ -401,3 +401,27 @@ fn randn_refuses_a_deviation_the_dtype_cannot_hold() -> Result<(), DeviceError> 
     );
     Ok(())
 }
+
+/// A low bound between two values of the dtype gives no value below it: `rand::<f16>(0.1, 0.2)`
+/// gave 0.099975586 (the f16 nearest 0.1, below it) for the draws nearest the low bound, and
+/// likewise in bf16 and f32 (whose 0.7 lies below 0.7).
+#[test]
+fn rand_gives_no_value_below_a_low_bound_the_dtype_rounds_down() -> Result<(), DeviceError> {
+    fn check<T: Float>(low: f64, high: f64) -> Result<(), DeviceError> {
+        assert!(
+            T::from_f64(low).to_f64() < low,
+            "{low} rounds down in {}",
+            T::NAME
+        );
+        let v = f64s(&read(
+            &api::rand_seeded::<T>(low, high, &[20_000], 11).sync_on(&stream())?,
+        ));
+        let out = v.iter().find(|x| !(low..high).contains(*x));
+        assert!(out.is_none(), "rand {} [{low}, {high}): {out:?}", T::NAME);
+        Ok(())
+    }
+    check::<f16>(0.1, 0.2)?;
+    check::<f16>(-0.7, -0.6)?;
+    check::<bf16>(0.7, 0.8)?;
+    check::<f32>(0.7, 0.7 + 1e-6)
+}
