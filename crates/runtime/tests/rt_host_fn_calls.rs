@@ -10,7 +10,8 @@ use std::sync::{mpsc, Mutex};
 use std::time::Duration;
 
 use cuflow_runtime::{
-    BackendKind, DeviceBuffer, DeviceError, Kernel, KernelArgs, LaunchConfig, PinnedBuffer, Stream,
+    BackendKind, DeviceBuffer, DeviceCopy, DeviceError, Kernel, KernelArgs, LaunchConfig,
+    PinnedBuffer, Stream,
 };
 use cuflow_testing::{
     device::stream,
@@ -148,6 +149,44 @@ fn a_read_back_waiting_for_a_host_function_that_writes_its_buffer_returns() {
     });
 }
 
+/// Runs `op` on a thread of its own while a host function queued on `s` before it waits for
+/// this thread to write `x` (filling its bytes with `fill` on the stream `other`), and gives
+/// `op`'s result. Asserts that the host function saw the write: the write did not wait for
+/// `op`, which waits for the host function (a hang broken by the host function's 20 s).
+fn behind_a_host_function_waiting_for_a_write<T: DeviceCopy, R: Send>(
+    (s, other): (&Stream, &Stream),
+    x: &DeviceBuffer<T>,
+    fill: u8,
+    op: impl FnOnce() -> Result<R, DeviceError> + Send,
+) -> R {
+    let (wrote, written) = mpsc::channel::<()>();
+    let saw_the_write = std::sync::Arc::new(AtomicBool::new(false));
+    s.enqueue_host_fn({
+        let saw_the_write = saw_the_write.clone();
+        move || {
+            let seen = written.recv_timeout(Duration::from_secs(20)).is_ok();
+            saw_the_write.store(seen, Ordering::SeqCst);
+        }
+    })
+    .expect("enqueue the host function");
+    let result = std::thread::scope(|scope| {
+        let op = scope.spawn(op);
+        // Lets the op start waiting first (either order must finish).
+        std::thread::sleep(Duration::from_millis(100));
+        let filled = x.view().fill_bytes(other, fill);
+        let _ = wrote.send(());
+        filled.expect("the write");
+        op.join().expect("the op's thread")
+    })
+    .expect("the op");
+    s.synchronize().expect("the host function ran");
+    assert!(
+        saw_the_write.load(Ordering::SeqCst),
+        "the write waited for the op, which waited for the host function"
+    );
+    result
+}
+
 /// A read back that waits for a host function, which waits in turn for another thread to
 /// write the same buffer on another stream, returns on every backend, and the host function
 /// sees the write: the read holds the buffer's ordering only while it enqueues its copy, not
@@ -161,31 +200,8 @@ fn a_read_back_waiting_for_a_host_function_that_waits_for_another_thread_s_write
         let other = s.device().new_stream().expect("a second stream");
         let x = DeviceBuffer::from_host(&other, &[1.0f32, 2.0]).expect("x");
         other.synchronize().expect("x is written");
-        let (wrote, written) = mpsc::channel::<()>();
-        let saw_the_write = std::sync::Arc::new(AtomicBool::new(false));
-        s.enqueue_host_fn({
-            let saw_the_write = saw_the_write.clone();
-            move || {
-                let seen = written.recv_timeout(Duration::from_secs(20)).is_ok();
-                saw_the_write.store(seen, Ordering::SeqCst);
-            }
-        })
-        .expect("enqueue the host function");
-        let read = std::thread::scope(|scope| {
-            let read = scope.spawn(|| x.to_host_vec(&s));
-            // Lets the read start waiting first (either order must finish).
-            std::thread::sleep(Duration::from_millis(100));
-            let filled = x.view().fill_bytes(&other, 0);
-            let _ = wrote.send(());
-            filled.expect("the write");
-            read.join().expect("the reading thread")
-        })
-        .expect("the read back");
-        s.synchronize().expect("the host function ran");
-        assert!(
-            saw_the_write.load(Ordering::SeqCst),
-            "the write waited for the read back, which waited for the host function"
-        );
+        let read =
+            behind_a_host_function_waiting_for_a_write((&s, &other), &x, 0, || x.to_host_vec(&s));
         assert!(read == [1.0, 2.0] || read == [0.0, 0.0], "{read:?}");
         assert_eq!(x.to_host_vec(&other).expect("x"), vec![0.0, 0.0]);
     });
@@ -203,31 +219,9 @@ fn write_behind_a_host_function_waiting_for_another_thread_s_write(n: usize) {
             let x = DeviceBuffer::<u32>::zeroed(&other, n).expect("x");
             other.synchronize().expect("x is zeroed");
             let data: Vec<u32> = (1..=n as u32).collect();
-            let (wrote, written) = mpsc::channel::<()>();
-            let saw_the_write = std::sync::Arc::new(AtomicBool::new(false));
-            s.enqueue_host_fn({
-                let saw_the_write = saw_the_write.clone();
-                move || {
-                    let seen = written.recv_timeout(Duration::from_secs(20)).is_ok();
-                    saw_the_write.store(seen, Ordering::SeqCst);
-                }
-            })
-            .expect("enqueue the host function");
-            std::thread::scope(|scope| {
-                let copy = scope.spawn(|| x.view().copy_from_host(&s, &data));
-                // Lets the copy start first (either order must finish).
-                std::thread::sleep(Duration::from_millis(100));
-                let filled = x.view().fill_bytes(&other, 0xff);
-                let _ = wrote.send(());
-                filled.expect("the write");
-                copy.join().expect("the copying thread")
-            })
-            .expect("the copy from the host");
-            s.synchronize().expect("the host function ran");
-            assert!(
-                saw_the_write.load(Ordering::SeqCst),
-                "{n} elements: the write waited for the copy, which waited for the host function"
-            );
+            behind_a_host_function_waiting_for_a_write((&s, &other), &x, 0xff, || {
+                x.view().copy_from_host(&s, &data)
+            });
             let back = x.to_host_vec(&other).expect("x");
             assert!(
                 back == data || back.iter().all(|&v| v == u32::MAX),
