@@ -4,7 +4,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{communicators, on_every_rank};
+use common::communicators;
 use cuflow_device_op::DeviceOpExt;
 use cuflow_dist::{
     all_gather, all_reduce, broadcast, group, recv, reduce_scatter, send, GroupCall, ReduceOp,
@@ -13,6 +13,7 @@ use cuflow_runtime::DeviceError;
 use cuflow_tensor::{api, Tensor};
 use cuflow_testing::measure::assert_close_in_norm;
 use cuflow_testing::rng::{fresh_seed, random_f32, seeded_rng};
+use cuflow_testing::thread::on_each;
 
 const TIMEOUT: Duration = Duration::from_secs(30);
 const LEN: usize = 96;
@@ -55,7 +56,7 @@ fn all_reduce_matches_the_reference_for_every_op_and_world_size() {
         };
         let parts: Vec<Vec<f32>> = (0..n).map(|r| input(seed, r, LEN)).collect();
         for op in [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min] {
-            let got = on_every_rank(&comms, |c| {
+            let got = on_each(&comms, |c| {
                 let x = tensor(c, &parts[c.rank()], &[8, LEN / 8])?;
                 let y = all_reduce(c, x, op).sync_on(c.stream())?;
                 assert_eq!(y.shape(), &[8, LEN / 8]);
@@ -81,7 +82,7 @@ fn integer_all_reduce_is_exact() {
         let Some(comms) = communicators(n, TIMEOUT) else {
             continue;
         };
-        let got = on_every_rank(&comms, |c| {
+        let got = on_each(&comms, |c| {
             let r = c.rank() as i32;
             let x = api::from_vec((0..10).map(|i| i * (r + 1) - r).collect(), &[10])
                 .sync_on(c.stream())?;
@@ -107,7 +108,7 @@ fn an_average_of_bytes_over_more_ranks_than_a_byte_counts_divides_by_the_world_s
             continue;
         };
         let part = |r: usize| -> Vec<u8> { vec![1, 255, (r % 256) as u8, (r * 7 % 256) as u8] };
-        let got = on_every_rank(&comms, |c| {
+        let got: Vec<Result<_, DeviceError>> = on_each(&comms, |c| {
             let x = api::from_vec(part(c.rank()), &[4]).sync_on(c.stream())?;
             let sum = all_reduce(c, x.clone(), ReduceOp::Sum).sync_on(c.stream())?;
             let avg = all_reduce(c, x, ReduceOp::Avg).sync_on(c.stream())?;
@@ -134,7 +135,7 @@ fn all_gather_concatenates_along_axis_0_in_rank_order() {
             continue;
         };
         let parts: Vec<Vec<f32>> = (0..n).map(|r| input(seed, r, 12)).collect();
-        let got = on_every_rank(&comms, |c| {
+        let got = on_each(&comms, |c| {
             let y = all_gather(c, tensor(c, &parts[c.rank()], &[3, 4])?).sync_on(c.stream())?;
             assert_eq!(y.shape(), &[3 * n, 4]);
             y.to_host_vec()
@@ -154,7 +155,7 @@ fn reduce_scatter_gives_each_rank_its_part_of_the_reduction() {
             continue;
         };
         let parts: Vec<Vec<f32>> = (0..n).map(|r| input(seed, r, 6 * n)).collect();
-        let got = on_every_rank(&comms, |c| {
+        let got = on_each(&comms, |c| {
             let x = tensor(c, &parts[c.rank()], &[2 * n, 3])?;
             let y = reduce_scatter(c, x, ReduceOp::Sum).sync_on(c.stream())?;
             assert_eq!(y.shape(), &[2, 3]);
@@ -181,7 +182,7 @@ fn broadcast_copies_the_root_to_every_rank() {
         };
         let root = n - 1;
         let parts: Vec<Vec<f32>> = (0..n).map(|r| input(seed, r, 20)).collect();
-        let got = on_every_rank(&comms, |c| {
+        let got = on_each(&comms, |c| {
             broadcast(c, tensor(c, &parts[c.rank()], &[20])?, root)
                 .sync_on(c.stream())?
                 .to_host_vec()
@@ -201,7 +202,7 @@ fn send_and_recv_pair_up_and_a_group_shifts_a_ring() {
         };
         let parts: Vec<Vec<f32>> = (0..n).map(|r| input(seed, r, 10)).collect();
         // Rank 0 sends to the last rank, alone.
-        let got = on_every_rank(&comms, |c| match c.rank() {
+        let got = on_each(&comms, |c| match c.rank() {
             0 => send(c, tensor(c, &parts[0], &[10])?, n - 1)
                 .sync_on(c.stream())?
                 .to_host_vec(),
@@ -210,7 +211,7 @@ fn send_and_recv_pair_up_and_a_group_shifts_a_ring() {
         });
         assert_eq!(got[n - 1].as_ref().unwrap(), &parts[0]);
         // Every rank sends right and receives from the left in one group, beside an all-reduce.
-        let got = on_every_rank(&comms, |c| {
+        let got: Vec<Result<_, DeviceError>> = on_each(&comms, |c| {
             let r = c.rank();
             let mine = tensor(c, &parts[r], &[10])?;
             let calls = vec![
@@ -333,7 +334,7 @@ fn a_nan_in_a_float_max_or_min_is_skipped_on_every_rank_position() {
                 vec![v, if r == nan_rank { f32::NAN } else { -v }, f32::NAN]
             };
             for op in [ReduceOp::Max, ReduceOp::Min] {
-                let got = on_every_rank(&comms, |c| {
+                let got = on_each(&comms, |c| {
                     let x = tensor(c, &part(c.rank()), &[3])?;
                     all_reduce(c, x, op).sync_on(c.stream())?.to_host_vec()
                 });

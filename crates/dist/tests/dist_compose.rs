@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{communicators, on_every_rank};
+use common::communicators;
 use cuflow_device_op::{zip, DeviceOpExt};
 use cuflow_dist::{all_gather, all_reduce, group, recv, GroupCall, ReduceOp};
 use cuflow_graph_capture::GraphCaptureExt;
@@ -13,6 +13,7 @@ use cuflow_runtime::DeviceError;
 use cuflow_tensor::{api, kernels};
 use cuflow_testing::measure::assert_close_in_norm;
 use cuflow_testing::rng::{fresh_seed, random_f32, seeded_rng};
+use cuflow_testing::thread::on_each;
 
 const TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -29,7 +30,7 @@ fn collectives_compose_with_then_and_zip() {
     };
     let a: Vec<Vec<f32>> = (0..n).map(|r| input(seed, r, 64)).collect();
     let b: Vec<Vec<f32>> = (0..n).map(|r| input(seed ^ 1, r, 64)).collect();
-    let got = on_every_rank(&comms, |c| {
+    let got: Vec<Result<_, DeviceError>> = on_each(&comms, |c| {
         let r = c.rank();
         // Lazy inputs, two collectives side by side, and a kernel after each.
         let left = all_reduce(c, api::from_slice(&a[r], &[64]), ReduceOp::Sum)
@@ -57,7 +58,7 @@ fn a_collective_orders_itself_after_a_write_on_another_stream() {
         return;
     };
     let parts: Vec<Vec<f32>> = (0..n).map(|r| input(seed, r, 4096)).collect();
-    let got = on_every_rank(&comms, |c| {
+    let got = on_each(&comms, |c| {
         let other = c.device().new_stream()?;
         let x = api::zeros::<f32>(&[4096]).sync_on(&other)?;
         let src = api::from_slice(&parts[c.rank()], &[4096]).sync_on(&other)?;
@@ -86,7 +87,7 @@ fn a_captured_step_with_an_all_reduce_replays() {
         let inputs: Vec<Vec<Vec<f32>>> = (0..steps)
             .map(|s| (0..n).map(|r| input(seed + s as u64, r, 32)).collect())
             .collect();
-        let got = on_every_rank(&comms, |c| {
+        let got: Vec<Result<_, DeviceError>> = on_each(&comms, |c| {
             let r = c.rank();
             let mut x = api::zeros::<f32>(&[32]).sync_on(c.stream())?;
             // The step: scale the input, all-reduce it. Captured once, the all-reduce not run.
@@ -127,7 +128,7 @@ fn small_all_reduces_agree_on_every_rank_eager_and_replayed() {
             continue;
         };
         let sizes = [1usize, 5, 4096, 16_384, 16_385];
-        let eager = on_every_rank(&comms, |c| {
+        let eager = on_each(&comms, |c| {
             sizes
                 .iter()
                 .map(|&len| {
@@ -158,7 +159,7 @@ fn small_all_reduces_agree_on_every_rank_eager_and_replayed() {
         // between replays.
         let (len, replays) = (4096, 4);
         let step_input = |s: usize, r: usize| input(seed ^ (s as u64 + 1) << 20, r, len);
-        let replayed = on_every_rank(&comms, |c| {
+        let replayed: Vec<Result<_, DeviceError>> = on_each(&comms, |c| {
             let r = c.rank();
             let mut x = api::zeros::<f32>(&[len]).sync_on(c.stream())?;
             let step = all_reduce(c, x.clone(), ReduceOp::Sum)
@@ -232,7 +233,7 @@ fn small_sums_grouped_with_other_calls_pair_with_the_same_sums_made_alone() {
             .map(|(x, y)| f64::from(*x) + f64::from(*y))
             .collect()
     };
-    let got = on_every_rank(&comms, |c| {
+    let got: Vec<Result<_, DeviceError>> = on_each(&comms, |c| {
         let r = c.rank();
         let t = |what: u64, len: usize| api::from_vec(part(what, r, len), &[len]);
         let mut out = Vec::new();

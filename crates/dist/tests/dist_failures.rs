@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{communicators, on_every_rank};
+use common::communicators;
 use cuflow_device_op::DeviceOpExt;
 use cuflow_dist::{
     all_gather, all_reduce, broadcast, recv, reduce_scatter, send, Communicator, ReduceOp,
@@ -13,6 +13,7 @@ use cuflow_dist::{
 use cuflow_runtime::{BackendKind, DeviceError};
 use cuflow_tensor::{api, Tensor};
 use cuflow_testing::rng::{fresh_seed, random_f32, seeded_rng};
+use cuflow_testing::thread::on_each;
 
 const SHORT: Duration = Duration::from_millis(300);
 
@@ -37,7 +38,7 @@ fn a_length_mismatch_leaves_no_stale_message_for_the_next_collective() {
     };
     let seed = fresh_seed();
     // Rank 0 reduces 4 elements, ranks 1 and 2 reduce 8: every rank fails.
-    let first = on_every_rank(&comms, |c| {
+    let first = on_each(&comms, |c| {
         let len = if c.rank() == 0 { 4 } else { 8 };
         let x = tensor(c, &random_f32(&mut seeded_rng(seed + c.rank() as u64), len))?;
         all_reduce(c, x, ReduceOp::Sum)
@@ -52,7 +53,7 @@ fn a_length_mismatch_leaves_no_stale_message_for_the_next_collective() {
     }
     // The ranks agree now, but the first all_reduce left messages behind: no rank may take
     // them for this one's.
-    let second = on_every_rank(&comms, |c| {
+    let second = on_each(&comms, |c| {
         let x = tensor(c, &[c.rank() as f32 + 1.0; 8])?;
         all_reduce(c, x, ReduceOp::Sum)
             .sync_on(c.stream())?
@@ -78,7 +79,7 @@ fn ranks_calling_different_collectives_fail_on_every_rank_naming_the_order() {
     let Some(comms) = host_communicators(2) else {
         return;
     };
-    let got = on_every_rank(&comms, |c| {
+    let got = on_each(&comms, |c| {
         let x = tensor(c, &[1.0; 4])?;
         if c.rank() == 0 {
             all_reduce(c, x, ReduceOp::Sum)
@@ -147,7 +148,7 @@ fn a_graph_replayed_on_one_rank_only_times_out_there() {
     let Some(comms) = host_communicators(2) else {
         return;
     };
-    let got = on_every_rank(&comms, |c| {
+    let got: Vec<Result<_, DeviceError>> = on_each(&comms, |c| {
         let x = tensor(c, &[c.rank() as f32 + 1.0; 4])?;
         let mut graph = all_reduce(c, x, ReduceOp::Sum).graph_on(c.stream().clone())?;
         let out = graph
@@ -180,7 +181,7 @@ fn a_rank_that_retries_after_its_peer_failed_gets_an_error_not_stale_data() {
         return;
     };
     // Rank 0's reduce_scatter is refused before it sends anything; rank 1's times out.
-    let first = on_every_rank(&comms, |c| {
+    let first = on_each(&comms, |c| {
         let len = if c.rank() == 0 { 3 } else { 4 };
         let x = tensor(c, &vec![c.rank() as f32 + 1.0; len])?;
         reduce_scatter(c, x, ReduceOp::Sum)
@@ -216,7 +217,7 @@ fn a_timeout_past_the_clocks_range_waits_instead_of_panicking() {
     };
     // `Duration::MAX` reads as "wait as long as it takes": no deadline is representable.
     let comms = Communicator::local_with_timeout(&devices, Duration::MAX).unwrap();
-    let got = on_every_rank(&comms, |c| {
+    let got = on_each(&comms, |c| {
         let x = tensor(c, &[c.rank() as f32 + 1.0; 3])?;
         all_reduce(c, x, ReduceOp::Sum)
             .sync_on(c.stream())?
@@ -250,13 +251,13 @@ fn ranks_broadcasting_from_different_roots_fail_and_leave_no_stale_data() {
         return;
     };
     // Each rank takes itself for the root: neither may keep its own values as the broadcast.
-    let first = on_every_rank(&comms, |c| {
+    let first = on_each(&comms, |c| {
         let x = tensor(c, &[c.rank() as f32 + 1.0; 4])?;
         broadcast(c, x, c.rank()).sync_on(c.stream())?.to_host_vec()
     });
     assert_every_rank_fails_saying(&first, &["from rank 0", "from rank 1"]);
     // The ranks agree now; the first broadcast's parts must not be taken for this one's.
-    let second = on_every_rank(&comms, |c| {
+    let second = on_each(&comms, |c| {
         let x = tensor(c, &[c.rank() as f32 + 10.0; 4])?;
         broadcast(c, x, 0).sync_on(c.stream())?.to_host_vec()
     });
@@ -277,7 +278,7 @@ fn a_rank_that_missed_the_root_gets_an_error_or_the_roots_data_never_a_stale_par
         return;
     };
     // Ranks 0 and 1 broadcast from rank 0, rank 2 from itself: rank 2 and rank 0 fail.
-    let first = on_every_rank(&comms, |c| {
+    let first = on_each(&comms, |c| {
         let x = tensor(c, &[c.rank() as f32 + 1.0; 4])?;
         let root = if c.rank() == 2 { 2 } else { 0 };
         broadcast(c, x, root).sync_on(c.stream())?.to_host_vec()
@@ -306,7 +307,7 @@ fn ranks_reducing_with_different_ops_fail_naming_both() {
         let Some(comms) = host_communicators(2) else {
             return;
         };
-        let got = on_every_rank(&comms, |c| {
+        let got = on_each(&comms, |c| {
             let x = tensor(c, &[c.rank() as f32 + 1.0; 4])?;
             let op = if c.rank() == 0 {
                 ReduceOp::Sum
@@ -329,7 +330,7 @@ fn ranks_moving_different_element_types_fail_naming_both() {
     let Some(comms) = host_communicators(2) else {
         return;
     };
-    let got = on_every_rank(&comms, |c| {
+    let got = on_each(&comms, |c| {
         if c.rank() == 0 {
             let x = tensor(c, &[1.0; 4])?;
             all_gather(c, x)
@@ -347,7 +348,7 @@ fn ranks_moving_different_element_types_fail_naming_both() {
     assert_every_rank_fails_saying(&got, &["f32", "i32"]);
     // A send of f32 to a receive of i32 of the same byte length.
     let comms = host_communicators(2).unwrap();
-    let got = on_every_rank(&comms, |c| {
+    let got = on_each(&comms, |c| {
         if c.rank() == 0 {
             send(c, tensor(c, &[1.0; 4])?, 1)
                 .sync_on(c.stream())
@@ -377,7 +378,7 @@ fn a_rank_whose_thread_panicked_with_its_communicator_fails_its_peers_at_once() 
     })
     .join();
     assert!(died.is_err());
-    let got = on_every_rank(&comms, |c| {
+    let got = on_each(&comms, |c| {
         let x = tensor(c, &[1.0; 4])?;
         all_reduce(c, x, ReduceOp::Sum)
             .sync_on(c.stream())?
@@ -406,7 +407,7 @@ fn an_empty_tensor_on_one_rank_is_not_paired_with_its_next_collective() {
         return;
     };
     // Rank 0 reduces an empty tensor where rank 1 reduces 4 elements; then both reduce 4.
-    let got = on_every_rank(&comms, |c| {
+    let got: Vec<Result<_, DeviceError>> = on_each(&comms, |c| {
         let first: &[f32] = if c.rank() == 0 { &[] } else { &[1.0; 4] };
         let first = all_reduce(c, tensor(c, first)?, ReduceOp::Sum)
             .sync_on(c.stream())

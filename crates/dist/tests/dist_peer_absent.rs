@@ -9,11 +9,12 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{communicators, on_every_rank};
+use common::communicators;
 use cuflow_device_op::DeviceOpExt;
 use cuflow_dist::{all_reduce, ReduceOp};
 use cuflow_runtime::{BackendKind, DeviceError};
 use cuflow_tensor::api;
+use cuflow_testing::thread::on_each;
 
 #[test]
 fn a_small_sum_without_its_peer_fails_after_the_communicators_timeout() {
@@ -23,7 +24,7 @@ fn a_small_sum_without_its_peer_fails_after_the_communicators_timeout() {
     };
     let len = 1024;
     // One sum on both ranks first, so the ranks are set up and in step.
-    for g in on_every_rank(&comms, |c| {
+    for g in on_each(&comms, |c| {
         all_reduce(c, api::from_vec(vec![1.5f32; len], &[len]), ReduceOp::Sum)
             .sync_on(c.stream())?
             .to_host_vec()

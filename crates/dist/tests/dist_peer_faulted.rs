@@ -11,11 +11,12 @@ mod common;
 
 use std::time::Duration;
 
-use common::{communicators, on_every_rank};
+use common::communicators;
 use cuflow_device_op::DeviceOpExt;
 use cuflow_dist::{all_reduce, ReduceOp};
 use cuflow_runtime::{BackendKind, DeviceError, Kernel, KernelArgs, LaunchConfig};
 use cuflow_tensor::api;
+use cuflow_testing::thread::on_each;
 
 #[test]
 fn a_small_sum_after_a_peer_faulted_fails_at_once() {
@@ -24,7 +25,7 @@ fn a_small_sum_after_a_peer_faulted_fails_at_once() {
     };
     let len = 4096;
     // One sum on both ranks first, so the ranks are set up and in step.
-    for g in on_every_rank(&comms, |c| {
+    for g in on_each(&comms, |c| {
         all_reduce(c, api::from_vec(vec![1.0f32; len], &[len]), ReduceOp::Sum)
             .sync_on(c.stream())?
             .to_host_vec()

@@ -5,11 +5,12 @@ mod common;
 
 use std::time::Duration;
 
-use common::{communicators, on_every_rank};
+use common::communicators;
 use cuflow_device_op::DeviceOpExt;
 use cuflow_dist::{all_gather, group, GroupCall};
 use cuflow_runtime::DeviceError;
 use cuflow_tensor::{api, Tensor};
+use cuflow_testing::thread::on_each;
 
 const TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -35,7 +36,7 @@ fn all_gather_of_an_axis_0_that_overflows_is_an_error() {
     let Some(comms) = communicators(2, TIMEOUT) else {
         return;
     };
-    assert_shape_error(on_every_rank(&comms, |c| {
+    assert_shape_error(on_each(&comms, |c| {
         let y = all_gather(c, huge_empty(c)?).sync_on(c.stream())?;
         Ok(format!("{:?}", y.shape()))
     }));
@@ -46,7 +47,7 @@ fn grouped_all_gather_of_an_axis_0_that_overflows_is_an_error() {
     let Some(comms) = communicators(2, TIMEOUT) else {
         return;
     };
-    assert_shape_error(on_every_rank(&comms, |c| {
+    assert_shape_error(on_each(&comms, |c| {
         let out = group(c, vec![GroupCall::AllGather(huge_empty(c)?)]).sync_on(c.stream())?;
         Ok(format!("{:?}", out[0].shape()))
     }));

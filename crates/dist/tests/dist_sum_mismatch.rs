@@ -10,17 +10,18 @@ mod common;
 
 use std::time::Duration;
 
-use common::{communicators, on_every_rank};
+use common::communicators;
 use cuflow_device_op::DeviceOpExt;
 use cuflow_dist::{all_reduce, ReduceOp};
 use cuflow_tensor::api;
+use cuflow_testing::thread::on_each;
 
 #[test]
 fn small_sums_of_different_lengths_fail_on_every_rank() {
     let Some(comms) = communicators(2, Duration::from_secs(10)) else {
         return;
     };
-    let got = on_every_rank(&comms, |c| {
+    let got = on_each(&comms, |c| {
         let len = if c.rank() == 0 { 4096 } else { 2048 };
         all_reduce(c, api::from_vec(vec![1.0f32; len], &[len]), ReduceOp::Sum)
             .sync_on(c.stream())?

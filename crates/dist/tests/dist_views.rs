@@ -5,12 +5,13 @@ mod common;
 
 use std::time::Duration;
 
-use common::{communicators, on_every_rank};
+use common::communicators;
 use cuflow_device_op::DeviceOpExt;
 use cuflow_dist::{all_gather, all_reduce, broadcast, reduce_scatter, GroupCall, ReduceOp};
 use cuflow_runtime::DeviceError;
 use cuflow_tensor::api;
 use cuflow_testing::rng::{fresh_seed, random_f32, seeded_rng};
+use cuflow_testing::thread::on_each;
 
 const TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -23,7 +24,7 @@ fn a_contiguous_view_moves_its_own_elements() {
     let data: Vec<Vec<f32>> = (0..2)
         .map(|r| random_f32(&mut seeded_rng(seed + r), 24))
         .collect();
-    let got = on_every_rank(&comms, |c| {
+    let got: Vec<Result<_, DeviceError>> = on_each(&comms, |c| {
         let x = api::from_slice(&data[c.rank()], &[6, 4]).sync_on(c.stream())?;
         // Rows 2 and 3: 8 elements from element 8 of the buffer.
         let rows = x.narrow(0, 2, 2)?;

@@ -199,13 +199,7 @@ fn split_loads_refuse_tensors_the_model_does_not_read() -> Result<(), DeviceErro
     let dir = temp_dir("split");
     write_checkpoint(&dir, &cfg, &tensors)?;
     // Every rank loads at once, each on its own thread, as load_tp asks.
-    let results: Vec<Result<Llama, DeviceError>> = std::thread::scope(|s| {
-        let ranks: Vec<_> = comms
-            .iter()
-            .map(|comm| s.spawn(|| Llama::load_tp(comm, &dir)))
-            .collect();
-        ranks.into_iter().map(|h| h.join().unwrap()).collect()
-    });
+    let results = cuflow_testing::thread::on_each(&comms, |comm| Llama::load_tp(comm, &dir));
     for r in results {
         let err = r.expect_err("a bias is not read").to_string();
         assert!(err.contains(bias), "{err}");

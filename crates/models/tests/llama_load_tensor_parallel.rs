@@ -2,8 +2,7 @@
 //! or `f32` checkpoint is the one `synthetic_tp` makes of the same weights, and the ranks
 //! together generate the tokens of the whole checkpoint on one device.
 
-mod common;
-use common::on_ranks;
+use cuflow_testing::thread::on_each;
 
 use std::path::{Path, PathBuf};
 
@@ -46,7 +45,7 @@ fn run(model: &Llama, stream: &Stream) -> Result<RankResult, DeviceError> {
 /// results, both ways.
 fn loaded_and_synthetic(dir: &Path, tp: usize) -> Option<Vec<(RankResult, RankResult)>> {
     let comms = Communicator::local(&rank_devices(tp)?).unwrap();
-    let results = on_ranks(&comms, |c| {
+    let results: Vec<Result<_, DeviceError>> = on_each(&comms, |c| {
         let loaded = Llama::load_tp(c, dir)?;
         assert_eq!(loaded.config(), &config());
         let stats = loaded.load_stats().expect("a loaded slice has load stats");
@@ -111,7 +110,7 @@ fn a_split_that_does_not_divide_the_checkpoint_is_an_error() -> Result<(), Devic
         };
         let comms = Communicator::local(&devices)?;
         // Every rank loads at once, as load_tp asks: the ranks agree before any has a model.
-        for r in on_ranks(&comms, |c| Llama::load_tp(c, &dir)) {
+        for r in on_each(&comms, |c| Llama::load_tp(c, &dir)) {
             let e = r.unwrap_err().to_string();
             assert!(
                 e.contains(what) && e.contains(&format!("{tp} ranks")),
@@ -137,7 +136,7 @@ fn checkpoint_errors_name_the_tensor_under_a_split() -> Result<(), DeviceError> 
         let dir = temp_dir(what);
         write_checkpoint(&dir, &cfg, &tensors)?;
         // Every rank loads at once, as load_tp asks; rank 1's own error is looked at.
-        let mut results = on_ranks(&comms, |c| Llama::load_tp(c, &dir));
+        let mut results = on_each(&comms, |c| Llama::load_tp(c, &dir));
         std::fs::remove_dir_all(&dir).ok();
         let e = results
             .swap_remove(1)
@@ -197,7 +196,7 @@ fn host_ranks_refuse_slices_that_fit_the_host_only_one_at_a_time() -> Result<(),
     let dir = temp_dir("shared-host");
     let bytes = write_sparse_checkpoint(&dir, &cfg)?;
     let comms = Communicator::local(&devices)?;
-    let results = on_ranks(&comms, |c| Llama::load_tp(c, &dir));
+    let results = on_each(&comms, |c| Llama::load_tp(c, &dir));
     std::fs::remove_dir_all(&dir).ok();
     for result in results {
         let err = result.expect_err("slices larger than the host between them");

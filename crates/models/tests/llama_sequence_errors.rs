@@ -11,6 +11,7 @@ use cuflow_dist::Communicator;
 use cuflow_models::llama::{GenerateOptions, Llama, LlamaConfig};
 use cuflow_runtime::{BackendKind, DeviceError};
 use cuflow_testing::device::rank_devices;
+use cuflow_testing::thread::on_each;
 
 /// Short, so that the lone rank's all-reduce fails soon; a hang fails the test at this bound.
 const TIMEOUT: Duration = Duration::from_secs(2);
@@ -21,29 +22,18 @@ fn tokens_after_a_prefill_whose_all_reduce_failed_are_an_error() {
         return;
     };
     let comms = Communicator::local_with_timeout(&devices, TIMEOUT).expect("communicators");
-    let results: Vec<Result<(String, String), DeviceError>> = std::thread::scope(|s| {
-        let ranks: Vec<_> = comms
-            .iter()
-            .map(|c| {
-                s.spawn(move || {
-                    let model = Llama::synthetic_tp(c, LlamaConfig::tiny(), 3)?;
-                    let options = GenerateOptions::greedy().max_seq(16);
-                    let mut step = model.decoder(c.stream(), options)?;
-                    if c.rank() == 1 {
-                        // Rank 1 never prefills: rank 0's all-reduces wait for it in vain.
-                        return Ok((String::new(), String::new()));
-                    }
-                    step.prefill(&[3, 141, 59])?;
-                    let synced = format!("{:?}", step.synchronize());
-                    let tokens = format!("{:?}", step.tokens());
-                    Ok((synced, tokens))
-                })
-            })
-            .collect();
-        ranks
-            .into_iter()
-            .map(|h| h.join().expect("a rank panicked"))
-            .collect()
+    let results = on_each(&comms, |c| -> Result<(String, String), DeviceError> {
+        let model = Llama::synthetic_tp(c, LlamaConfig::tiny(), 3)?;
+        let options = GenerateOptions::greedy().max_seq(16);
+        let mut step = model.decoder(c.stream(), options)?;
+        if c.rank() == 1 {
+            // Rank 1 never prefills: rank 0's all-reduces wait for it in vain.
+            return Ok((String::new(), String::new()));
+        }
+        step.prefill(&[3, 141, 59])?;
+        let synced = format!("{:?}", step.synchronize());
+        let tokens = format!("{:?}", step.tokens());
+        Ok((synced, tokens))
     });
     let (synced, tokens) = results[0].as_ref().expect("rank 0 enqueued its prefill");
     let expected = match devices[0].kind() {

@@ -2,8 +2,7 @@
 //! tokens and (within rounding) the logits of the whole model on one device, eagerly and
 //! replayed.
 
-mod common;
-use common::on_ranks;
+use cuflow_testing::thread::on_each;
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
@@ -64,23 +63,14 @@ fn split_models_decode_like_the_whole_model() {
             continue;
         };
         let comms = Communicator::local(&devices).unwrap();
-        let results: Vec<RankResult> = std::thread::scope(|s| {
-            let ranks: Vec<_> = comms
-                .iter()
-                .map(|c| {
-                    let cfg = cfg.clone();
-                    s.spawn(move || {
-                        let model = Llama::synthetic_tp(c, cfg, SEED)?;
-                        assert_eq!(model.config(), &config());
-                        run(&model, c.stream())
-                    })
-                })
-                .collect();
-            ranks
-                .into_iter()
-                .map(|h| h.join().unwrap().unwrap())
-                .collect()
-        });
+        let results: Vec<RankResult> = on_each(&comms, |c| {
+            let model = Llama::synthetic_tp(c, cfg.clone(), SEED)?;
+            assert_eq!(model.config(), &config());
+            run(&model, c.stream())
+        })
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
         for (rank, (eager, replayed_tp, prefill_tp, decode_tp, first_tp)) in
             results.into_iter().enumerate()
         {
@@ -113,7 +103,7 @@ fn a_split_that_does_not_divide_the_heads_is_an_error() {
     let comms = Communicator::local(&devices).unwrap();
     // The tiny model has 2 key/value heads: 4 ranks cannot split them. Every rank makes its
     // slice at once, as synthetic_tp asks: the ranks agree before any has a model.
-    for r in on_ranks(&comms, |c| {
+    for r in on_each(&comms, |c| {
         Llama::synthetic_tp(c, LlamaConfig::tiny(), SEED)
     }) {
         let e = r.unwrap_err();
@@ -151,7 +141,7 @@ fn a_split_model_larger_than_memory_is_an_error() {
     };
     cfg.validate().unwrap();
     let before = comms[0].device().bytes_in_use();
-    let mut results = on_ranks(&comms, |c| Llama::synthetic_tp(c, cfg.clone(), SEED));
+    let mut results = on_each(&comms, |c| Llama::synthetic_tp(c, cfg.clone(), SEED));
     let err = results.swap_remove(0).expect_err("256 TB of weights");
 
     assert!(

@@ -28,19 +28,8 @@ fn on_two_ranks(
 ) -> Option<Vec<Result<(), DeviceError>>> {
     let devices = rank_devices(2)?;
     let comms = Communicator::local_with_timeout(&devices, TIMEOUT).expect("communicators");
-    Some(std::thread::scope(|s| {
-        let ranks: Vec<_> = comms
-            .iter()
-            .enumerate()
-            .map(|(r, c)| {
-                let load = &load;
-                s.spawn(move || load(r, c).map(drop))
-            })
-            .collect();
-        ranks
-            .into_iter()
-            .map(|h| h.join().expect("a rank panicked"))
-            .collect()
+    Some(cuflow_testing::thread::on_each(&comms, |c| {
+        load(c.rank(), c).map(drop)
     }))
 }
 

@@ -55,3 +55,23 @@ pub fn within_a_minute<T: Send + 'static>(hang: &str, f: impl FnOnce() -> T + Se
         Err(RecvTimeoutError::Timeout) => panic!("{hang}"),
     }
 }
+
+/// Runs `f` on each of `items` (the ranks of a communicator, say), each on a thread of its own
+/// and all at once, and gives the results in the order of `items`. A panic of any of the
+/// threads panics the caller.
+///
+/// # Examples
+///
+/// ```
+/// let squares = cuflow_testing::thread::on_each(&[1, 2, 3], |x| x * x);
+/// assert_eq!(squares, vec![1, 4, 9]);
+/// ```
+pub fn on_each<I: Sync, R: Send>(items: &[I], f: impl Fn(&I) -> R + Sync) -> Vec<R> {
+    std::thread::scope(|s| {
+        let threads: Vec<_> = items.iter().map(|item| s.spawn(|| f(item))).collect();
+        threads
+            .into_iter()
+            .map(|t| t.join().expect("a thread of on_each panicked"))
+            .collect()
+    })
+}
