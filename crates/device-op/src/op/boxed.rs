@@ -69,11 +69,11 @@ impl<O: DeviceOp> DynDeviceOp for Level<O> {
     ) -> Result<O::Output, DeviceError> {
         // The box is freed before the op runs, not when it returns: a chain of boxed ops
         // frees its levels on the way in, so no free is left to interleave with the work
-        // each level enqueues on the way out.
-        let mut level = *self;
+        // each level enqueues on the way out. (Moving out with `*self` would free the box
+        // only when this returns.)
+        let mut level = self;
         let op = level.0.take();
-        // Emptied: nothing is left to drop.
-        std::mem::forget(level);
+        drop(level);
         match op {
             Some(op) => op.execute(ctx),
             None => Err(DeviceError::internal("a boxed op was executed twice")),
