@@ -168,6 +168,22 @@ impl CaptureSession {
         })
     }
 
+    /// Refuses to end the capture from a thread other than the one that began it: that thread
+    /// may still be enqueuing work meant for the graph, which would run eagerly instead.
+    pub(crate) fn check_ended_by_owner(&self) -> Result<()> {
+        if std::thread::current().id() == self.owner {
+            return Ok(());
+        }
+        Err(DeviceError::Capture {
+            op: "Stream::end_capture".into(),
+            reason: format!(
+                "stream {} is being captured by another thread; only the thread that began a \
+                 capture ends it",
+                self.origin
+            ),
+        })
+    }
+
     /// Keeps `mem` alive for as long as the graph; a replay accesses it as `access` (a write
     /// when any captured work wrote it).
     pub(crate) fn keep_alive(&self, mem: &Arc<Memory>, access: Access) {

@@ -403,6 +403,10 @@ impl Stream {
     /// Starts recording the work enqueued on this stream (and on the streams that join it by
     /// waiting on its events) into a graph, instead of running it.
     ///
+    /// The capture belongs to the calling thread: only its work enters the graph (work other
+    /// threads aim at the capturing streams is refused with [`DeviceError::Capture`]), and only
+    /// it ends the capture with [`Stream::end_capture`].
+    ///
     /// # Errors
     ///
     /// [`DeviceError::Capture`] if the stream is already capturing, or a driver error.
@@ -441,15 +445,19 @@ impl Stream {
     ///
     /// # Errors
     ///
-    /// [`DeviceError::Capture`] if the stream did not begin a capture, if the capture was
-    /// invalidated by an operation that cannot be captured, or if a joined stream's work was
-    /// not joined back into this stream.
+    /// [`DeviceError::Capture`] if the stream did not begin a capture, if another thread began
+    /// it (the capture stays open: only the thread that began it ends it, as only its work
+    /// enters the graph), if the capture was invalidated by an operation that cannot be
+    /// captured, or if a joined stream's work was not joined back into this stream.
     pub fn end_capture(&self) -> Result<Graph> {
         crate::backend::refuse_in_host_function()?;
         let session = {
             let slot = self.inner.capture.lock();
             match &*slot {
-                Some(s) if s.origin == self.inner.id => s.clone(),
+                Some(s) if s.origin == self.inner.id => {
+                    s.check_ended_by_owner()?;
+                    s.clone()
+                }
                 Some(_) => {
                     return Err(DeviceError::Capture {
                         op: "Stream::end_capture".into(),

@@ -470,6 +470,33 @@ fn capture_misuse_is_a_capture_error() -> Result<(), DeviceError> {
     Ok(())
 }
 
+/// Only the thread that began a capture ends it: another thread's `end_capture` is a capture
+/// error and leaves the capture open, so the capturing thread's later work still enters the
+/// graph, and its own `end_capture` returns all of it.
+#[test]
+fn ending_a_capture_from_another_thread_is_a_capture_error() -> Result<(), DeviceError> {
+    let s = stream();
+    let x = DeviceBuffer::<f32>::zeroed(&s, 4)?;
+    s.synchronize()?;
+    s.begin_capture()?;
+    launch_add_one(&s, &x)?;
+    let ended = std::thread::scope(|scope| {
+        scope
+            .spawn(|| s.end_capture())
+            .join()
+            .expect("the other thread")
+    });
+    assert_capture_error(ended, "end_capture from another thread");
+    assert!(s.is_capturing());
+    launch_add_one(&s, &x)?;
+    let graph = s.end_capture()?;
+    assert_eq!(graph.node_count()?, 2);
+    assert_eq!(x.to_host_vec(&s)?, vec![0.0; 4]);
+    graph.instantiate()?.launch(&s)?;
+    assert_eq!(x.to_host_vec(&s)?, vec![2.0; 4]);
+    Ok(())
+}
+
 #[test]
 fn a_kernel_first_launched_during_a_capture_is_built_and_replayed() -> Result<(), DeviceError> {
     let s = stream();
