@@ -76,6 +76,30 @@ pub(crate) trait TrackedStream: Clone {
     /// Makes work enqueued on this stream from now on wait for `other`'s work up to its
     /// sequence number `seq`.
     fn order_after(&self, other: &Self, seq: u64) -> Result<()>;
+
+    /// Whether all the work enqueued on this stream so far has finished, told without waiting
+    /// (`false` when that cannot be told at once): its accesses are over, and nothing needs to
+    /// wait for them.
+    fn is_idle(&self) -> bool;
+}
+
+/// How many streams a buffer remembers as readers (and, in its use state, as users) before it
+/// first looks for idle ones to forget: a buffer read from ever new streams (a stream per
+/// request, over long-lived weights) would otherwise keep every one of them alive.
+pub(crate) const USES_BEFORE_FORGETTING: usize = 8;
+
+/// `streams` less those that `is_idle` says are idle, but for the last (the most recent), kept.
+pub(crate) fn forget_idle<A: smallvec::Array>(
+    streams: SmallVec<A>,
+    is_idle: impl Fn(&A::Item) -> bool,
+) -> SmallVec<A> {
+    let last = streams.len().saturating_sub(1);
+    streams
+        .into_iter()
+        .enumerate()
+        .filter(|(i, s)| *i == last || !is_idle(s))
+        .map(|(_, s)| s)
+        .collect()
 }
 
 /// A buffer as the tracker sees it.
@@ -194,6 +218,9 @@ pub(crate) struct Point<S> {
 pub(crate) struct Hazards<S> {
     last_write: Option<Point<S>>,
     reads: SmallVec<[Point<S>; 2]>,
+    /// The number of reads at which the next read on a new stream forgets those of idle
+    /// streams (at least [`USES_BEFORE_FORGETTING`]).
+    forget_reads_at: usize,
 }
 
 impl<S> Default for Hazards<S> {
@@ -201,6 +228,7 @@ impl<S> Default for Hazards<S> {
         Hazards {
             last_write: None,
             reads: SmallVec::new(),
+            forget_reads_at: 0,
         }
     }
 }
@@ -243,12 +271,27 @@ impl<S: TrackedStream> Hazards<S> {
             }
             Access::Read => match self.reads.iter_mut().find(|p| p.stream.same(stream)) {
                 Some(p) => p.seq = seq,
-                None => self.reads.push(Point {
-                    stream: stream.clone(),
-                    seq,
-                }),
+                None => {
+                    if self.reads.len() >= self.forget_reads_at.max(USES_BEFORE_FORGETTING) {
+                        self.forget_idle_reads();
+                    }
+                    self.reads.push(Point {
+                        stream: stream.clone(),
+                        seq,
+                    })
+                }
             },
         }
+    }
+
+    /// Forgets the reads of streams whose work has all finished (a later write need not wait
+    /// for them), all but the most recent; the next look comes when the reads left double.
+    /// The caller holds the buffer's lock: no read of it is enqueued meanwhile.
+    #[cold]
+    #[inline(never)]
+    fn forget_idle_reads(&mut self) {
+        self.reads = forget_idle(std::mem::take(&mut self.reads), |p| p.stream.is_idle());
+        self.forget_reads_at = 2 * self.reads.len();
     }
 }
 
@@ -601,6 +644,10 @@ impl TrackedStream for Stream {
 
     fn order_after(&self, other: &Self, seq: u64) -> Result<()> {
         Stream::order_after(self, other, seq)
+    }
+
+    fn is_idle(&self) -> bool {
+        Stream::is_idle(self)
     }
 }
 

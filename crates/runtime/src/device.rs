@@ -441,6 +441,33 @@ impl Device {
         self.inner.bytes_in_use.load(Ordering::Acquire)
     }
 
+    /// The number of this device's streams alive now: held by a handle, by the default
+    /// policy's pool, or by a buffer whose last use on the stream may still be running (a
+    /// buffer forgets the idle streams that used it once it remembers a few: see
+    /// [`Stream`]). A count that only grows in a program making streams as it goes means
+    /// something holds on to them.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cuflow_runtime::Device;
+    /// let device = Device::host_numbered(5);
+    /// let before = device.stream_count();
+    /// let stream = device.new_stream()?;
+    /// assert_eq!(device.stream_count(), before + 1);
+    /// drop(stream);
+    /// assert_eq!(device.stream_count(), before);
+    /// # Ok::<(), cuflow_runtime::DeviceError>(())
+    /// ```
+    pub fn stream_count(&self) -> usize {
+        self.inner
+            .streams
+            .lock()
+            .iter()
+            .filter(|s| s.strong_count() > 0)
+            .count()
+    }
+
     /// Creates a new in-order stream.
     ///
     /// # Errors

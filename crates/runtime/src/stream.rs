@@ -70,6 +70,11 @@ pub(crate) struct StreamInner {
 
 /// An in-order queue of work on one device. Cheap to clone (clones share the queue),
 /// `Send + Sync`.
+///
+/// A stream lives while a handle to it does, and while a buffer it used may still have to
+/// order later work or its free after it. A buffer forgets the streams whose work has all
+/// finished once it remembers a few of them, so a program that makes a stream per request
+/// over long-lived buffers (model weights) does not keep every such stream alive.
 #[derive(Clone)]
 pub struct Stream {
     pub(crate) inner: Arc<StreamInner>,
@@ -158,6 +163,22 @@ impl Stream {
     fn record(&self, timed: bool) -> Result<Event> {
         let _gate = self.enqueue_gate()?;
         self.record_ungated(timed)
+    }
+
+    /// Whether all the work enqueued on this stream so far has finished, told without waiting:
+    /// `false` whenever that cannot be told at once (the stream is capturing or a capture is
+    /// beginning on it, or the query failed). A buffer asks it of the streams that used it, to
+    /// forget those whose uses of it are over (see `UseState::note_use`).
+    pub(crate) fn is_idle(&self) -> bool {
+        // Never waits for the gate: the caller holds buffer locks, which a thread holding the
+        // gate may be waiting for. The gate held, no capture begins during the query.
+        let Some(_gate) = self.inner.gate.try_read() else {
+            return false;
+        };
+        if self.is_capturing() {
+            return false;
+        }
+        self.inner.backend.is_idle().unwrap_or(false)
     }
 
     /// Records an event; the caller holds the gate (shared or exclusive).

@@ -111,6 +111,15 @@ impl StreamBackend {
         }
     }
 
+    /// Whether all the work enqueued on the stream so far has finished, without waiting. The
+    /// caller holds the stream's capture gate and saw it not capturing.
+    pub(crate) fn is_idle(&self) -> Result<bool> {
+        match self {
+            StreamBackend::Host(h) => Ok(h.is_idle()),
+            StreamBackend::Cuda(c) => c.is_idle(),
+        }
+    }
+
     /// Enqueues a host closure, in order with the stream's device work.
     pub(crate) fn enqueue_host_fn(&self, f: Box<dyn FnOnce() + Send>) -> Result<()> {
         match self {

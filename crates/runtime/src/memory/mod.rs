@@ -1,7 +1,8 @@
 //! Device memory: typed buffers, views, and pinned host buffers.
 //!
 //! Invariants:
-//! - A buffer's memory records every stream that used it (`UseState::uses`). Its free is
+//! - A buffer's memory records every stream that used it (`UseState::uses`), less those it
+//!   found idle (all their work finished) once it remembered a few. Its free is
 //!   stream-ordered after the last use on every one of those streams: the freeing stream waits
 //!   on an event of each other stream before `cuMemFreeAsync`. Dropping a buffer whose kernels
 //!   are still running is therefore safe and does not block.
@@ -33,7 +34,7 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
-use crate::access::{Access, AccessState};
+use crate::access::{forget_idle, Access, AccessState, USES_BEFORE_FORGETTING};
 use crate::backend::MemoryBackend;
 use crate::device::Device;
 use crate::error::{DeviceError, Result};
@@ -70,22 +71,45 @@ pub(crate) struct Memory {
 /// after (see [`crate::access`]). One lock guards both.
 #[derive(Default)]
 pub(crate) struct UseState {
-    /// Every stream that enqueued work on the buffer, most recent last.
+    /// Every stream that enqueued work on the buffer, most recent last, less those forgotten
+    /// once all their work had finished.
     uses: SmallVec<[Stream; 2]>,
+    /// The number of streams at which the next new one makes [`UseState::note_use`] forget the
+    /// idle ones (at least [`USES_BEFORE_FORGETTING`]).
+    forget_at: usize,
     pub(crate) access: AccessState,
 }
 
 impl UseState {
     /// Records that work touching the buffer was enqueued on `stream`.
+    ///
+    /// A buffer used from ever new streams (a stream per request, over long-lived weights)
+    /// would keep every one of them alive: so once it remembers [`USES_BEFORE_FORGETTING`]
+    /// streams, and again each time their number doubles, it forgets those whose work has
+    /// all finished (their uses of it are over: its free need not wait for them), all but
+    /// the most recent. The caller holds the buffer's lock, so no use of it on such a stream
+    /// is enqueued meanwhile.
     pub(crate) fn note_use(&mut self, stream: &Stream) {
         if self.uses.last().is_none_or(|s| !s.same(stream)) {
             if let Some(pos) = self.uses.iter().position(|s| s.same(stream)) {
                 let s = self.uses.remove(pos);
                 self.uses.push(s);
             } else {
+                if self.uses.len() >= self.forget_at.max(USES_BEFORE_FORGETTING) {
+                    self.forget_idle_uses();
+                }
                 self.uses.push(stream.clone());
             }
         }
+    }
+
+    /// Forgets the streams that used the buffer whose work has all finished, all but the most
+    /// recent.
+    #[cold]
+    #[inline(never)]
+    fn forget_idle_uses(&mut self) {
+        self.uses = forget_idle(std::mem::take(&mut self.uses), Stream::is_idle);
+        self.forget_at = 2 * self.uses.len();
     }
 }
 

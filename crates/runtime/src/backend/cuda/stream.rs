@@ -125,6 +125,19 @@ impl CudaStreamHandle {
         .map_err(|e| driver_err("cuStreamWaitEvent", e))
     }
 
+    /// Whether all the work enqueued on the stream has finished (`cuStreamQuery`). The caller
+    /// holds the stream's capture gate and saw it not capturing: the driver refuses the query
+    /// of a capturing stream and invalidates its capture.
+    pub(crate) fn is_idle(&self) -> Result<bool> {
+        let _bound = self.shared.bind()?;
+        // SAFETY: the stream is alive (owned by `self.stream`) and not capturing (above).
+        match unsafe { sys::cuStreamQuery(self.raw()) }.result() {
+            Ok(()) => Ok(true),
+            Err(e) if e.0 == sys::cudaError_enum::CUDA_ERROR_NOT_READY => Ok(false),
+            Err(e) => Err(driver_err("cuStreamQuery", e)),
+        }
+    }
+
     pub(crate) fn synchronize(&self) -> Result<()> {
         let _bound = self.shared.bind()?;
         // SAFETY: the stream is alive (owned by `self.stream`).

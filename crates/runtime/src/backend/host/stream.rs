@@ -2,6 +2,7 @@
 
 use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Instant;
@@ -41,6 +42,9 @@ pub(crate) fn on_worker_thread() -> bool {
 pub(crate) struct HostStreamCore {
     id: StreamId,
     tx: Mutex<mpsc::Sender<Msg>>,
+    /// Messages sent to the worker and not yet done with (counted up before each is sent,
+    /// down once the worker has handled it and dropped what it held).
+    pending: Arc<AtomicUsize>,
     error: Arc<Mutex<Option<DeviceError>>>,
     capture: Mutex<Option<CaptureCursor>>,
 }
@@ -104,6 +108,8 @@ impl HostStream {
     pub(crate) fn spawn(id: StreamId) -> Result<HostStream> {
         let (tx, rx) = mpsc::channel::<Msg>();
         let error: Arc<Mutex<Option<DeviceError>>> = Arc::new(Mutex::new(None));
+        let pending = Arc::new(AtomicUsize::new(0));
+        let worker_pending = pending.clone();
         std::thread::Builder::new()
             .name(format!("cuflow-host-stream-{}", id.0))
             .spawn(move || {
@@ -139,6 +145,7 @@ impl HostStream {
                         }
                         Msg::Record(event, sink) => event.complete(failures.seen_by(&sink)),
                     }
+                    worker_pending.fetch_sub(1, Ordering::Release);
                 }
             })
             .map_err(|e| DeviceError::StreamClosed {
@@ -149,6 +156,7 @@ impl HostStream {
             core: Arc::new(HostStreamCore {
                 id,
                 tx: Mutex::new(tx),
+                pending,
                 error,
                 capture: Mutex::new(None),
             }),
@@ -161,14 +169,19 @@ impl HostStream {
     }
 
     fn send(&self, msg: Msg) -> Result<()> {
-        self.core
-            .tx
-            .lock()
-            .send(msg)
-            .map_err(|_| DeviceError::StreamClosed {
+        self.core.pending.fetch_add(1, Ordering::Relaxed);
+        self.core.tx.lock().send(msg).map_err(|_| {
+            self.core.pending.fetch_sub(1, Ordering::Relaxed);
+            DeviceError::StreamClosed {
                 stream: self.core.id.0,
                 reason: "its worker thread has stopped".into(),
-            })
+            }
+        })
+    }
+
+    /// Whether the worker has handled everything sent to it so far.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.core.pending.load(Ordering::Acquire) == 0
     }
 
     /// Enqueues a task, or records it when the stream is capturing as a node of `kind`; `label`

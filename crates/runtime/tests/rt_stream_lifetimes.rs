@@ -1,0 +1,100 @@
+//! A buffer does not keep alive every stream that ever used it: once it remembers a few, it
+//! forgets those whose work has all finished, and never one whose work may still be running.
+
+use std::sync::{mpsc, Mutex};
+use std::time::Duration;
+
+use cuflow_runtime::{DeviceBuffer, DeviceError, KernelArgs, LaunchConfig, Stream};
+use cuflow_testing::{
+    device::device,
+    kernels::copy,
+    rng::{random_f32, rng},
+};
+
+/// The tests of this file count the device's streams: one at a time.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// `dst = src` by a kernel on `s`: a read of `src`.
+fn copy_on(
+    s: &Stream,
+    dst: &DeviceBuffer<f32>,
+    src: &DeviceBuffer<f32>,
+) -> Result<(), DeviceError> {
+    let n = src.len();
+    copy().launch(
+        s,
+        LaunchConfig::for_num_elems(n),
+        KernelArgs::new().output(dst).input(src).scalar(n as u32),
+    )
+}
+
+/// A stream per request over long-lived weights: each request reads the weights by a kernel
+/// on its own new stream, reads its result back, and drops its stream. The weights keep a
+/// bounded number of those streams alive, not all of them, and stay correct to read.
+#[test]
+fn weights_read_from_a_new_stream_per_request_keep_few_of_them_alive() -> Result<(), DeviceError> {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let device = device();
+    let setup = device.new_stream()?;
+    let data = random_f32(&mut rng(), 4096);
+    let weights = DeviceBuffer::from_host(&setup, &data)?;
+    setup.synchronize()?;
+    let before = device.stream_count();
+    let requests = 200;
+    for _ in 0..requests {
+        let s = device.new_stream()?;
+        let out = DeviceBuffer::<f32>::from_host(&s, &vec![f32::NAN; data.len()])?;
+        copy_on(&s, &out, &weights)?;
+        assert_eq!(out.to_host_vec(&s)?, data);
+    }
+    let kept = device.stream_count().saturating_sub(before);
+    assert!(
+        kept <= 17,
+        "{kept} of {requests} finished request streams are still alive"
+    );
+    // The weights still order a write after their reads, and are freed.
+    weights.view().fill_bytes(&setup, 0)?;
+    assert_eq!(weights.to_host_vec(&setup)?, vec![0.0; data.len()]);
+    drop(weights);
+    device.synchronize()?;
+    Ok(())
+}
+
+/// Reads still running on many streams are never forgotten: a write of the buffer enqueued
+/// after them (while each reading stream waits behind a host function) waits for every one,
+/// and each read sees the data from before the write.
+#[test]
+fn a_write_after_reads_on_many_busy_streams_waits_for_every_one() -> Result<(), DeviceError> {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let device = device();
+    let setup = device.new_stream()?;
+    let data = random_f32(&mut rng(), 4096);
+    let x = DeviceBuffer::from_host(&setup, &data)?;
+    setup.synchronize()?;
+    let readers = 40;
+    let mut gates = Vec::new();
+    let mut outs = Vec::new();
+    let mut streams = Vec::new();
+    for _ in 0..readers {
+        let s = device.new_stream()?;
+        let out = DeviceBuffer::<f32>::from_host(&s, &vec![f32::NAN; data.len()])?;
+        let (open, opened) = mpsc::channel::<()>();
+        s.enqueue_host_fn(move || {
+            let _ = opened.recv_timeout(Duration::from_secs(20));
+        })?;
+        copy_on(&s, &out, &x)?;
+        gates.push(open);
+        outs.push(out);
+        streams.push(s);
+    }
+    let writer = device.new_stream()?;
+    x.view().fill_bytes(&writer, 0)?;
+    for gate in gates {
+        let _ = gate.send(());
+    }
+    for (s, out) in streams.iter().zip(&outs) {
+        assert_eq!(out.to_host_vec(s)?, data, "a read ran after the write");
+    }
+    assert_eq!(x.to_host_vec(&writer)?, vec![0.0; data.len()]);
+    Ok(())
+}
