@@ -1,13 +1,12 @@
 //! A buffer does not keep alive every stream that ever used it: once it remembers a few, it
 //! forgets those whose work has all finished, and never one whose work may still be running.
 
-use std::sync::{mpsc, Mutex};
-use std::time::Duration;
+use std::sync::Mutex;
 
 use cuflow_runtime::{DeviceBuffer, DeviceError, KernelArgs, LaunchConfig, Stream};
 use cuflow_testing::{
     device::device,
-    kernels::copy,
+    kernels::{copy, spin, SHORT_SPIN},
     rng::{random_f32, rng},
 };
 
@@ -60,9 +59,9 @@ fn weights_read_from_a_new_stream_per_request_keep_few_of_them_alive() -> Result
     Ok(())
 }
 
-/// Reads still running on many streams are never forgotten: a write of the buffer enqueued
-/// after them (while each reading stream waits behind a host function) waits for every one,
-/// and each read sees the data from before the write.
+/// Reads still to run on many streams are never forgotten: a write of the buffer enqueued
+/// while each reading stream still spins before its read waits for every one, and each read
+/// sees the data from before the write.
 #[test]
 fn a_write_after_reads_on_many_busy_streams_waits_for_every_one() -> Result<(), DeviceError> {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
@@ -72,27 +71,24 @@ fn a_write_after_reads_on_many_busy_streams_waits_for_every_one() -> Result<(), 
     let x = DeviceBuffer::from_host(&setup, &data)?;
     setup.synchronize()?;
     let readers = 40;
-    let mut gates = Vec::new();
-    let mut outs = Vec::new();
-    let mut streams = Vec::new();
-    for _ in 0..readers {
+    let mut reads = Vec::new();
+    for i in 0..readers {
         let s = device.new_stream()?;
         let out = DeviceBuffer::<f32>::from_host(&s, &vec![f32::NAN; data.len()])?;
-        let (open, opened) = mpsc::channel::<()>();
-        s.enqueue_host_fn(move || {
-            let _ = opened.recv_timeout(Duration::from_secs(20));
-        })?;
+        // The earlier a reader, the longer it spins: a write that waited only for the latest
+        // readers would run before the first ones read.
+        let cycles = SHORT_SPIN * (readers - i) as u64;
+        spin().launch(
+            &s,
+            LaunchConfig::linear(1, 1),
+            KernelArgs::new().scalar(cycles),
+        )?;
         copy_on(&s, &out, &x)?;
-        gates.push(open);
-        outs.push(out);
-        streams.push(s);
+        reads.push((s, out));
     }
     let writer = device.new_stream()?;
     x.view().fill_bytes(&writer, 0)?;
-    for gate in gates {
-        let _ = gate.send(());
-    }
-    for (s, out) in streams.iter().zip(&outs) {
+    for (s, out) in &reads {
         assert_eq!(out.to_host_vec(s)?, data, "a read ran after the write");
     }
     assert_eq!(x.to_host_vec(&writer)?, vec![0.0; data.len()]);
