@@ -141,8 +141,14 @@ pub(crate) struct AccessClock {
     /// The stream this clock belongs to: waits for itself are not noted.
     stream: StreamId,
     seq: AtomicU64,
+    /// At most [`WAITS_REMEMBERED`] streams, the oldest forgotten first.
     waited: Mutex<SmallVec<[(StreamId, u64); 4]>>,
 }
+
+/// How many other streams a stream remembers having waited for. What it remembers only saves
+/// waits (a forgotten stream is waited for again, which orders nothing wrongly), so a stream
+/// that lives long beside ever new streams keeps a bounded list, and a short search.
+const WAITS_REMEMBERED: usize = 32;
 
 impl AccessClock {
     pub(crate) fn new(stream: StreamId) -> Self {
@@ -173,7 +179,12 @@ impl AccessClock {
         let mut waited = self.waited.lock();
         match waited.iter_mut().find(|(id, _)| *id == other) {
             Some((_, s)) => *s = (*s).max(seq),
-            None => waited.push((other, seq)),
+            None => {
+                if waited.len() >= WAITS_REMEMBERED {
+                    waited.remove(0);
+                }
+                waited.push((other, seq))
+            }
         }
     }
 
@@ -682,5 +693,24 @@ impl TrackedBuffer for Arc<Memory> {
 
     fn capture_open_here(id: u64) -> bool {
         crate::capture::capture_is_open_here(id)
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    /// A stream that waits for ever new streams remembers a bounded number of them, the most
+    /// recent, and still knows how far it waited for those.
+    #[test]
+    fn a_clock_remembers_the_latest_streams_it_waited_for() {
+        let clock = AccessClock::new(StreamId(1));
+        for other in 2..1002 {
+            clock.note_waited(StreamId(other), other);
+        }
+        assert_eq!(clock.waited.lock().len(), WAITS_REMEMBERED);
+        assert!(clock.has_waited_for(StreamId(1001), 1001));
+        assert!(!clock.has_waited_for(StreamId(1001), 1002));
+        assert!(!clock.has_waited_for(StreamId(2), 1));
     }
 }
