@@ -27,6 +27,19 @@ fn copy_on(
     )
 }
 
+/// Random data written to a new buffer on `setup`, and finished: `(data, buffer)`.
+fn written(setup: &Stream) -> Result<(Vec<f32>, DeviceBuffer<f32>), DeviceError> {
+    let data = random_f32(&mut rng(), 4096);
+    let buffer = DeviceBuffer::from_host(setup, &data)?;
+    setup.synchronize()?;
+    Ok((data, buffer))
+}
+
+/// A new buffer of `n` NaNs on `s`.
+fn poisoned(s: &Stream, n: usize) -> Result<DeviceBuffer<f32>, DeviceError> {
+    DeviceBuffer::from_host(s, &vec![f32::NAN; n])
+}
+
 /// A stream per request over long-lived weights: each request reads the weights by a kernel
 /// on its own new stream, reads its result back, and drops its stream. The weights keep a
 /// bounded number of those streams alive, not all of them, and stay correct to read.
@@ -35,14 +48,12 @@ fn weights_read_from_a_new_stream_per_request_keep_few_of_them_alive() -> Result
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let device = device();
     let setup = device.new_stream()?;
-    let data = random_f32(&mut rng(), 4096);
-    let weights = DeviceBuffer::from_host(&setup, &data)?;
-    setup.synchronize()?;
+    let (data, weights) = written(&setup)?;
     let before = device.stream_count();
     let requests = 200;
     for _ in 0..requests {
         let s = device.new_stream()?;
-        let out = DeviceBuffer::<f32>::from_host(&s, &vec![f32::NAN; data.len()])?;
+        let out = poisoned(&s, data.len())?;
         copy_on(&s, &out, &weights)?;
         assert_eq!(out.to_host_vec(&s)?, data);
     }
@@ -67,14 +78,12 @@ fn a_write_after_reads_on_many_busy_streams_waits_for_every_one() -> Result<(), 
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let device = device();
     let setup = device.new_stream()?;
-    let data = random_f32(&mut rng(), 4096);
-    let x = DeviceBuffer::from_host(&setup, &data)?;
-    setup.synchronize()?;
+    let (data, x) = written(&setup)?;
     let readers = 40;
     let mut reads = Vec::new();
     for i in 0..readers {
         let s = device.new_stream()?;
-        let out = DeviceBuffer::<f32>::from_host(&s, &vec![f32::NAN; data.len()])?;
+        let out = poisoned(&s, data.len())?;
         // The earlier a reader, the longer it spins: a write that waited only for the latest
         // readers would run before the first ones read.
         let cycles = SHORT_SPIN * (readers - i) as u64;
