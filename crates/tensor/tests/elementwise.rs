@@ -69,6 +69,71 @@ fn reference_erf_is_accurate() {
     }
 }
 
+/// The complementary error function `1 - erf(x)`: 2 below -6 (where it rounds to 2), by [`erf`]
+/// below 2, where the difference cancels by less than a factor 220; beyond, `e^(-x²)/√π` times
+/// the continued fraction `1/(x + (1/2)/(x + 1/(x + (3/2)/(x + ...))))` evaluated from its
+/// 2000th level back.
+fn erfc(x: f64) -> f64 {
+    if x < -6.0 {
+        return 2.0;
+    }
+    if x < 2.0 {
+        return 1.0 - erf(x);
+    }
+    let mut t = x;
+    for n in (1..=2000).rev() {
+        t = x + f64::from(n) / 2.0 / t;
+    }
+    (-x * x).exp() / std::f64::consts::PI.sqrt() / t
+}
+
+#[test]
+fn reference_erfc_is_accurate() {
+    // Values of erfc (mpmath, rounded to f64), from 2 down to 5.7e-296.
+    for (x, want) in [
+        (-2.0, 1.9953222650189528),
+        (0.5, 0.4795001221869535),
+        (2.0, 0.004677734981047266),
+        (2.5, 0.0004069520174449589),
+        (3.0, 2.209049699858544e-05),
+        (5.0, 1.537459794428035e-12),
+        (7.0710678118654755, 1.5239706048320995e-23),
+        (10.0, 2.088487583762545e-45),
+        (26.0, 5.663192408856143e-296),
+    ] {
+        let err = (erfc(x) - want).abs() / want;
+        assert!(
+            err < 1e-14,
+            "erfc({x}) = {}, relative error {err:e}",
+            erfc(x)
+        );
+    }
+}
+
+/// GELU `x · Φ(x) = 0.5 · x · erfc(-x / √2)`, without the cancellation of `1 + erf(x / √2)`.
+fn gelu_ref(x: f64) -> f64 {
+    0.5 * x * erfc(-x / std::f64::consts::SQRT_2)
+}
+
+/// SiLU `x / (1 + e^(-x))`; for negative `x` as `-e^(x + ln(-x)) / (1 + e^x)`, which neither
+/// overflows `e^(-x)` nor rounds `e^x` to a subnormal before the product.
+fn silu_ref(x: f64) -> f64 {
+    if x < 0.0 {
+        -(x + (-x).ln()).exp() / (1.0 + x.exp())
+    } else {
+        x / (1.0 + (-x).exp())
+    }
+}
+
+/// ReLU as PyTorch computes it: NaN stays NaN.
+fn relu_ref(x: f64) -> f64 {
+    if x > 0.0 || x.is_nan() {
+        x
+    } else {
+        0.0
+    }
+}
+
 fn float_binary<T: Float>() -> Result<(), DeviceError> {
     let stream = stream();
     let mut rng = seeded_rng(seed::<T>(1));
@@ -174,18 +239,19 @@ fn float_unary<T: Float>() -> Result<(), DeviceError> {
 
         let (x, tx) = input(-4.0, 4.0);
         let got = run(&stream, shape, kernels::relu(&tx))?;
-        assert_dtype_close(&got, &map_ref(&x, |a| a.max(0.0)), 0.0, &what("relu"));
+        assert_dtype_close(&got, &map_ref(&x, relu_ref), 0.0, &what("relu"));
 
-        // Below -2, 1 + erf(x / √2) cancels: single-precision erf leaves too few digits.
-        let (x, tx) = input(-2.0, 2.0);
+        let (x, tx) = input(-10.0, 4.0);
         let got = run(&stream, shape, kernels::gelu(&tx))?;
-        let want = map_ref(&x, |a| 0.5 * a * (1.0 + erf(a / std::f64::consts::SQRT_2)));
-        assert_dtype_close(&got, &want, T::GELU_TOL, &what("gelu"));
+        assert_dtype_close(&got, &map_ref(&x, gelu_ref), T::GELU_TOL, &what("gelu"));
 
         let (x, tx) = input(-6.0, 6.0);
         let got = run(&stream, shape, kernels::silu(&tx))?;
-        let want = map_ref(&x, |a| a / (1.0 + (-a).exp()));
-        assert_dtype_close(&got, &want, T::TRANS_TOL, &what("silu"));
+        assert_dtype_close(&got, &map_ref(&x, silu_ref), T::TRANS_TOL, &what("silu"));
+
+        let (x, tx) = input(-100.0, 20.0);
+        let got = run(&stream, shape, kernels::silu(&tx))?;
+        assert_dtype_close(&got, &map_ref(&x, silu_ref), T::TRANS_TOL, &what("silu"));
 
         let (x, tx) = input(-8.0, 8.0);
         let got = run(&stream, shape, kernels::exp(&tx))?;
@@ -195,6 +261,90 @@ fn float_unary<T: Float>() -> Result<(), DeviceError> {
         let got = run(&stream, shape, kernels::tanh(&tx))?;
         assert_dtype_close(&got, &map_ref(&x, f64::tanh), T::TRANS_TOL, &what("tanh"));
     }
+    Ok(())
+}
+
+/// The inputs where the textbook formulas fail, each as `T` rounds it (those it cannot hold
+/// are left out): NaN stays NaN in every kernel (as in PyTorch; `relu(NaN)` gave 0), and silu
+/// and gelu of very negative inputs keep their tiny results, which `x / (1 + e^(-x))` lost
+/// where `e^(-x)` overflows (`silu(-90)` is -7.37e-38 in `f32`, `silu(-710)` -3.18e-306 in
+/// `f64`) and `0.5 · x · (1 + erf(x / √2))` lost to cancellation (`gelu(-10)` is -7.62e-23).
+fn float_unary_special_values<T: Float>() -> Result<(), DeviceError> {
+    const X: &[f64] = &[
+        f64::NAN,
+        0.0,
+        -0.0,
+        1.0,
+        -1.0,
+        3.5,
+        -5.0,
+        -10.0,
+        -20.0,
+        -40.0,
+        -90.0,
+        -100.0,
+        100.0,
+        -700.0,
+        -710.0,
+        -720.0,
+        1e4,
+        f64::INFINITY,
+    ];
+    let stream = stream();
+    let x: Vec<T> = X
+        .iter()
+        .map(|&v| (v, T::from_f64(v)))
+        .filter(|(v, t)| t.to_f64().is_infinite() == v.is_infinite())
+        .map(|(_, t)| t)
+        .collect();
+    let n = x.len();
+    let tx = upload(&stream, &x, &[n]);
+    let check = |op: &str, got: Vec<T>, f: fn(f64) -> f64, tol: f64| {
+        for (&xi, &gi) in x.iter().zip(&got) {
+            let (xv, g) = (xi.to_f64(), gi.to_f64());
+            let want = f(xv);
+            let what = format!("{op}({xv:e}) = {g:e}");
+            // A NaN or an infinite result (exp(100) in f16) is exact.
+            let rounded = T::from_f64(want).to_f64();
+            if rounded.is_nan() {
+                assert!(g.is_nan(), "{what} ({}), expected NaN", T::NAME);
+            } else if rounded.is_infinite() {
+                assert_eq!(g, rounded, "{what} ({})", T::NAME);
+            } else {
+                assert_dtype_close(&[gi], &[want], tol, &what);
+            }
+        }
+    };
+    check(
+        "relu",
+        run(&stream, &[n], kernels::relu(&tx))?,
+        relu_ref,
+        0.0,
+    );
+    check(
+        "gelu",
+        run(&stream, &[n], kernels::gelu(&tx))?,
+        gelu_ref,
+        T::TRANS_TOL,
+    );
+    check(
+        "silu",
+        run(&stream, &[n], kernels::silu(&tx))?,
+        silu_ref,
+        T::TRANS_TOL,
+    );
+    check(
+        "exp",
+        run(&stream, &[n], kernels::exp(&tx))?,
+        f64::exp,
+        T::TRANS_TOL,
+    );
+    check(
+        "tanh",
+        run(&stream, &[n], kernels::tanh(&tx))?,
+        f64::tanh,
+        T::TRANS_TOL,
+    );
     Ok(())
 }
 
@@ -269,6 +419,7 @@ float_tests!(
     binary => float_binary,
     scalar => float_scalar,
     unary => float_unary,
+    unary_special_values => float_unary_special_values,
     saxpy => float_saxpy,
 );
 

@@ -186,6 +186,12 @@ pub fn scale<T: DType, X: TensorInput<T>>(
 
 macro_rules! float_unary_kernel {
     ($(#[$doc:meta])* $fn:ident, $name:literal, $expr:literal, |$v:ident| $host:expr) => {
+        float_unary_kernel!($(#[$doc])* $fn, $name, "", $expr, |$v| $host);
+    };
+    (
+        $(#[$doc:meta])* $fn:ident, $name:literal, $helpers:expr, $expr:literal,
+        |$v:ident| $host:expr
+    ) => {
         $(#[$doc])*
         pub fn $fn<T: FloatDType, X: TensorInput<T>>(
             x: X,
@@ -196,7 +202,7 @@ macro_rules! float_unary_kernel {
                     expr: $expr,
                     inputs: 1,
                     reads_out: false,
-                    helpers: "",
+                    helpers: $helpers,
                     host: |_, a: T, _, _| {
                         let $v = a.to_f64();
                         T::from_f64($host)
@@ -210,17 +216,42 @@ macro_rules! float_unary_kernel {
 }
 
 float_unary_kernel!(
-    /// `max(x, 0)` elementwise.
-    relu, "relu", "(a > (A)0 ? a : (A)0)", |v| if v > 0.0 { v } else { 0.0 }
+    /// `max(x, 0)` elementwise; NaN stays NaN (as in PyTorch).
+    relu, "relu", "((a > (A)0 || a != a) ? a : (A)0)",
+    |v| if v > 0.0 || v.is_nan() { v } else { 0.0 }
 );
 float_unary_kernel!(
-    /// GELU with the exact error function: `x · Φ(x) = 0.5 · x · (1 + erf(x / √2))`.
-    gelu, "gelu", "(A)0.5 * a * ((A)1 + erf(a * (A)0.70710678118654752440))",
-    |v| 0.5 * v * (1.0 + erf(v * std::f64::consts::FRAC_1_SQRT_2))
+    /// GELU with the exact error function: `x · Φ(x) = 0.5 · x · erfc(-x / √2)`, which is
+    /// `0.5 · x · (1 + erf(x / √2))` without its cancellation for negative `x`: `gelu(-10)` is
+    /// -7.62e-23, where `1 + erf` rounds to 0.
+    gelu, "gelu", "(A)0.5 * a * erfc(-a * (A)0.70710678118654752440)",
+    |v| 0.5 * v * libm::erfc(-v * std::f64::consts::FRAC_1_SQRT_2)
 );
+
+/// SiLU of `a`: `a / (1 + e^(-a))` for `a >= 0`; for negative `a`, `a · e^a / (1 + e^a)` with
+/// `e^a` as the square of `h = e^(a/2)`, multiplied in as `(a · h) · h`, so that neither does
+/// `e^(-a)` overflow (which gave -0 for `silu(-90)` in `float`, -7.37e-38) nor does `e^a` round
+/// to a subnormal before the product while `a · e^a` is still normal.
+const SILU_HELPER: &str = "__device__ __forceinline__ A silu_(A a) {
+  if (a >= (A)0) return a / ((A)1 + exp(-a));
+  A h = exp(a * (A)0.5);
+  return a * h * h / ((A)1 + h * h);
+}";
+
+/// [`SILU_HELPER`] on the host, in `f64`.
+fn silu_f64(v: f64) -> f64 {
+    if v >= 0.0 {
+        v / (1.0 + (-v).exp())
+    } else {
+        let h = (v * 0.5).exp();
+        v * h * h / (1.0 + h * h)
+    }
+}
+
 float_unary_kernel!(
-    /// SiLU (swish): `x · sigmoid(x)`.
-    silu, "silu", "a / ((A)1 + exp(-a))", |v| v / (1.0 + (-v).exp())
+    /// SiLU (swish): `x · sigmoid(x)`, in a form that keeps tiny results of very negative `x`
+    /// (`silu(-90)` in `f32` is -7.37e-38).
+    silu, "silu", SILU_HELPER, "silu_(a)", |v| silu_f64(v)
 );
 float_unary_kernel!(
     /// `eˣ` elementwise.
@@ -279,35 +310,4 @@ pub fn saxpy<T: DType, P: TensorMut<T>, X: TensorInput<T>>(
 /// The multiprocessors of `stream`'s device (at least 1): what grids are sized by.
 pub(crate) fn multiprocessors(stream: &Stream) -> usize {
     stream.device().limits().multiprocessor_count.max(1) as usize
-}
-
-/// The error function in double precision (relative error about 1e-15), as CUDA's `erf` of
-/// `double` is: for |x| < 2.5 the series `erf(z) = 2/√π · e^(-z²) · Σ (2z²)^n z / (1·3·…·(2n+1))`,
-/// whose terms are all positive; beyond, `1 - erfc(z)` with erfc by its continued fraction.
-pub(crate) fn erf(x: f64) -> f64 {
-    let z = x.abs();
-    if z.is_nan() {
-        return x;
-    }
-    let two_over_sqrt_pi = std::f64::consts::FRAC_2_SQRT_PI;
-    let r = if z < 2.5 {
-        let (mut term, mut sum, mut n) = (z, z, 0.0f64);
-        while term > sum * 1e-17 {
-            n += 1.0;
-            term *= 2.0 * z * z / (2.0 * n + 1.0);
-            sum += term;
-        }
-        two_over_sqrt_pi * (-z * z).exp() * sum
-    } else if z < 6.0 {
-        // erfc(z) = e^(-z²)/√π · 1/(z + (1/2)/(z + 1/(z + (3/2)/(z + ...)))), evaluated from
-        // its 120th level back (it has converged to double precision there from z = 2.5).
-        let mut t = z;
-        for n in (1..=120).rev() {
-            t = z + f64::from(n) / 2.0 / t;
-        }
-        1.0 - 0.5 * two_over_sqrt_pi * (-z * z).exp() / t
-    } else {
-        1.0
-    };
-    r.copysign(x)
 }
