@@ -4,8 +4,7 @@
 //! On CUDA one block handles one row: each thread keeps up to 16 of the row's elements in
 //! registers (rows of up to 16 × 1024 elements are read from memory once), and the block
 //! reduces with warp shuffles and one shared-memory step. Longer rows are read again for each
-//! pass. Floating-point types compute in `float` (`double` for `f64`), but for the sums of
-//! rms_norm and layer_norm, kept in `double`; integer sums wrap.
+//! pass. Floating-point types compute in `float` (`double` for `f64`); integer sums wrap.
 
 use cuflow_device_op::ExecutionContext;
 use cuflow_runtime::{DeviceError, Kernel, KernelArgs, LaunchConfig, Stream};
@@ -317,32 +316,23 @@ pub(super) const SOFTMAX_BODY: &str = r#"
   }
 "#;
 
-// The sums of squares of rms_norm and layer_norm are kept in `double` for every type: squares
-// of `float` values leave `float`'s range beyond 1.8e19 (an infinite mean square, a row of 0)
-// and below 1e-19 (a zero one, a row of infinities when `eps` is 0), where the normalized row
-// is of order 1. layer_norm's mean is summed in `double` too, so that a sum past `float`'s
-// largest value does not make it infinite.
-
 const RMS_BODY: &str = r#"
-  __shared__ double shd[32];
-  double s = 0.0;
-  EACH(s += (double)e * (double)e;)
-  BLOCK_REDUCE(double, s, op_sum<double>, shd, 0.0)
-  A r = (A)(1.0 / sqrt(s / (double)cols + (double)eps));
+  A s = (A)0;
+  EACH(s += e * e;)
+  BLOCK_REDUCE(A, s, op_sum<A>, sh, (A)0)
+  A r = (A)1 / sqrt(s / (A)cols + (A)eps);
   WRITE(e * r * ld(w[i]))
 "#;
 
 const LAYER_BODY: &str = r#"
-  __shared__ double shd[32];
-  double s = 0.0;
-  EACH(s += (double)e;)
-  BLOCK_REDUCE(double, s, op_sum<double>, shd, 0.0)
-  double mean_d = s / (double)cols;
-  A mean = (A)mean_d;
-  double q = 0.0;
-  EACH(double d_ = (double)e - mean_d; q += d_ * d_;)
-  BLOCK_REDUCE(double, q, op_sum<double>, shd, 0.0)
-  A r = (A)(1.0 / sqrt(q / (double)cols + (double)eps));
+  A s = (A)0;
+  EACH(s += e;)
+  BLOCK_REDUCE(A, s, op_sum<A>, sh, (A)0)
+  A mean = s / (A)cols;
+  A q = (A)0;
+  EACH(q += (e - mean) * (e - mean);)
+  BLOCK_REDUCE(A, q, op_sum<A>, sh, (A)0)
+  A r = (A)1 / sqrt(q / (A)cols + (A)eps);
   WRITE((e - mean) * r * ld(w[i]) + ld(b[i]))
 "#;
 
