@@ -5,6 +5,12 @@
 //! registers (rows of up to 16 × 1024 elements are read from memory once), and the block
 //! reduces with warp shuffles and one shared-memory step. Longer rows are read again for each
 //! pass. Floating-point types compute in `float` (`double` for `f64`); integer sums wrap.
+//!
+//! So on CUDA, as in PyTorch, rms_norm's and layer_norm's sums of squares leave `float`'s range
+//! for rows of magnitude beyond about 1.8e19 (or below 1e-19 with `eps` 0), where the host
+//! backend, summing in `f64`, is right. Summing them in `double` fixes that, and was measured
+//! at 10% of rms_norm's throughput at 4096×4096 on the H100; a second pass in `double` taken
+//! only when the `float` sum leaves its range would keep both.
 
 use cuflow_device_op::ExecutionContext;
 use cuflow_runtime::{DeviceError, Kernel, KernelArgs, LaunchConfig, Stream};
