@@ -12,6 +12,7 @@ use cuflow_scheduler::{
     LeastLoaded, Placement, Priority, PriorityLevel, SchedulingPolicy, SingleStream,
     StreamPoolRoundRobin,
 };
+use cuflow_testing::policies::{PanicAt, Panicking};
 use cuflow_testing::thread::within_a_minute;
 use cuflow_testing::{device::device, ops::*};
 use parking_lot::Mutex;
@@ -283,53 +284,22 @@ fn the_executor_asks_one_placement_per_root_and_branch_and_reports_joined_branch
     Ok(())
 }
 
-/// A policy that panics where it is asked to: placing a root, placing a branch, or hearing of
-/// enqueued work.
-#[derive(Clone, Debug)]
-struct Panicking {
-    inner: StreamPoolRoundRobin,
-    at: &'static str,
-}
-
-impl SchedulingPolicy for Panicking {
-    fn device(&self) -> &Device {
-        self.inner.device()
-    }
-
-    fn place(&self, request: &Placement<'_>) -> Result<Stream, DeviceError> {
-        match (self.at, request.branch) {
-            ("root", None) | ("branch", Some(_)) => panic!("the policy panics placing work"),
-            _ => self.inner.place(request),
-        }
-    }
-
-    fn on_enqueued(&self, stream: &Stream, done: &Event) {
-        if self.at == "on_enqueued" {
-            panic!("the policy panics hearing of work");
-        }
-        self.inner.on_enqueued(stream, done);
-    }
-}
-
 #[test]
 fn a_panicking_policy_is_an_error_from_every_entry_point() -> Result<(), DeviceError> {
     let device = device();
     let stream = device.new_stream()?;
-    for at in ["root", "branch", "on_enqueued"] {
-        let policy = Panicking {
-            inner: StreamPoolRoundRobin::new(&device, 2)?,
-            at,
-        };
+    for at in [PanicAt::Root, PanicAt::Branch, PanicAt::OnEnqueued] {
+        let policy = Panicking::new(&device, 2, at)?;
         let op = || zip!(fill(&buffer(0.0), 1.0), fill(&buffer(0.0), 2.0));
         for (entry, outcome) in through_every_entry_point(op, &policy, &stream) {
-            if at == "root" && entry == "enqueue_on" {
+            if at == PanicAt::Root && entry == "enqueue_on" {
                 // enqueue_on is given its root stream: the policy places branches only.
-                assert!(outcome.is_ok(), "{at} / {entry}: {outcome:?}");
+                assert!(outcome.is_ok(), "{at:?} / {entry}: {outcome:?}");
                 continue;
             }
             assert!(
                 matches!(outcome, Err(DeviceError::Panicked { .. })),
-                "a policy panicking at {at}, run through {entry}: {outcome:?}"
+                "a policy panicking at {at:?}, run through {entry}: {outcome:?}"
             );
         }
     }
@@ -382,7 +352,7 @@ fn a_policy_placing_work_on_a_capturing_stream_is_refused_from_every_entry_point
                 for (entry, outcome) in through_every_entry_point(op, &policy, &eager) {
                     if at == "root" && entry == "enqueue_on" {
                         // enqueue_on is given its root stream: the policy places branches only.
-                        assert!(outcome.is_ok(), "{at} / {entry}: {outcome:?}");
+                        assert!(outcome.is_ok(), "{at:?} / {entry}: {outcome:?}");
                         continue;
                     }
                     match outcome {

@@ -12,6 +12,7 @@ use cuflow_testing::{
     kernels::affine as affine_kernel,
     measure::assert_close_elementwise,
     ops::{affine, compile_kernels, copy, Buf},
+    policies::{PanicAt, Panicking},
     rng::{random_f32, rng},
 };
 
@@ -263,39 +264,6 @@ fn on_stream_during_a_capture_leaves_the_named_stream_to_everyone() -> Result<()
     Ok(())
 }
 
-/// A policy that panics where it is told to: in `device()` from its `calls`-th call on, placing
-/// the root, placing a branch, or hearing of enqueued work.
-#[derive(Clone, Debug)]
-struct Panicking {
-    inner: StreamPoolRoundRobin,
-    at: &'static str,
-    calls: Arc<std::sync::atomic::AtomicUsize>,
-}
-
-impl cuflow_scheduler::SchedulingPolicy for Panicking {
-    fn device(&self) -> &cuflow_runtime::Device {
-        let n = self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        if self.at == "device" && n >= 1 {
-            panic!("the policy panics naming its device");
-        }
-        self.inner.device()
-    }
-
-    fn place(&self, request: &cuflow_scheduler::Placement<'_>) -> Result<Stream, DeviceError> {
-        match (self.at, request.branch) {
-            ("root", None) | ("branch", Some(_)) => panic!("the policy panics placing work"),
-            _ => self.inner.place(request),
-        }
-    }
-
-    fn on_enqueued(&self, stream: &Stream, done: &cuflow_runtime::Event) {
-        if self.at == "on_enqueued" {
-            panic!("the policy panics hearing of work");
-        }
-        self.inner.on_enqueued(stream, done);
-    }
-}
-
 /// A capture under a policy that panics (naming its device, placing the root or a branch) is
 /// an error naming the panic, never a panic out of `graph_with_policy`. A policy that panics
 /// hearing of work is not asked: the capture's streams are private, not the policy's.
@@ -306,20 +274,20 @@ fn a_capture_under_a_panicking_policy_is_an_error() -> Result<(), DeviceError> {
     let a = Arc::new(DeviceBuffer::from_host(&stream, &[1.0f32; 64])?);
     let b = Arc::new(DeviceBuffer::from_host(&stream, &[2.0f32; 64])?);
     stream.synchronize()?;
-    for at in ["device", "root", "branch", "on_enqueued"] {
-        let policy = Panicking {
-            inner: StreamPoolRoundRobin::new(&device, 4)?,
-            at,
-            calls: Arc::default(),
-        };
+    for at in PanicAt::ALL {
+        let policy = Panicking::new(&device, 4, at)?;
         let op = zip!(affine(&a, 3.0, 0.0), affine(&b, 5.0, 0.0));
         let captured = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             op.graph_with_policy(&policy).map(|_| ())
         }));
         match captured {
-            Err(_) => panic!("{at}: the policy's panic crossed graph_with_policy"),
-            Ok(Ok(())) => assert_eq!(at, "on_enqueued", "a capture under a panicking policy"),
-            Ok(Err(e)) => assert!(e.to_string().contains("the policy panics"), "{at}: {e}"),
+            Err(_) => panic!("{at:?}: the policy's panic crossed graph_with_policy"),
+            Ok(Ok(())) => assert_eq!(
+                at,
+                PanicAt::OnEnqueued,
+                "a capture under a panicking policy"
+            ),
+            Ok(Err(e)) => assert!(e.to_string().contains("the policy panics"), "{at:?}: {e}"),
         }
     }
     Ok(())

@@ -16,6 +16,7 @@
 //!   and uploading and reading back tensors.
 //! - `model` (feature `model`): the small decoder-only transformer of the `04_inference_loop`
 //!   example, shared by the example, its test and the benchmark program.
+//! - [`policies`]: scheduling policies that misbehave on purpose ([`policies::Panicking`]).
 //! - [`thread`]: running test code on a thread with a small stack.
 //! - [`test_cases!`]: one `#[test]` per line, for tests that differ only in their arguments or
 //!   type parameters.
@@ -37,6 +38,7 @@ pub mod measure;
 #[cfg(feature = "model")]
 pub mod model;
 pub mod ops;
+pub mod policies;
 pub mod rng;
 #[cfg(feature = "tensor")]
 pub mod tensor;
