@@ -85,8 +85,10 @@ pub(crate) trait TrackedStream: Clone {
 
 /// How many streams a buffer remembers as readers (and, in its use state, as users) before it
 /// first looks for idle ones to forget: a buffer read from ever new streams (a stream per
-/// request, over long-lived weights) would otherwise keep every one of them alive.
-pub(crate) const USES_BEFORE_FORGETTING: usize = 8;
+/// request, over long-lived weights) would otherwise keep every one of them alive. Looking
+/// costs a query of each stream remembered, so the bound is above the stream pools programs
+/// use: a buffer used round-robin from a pool of up to this many streams never looks.
+pub(crate) const USES_BEFORE_FORGETTING: usize = 64;
 
 /// `streams` less those that `is_idle` says are idle, but for the last (the most recent), kept.
 pub(crate) fn forget_idle<A: smallvec::Array>(
