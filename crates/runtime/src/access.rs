@@ -149,8 +149,9 @@ pub(crate) struct AccessClock {
 
 /// How many other streams a stream remembers having waited for. What it remembers only saves
 /// waits (a forgotten stream is waited for again, which orders nothing wrongly), so a stream
-/// that lives long beside ever new streams keeps a bounded list, and a short search.
-const WAITS_REMEMBERED: usize = 32;
+/// that lives long beside ever new streams keeps a bounded list, and a short search; the
+/// bound is that of the streams a buffer remembers, above the pools programs use.
+const WAITS_REMEMBERED: usize = USES_BEFORE_FORGETTING;
 
 impl AccessClock {
     pub(crate) fn new(stream: StreamId) -> Self {
