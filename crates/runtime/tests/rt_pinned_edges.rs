@@ -130,6 +130,10 @@ fn a_pinned_buffer_of_a_zero_sized_type_is_refused_or_has_its_length() {
             Err(DeviceError::InvalidShape { op, reason }) => {
                 assert_eq!(op, "PinnedBuffer::new");
                 assert!(reason.contains("zero-sized"), "{reason}");
+                assert!(
+                    !reason.contains("  "),
+                    "the reason reads as one sentence, without a run of spaces: {reason:?}"
+                );
             }
             Err(e) => panic!("{len} zero-sized elements: {e}"),
         }

@@ -66,7 +66,8 @@ impl<T: DeviceCopy> PinnedBuffer<T> {
             return Err(DeviceError::InvalidShape {
                 op,
                 reason: format!(
-                    "{len} elements of the zero-sized {} hold no bytes to copy; pinned buffers                      need an element type of at least one byte",
+                    "{len} elements of the zero-sized {} hold no bytes to copy; pinned buffers \
+                     need an element type of at least one byte",
                     std::any::type_name::<T>()
                 ),
             });
