@@ -88,6 +88,78 @@ fn waiting_inside_a_host_function_is_refused_at_once() -> Result<(), DeviceError
     assert_stream_usable(&other)
 }
 
+/// The results of the waits a host kernel implementation tried, in the order it tried them.
+type WaitResults = Vec<(&'static str, Result<(), DeviceError>)>;
+
+/// A host kernel implementation runs on its stream's worker, as a host function does: every
+/// wait it tries (its own stream, another stream, the device, an event, a read back, a pinned
+/// transfer) is refused at once with `Reentrant`, never a hang, and the launch still writes its
+/// output. On CUDA the kernel's CUDA C runs instead, and the implementation never does.
+#[test]
+fn waiting_inside_a_host_kernel_implementation_is_refused_at_once() -> Result<(), DeviceError> {
+    let s = stream();
+    let device = s.device().clone();
+    let other = device.new_stream()?;
+    let y = std::sync::Arc::new(DeviceBuffer::from_host(&other, &[5.0f32])?);
+    let tried: std::sync::Arc<Mutex<Option<WaitResults>>> = Default::default();
+    let source = r#"extern "C" __global__ void rt_waits_in_host_kernel(float* x) { x[0] = 2.0f; }"#;
+    // SAFETY: the kernel writes element 0 of its one buffer, which every launch passes.
+    let kernel = unsafe { Kernel::new("rt_waits_in_host_kernel", source) }.with_host({
+        let (s, other, device, y, tried) = (
+            s.clone(),
+            other.clone(),
+            device.clone(),
+            y.clone(),
+            tried.clone(),
+        );
+        move |args| {
+            let pinned = PinnedBuffer::<f32>::new(&device, 1)?;
+            let results: WaitResults = vec![
+                ("synchronizing its own stream", s.synchronize()),
+                ("synchronizing another stream", other.synchronize()),
+                ("synchronizing the device", device.synchronize()),
+                (
+                    "waiting for an event",
+                    other.record_event().and_then(|e| e.synchronize()),
+                ),
+                ("reading a buffer back", y.to_host_vec(&other).map(drop)),
+                (
+                    "waiting for a pinned transfer",
+                    pinned
+                        .copy_from_device(&other, y.view())
+                        .and_then(|t| t.wait())
+                        .map(drop),
+                ),
+            ];
+            *tried.lock().expect("the results") = Some(results);
+            args.output::<f32>(0)?[0] = 2.0;
+            Ok(())
+        }
+    });
+    let x = DeviceBuffer::from_host(&s, &[0.0f32])?;
+    let launched = cuflow_testing::thread::within_a_minute("a wait inside a host kernel hung", {
+        let s = s.clone();
+        move || {
+            kernel.launch(&s, LaunchConfig::linear(1, 1), KernelArgs::new().output(&x))?;
+            s.synchronize()?;
+            x.to_host_vec(&s)
+        }
+    });
+    assert_eq!(launched?, vec![2.0], "the launch wrote its output");
+    let tried = tried.lock().expect("the results").take();
+    match device.kind() {
+        BackendKind::Host => {
+            let tried = tried.expect("the host implementation ran");
+            for (what, result) in tried {
+                assert_refused(result, BackendKind::Host, what);
+            }
+        }
+        kind => assert!(tried.is_none(), "the host implementation ran on {kind:?}"),
+    }
+    assert_stream_usable(&s)?;
+    assert_stream_usable(&other)
+}
+
 #[test]
 fn work_enqueued_inside_a_host_function_runs_or_is_refused() -> Result<(), DeviceError> {
     let s = stream();
