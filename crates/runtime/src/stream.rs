@@ -625,16 +625,12 @@ impl Stream {
                 reason: "the stream is part of another capture".into(),
             }),
             None => {
+                // Recorded before the backend joins, as in `begin_capture`: the fence stands
+                // for this stream's work before the capture, so it must be an eager event. A
+                // host stream records into the capture once joined, and an event recorded there
+                // never completes by itself.
+                let fence = self.record_ungated(false)?;
                 self.inner.backend.join_capture(session)?;
-                // Still eager: the fence stands for this stream's work before the capture.
-                let fence = match self.record_ungated(false) {
-                    Ok(fence) => fence,
-                    Err(e) => {
-                        // Not joined after all: the backend forgets the capture again.
-                        self.inner.backend.leave_capture();
-                        return Err(e);
-                    }
-                };
                 if let Some(workspace) = workspace {
                     session.add_blas_workspace(self.inner.id, workspace);
                 }

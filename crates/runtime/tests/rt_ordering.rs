@@ -209,6 +209,58 @@ fn eager_work_on_a_buffer_a_capture_wrote_is_not_pulled_into_the_capture() -> Re
     Ok(())
 }
 
+/// As above, for a stream that joined the capture (by waiting on an event recorded in it)
+/// after its eager write: eager work of other streams on the buffer, on the capturing thread
+/// and on another, is ordered after that write (the stream's work before it joined), reads
+/// what it wrote, and is neither refused nor pulled into the capture.
+#[test]
+fn eager_work_on_a_buffer_a_joined_stream_wrote_before_joining_waits_for_that_write(
+) -> Result<(), DeviceError> {
+    let device = device();
+    let (s, t, u) = (
+        device.new_stream()?,
+        device.new_stream()?,
+        device.new_stream()?,
+    );
+    let x = DeviceBuffer::from_host(&s, &[1.0f32])?;
+    let y = DeviceBuffer::from_host(&t, &[1.0f32])?;
+    let z = DeviceBuffer::from_host(&u, &[1.0f32])?;
+    s.synchronize()?;
+    t.synchronize()?;
+    u.synchronize()?;
+    launch_spin_write(&t, &y, 4.0, LONG_SPIN)?; // eager, before t joins the capture
+    s.begin_capture()?;
+    launch_add_one(&s, &x)?;
+    t.wait_event(&s.record_event()?)?; // t joins the capture
+    launch_add_one(&t, &x)?;
+    // On this thread: a read back, and a kernel writing y, on a stream outside the capture.
+    assert_eq!(
+        y.to_host_vec(&u)?,
+        vec![4.0],
+        "the read back on this thread"
+    );
+    launch_add_one(&u, &y)?;
+    // On another thread: a copy reading y.
+    let copied = std::thread::scope(|scope| {
+        scope
+            .spawn(|| -> Result<Vec<f32>, DeviceError> {
+                let v = device.new_stream()?;
+                z.copy_from(&v, &y)?;
+                z.to_host_vec(&v)
+            })
+            .join()
+            .expect("reader thread")
+    })?;
+    assert_eq!(copied, vec![5.0], "the copy on another thread");
+    s.join(&t)?;
+    let graph = s.end_capture()?;
+    assert_eq!(graph.node_count()?, 2, "only the two captured launches");
+    graph.instantiate()?.launch(&s)?;
+    assert_eq!(x.to_host_vec(&u)?, vec![3.0]);
+    assert_eq!(y.to_host_vec(&t)?, vec![5.0]);
+    Ok(())
+}
+
 #[test]
 fn no_launch_accepted_from_another_thread_is_lost_into_a_capture() -> Result<(), DeviceError> {
     let s = stream();
