@@ -501,9 +501,13 @@ impl Stream {
         let result = self.inner.backend.end_capture(&session);
         session.close();
         for m in &members {
-            m.inner.capturing.store(false, Ordering::Release);
-            *m.inner.capture.lock() = None;
+            // Under the gate, as the capture was joined: no other thread records an event on
+            // the stream meanwhile, which would see it eager here and be recorded into the
+            // capture by a backend that has not left it yet (and never complete).
+            let _gate = m.inner.gate.write();
             m.inner.backend.leave_capture();
+            *m.inner.capture.lock() = None;
+            m.inner.capturing.store(false, Ordering::Release);
         }
         session.run_deferred_frees();
         session.release_blas_workspaces();

@@ -374,3 +374,57 @@ fn a_device_synchronize_racing_a_capture_skips_the_capturing_stream() {
         }
     });
 }
+
+/// Events that another thread records on a stream while captures begin and end beside it
+/// (the stream joins each capture and is joined back): each is either refused, or recorded in
+/// the capture (and says so), or an eager event that completes once the stream's work has
+/// run, never one that stands for captured work and so never completes, whose wait would
+/// hang.
+#[test]
+fn events_recorded_while_a_joined_stream_leaves_its_capture_are_eager_or_captured() {
+    cuflow_testing::thread::within_a_minute("captures beside event records hung", || {
+        let device = device();
+        let (s, t) = (
+            device.new_stream().expect("a stream"),
+            device.new_stream().expect("a stream"),
+        );
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let eager = std::thread::scope(|scope| {
+            let recorder = scope.spawn(|| {
+                let mut eager = Vec::new();
+                while !stop.load(std::sync::atomic::Ordering::Acquire) {
+                    // Refused while `t` takes part in a capture of the other thread.
+                    if let Ok(event) = t.record_event() {
+                        if !event.is_captured() {
+                            eager.push(event);
+                        }
+                    }
+                }
+                eager
+            });
+            for _ in 0..CAPTURES {
+                s.begin_capture().expect("begin");
+                let joined = s
+                    .record_event()
+                    .and_then(|e| t.wait_event(&e))
+                    .and_then(|()| s.join(&t));
+                let graph = s.end_capture();
+                joined.expect("t joins the capture and is joined back");
+                graph.expect("the capture ends");
+            }
+            stop.store(true, std::sync::atomic::Ordering::Release);
+            recorder.join().expect("the recording thread")
+        });
+        t.synchronize().expect("t's eager work");
+        let pending = eager
+            .iter()
+            .filter(|e| !matches!(e.is_complete(), Ok(true)))
+            .count();
+        assert_eq!(
+            pending,
+            0,
+            "{pending} of {} eager events of t never complete after its synchronization",
+            eager.len()
+        );
+    });
+}
