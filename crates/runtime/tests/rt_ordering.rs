@@ -391,12 +391,17 @@ fn events_recorded_while_a_joined_stream_leaves_its_capture_are_eager_or_capture
         let stop = std::sync::atomic::AtomicBool::new(false);
         let eager = std::thread::scope(|scope| {
             let recorder = scope.spawn(|| {
-                let mut eager = Vec::new();
+                // The latest eager events, a bounded number (a GPU records far more of them
+                // than a host stream in the time the captures take).
+                let mut eager = std::collections::VecDeque::new();
                 while !stop.load(std::sync::atomic::Ordering::Acquire) {
                     // Refused while `t` takes part in a capture of the other thread.
                     if let Ok(event) = t.record_event() {
                         if !event.is_captured() {
-                            eager.push(event);
+                            if eager.len() == 50_000 {
+                                eager.pop_front();
+                            }
+                            eager.push_back(event);
                         }
                     }
                 }
