@@ -90,18 +90,37 @@ pub(crate) trait TrackedStream: Clone {
 /// use: a buffer used round-robin from a pool of up to this many streams never looks.
 pub(crate) const USES_BEFORE_FORGETTING: usize = 64;
 
-/// `streams` less those that `is_idle` says are idle, but for the last (the most recent), kept.
-pub(crate) fn forget_idle<A: smallvec::Array>(
-    streams: SmallVec<A>,
+/// Called before a new stream joins `streams` (a buffer's users or readers): once they number
+/// at least [`USES_BEFORE_FORGETTING`] and `forget_at`, forgets those that `is_idle` says are
+/// idle, but for the last (the most recent), kept; the next look comes when the streams left
+/// double. The caller holds the buffer's lock: no use of it is enqueued meanwhile.
+#[inline]
+pub(crate) fn forget_idle_when_due<A: smallvec::Array>(
+    streams: &mut SmallVec<A>,
+    forget_at: &mut usize,
     is_idle: impl Fn(&A::Item) -> bool,
-) -> SmallVec<A> {
+) {
+    if streams.len() >= (*forget_at).max(USES_BEFORE_FORGETTING) {
+        forget_idle(streams, forget_at, is_idle);
+    }
+}
+
+/// [`forget_idle_when_due`] once due: out of line, as it queries every stream.
+#[cold]
+#[inline(never)]
+fn forget_idle<A: smallvec::Array>(
+    streams: &mut SmallVec<A>,
+    forget_at: &mut usize,
+    is_idle: impl Fn(&A::Item) -> bool,
+) {
     let last = streams.len().saturating_sub(1);
-    streams
+    *streams = std::mem::take(streams)
         .into_iter()
         .enumerate()
         .filter(|(i, s)| *i == last || !is_idle(s))
         .map(|(_, s)| s)
-        .collect()
+        .collect();
+    *forget_at = 2 * streams.len();
 }
 
 /// A buffer as the tracker sees it.
@@ -286,9 +305,10 @@ impl<S: TrackedStream> Hazards<S> {
             Access::Read => match self.reads.iter_mut().find(|p| p.stream.same(stream)) {
                 Some(p) => p.seq = seq,
                 None => {
-                    if self.reads.len() >= self.forget_reads_at.max(USES_BEFORE_FORGETTING) {
-                        self.forget_idle_reads();
-                    }
+                    // A later write need not wait for the reads of idle streams.
+                    forget_idle_when_due(&mut self.reads, &mut self.forget_reads_at, |p| {
+                        p.stream.is_idle()
+                    });
                     self.reads.push(Point {
                         stream: stream.clone(),
                         seq,
@@ -296,16 +316,6 @@ impl<S: TrackedStream> Hazards<S> {
                 }
             },
         }
-    }
-
-    /// Forgets the reads of streams whose work has all finished (a later write need not wait
-    /// for them), all but the most recent; the next look comes when the reads left double.
-    /// The caller holds the buffer's lock: no read of it is enqueued meanwhile.
-    #[cold]
-    #[inline(never)]
-    fn forget_idle_reads(&mut self) {
-        self.reads = forget_idle(std::mem::take(&mut self.reads), |p| p.stream.is_idle());
-        self.forget_reads_at = 2 * self.reads.len();
     }
 }
 

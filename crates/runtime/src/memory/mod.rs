@@ -34,7 +34,7 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
-use crate::access::{forget_idle, Access, AccessState, USES_BEFORE_FORGETTING};
+use crate::access::{forget_idle_when_due, Access, AccessState};
 use crate::backend::MemoryBackend;
 use crate::device::Device;
 use crate::error::{DeviceError, Result};
@@ -75,7 +75,7 @@ pub(crate) struct UseState {
     /// once all their work had finished.
     uses: SmallVec<[Stream; 2]>,
     /// The number of streams at which the next new one makes [`UseState::note_use`] forget the
-    /// idle ones (at least [`USES_BEFORE_FORGETTING`]).
+    /// idle ones (at least [`USES_BEFORE_FORGETTING`](crate::access::USES_BEFORE_FORGETTING)).
     forget_at: usize,
     pub(crate) access: AccessState,
 }
@@ -84,7 +84,7 @@ impl UseState {
     /// Records that work touching the buffer was enqueued on `stream`.
     ///
     /// A buffer used from ever new streams (a stream per request, over long-lived weights)
-    /// would keep every one of them alive: so once it remembers [`USES_BEFORE_FORGETTING`]
+    /// would keep every one of them alive: so once it remembers [`USES_BEFORE_FORGETTING`](crate::access::USES_BEFORE_FORGETTING)
     /// streams, and again each time their number doubles, it forgets those whose work has
     /// all finished (their uses of it are over: its free need not wait for them), all but
     /// the most recent. The caller holds the buffer's lock, so no use of it on such a stream
@@ -95,21 +95,10 @@ impl UseState {
                 let s = self.uses.remove(pos);
                 self.uses.push(s);
             } else {
-                if self.uses.len() >= self.forget_at.max(USES_BEFORE_FORGETTING) {
-                    self.forget_idle_uses();
-                }
+                forget_idle_when_due(&mut self.uses, &mut self.forget_at, Stream::is_idle);
                 self.uses.push(stream.clone());
             }
         }
-    }
-
-    /// Forgets the streams that used the buffer whose work has all finished, all but the most
-    /// recent.
-    #[cold]
-    #[inline(never)]
-    fn forget_idle_uses(&mut self) {
-        self.uses = forget_idle(std::mem::take(&mut self.uses), Stream::is_idle);
-        self.forget_at = 2 * self.uses.len();
     }
 }
 
