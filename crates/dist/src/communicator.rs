@@ -1,10 +1,13 @@
 //! [`Communicator`]: one rank of a group of devices that run collectives together.
 
 use std::net::TcpListener;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use cuflow_runtime::{BackendKind, Comm, Device, DeviceError, Stream};
+use cuflow_device_op::DeviceOpExt;
+use cuflow_runtime::{BackendKind, Comm, Device, DeviceError, HostTransport, Stream};
+use cuflow_tensor::api;
 
 use crate::config::{default_timeout, DistConfig};
 use crate::local::LocalTransport;
@@ -61,13 +64,74 @@ pub struct Communicator {
 struct Inner {
     comm: Comm,
     stream: Stream,
+    /// The ranks' channel through the host, beside the device's collectives (see
+    /// [`Communicator::gather_words`]); `None` for ranks of several processes.
+    host: Option<HostChannel>,
+}
+
+/// A channel between the ranks of one process through the host, with the communicator's
+/// deadline on every wait for a peer.
+#[derive(Debug)]
+struct HostChannel {
+    transport: Box<dyn HostTransport>,
+    /// Gathers made so far: the tag of the next one's messages.
+    gathers: AtomicU64,
+}
+
+impl HostChannel {
+    fn new(transport: impl HostTransport + 'static) -> HostChannel {
+        HostChannel {
+            transport: Box::new(transport),
+            gathers: AtomicU64::new(0),
+        }
+    }
+
+    /// Every rank's `words`, in rank order. A failure tells the peers (their gathers with this
+    /// rank fail at once from then on), since the ranks' gathers are out of step after it.
+    fn gather(&self, words: &[u32]) -> Result<Vec<u32>, DeviceError> {
+        let result = self.exchange(words);
+        if let Err(e) = &result {
+            self.transport.abort(&e.to_string());
+        }
+        result
+    }
+
+    fn exchange(&self, words: &[u32]) -> Result<Vec<u32>, DeviceError> {
+        let (rank, world) = (self.transport.rank(), self.transport.world_size());
+        let tag = self.gathers.fetch_add(1, Ordering::Relaxed);
+        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        for peer in (0..world).filter(|&p| p != rank) {
+            self.transport.send(peer, tag, bytes.clone())?;
+        }
+        let mut all = Vec::with_capacity(words.len().saturating_mul(world));
+        for peer in 0..world {
+            if peer == rank {
+                all.extend_from_slice(words);
+                continue;
+            }
+            let got = self.transport.recv(peer, tag)?;
+            if got.len() != bytes.len() {
+                return Err(DeviceError::usage(format!(
+                    "rank {peer} gave {} words to Communicator::gather_words where rank {rank} \
+                     gave {}: every rank gives as many",
+                    got.len() / 4,
+                    words.len()
+                )));
+            }
+            all.extend(
+                got.chunks_exact(4)
+                    .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]])),
+            );
+        }
+        Ok(all)
+    }
 }
 
 impl Communicator {
-    fn from_comm(comm: Comm) -> Result<Communicator, DeviceError> {
+    fn from_comm(comm: Comm, host: Option<HostChannel>) -> Result<Communicator, DeviceError> {
         let stream = comm.device().new_stream()?;
         Ok(Communicator {
-            inner: Arc::new(Inner { comm, stream }),
+            inner: Arc::new(Inner { comm, stream, host }),
         })
     }
 
@@ -131,7 +195,14 @@ impl Communicator {
                 .map(|(t, d)| Comm::host(d, Arc::new(t)))
                 .collect::<Result<Vec<_>, _>>()?,
         };
-        comms.into_iter().map(Communicator::from_comm).collect()
+        // A group of transports of its own for the host channel: its messages never meet
+        // the host backend's collectives.
+        let channels = LocalTransport::group(devices.len(), timeout);
+        comms
+            .into_iter()
+            .zip(channels)
+            .map(|(comm, channel)| Communicator::from_comm(comm, Some(HostChannel::new(channel))))
+            .collect()
     }
 
     /// This process's rank of a multi-process group, on `device`, placed by the environment
@@ -218,7 +289,7 @@ impl Communicator {
                 Comm::host(device, Arc::new(transport))?
             }
         };
-        Communicator::from_comm(comm)
+        Communicator::from_comm(comm, None)
     }
 
     /// This rank's number, in `0..world_size`.
@@ -244,6 +315,54 @@ impl Communicator {
     /// The runtime-level communicator (for [`cuflow_runtime::collective`] on raw buffers).
     pub fn comm(&self) -> &Comm {
         &self.inner.comm
+    }
+
+    /// Every rank's `words`, concatenated in rank order, gathered through the host and
+    /// returned to this thread: for ranks to agree on what they are about to do before they
+    /// enqueue collectives, so that a rank that does something else, or nothing, fails the
+    /// others' calls instead of leaving their collectives waiting for it.
+    ///
+    /// Every rank calls it with as many words, at the same point of its sequence of gathers
+    /// (like collectives, from one thread per rank or in an order the program fixes). Ranks
+    /// of one process ([`Communicator::local`]) exchange through the host's memory, waiting
+    /// for a peer up to the communicator's deadline, whatever the backend: a rank that does
+    /// not come in time fails the others' gathers with [`DeviceError::Timeout`], without
+    /// touching a device. Ranks of several processes gather with an [`all_gather`](crate::all_gather)
+    /// on their devices instead: bounded by the deadline on host devices, and waiting as NCCL
+    /// waits, without a deadline, on CUDA devices.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cuflow_dist::Communicator;
+    /// use cuflow_runtime::Device;
+    /// # fn main() -> Result<(), cuflow_runtime::DeviceError> {
+    /// let comms = Communicator::local(&[Device::host_numbered(0), Device::host_numbered(1)])?;
+    /// let gathered = std::thread::scope(|s| {
+    ///     let ranks: Vec<_> = comms
+    ///         .iter()
+    ///         .map(|c| s.spawn(move || c.gather_words(&[c.rank() as u32, 7])))
+    ///         .collect();
+    ///     ranks.into_iter().map(|h| h.join().unwrap()).collect::<Result<Vec<_>, _>>()
+    /// })?;
+    /// assert_eq!(gathered, vec![vec![0, 7, 1, 7]; 2]);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceError::Timeout`] when a peer does not gather in time, after which every later
+    /// gather of this communicator fails at once (the ranks are out of step: make a new
+    /// communicator); [`DeviceError::Collective`] when a peer's communicator is gone or its
+    /// gather failed; [`DeviceError::Usage`] when ranks give different numbers of words; on
+    /// the devices' path, the all-gather's errors.
+    pub fn gather_words(&self, words: &[u32]) -> Result<Vec<u32>, DeviceError> {
+        match &self.inner.host {
+            Some(channel) => channel.gather(words),
+            None => crate::all_gather(self, api::from_vec(words.to_vec(), &[words.len()]))
+                .sync_on(self.stream())
+                .and_then(|t| t.to_host_vec()),
+        }
     }
 }
 

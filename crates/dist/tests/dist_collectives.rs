@@ -353,3 +353,70 @@ fn a_nan_in_a_float_max_or_min_is_skipped_on_every_rank_position() {
         }
     }
 }
+
+/// `gather_words` hands every rank every rank's words in rank order, whatever the backend (the
+/// ranks of one process exchange through the host), again and again.
+#[test]
+fn gather_words_gives_every_rank_the_words_of_all_in_rank_order() {
+    for n in [1, 2, 4] {
+        let Some(comms) = communicators(n, TIMEOUT) else {
+            continue;
+        };
+        let got = on_each(&comms, |c| {
+            (0..3u32)
+                .map(|round| c.gather_words(&[c.rank() as u32, round, 7]))
+                .collect::<Result<Vec<_>, _>>()
+        });
+        for (rank, g) in got.into_iter().enumerate() {
+            for (round, words) in g.expect("every gather").into_iter().enumerate() {
+                let want: Vec<u32> = (0..n as u32).flat_map(|r| [r, round as u32, 7]).collect();
+                assert_eq!(words, want, "rank {rank}, round {round}");
+            }
+        }
+    }
+}
+
+/// A rank that never gathers fails its peer's gather by the communicator's deadline, without
+/// a device involved; the ranks are out of step from then on, so every later gather of either
+/// fails at once; ranks giving different numbers of words both fail, naming the counts.
+#[test]
+fn gathers_that_do_not_pair_fail_on_every_rank() {
+    let short = Duration::from_millis(300);
+    let Some(comms) = communicators(2, short) else {
+        return;
+    };
+    let done = std::sync::Barrier::new(2);
+    let got = on_each(&comms, |c| {
+        let (first, second) = match c.rank() {
+            0 => {
+                let first = c.gather_words(&[1]);
+                (first, c.gather_words(&[2]))
+            }
+            _ => (Ok(Vec::new()), Ok(Vec::new())),
+        };
+        done.wait();
+        let late = c.gather_words(&[3]);
+        (first, second, late)
+    });
+    let (first, second, late) = &got[0];
+    assert!(
+        matches!(first, Err(DeviceError::Timeout { .. })),
+        "{first:?}"
+    );
+    assert!(
+        matches!(second, Err(DeviceError::Collective { .. })),
+        "{second:?}"
+    );
+    assert!(late.is_err(), "{late:?}");
+    let late = &got[1].2;
+    assert!(late.is_err(), "rank 1's late gather: {late:?}");
+
+    let Some(comms) = communicators(2, TIMEOUT) else {
+        return;
+    };
+    let got = on_each(&comms, |c| c.gather_words(&vec![0; 1 + c.rank()]));
+    for g in got {
+        let e = g.expect_err("different word counts").to_string();
+        assert!(e.contains("words"), "{e}");
+    }
+}
