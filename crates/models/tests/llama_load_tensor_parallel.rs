@@ -44,7 +44,9 @@ fn run(model: &Llama, stream: &Stream) -> Result<RankResult, DeviceError> {
 /// `load_tp` of `dir` and `synthetic_tp` of the same weights over `tp` ranks: each rank's
 /// results, both ways.
 fn loaded_and_synthetic(dir: &Path, tp: usize) -> Option<Vec<(RankResult, RankResult)>> {
-    let comms = Communicator::local(&rank_devices(tp)?).unwrap();
+    // Bound for the whole run: under CUDA the devices hold this group's turn.
+    let devices = rank_devices(tp)?;
+    let comms = Communicator::local(&devices).unwrap();
     let results: Vec<Result<_, DeviceError>> = on_each(&comms, |c| {
         let loaded = Llama::load_tp(c, dir)?;
         assert_eq!(loaded.config(), &config());
@@ -83,7 +85,8 @@ fn loaded_slices_equal_synthetic_slices_and_the_whole_model() -> Result<(), Devi
             }
         }
         // One rank reads exactly what `load` reads.
-        let comms = Communicator::local(&rank_devices(1).expect("one device"))?;
+        let devices = rank_devices(1).expect("one device");
+        let comms = Communicator::local(&devices)?;
         let single = Llama::load_tp(&comms[0], &dir)?;
         assert_eq!(single.load_stats().expect("load stats").bytes, whole_bytes);
         std::fs::remove_dir_all(&dir).ok();

@@ -122,11 +122,10 @@ fn a_split_model_larger_than_memory_is_an_error() {
         return;
     };
     // `bytes_in_use` counts the buffers of every test on a device, and the other tests of this
-    // binary run at once on host devices 0..4 (the ranks agree through an all-gather, whose
-    // buffers are theirs): on the host backend, devices of this test's own.
+    // binary run at once on host devices 0..4: on the host backend, devices of this test's own.
     let devices = match devices[0].kind() {
         BackendKind::Host => vec![Device::host_numbered(16), Device::host_numbered(17)],
-        _ => devices,
+        _ => devices.to_vec(),
     };
     let comms = Communicator::local(&devices).unwrap();
     let cfg = LlamaConfig {

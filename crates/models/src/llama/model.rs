@@ -16,7 +16,7 @@ use super::checkpoint::Checkpoint;
 use super::config::LlamaConfig;
 use super::loader::{Source, Stager};
 use super::options::GenerateOptions;
-use super::step::{LlamaStep, State};
+use super::step::{agree_request, LlamaStep, Request, State};
 use super::tensor_parallel::Split;
 use super::testing::synthetic_map;
 use super::weights::{build, Weights};
@@ -506,12 +506,18 @@ impl Llama {
     /// Generates `n` tokens after `prompt` eagerly (prefill, then one step op per token) and
     /// returns them.
     ///
+    /// Under tensor parallelism every rank makes the same call at once; the ranks agree on the
+    /// request (prompt, `n`, options) before any enqueues work, so that ranks given different
+    /// ones, or a rank that refuses its own, fail every rank's call instead of leaving the
+    /// others' collectives waiting (see [`LlamaStep::prefill`]).
+    ///
     /// # Errors
     ///
     /// [`DeviceError::Usage`] for an empty prompt, an id outside the vocabulary, a prompt
     /// and generation longer than `options`' `max_seq`, options out of range (a NaN
     /// temperature, a `top_p` outside `(0, 1]`, a `max_seq` of 0), or caches of more
-    /// positions than the device's memory holds beside the weights;
+    /// positions than the device's memory holds beside the weights, and, under tensor
+    /// parallelism, naming the ranks that refused the request or were given another;
     /// [`DeviceError::DeviceMismatch`] for a stream of another device than the model's;
     /// device errors.
     pub fn generate(
@@ -532,7 +538,11 @@ impl Llama {
             })?;
             opts.max_seq = Some(positions);
         }
-        LlamaStep::new(self.core.clone(), stream, opts, false)?.generate_eager(prompt, n)
+        match LlamaStep::new(self.core.clone(), stream, opts, false) {
+            Ok(mut step) => step.generate_eager(prompt, n),
+            // Under tensor parallelism the other ranks agree on the request all the same.
+            Err(e) => agree_request(&self.core, Request::Generate(prompt, n), &opts, Err(e)),
+        }
     }
 
     /// Captures one decode step into a graph on `stream`, with caches of `options`' `max_seq`
@@ -595,8 +605,7 @@ impl Llama {
     ///
     /// As [`Llama::generate`].
     pub fn prefill_logits(&self, stream: &Stream, prompt: &[u32]) -> Result<Vec<f32>, DeviceError> {
-        let opts = GenerateOptions::greedy().max_seq(prompt.len().max(1));
-        LlamaStep::new(self.core.clone(), stream, opts, false)?.logits(prompt, false)
+        self.logits(stream, prompt, false)
     }
 
     /// The logits after the last token of `prompt`, computed by the decode step (the prompt
@@ -606,8 +615,22 @@ impl Llama {
     ///
     /// As [`Llama::generate`].
     pub fn decode_logits(&self, stream: &Stream, prompt: &[u32]) -> Result<Vec<f32>, DeviceError> {
+        self.logits(stream, prompt, true)
+    }
+
+    /// The logits after `prompt`, by prefill or by a decode step, on a decoder of its own.
+    fn logits(
+        &self,
+        stream: &Stream,
+        prompt: &[u32],
+        by_step: bool,
+    ) -> Result<Vec<f32>, DeviceError> {
         let opts = GenerateOptions::greedy().max_seq(prompt.len().max(1));
-        LlamaStep::new(self.core.clone(), stream, opts, false)?.logits(prompt, true)
+        match LlamaStep::new(self.core.clone(), stream, opts, false) {
+            Ok(mut step) => step.logits(prompt, by_step),
+            // Under tensor parallelism the other ranks agree on the request all the same.
+            Err(e) => agree_request(&self.core, Request::Logits(prompt, by_step), &opts, Err(e)),
+        }
     }
 }
 

@@ -12,6 +12,7 @@ use cuflow_tensor::{api, bf16, Tensor};
 
 use super::model::Core;
 use super::options::GenerateOptions;
+use super::tensor_parallel::{agree, fingerprint, Agreement};
 
 /// Partition length of decode attention. Measured on an H100 with the 1B shape, replayed:
 /// partitions of 128 or 256 positions gave 724–726 tokens/s over 4,000 tokens against 701 for
@@ -264,18 +265,43 @@ impl LlamaStep {
         Ok(enqueue_on(op, stream, policy.clone())?.0)
     }
 
+    /// This rank's acceptance of a request of `prompt` and `n` tokens: the checks of
+    /// [`check`](Self::check), and, when a prefill will run (`n > 0`), that the device holds
+    /// its workspace.
+    fn check_request(&self, prompt: &[u32], n: usize) -> Result<(), DeviceError> {
+        self.check(prompt, n)?;
+        if n == 0 {
+            return Ok(());
+        }
+        self.core
+            .ensure_prefill_fits(self.stream.device(), prompt.len(), self.state.max_seq)
+    }
+
     /// Resets the sequence to `prompt`: prefills it (matrix products over all its tokens),
-    /// then chooses the first generated token. Waits for nothing.
+    /// then chooses the first generated token. Waits for nothing (but, under tensor
+    /// parallelism, for the ranks' agreement on the request).
+    ///
+    /// Under tensor parallelism every rank prefills the same prompt at once: the ranks agree
+    /// on it (one all-gather) before any enqueues work, so that ranks given different prompts
+    /// or options, or a rank that refuses its prompt, fail every rank's prefill instead of
+    /// leaving the others' collectives waiting or summing the products of different tokens.
     ///
     /// # Errors
     ///
-    /// [`DeviceError::Usage`] for an empty prompt, an id outside the vocabulary, or a prompt
-    /// that leaves no position free (the sequence before it is kept); for a workspace the
-    /// device's memory cannot hold (the prompt is prefilled in blocks of rows, whose
-    /// workspace grows with `max_seq`), and device errors, after which there is no sequence:
-    /// decoding needs a new prefill.
+    /// [`DeviceError::Usage`] for an empty prompt, an id outside the vocabulary, a prompt
+    /// that leaves no position free, or a workspace the device's memory cannot hold (the
+    /// prompt is prefilled in blocks of rows, whose workspace grows with `max_seq`), and, under
+    /// tensor parallelism, naming the ranks that refused the prompt or were given another
+    /// (the sequence before it is kept in each case); device errors, after which there is no
+    /// sequence: decoding needs a new prefill.
     pub fn prefill(&mut self, prompt: &[u32]) -> Result<(), DeviceError> {
-        self.check(prompt, 1)?;
+        let checked = self.check_request(prompt, 1);
+        agree_request(&self.core, Request::Prefill(prompt), &self.options, checked)?;
+        self.prefill_agreed(prompt)
+    }
+
+    /// [`prefill`](Self::prefill) of a prompt that this rank checked and the ranks agreed on.
+    fn prefill_agreed(&mut self, prompt: &[u32]) -> Result<(), DeviceError> {
         // The work below overwrites the sequence before it; until it has all been enqueued
         // there is no sequence to decode.
         self.end_sequence();
@@ -292,8 +318,6 @@ impl LlamaStep {
                 api::from_vec(vec![seed as u32, (seed >> 32) as u32, 0], &[3]),
             ),
         )?;
-        self.core
-            .ensure_prefill_fits(stream.device(), prompt.len(), s.max_seq)?;
         Self::enqueue(stream, policy, self.core.prefill(s, prompt))?;
         let last = (prompt.len() - 1) as u32;
         Self::enqueue(
@@ -325,6 +349,13 @@ impl LlamaStep {
 
     /// Generates `n` more tokens by replaying the captured step (eagerly when the step was
     /// not captured); waits for nothing.
+    ///
+    /// Under tensor parallelism every rank decodes the same `n` after the same prefill. The
+    /// ranks do not agree on each `decode` (that would wait for them all at every call, where
+    /// this waits for nothing): a rank that makes fewer steps leaves the others' all-reduces
+    /// of the next step waiting, up to the communicator's timeout on host devices and in the
+    /// one-shot sums of small activations, without end in NCCL's. [`generate`](Self::generate)
+    /// agrees on its whole request.
     ///
     /// # Errors
     ///
@@ -418,18 +449,16 @@ impl LlamaStep {
     /// Prefills `prompt` and generates `n` tokens by replaying the captured step `n - 1`
     /// times; returns the `n` tokens.
     ///
+    /// Under tensor parallelism the ranks agree on the request (prompt, `n` and options)
+    /// first, as [`prefill`](Self::prefill) does.
+    ///
     /// # Errors
     ///
     /// [`DeviceError::Usage`] for an empty prompt, an id outside the vocabulary, or more
-    /// than `max_seq` positions; device errors.
+    /// than `max_seq` positions, and, under tensor parallelism, naming the ranks that refused
+    /// the request or were given another; device errors.
     pub fn generate(&mut self, prompt: &[u32], n: usize) -> Result<Vec<u32>, DeviceError> {
-        self.check(prompt, n)?;
-        if n == 0 {
-            return Ok(Vec::new());
-        }
-        self.prefill(prompt)?;
-        self.decode(n - 1)?;
-        self.tokens()
+        self.generate_with(prompt, n, Self::decode)
     }
 
     /// [`generate`](Self::generate) with the step run eagerly: the same tokens.
@@ -438,12 +467,29 @@ impl LlamaStep {
     ///
     /// As [`generate`](Self::generate).
     pub fn generate_eager(&mut self, prompt: &[u32], n: usize) -> Result<Vec<u32>, DeviceError> {
-        self.check(prompt, n)?;
+        self.generate_with(prompt, n, Self::decode_eager)
+    }
+
+    /// Checks and agrees on the request, prefills `prompt`, decodes `n - 1` tokens with
+    /// `decode` and reads the `n` tokens.
+    fn generate_with(
+        &mut self,
+        prompt: &[u32],
+        n: usize,
+        decode: fn(&mut Self, usize) -> Result<(), DeviceError>,
+    ) -> Result<Vec<u32>, DeviceError> {
+        let checked = self.check_request(prompt, n);
+        agree_request(
+            &self.core,
+            Request::Generate(prompt, n),
+            &self.options,
+            checked,
+        )?;
         if n == 0 {
             return Ok(Vec::new());
         }
-        self.prefill(prompt)?;
-        self.decode_eager(n - 1)?;
+        self.prefill_agreed(prompt)?;
+        decode(self, n - 1)?;
         self.tokens()
     }
 
@@ -454,12 +500,19 @@ impl LlamaStep {
         prompt: &[u32],
         by_step: bool,
     ) -> Result<Vec<f32>, DeviceError> {
-        self.check(prompt, 0)?;
+        let checked = self.check(prompt, 0).and_then(|()| {
+            let rows = prompt.len() - usize::from(by_step);
+            self.core
+                .ensure_prefill_fits(self.stream.device(), rows, self.state.max_seq)
+        });
+        agree_request(
+            &self.core,
+            Request::Logits(prompt, by_step),
+            &self.options,
+            checked,
+        )?;
         let _entered = self.scope.enter();
         let (stream, policy) = (&self.stream, &self.policy);
-        let rows = prompt.len() - usize::from(by_step);
-        self.core
-            .ensure_prefill_fits(stream.device(), rows, self.state.max_seq)?;
         if !by_step {
             Self::enqueue(stream, policy, self.core.prefill(&mut self.state, prompt))?;
         } else {
@@ -482,5 +535,67 @@ impl LlamaStep {
             Self::enqueue(stream, policy, self.core.step(s, self.options.sample))?;
         }
         self.state.logits.to_host_vec_on(stream)
+    }
+}
+
+/// A request whose collectives every rank of a tensor-parallel model must make alike, so
+/// that the ranks agree on it first.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Request<'p> {
+    /// [`LlamaStep::prefill`] of a prompt.
+    Prefill(&'p [u32]),
+    /// A prompt and the number of tokens to generate from it.
+    Generate(&'p [u32], usize),
+    /// The logits after a prompt, by prefill (`false`) or by a decode step (`true`).
+    Logits(&'p [u32], bool),
+}
+
+impl Request<'_> {
+    /// A fingerprint of the request made with `options`: the same on every rank given the
+    /// same call, prompt, count and options, and on no rank given others but by a hash
+    /// collision.
+    fn fingerprint(&self, options: &GenerateOptions) -> u64 {
+        let (call, prompt, count) = match *self {
+            Request::Prefill(p) => (0u8, p, 0),
+            Request::Generate(p, n) => (1, p, n as u64),
+            Request::Logits(p, by_step) => (2, p, u64::from(by_step)),
+        };
+        let sample = options.sample;
+        let mut bytes = Vec::with_capacity(48 + 4 * prompt.len());
+        bytes.push(call);
+        bytes.extend(count.to_le_bytes());
+        bytes.extend(sample.temperature.to_bits().to_le_bytes());
+        bytes.extend(sample.top_k.to_le_bytes());
+        bytes.extend(sample.top_p.to_bits().to_le_bytes());
+        bytes.extend(options.seed.to_le_bytes());
+        bytes.extend(options.max_seq.map_or(u64::MAX, |m| m as u64).to_le_bytes());
+        bytes.extend((prompt.len() as u64).to_le_bytes());
+        bytes.extend(prompt.iter().flat_map(|id| id.to_le_bytes()));
+        fingerprint(&bytes)
+    }
+}
+
+/// `checked`, this rank's acceptance of `request` (made with `options`), agreed on by every
+/// rank of `core`'s tensor-parallel model before any of them enqueues a collective of it (see
+/// `tensor_parallel::agree`); `checked` itself without tensor parallelism.
+///
+/// # Errors
+///
+/// This rank's own error, and [`DeviceError::Usage`] naming the ranks that refused the
+/// request or were given another; the agreement's collective errors.
+pub(crate) fn agree_request<T>(
+    core: &Core,
+    request: Request<'_>,
+    options: &GenerateOptions,
+    checked: Result<T, DeviceError>,
+) -> Result<T, DeviceError> {
+    match &core.tp {
+        Some(comm) => agree(
+            comm,
+            Agreement::Request,
+            request.fingerprint(options),
+            checked,
+        ),
+        None => checked,
     }
 }

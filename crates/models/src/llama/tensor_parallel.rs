@@ -19,10 +19,8 @@
 use std::path::Path;
 use std::time::Instant;
 
-use cuflow_device_op::DeviceOpExt;
-use cuflow_dist::{all_gather, Communicator};
+use cuflow_dist::Communicator;
 use cuflow_runtime::{BackendKind, DeviceError};
-use cuflow_tensor::api;
 
 use super::checkpoint::Checkpoint;
 use super::config::LlamaConfig;
@@ -139,8 +137,13 @@ impl Llama {
         cfg: LlamaConfig,
         seed: u64,
     ) -> Result<Llama, DeviceError> {
-        let model = fingerprint(&format!("{cfg:?} seed {seed}"));
-        agree(comm, model, Llama::synthetic_slice(comm, cfg, seed))
+        let model = fingerprint(format!("{cfg:?} seed {seed}").as_bytes());
+        agree(
+            comm,
+            Agreement::Model,
+            model,
+            Llama::synthetic_slice(comm, cfg, seed),
+        )
     }
 
     /// This rank's part of [`Llama::synthetic_tp`], before the ranks agree.
@@ -219,9 +222,9 @@ impl Llama {
         // A rank without a config takes part in the agreement all the same, as failed.
         let model = cfg
             .as_ref()
-            .map_or(0, |cfg| fingerprint(&format!("{cfg:?}")));
+            .map_or(0, |cfg| fingerprint(format!("{cfg:?}").as_bytes()));
         let loaded = cfg.and_then(|cfg| Llama::load_slice(comm, dir, cfg));
-        let (mut model, built) = agree(comm, model, loaded)?;
+        let (mut model, built) = agree(comm, Agreement::Model, model, loaded)?;
         model.load = Some(built.stats(start));
         Ok(model)
     }
@@ -247,38 +250,50 @@ impl Llama {
     }
 }
 
-/// A 64-bit FNV-1a hash of `text`: the same in every process of every rank.
-fn fingerprint(text: &str) -> u64 {
-    text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+/// A 64-bit FNV-1a hash of `bytes`: the same in every process of every rank.
+pub(crate) fn fingerprint(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
     })
 }
 
-/// Every rank's outcome of building its slice, agreed on by all of them with one all-gather
-/// before any has a model: `result` (this rank's) and `model` (the fingerprint of the model
-/// it was asked for) against every other rank's. Each rank takes part whether its own build
-/// failed or not, so none is left waiting for it in the collectives of a later call (for the
-/// communicator's timeout, or for ever under NCCL).
+/// What the ranks of a tensor-parallel model agree on before they go on to collectives that
+/// every rank must make alike.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Agreement {
+    /// Each rank built its slice of the same model.
+    Model,
+    /// Each rank was given the same request (the same prompt, tokens and options), and
+    /// accepted it.
+    Request,
+}
+
+/// Every rank's outcome of its part, agreed on by all of them before any goes on, with one
+/// [`Communicator::gather_words`] (through the host, bounded by the communicator's deadline,
+/// for the ranks of one process): `result` (this rank's) and `fingerprint` (of what it was
+/// asked for: the model, or the request) against every other rank's. Each rank takes part
+/// whether its own part failed or not, so none is left waiting for it in collectives that it
+/// will not make.
 ///
 /// # Errors
 ///
-/// This rank's own error; [`DeviceError::Usage`] naming the ranks whose build failed, or
-/// whose model differs from rank 0's (slices of different models would be summed into wrong
-/// results); the all-gather's errors.
-fn agree<T>(
+/// This rank's own error; [`DeviceError::Usage`] naming the ranks whose part failed, or that
+/// were asked for another model or request than rank 0 (slices of different models, or
+/// collectives of different requests, would be summed into wrong results or never pair);
+/// the gather's errors ([`DeviceError::Timeout`] for a rank that does not take part in time).
+pub(crate) fn agree<T>(
     comm: &Communicator,
-    model: u64,
+    what: Agreement,
+    fingerprint: u64,
     result: Result<T, DeviceError>,
 ) -> Result<T, DeviceError> {
-    let mine = vec![
+    let mine = [
         u32::from(result.is_ok()),
-        model as u32,
-        (model >> 32) as u32,
+        fingerprint as u32,
+        (fingerprint >> 32) as u32,
     ];
-    let gathered = all_gather(comm, api::from_vec(mine, &[3]))
-        .sync_on(comm.stream())
-        .and_then(|t| t.to_host_vec());
-    let built = result?;
+    let gathered = comm.gather_words(&mine);
+    let done = result?;
     let all = gathered?;
     let world = comm.world_size();
     let ranks = |pick: &dyn Fn(&[u32]) -> bool| -> Vec<String> {
@@ -290,20 +305,34 @@ fn agree<T>(
     };
     let failed = ranks(&|r| r[0] == 0);
     if !failed.is_empty() {
-        return Err(DeviceError::usage(format!(
-            "{} of the {world} ranks failed to build its slice of the model (its own error \
-             says why); no rank has a model until every rank has its slice",
-            failed.join(", ")
-        )));
+        let failed = failed.join(", ");
+        return Err(DeviceError::usage(match what {
+            Agreement::Model => format!(
+                "{failed} of the {world} ranks failed to build its slice of the model (its own \
+                 error says why); no rank has a model until every rank has its slice"
+            ),
+            Agreement::Request => format!(
+                "{failed} of the {world} ranks refused this request (its own error says why); \
+                 the ranks of a tensor-parallel model run each request together, so none ran \
+                 it"
+            ),
+        }));
     }
     let first = all.get(1..3).unwrap_or_default().to_vec();
     let differ = ranks(&|r| r[1..] != first[..]);
     if !differ.is_empty() {
-        return Err(DeviceError::usage(format!(
-            "the model {} asked for differs from rank 0's (another config.json, or another \
-             seed); every rank of a tensor-parallel model loads the same model",
-            differ.join(", ")
-        )));
+        let differ = differ.join(", ");
+        return Err(DeviceError::usage(match what {
+            Agreement::Model => format!(
+                "the model {differ} asked for differs from rank 0's (another config.json, or \
+                 another seed); every rank of a tensor-parallel model loads the same model"
+            ),
+            Agreement::Request => format!(
+                "the request {differ} was given differs from rank 0's (another prompt, number \
+                 of tokens, call or options); every rank of a tensor-parallel model makes the \
+                 same calls with the same arguments, in the same order, so none ran it"
+            ),
+        }));
     }
-    Ok(built)
+    Ok(done)
 }
