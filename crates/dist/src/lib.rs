@@ -14,8 +14,9 @@
 //! after the work that wrote their inputs and before the work that reads their outputs, on any
 //! stream, and can be captured into a graph (a replay runs the collective again).
 //!
-//! No wait of cuflow's is unbounded: the rendezvous and (on the host backend) every wait for a
-//! peer give a
+//! No wait of cuflow's is unbounded: the rendezvous, [`Communicator::gather_words`] between
+//! the ranks of one process (on any backend) and, on the host backend, every wait for a peer
+//! give a
 //! [`DeviceError::Timeout`](cuflow_runtime::DeviceError::Timeout) after
 //! [`DistConfig::timeout`] (`CUFLOW_DIST_TIMEOUT_MS`, 300 s by default); a peer whose
 //! connection broke is an error at once. On the host backend, ranks that call a collective
@@ -27,6 +28,15 @@
 //! at once too (never taking its part of the failed collective for a later one's). NCCL's own
 //! waits on the GPU have no deadline, as in
 //! every NCCL program.
+//!
+//! **One group of ranks at a time on the same GPUs.** NCCL's kernels, and the one-shot sums'
+//! (see [`all_reduce`]), wait on the GPU for the other ranks of their group, and a call that
+//! synchronizes a device (another communicator's setup, the first launch of a kernel, which
+//! loads it) can wait for them in turn. Two groups whose collectives run at once on the same
+//! GPUs, from different threads, can therefore deadlock, as NCCL's documentation warns: seen
+//! here with four groups of two ranks on two GPUs, where a one-shot sum waited out its deadline
+//! and NCCL's calls after it never returned, in 2 of 7 runs. Run one group at a time,
+//! or give each group GPUs of its own.
 //!
 //! ```
 //! use cuflow_dist::{all_gather, Communicator};

@@ -19,7 +19,7 @@ const SHORT: Duration = Duration::from_millis(300);
 
 /// The host backend's communicators of `n` ranks, or `None` (with a note) on other backends:
 /// NCCL's waits have no deadline, so disagreeing ranks hang there.
-fn host_communicators(n: usize) -> Option<Vec<Communicator>> {
+fn host_communicators(n: usize) -> Option<common::Group> {
     if cuflow_testing::device::device().kind() != BackendKind::Host {
         cuflow_testing::device::skip("host backend only: NCCL's waits have no deadline");
         return None;

@@ -94,7 +94,14 @@ pub fn skip(why: &str) {
 /// The devices of `n` ranks of the backend under test: host devices `0..n` on the host
 /// backend, CUDA devices `0..n` under CUDA, or `None` (with a message) when fewer GPUs are
 /// visible and `CUFLOW_MIN_DEVICES` does not require them (when it does, this panics).
-pub fn rank_devices(n: usize) -> Option<Vec<Device>> {
+///
+/// Under CUDA the returned devices also hold this process's lock on groups of ranks until
+/// they are dropped: one test's group runs at a time. NCCL's kernels (and the one-shot sums')
+/// wait on the GPU for the other ranks, and a device-synchronizing call of another group
+/// (NCCL's own setup, a module load) can then wait for them while their peers wait behind
+/// it: two groups of ranks working at once on the same GPUs can deadlock, as NCCL's
+/// documentation warns, so the tests, run on several threads, keep them apart.
+pub fn rank_devices(n: usize) -> Option<RankDevices> {
     match device().kind() {
         BackendKind::Cuda => {
             let visible = devices();
@@ -105,8 +112,35 @@ pub fn rank_devices(n: usize) -> Option<Vec<Device>> {
                 ));
                 return None;
             }
-            Some(visible.into_iter().take(n).collect())
+            let serial = GROUPS
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            Some(RankDevices {
+                devices: visible.into_iter().take(n).collect(),
+                _serial: Some(serial),
+            })
         }
-        _ => Some((0..n).map(Device::host_numbered).collect()),
+        _ => Some(RankDevices {
+            devices: (0..n).map(Device::host_numbered).collect(),
+            _serial: None,
+        }),
+    }
+}
+
+/// One group of ranks at a time in this process, on CUDA (see [`rank_devices`]).
+static GROUPS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// The devices of a multi-rank test, from [`rank_devices`]: a slice of devices that, under
+/// CUDA, holds the process's lock on groups of ranks until it is dropped.
+#[derive(Debug)]
+pub struct RankDevices {
+    devices: Vec<Device>,
+    _serial: Option<std::sync::MutexGuard<'static, ()>>,
+}
+
+impl std::ops::Deref for RankDevices {
+    type Target = [Device];
+    fn deref(&self) -> &[Device] {
+        &self.devices
     }
 }
