@@ -346,6 +346,7 @@ fn ranks_moving_different_element_types_fail_naming_both() {
         }
     });
     assert_every_rank_fails_saying(&got, &["f32", "i32"]);
+    drop(comms);
     // A send of f32 to a receive of i32 of the same byte length.
     let comms = host_communicators(2).unwrap();
     let got = on_each(&comms, |c| {

@@ -102,7 +102,14 @@ pub fn skip(why: &str) {
 /// it: two groups of ranks working at once on the same GPUs can deadlock, as NCCL's
 /// documentation warns, so the tests, run on several threads, keep them apart.
 pub fn rank_devices(n: usize) -> Option<RankDevices> {
-    match device().kind() {
+    // On every backend, so that a test holding two groups at once (which would wait for
+    // itself under CUDA) fails on the host too.
+    assert!(
+        !HOLDS_GROUP.get(),
+        "this thread already holds the devices of a group of ranks: drop them (and the \
+         communicators made of them) before taking those of another group"
+    );
+    let (devices, serial) = match device().kind() {
         BackendKind::Cuda => {
             let visible = devices();
             if visible.len() < n {
@@ -115,16 +122,20 @@ pub fn rank_devices(n: usize) -> Option<RankDevices> {
             let serial = GROUPS
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
-            Some(RankDevices {
-                devices: visible.into_iter().take(n).collect(),
-                _serial: Some(serial),
-            })
+            (visible.into_iter().take(n).collect(), Some(serial))
         }
-        _ => Some(RankDevices {
-            devices: (0..n).map(Device::host_numbered).collect(),
-            _serial: None,
-        }),
-    }
+        _ => ((0..n).map(Device::host_numbered).collect(), None),
+    };
+    HOLDS_GROUP.set(true);
+    Some(RankDevices {
+        devices,
+        _serial: serial,
+    })
+}
+
+thread_local! {
+    /// Whether this thread holds the devices of a group of ranks ([`RankDevices`]).
+    static HOLDS_GROUP: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// One group of ranks at a time in this process, on CUDA (see [`rank_devices`]).
@@ -136,6 +147,12 @@ static GROUPS: std::sync::Mutex<()> = std::sync::Mutex::new(());
 pub struct RankDevices {
     devices: Vec<Device>,
     _serial: Option<std::sync::MutexGuard<'static, ()>>,
+}
+
+impl Drop for RankDevices {
+    fn drop(&mut self) {
+        HOLDS_GROUP.set(false);
+    }
 }
 
 impl std::ops::Deref for RankDevices {
