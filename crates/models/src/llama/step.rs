@@ -282,9 +282,10 @@ impl LlamaStep {
     /// parallelism, for the ranks' agreement on the request).
     ///
     /// Under tensor parallelism every rank prefills the same prompt at once: the ranks agree
-    /// on it (one all-gather) before any enqueues work, so that ranks given different prompts
-    /// or options, or a rank that refuses its prompt, fail every rank's prefill instead of
-    /// leaving the others' collectives waiting or summing the products of different tokens.
+    /// on it (one `Communicator::gather_words`, through the host) before any enqueues work,
+    /// so that ranks given different prompts or options, or a rank that refuses its prompt,
+    /// fail every rank's prefill instead of leaving the others' collectives waiting or
+    /// summing the products of different tokens.
     ///
     /// # Errors
     ///
