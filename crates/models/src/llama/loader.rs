@@ -5,7 +5,14 @@
 //! change it under the map), and this crate has no `unsafe`. Each tensor is instead read
 //! with `std::fs::File` at its offset, in chunks of 16 MiB, straight into one of two pinned
 //! staging buffers (converted to `bf16` on the way when the file holds `f32` or `f16`), and
-//! copied to the device asynchronously while the next chunk is read. The file's header is
+//! copied to the device asynchronously while the next chunk is read.
+//!
+//! One thread copying out of the page cache moves a few GB/s, a tenth of what a pinned
+//! host-to-device copy moves, so a large read is split into parts of at least
+//! [`PART_BYTES`] read at once by up to [`READ_THREADS`] scoped threads (positioned reads of
+//! the one file handle, on Unix; one read elsewhere), and so are the conversions and the
+//! copies of synthetic weights. Plain `std::thread::scope` rather than a thread-pool crate: a
+//! chunk is a few parts, and spawning them costs little beside reading 16 MiB. The file's header is
 //! parsed with the `safetensors` crate's own types, and every tensor's shape, dtype and
 //! byte range are checked against the config before anything is copied.
 //!
@@ -20,7 +27,6 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fs::File;
-use std::io::{Read, Seek, SeekFrom};
 use std::ops::Range;
 
 use cuflow_runtime::{BufferView, DeviceError, PinnedBuffer, PinnedTransfer, Stream};
@@ -34,6 +40,80 @@ use super::testing::CheckpointTensor;
 
 /// Elements of one staging chunk (16 MiB of `bf16`).
 const CHUNK: usize = 8 << 20;
+
+/// The fewest bytes (of the file, or of `bf16` written) that a reading or converting thread
+/// is given: smaller parts cost more to hand out than they save.
+const PART_BYTES: usize = 2 << 20;
+
+/// The most threads that read or convert one chunk at once.
+const READ_THREADS: usize = 8;
+
+/// Threads one chunk is read with: the machine's parallelism up to [`READ_THREADS`] (asked
+/// once: on Linux the answer reads the process's cgroup files).
+fn read_threads() -> usize {
+    static THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *THREADS.get_or_init(|| {
+        std::thread::available_parallelism().map_or(1, |n| n.get().min(READ_THREADS))
+    })
+}
+
+/// Runs `work(start, part)` over consecutive parts of `out` that together cover it, `start`
+/// being the index of `part`'s first element in `out`: on the calling thread when `out` holds
+/// fewer than two parts of `min_part` elements, else on up to `threads` scoped threads (the
+/// calling thread one of them), each part a multiple of `align` elements but the last. The
+/// first error in the order of the parts is returned, once every part has ended.
+fn in_parts<T: Send, E: Send>(
+    out: &mut [T],
+    (min_part, align, threads): (usize, usize, usize),
+    work: impl Fn(usize, &mut [T]) -> Result<(), E> + Sync,
+    panicked: impl Fn() -> E,
+) -> Result<(), E> {
+    let parts = (out.len() / min_part.max(1)).clamp(1, threads.max(1));
+    if parts == 1 {
+        return work(0, out);
+    }
+    let align = align.max(1);
+    let part = out.len().div_ceil(parts).div_ceil(align) * align;
+    let work = &work;
+    std::thread::scope(|scope| {
+        let mut pieces = out.chunks_mut(part).enumerate();
+        let first = pieces.next();
+        let handles: Vec<_> = pieces
+            .map(|(i, piece)| scope.spawn(move || work(i * part, piece)))
+            .collect();
+        let mut result = first.map_or(Ok(()), |(_, piece)| work(0, piece));
+        for handle in handles {
+            let joined = handle.join().unwrap_or_else(|_| Err(panicked()));
+            if result.is_ok() {
+                result = joined;
+            }
+        }
+        result
+    })
+}
+
+/// Reads `out.len()` bytes of `file` from `offset`, in parts on several threads when they are
+/// many (positioned reads, which leave the handle's cursor alone, on Unix).
+fn read_at(file: &File, offset: u64, out: &mut [u8], split: (usize, usize)) -> std::io::Result<()> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileExt;
+        in_parts(
+            out,
+            (split.0, 1, split.1),
+            |start, part| file.read_exact_at(part, offset + start as u64),
+            || std::io::Error::other("a thread reading the file panicked"),
+        )
+    }
+    #[cfg(not(unix))]
+    {
+        use std::io::{Read, Seek, SeekFrom};
+        let _ = split;
+        let mut file = file;
+        file.seek(SeekFrom::Start(offset))?;
+        file.read_exact(out)
+    }
+}
 
 /// Which elements of a checkpoint tensor a [`Stager`] reads.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -67,6 +147,31 @@ fn convert(dtype: Dtype, raw: &[u8], out: &mut [bf16]) {
     }
 }
 
+/// [`convert`] of `raw` (`out.len()` elements of `dtype`) into `out`, in parts on several
+/// threads when they are many.
+fn convert_in_parts(
+    dtype: Dtype,
+    raw: &[u8],
+    out: &mut [bf16],
+    (min_bytes, threads): (usize, usize),
+) -> Result<(), DeviceError> {
+    let size = dtype.bitsize() / 8;
+    in_parts(
+        out,
+        ((min_bytes / 2).max(1), 1, threads),
+        |start, part| {
+            let raw = raw
+                .get(start * size..(start + part.len()) * size)
+                .ok_or_else(|| {
+                    DeviceError::internal("fewer bytes read than elements to convert")
+                })?;
+            convert(dtype, raw, part);
+            Ok(())
+        },
+        || DeviceError::internal("a thread converting checkpoint elements panicked"),
+    )
+}
+
 /// Where a [`Stager`] reads tensors from.
 #[derive(Debug)]
 pub(crate) enum Source<'a> {
@@ -84,6 +189,8 @@ pub(crate) struct Stager<'a> {
     split: Option<Split>,
     /// Elements of a staging buffer.
     chunk: usize,
+    /// The fewest bytes a reading or converting thread is given, and the most threads.
+    parts: (usize, usize),
     free: Vec<PinnedBuffer<bf16>>,
     in_flight: VecDeque<PinnedTransfer<bf16>>,
     open_files: HashMap<usize, File>,
@@ -126,6 +233,7 @@ impl<'a> Stager<'a> {
             source,
             split,
             chunk,
+            parts: (PART_BYTES, read_threads()),
             free,
             in_flight: VecDeque::new(),
             open_files: HashMap::new(),
@@ -260,9 +368,11 @@ impl<'a> Stager<'a> {
         } else {
             let mut raw = std::mem::take(&mut self.raw);
             raw.resize(n, 0);
-            self.read_bytes(name, range.start * size, &mut raw)?;
-            convert(dtype, &raw, out);
+            let read = self
+                .read_bytes(name, range.start * size, &mut raw)
+                .and_then(|()| convert_in_parts(dtype, &raw, out, self.parts));
             self.raw = raw;
+            read?;
         }
         self.bytes_read += n;
         Ok(())
@@ -304,6 +414,7 @@ impl<'a> Stager<'a> {
     }
 
     fn read_bytes(&mut self, name: &str, offset: usize, out: &mut [u8]) -> Result<(), DeviceError> {
+        let parts = self.parts;
         match &self.source {
             Source::Memory(m) => {
                 let t = m
@@ -312,8 +423,18 @@ impl<'a> Stager<'a> {
                 let src = t.data.get(offset..offset + out.len()).ok_or_else(|| {
                     DeviceError::internal(format!("synthetic `{name}` is too short"))
                 })?;
-                out.copy_from_slice(src);
-                Ok(())
+                in_parts(
+                    out,
+                    (parts.0, 1, parts.1),
+                    |start, part| {
+                        let from = src.get(start..start + part.len()).ok_or_else(|| {
+                            DeviceError::internal(format!("synthetic `{name}` is too short"))
+                        })?;
+                        part.copy_from_slice(from);
+                        Ok(())
+                    },
+                    || DeviceError::internal("a thread copying synthetic weights panicked"),
+                )
             }
             Source::Files(c) => {
                 let e = c
@@ -325,8 +446,7 @@ impl<'a> Stager<'a> {
                     std::collections::hash_map::Entry::Occupied(f) => f.into_mut(),
                     std::collections::hash_map::Entry::Vacant(v) => v.insert(open_regular(path)?),
                 };
-                file.seek(SeekFrom::Start(e.start + offset as u64))
-                    .and_then(|_| file.read_exact(out))
+                read_at(file, e.start + offset as u64, out, parts)
                     .map_err(|err| io_error(path, &format!("read tensor `{name}` from"), err))
             }
         }
@@ -407,49 +527,158 @@ mod tests {
         }
     }
 
-    /// Every rank's slice of a row-split, a column-split and a replicated matrix, read in
-    /// chunks of 7 elements (so chunks end inside rows, and both the pinned and the pageable
-    /// path run), equals the slice taken from the matrix directly.
+    /// Reads every rank's slice of the row-split, column-split and replicated `[rows, cols]`
+    /// matrices `names` from `source` in chunks of 7 elements (so chunks end inside rows,
+    /// and both the pinned and the pageable path run), `parts` as the stager's thread split,
+    /// and checks each against the slice taken from the matrix directly.
+    fn assert_slices<'a>(
+        stream: &'a Stream,
+        source: impl Fn() -> Source<'a>,
+        parts: (usize, usize),
+        what: &str,
+    ) -> Result<(), DeviceError> {
+        let (cols, tp) = (12, 3);
+        for rank in 0..tp {
+            let split = Split { rank, tp };
+            let mut stager = Stager::with_chunk(stream, source(), Some(split), 7)?;
+            stager.parts = parts;
+            for (name, local) in NAMES {
+                let dst = DeviceBuffer::<bf16>::zeroed(stream, local[0] * local[1])?;
+                stager.read(name, &local, dst.view())?;
+                stager.finish()?;
+                // Rank r holds rows r·2.. of q_proj and columns r·4.. of down_proj.
+                let (r0, c0) = match local {
+                    [2, 12] => (rank * 2, 0),
+                    [6, 4] => (0, rank * 4),
+                    _ => (0, 0),
+                };
+                let want: Vec<bf16> = (0..local[0] * local[1])
+                    .map(|i| {
+                        let (r, c) = (r0 + i / local[1], c0 + i % local[1]);
+                        bf16::from_f32((r * cols + c) as f32 - 40.0)
+                    })
+                    .collect();
+                let what = format!("{name}, rank {rank} of {tp}, {what}, parts {parts:?}");
+                assert_eq!(dst.to_host_vec(stream)?, want, "{what}");
+            }
+        }
+        Ok(())
+    }
+
+    /// The matrices of [`assert_slices`] and their shapes on each of 3 ranks.
+    const NAMES: [(&str, [usize; 2]); 3] = [
+        ("model.layers.0.self_attn.q_proj.weight", [2, 12]),
+        ("model.layers.0.mlp.down_proj.weight", [6, 4]),
+        ("model.embed_tokens.weight", [6, 12]),
+    ];
+
+    fn tensors(dtype: WeightDtype) -> Vec<CheckpointTensor> {
+        NAMES.iter().map(|(n, _)| tensor(n, 6, 12, dtype)).collect()
+    }
+
+    /// Every rank's slice of a row-split, a column-split and a replicated matrix equals the
+    /// slice taken from the matrix directly, read from host memory and from a checkpoint
+    /// file, in one piece and in parts of a few bytes on four threads (so parts end inside
+    /// elements and rows).
     #[test]
     fn sliced_reads_equal_the_slices() -> Result<(), DeviceError> {
         let device = Device::auto()?;
         let stream = device.new_stream()?;
-        let (rows, cols, tp) = (6, 12, 3);
-        let names = [
-            ("model.layers.0.self_attn.q_proj.weight", [rows / tp, cols]),
-            ("model.layers.0.mlp.down_proj.weight", [rows, cols / tp]),
-            ("model.embed_tokens.weight", [rows, cols]),
-        ];
         for dtype in [WeightDtype::Bf16, WeightDtype::F32, WeightDtype::F16] {
-            let map: HashMap<String, CheckpointTensor> = names
-                .iter()
-                .map(|(n, _)| (n.to_string(), tensor(n, rows, cols, dtype)))
+            let map: HashMap<String, CheckpointTensor> = tensors(dtype)
+                .into_iter()
+                .map(|t| (t.name.clone(), t))
                 .collect();
-            for rank in 0..tp {
-                let split = Split { rank, tp };
-                let mut stager = Stager::with_chunk(&stream, Source::Memory(&map), Some(split), 7)?;
-                for (name, local) in names {
-                    let dst = DeviceBuffer::<bf16>::zeroed(&stream, local[0] * local[1])?;
-                    stager.read(name, &local, dst.view())?;
-                    stager.finish()?;
-                    // Rank r holds rows r·2.. of q_proj and columns r·4.. of down_proj.
-                    let (r0, c0) = match local {
-                        [2, 12] => (rank * 2, 0),
-                        [6, 4] => (0, rank * 4),
-                        _ => (0, 0),
-                    };
-                    let want: Vec<bf16> = (0..local[0] * local[1])
-                        .map(|i| {
-                            let (r, c) = (r0 + i / local[1], c0 + i % local[1]);
-                            bf16::from_f32((r * cols + c) as f32 - 40.0)
-                        })
-                        .collect();
-                    let what = format!("{name}, rank {rank} of {tp}, {dtype:?}");
-                    assert_eq!(dst.to_host_vec(&stream)?, want, "{what}");
+            let dir = std::env::temp_dir().join(format!(
+                "cuflow-loader-{dtype:?}-{}-{:?}",
+                std::process::id(),
+                std::thread::current().id()
+            ));
+            std::fs::create_dir_all(&dir).map_err(|e| io_error(&dir, "create", e))?;
+            crate::llama::testing::write_checkpoint(
+                &dir,
+                &crate::llama::LlamaConfig::tiny(),
+                &tensors(dtype),
+            )?;
+            let checkpoint = Checkpoint::open(&dir)?;
+            for parts in [(PART_BYTES, READ_THREADS), (3, 4), (5, 2)] {
+                let what = format!("{dtype:?} from memory");
+                assert_slices(&stream, || Source::Memory(&map), parts, &what)?;
+                let what = format!("{dtype:?} from a file");
+                assert_slices(&stream, || Source::Files(&checkpoint), parts, &what)?;
+            }
+            std::fs::remove_dir_all(&dir).ok();
+        }
+        Ok(())
+    }
+
+    /// `in_parts` hands every element to exactly one part, at its index, aligned as asked,
+    /// on the threads asked for at most, and returns the first error in the order of the
+    /// parts after every part ran.
+    #[test]
+    fn parts_cover_the_output_once_and_keep_the_first_error() {
+        for len in [0, 1, 7, 64, 1000, 1001] {
+            for (min_part, align, threads) in [(1, 1, 4), (3, 2, 3), (10, 4, 8), (2000, 1, 8)] {
+                let mut out = vec![usize::MAX; len];
+                let calls = std::sync::atomic::AtomicUsize::new(0);
+                let r: Result<(), ()> = in_parts(
+                    &mut out,
+                    (min_part, align, threads),
+                    |start, part| {
+                        calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        assert!(start % align == 0, "part at {start}, align {align}");
+                        for (i, x) in part.iter_mut().enumerate() {
+                            assert_eq!(*x, usize::MAX, "element {} written twice", start + i);
+                            *x = start + i;
+                        }
+                        Ok(())
+                    },
+                    || (),
+                );
+                assert_eq!(r, Ok(()));
+                assert_eq!(out, (0..len).collect::<Vec<_>>(), "len {len}, {min_part}");
+                let calls = calls.into_inner();
+                assert!(
+                    calls >= 1 && calls <= threads,
+                    "{calls} parts for {threads} threads"
+                );
+                if len < 2 * min_part {
+                    assert_eq!(calls, 1, "len {len} is below two parts of {min_part}");
                 }
             }
         }
-        Ok(())
+        let mut out = vec![0u8; 100];
+        let ran = std::sync::atomic::AtomicUsize::new(0);
+        let r = in_parts(
+            &mut out,
+            (10, 1, 4),
+            |start, _| {
+                ran.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if start > 0 {
+                    Err(start)
+                } else {
+                    Ok(())
+                }
+            },
+            || usize::MAX,
+        );
+        assert_eq!(
+            r,
+            Err(25),
+            "the second of four parts of 25 failed first in order"
+        );
+        assert_eq!(ran.into_inner(), 4);
+        let r = in_parts(
+            &mut out,
+            (10, 1, 4),
+            |start, _| if start == 50 { panic!("part") } else { Ok(()) },
+            || 7,
+        );
+        assert_eq!(
+            r,
+            Err(7),
+            "a part that panics is the error the caller names"
+        );
     }
 
     #[test]
