@@ -327,6 +327,54 @@ fn pinned_transfers_of_the_wrong_length_are_refused() -> Result<(), DeviceError>
     Ok(())
 }
 
+/// A pinned buffer's prefix lands in a shorter view (inside a poisoned buffer, whose other
+/// elements stay poisoned), the buffer coming back whole; a view as long as the buffer takes
+/// all of it; a view longer than the buffer is refused with the two lengths, before anything
+/// is enqueued.
+#[test]
+fn a_prefix_of_a_pinned_buffer_lands_in_a_shorter_view() -> Result<(), DeviceError> {
+    let device = device();
+    let stream = device.new_stream()?;
+    let mut rng = rng();
+    for (len, prefix) in [(1usize, 1usize), (300, 299), (4097, 1), ((1 << 20) + 3, 4097)] {
+        let data = random_f32(&mut rng, len);
+        let mut pinned = PinnedBuffer::<f32>::new(&device, len)?;
+        pinned.as_mut_slice().copy_from_slice(&data);
+        let dev = DeviceBuffer::<f32>::alloc(&stream, prefix + 10)?;
+        dev.view().fill_bytes(&stream, POISON)?;
+        let pinned = pinned
+            .copy_prefix_to_device(&stream, dev.slice(5..5 + prefix)?)?
+            .wait()?;
+        assert_eq!(pinned.len(), len);
+        assert_eq!(&*pinned.as_slice(), &data[..], "the source changed");
+        let got = dev.to_host_vec(&stream)?;
+        let poison = f32::from_bits(POISON_U32).to_bits();
+        let what = format!("{prefix} of {len} elements");
+        assert!(got[..5].iter().all(|v| v.to_bits() == poison), "{what}: before");
+        assert_eq!(&got[5..5 + prefix], &data[..prefix], "{what}");
+        assert!(got[5 + prefix..].iter().all(|v| v.to_bits() == poison), "{what}: after");
+    }
+    let data: Vec<u32> = random_vec(&mut rng, 9);
+    let mut pinned = PinnedBuffer::<u32>::new(&device, 9)?;
+    pinned.as_mut_slice().copy_from_slice(&data);
+    let dev = DeviceBuffer::<u32>::zeroed(&stream, 10)?;
+    let pinned = pinned
+        .copy_prefix_to_device(&stream, dev.slice(1..10)?)?
+        .wait()?;
+    match pinned.copy_prefix_to_device(&stream, dev.view()) {
+        Err(DeviceError::LengthMismatch {
+            op,
+            expected: 9,
+            found: 10,
+        }) => assert_eq!(op, "PinnedBuffer::copy_prefix_to_device"),
+        other => panic!("a view longer than the buffer: {:?}", other.map(|_| ())),
+    }
+    let mut want = vec![0];
+    want.extend(&data);
+    assert_eq!(dev.to_host_vec(&stream)?, want);
+    Ok(())
+}
+
 /// A copy between overlapping ranges of one allocation (through one buffer, or two buffers
 /// sharing it by `reinterpret`) is refused before anything is enqueued: its result would
 /// depend on the order the driver copies in. A copy of a range onto itself changes nothing.

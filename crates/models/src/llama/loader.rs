@@ -5,16 +5,17 @@
 //! change it under the map), and this crate has no `unsafe`. Each tensor is instead read
 //! with `std::fs::File` at its offset, in chunks of 16 MiB, straight into one of two pinned
 //! staging buffers (converted to `bf16` on the way when the file holds `f32` or `f16`), and
-//! copied to the device asynchronously while the next chunk is read.
+//! copied to the device asynchronously while the next chunk is read; a tensor's last chunk,
+//! or a tensor smaller than a chunk, fills the first elements of a buffer. The file's header
+//! is parsed with the `safetensors` crate's own types, and every tensor's shape, dtype and
+//! byte range are checked against the config before anything is copied.
 //!
 //! One thread copying out of the page cache moves a few GB/s, a tenth of what a pinned
 //! host-to-device copy moves, so a large read is split into parts of at least
 //! [`PART_BYTES`] read at once by up to [`READ_THREADS`] scoped threads (positioned reads of
 //! the one file handle, on Unix; one read elsewhere), and so are the conversions and the
 //! copies of synthetic weights. Plain `std::thread::scope` rather than a thread-pool crate: a
-//! chunk is a few parts, and spawning them costs little beside reading 16 MiB. The file's header is
-//! parsed with the `safetensors` crate's own types, and every tensor's shape, dtype and
-//! byte range are checked against the config before anything is copied.
+//! chunk is a few parts, and spawning them costs little beside reading 16 MiB.
 //!
 //! Under tensor parallelism a rank reads only its slice of each split tensor: rows of a matrix
 //! are one contiguous byte range of the file, read like a whole tensor; columns are a run of
@@ -469,24 +470,24 @@ impl<'a> Stager<'a> {
         let mut start = 0;
         while start < len {
             let end = (start + self.chunk).min(len);
-            if end - start == self.chunk {
-                let mut pinned = match self.free.pop() {
-                    Some(p) => p,
-                    None => match self.in_flight.pop_front() {
-                        Some(t) => t.wait()?,
-                        None => return Err(DeviceError::internal("no staging buffer")),
-                    },
-                };
-                let source = (dtype, &full[..]);
-                self.fill(name, source, &part, start..end, &mut pinned.as_mut_slice())?;
-                let transfer = pinned.copy_to_device(self.stream, dst.slice(start..end)?)?;
-                self.in_flight.push_back(transfer);
-            } else {
-                // A tail shorter than a staging buffer goes through pageable memory.
-                let mut tail = vec![bf16::ZERO; end - start];
-                self.fill(name, (dtype, &full), &part, start..end, &mut tail)?;
-                dst.slice(start..end)?.copy_from_host(self.stream, &tail)?;
-            }
+            let mut pinned = match self.free.pop() {
+                Some(p) => p,
+                None => match self.in_flight.pop_front() {
+                    Some(t) => t.wait()?,
+                    None => return Err(DeviceError::internal("no staging buffer")),
+                },
+            };
+            let source = (dtype, &full[..]);
+            let staged = pinned
+                .as_mut_slice()
+                .get_mut(..end - start)
+                .ok_or_else(|| DeviceError::internal("a staging buffer shorter than a chunk"))
+                .and_then(|out| self.fill(name, source, &part, start..end, out));
+            staged?;
+            // A chunk shorter than the buffer (a tensor's last) takes the buffer's first
+            // elements.
+            let transfer = pinned.copy_prefix_to_device(self.stream, dst.slice(start..end)?)?;
+            self.in_flight.push_back(transfer);
             start = end;
         }
         Ok(())
@@ -527,9 +528,9 @@ mod tests {
         }
     }
 
-    /// Reads every rank's slice of the row-split, column-split and replicated `[rows, cols]`
-    /// matrices `names` from `source` in chunks of 7 elements (so chunks end inside rows,
-    /// and both the pinned and the pageable path run), `parts` as the stager's thread split,
+    /// Reads every rank's slice of the row-split, column-split and replicated `[6, 12]`
+    /// matrices [`NAMES`] from `source` in chunks of 7 elements (so chunks end inside rows,
+    /// and the last of a tensor is shorter), `parts` as the stager's thread split,
     /// and checks each against the slice taken from the matrix directly.
     fn assert_slices<'a>(
         stream: &'a Stream,

@@ -167,9 +167,23 @@ impl<T: DeviceCopy> PinnedBuffer<T> {
         dst: BufferView<'_, T>,
     ) -> Result<PinnedTransfer<T>> {
         let op = "PinnedBuffer::copy_to_device";
+        let fits = check_len(op, dst.len, self.len);
+        self.copy_into(stream, dst, op, fits)
+    }
+
+    /// Enqueues the copy of this buffer's first `dst.len()` elements into `dst`, for `op`;
+    /// `fits` says whether that many fit (checked after the devices and the capture, as the
+    /// checks have always been ordered).
+    fn copy_into(
+        self,
+        stream: &Stream,
+        dst: BufferView<'_, T>,
+        op: &'static str,
+        fits: Result<()>,
+    ) -> Result<PinnedTransfer<T>> {
         dst.mem.check_device(stream, op, "the destination")?;
         stream.forbid_in_capture(op)?;
-        check_len(op, dst.len, self.len)?;
+        fits?;
         self.check_backend(op, stream)?;
         let recorded = ordered_copy(
             stream,
@@ -184,6 +198,49 @@ impl<T: DeviceCopy> PinnedBuffer<T> {
             },
         )?;
         self.into_transfer(stream, recorded)
+    }
+
+    /// Enqueues an asynchronous copy of this buffer's first `dst.len()` elements into `dst`
+    /// (which may be shorter than the buffer, not longer); the buffer comes back when the copy
+    /// has finished. A staging buffer of fixed size then serves data of any length up to it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cuflow_runtime::{Device, DeviceBuffer, PinnedBuffer};
+    /// # fn main() -> Result<(), cuflow_runtime::DeviceError> {
+    /// let device = Device::auto()?;
+    /// let stream = device.new_stream()?;
+    /// let mut staging = PinnedBuffer::<f32>::new(&device, 4)?;
+    /// staging.as_mut_slice().copy_from_slice(&[1.0, 2.0, 3.0, 4.0]);
+    /// let dst = DeviceBuffer::<f32>::zeroed(&stream, 3)?;
+    /// let staging = staging.copy_prefix_to_device(&stream, dst.view())?.wait()?;
+    /// assert_eq!(dst.to_host_vec(&stream)?, [1.0, 2.0, 3.0]);
+    /// assert_eq!(staging.len(), 4);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceError::LengthMismatch`] when `dst` is longer than the buffer (`expected` is the
+    /// buffer's length), [`DeviceError::DeviceMismatch`] when the view is of another device
+    /// than the stream, or the pinned buffer of another backend.
+    pub fn copy_prefix_to_device(
+        self,
+        stream: &Stream,
+        dst: BufferView<'_, T>,
+    ) -> Result<PinnedTransfer<T>> {
+        let op = "PinnedBuffer::copy_prefix_to_device";
+        let fits = if dst.len > self.len {
+            Err(DeviceError::LengthMismatch {
+                op,
+                expected: self.len,
+                found: dst.len,
+            })
+        } else {
+            Ok(())
+        };
+        self.copy_into(stream, dst, op, fits)
     }
 }
 
