@@ -336,7 +336,12 @@ fn a_prefix_of_a_pinned_buffer_lands_in_a_shorter_view() -> Result<(), DeviceErr
     let device = device();
     let stream = device.new_stream()?;
     let mut rng = rng();
-    for (len, prefix) in [(1usize, 1usize), (300, 299), (4097, 1), ((1 << 20) + 3, 4097)] {
+    for (len, prefix) in [
+        (1usize, 1usize),
+        (300, 299),
+        (4097, 1),
+        ((1 << 20) + 3, 4097),
+    ] {
         let data = random_f32(&mut rng, len);
         let mut pinned = PinnedBuffer::<f32>::new(&device, len)?;
         pinned.as_mut_slice().copy_from_slice(&data);
@@ -350,9 +355,15 @@ fn a_prefix_of_a_pinned_buffer_lands_in_a_shorter_view() -> Result<(), DeviceErr
         let got = dev.to_host_vec(&stream)?;
         let poison = f32::from_bits(POISON_U32).to_bits();
         let what = format!("{prefix} of {len} elements");
-        assert!(got[..5].iter().all(|v| v.to_bits() == poison), "{what}: before");
+        assert!(
+            got[..5].iter().all(|v| v.to_bits() == poison),
+            "{what}: before"
+        );
         assert_eq!(&got[5..5 + prefix], &data[..prefix], "{what}");
-        assert!(got[5 + prefix..].iter().all(|v| v.to_bits() == poison), "{what}: after");
+        assert!(
+            got[5 + prefix..].iter().all(|v| v.to_bits() == poison),
+            "{what}: after"
+        );
     }
     let data: Vec<u32> = random_vec(&mut rng, 9);
     let mut pinned = PinnedBuffer::<u32>::new(&device, 9)?;

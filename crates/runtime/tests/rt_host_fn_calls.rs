@@ -279,6 +279,32 @@ fn a_read_back_waiting_for_a_host_function_that_waits_for_another_thread_s_write
     });
 }
 
+/// The same with a read back of 12 MiB, staged on CUDA through a page-locked buffer that no
+/// read back of this process made before (the others here read a few kilobytes), so that the
+/// read allocates it while its stream waits for the host function.
+#[test]
+fn a_large_read_back_waiting_for_a_host_function_that_waits_for_another_thread_s_write_returns() {
+    cuflow_testing::thread::within_a_minute("the read back or the write hung", || {
+        let s = stream();
+        let other = s.device().new_stream().expect("a second stream");
+        let n = 3 << 20;
+        let x = DeviceBuffer::<u32>::zeroed(&other, n).expect("x");
+        other.synchronize().expect("x is zeroed");
+        let read = behind_a_host_function_waiting_for_a_write((&s, &other), &x, 0xff, || {
+            x.to_host_vec(&s)
+        });
+        assert!(
+            read.iter().all(|&v| v == 0) || read.iter().all(|&v| v == u32::MAX),
+            "neither before nor after the write"
+        );
+        assert!(x
+            .to_host_vec(&other)
+            .expect("x")
+            .iter()
+            .all(|&v| v == u32::MAX));
+    });
+}
+
 /// A copy from the host of `n` elements behind a host function that waits for another thread
 /// to write the same buffer on another stream returns, and the host function sees the write.
 /// The buffer ends with the later of the two writes.

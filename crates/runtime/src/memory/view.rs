@@ -111,6 +111,14 @@ impl<'a, T: DeviceCopy> BufferView<'a, T> {
 
     /// Enqueues a copy of `data` into this view. `data` may be dropped as soon as this returns.
     ///
+    /// On CUDA the driver stages pageable memory through buffers of its own and may wait for
+    /// the stream's earlier work before it returns (copies of 64 MiB and more always do;
+    /// smaller ones were seen to, with tests that block host functions running at once),
+    /// while the buffer's ordering is held: other threads' work on this buffer waits too. So a
+    /// host function enqueued before the copy must not wait for another thread's work on
+    /// the same buffer. A copy from a [`PinnedBuffer`](crate::PinnedBuffer)
+    /// (`copy_to_device`) never waits.
+    ///
     /// # Errors
     ///
     /// [`DeviceError::LengthMismatch`] when lengths differ; [`DeviceError::Capture`] during a
