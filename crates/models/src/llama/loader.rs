@@ -29,6 +29,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fs::File;
 use std::ops::Range;
+use std::sync::{Mutex, PoisonError};
 
 use cuflow_runtime::{BufferView, DeviceError, PinnedBuffer, PinnedTransfer, Stream};
 use cuflow_tensor::{bf16, f16};
@@ -61,8 +62,10 @@ fn read_threads() -> usize {
 /// Runs `work(start, part)` over consecutive parts of `out` that together cover it, `start`
 /// being the index of `part`'s first element in `out`: on the calling thread when `out` holds
 /// fewer than two parts of `min_part` elements, else on up to `threads` scoped threads (the
-/// calling thread one of them), each part a multiple of `align` elements but the last. The
-/// first error in the order of the parts is returned, once every part has ended.
+/// calling thread one of them; a thread the system will not start leaves its parts to the
+/// others), each part a multiple of `align` elements but the last. The first error in the
+/// order of the parts is returned once every part has ended, or `panicked()` if a part
+/// panicked (on whichever thread).
 fn in_parts<T: Send, E: Send>(
     out: &mut [T],
     (min_part, align, threads): (usize, usize, usize),
@@ -75,22 +78,36 @@ fn in_parts<T: Send, E: Send>(
     }
     let align = align.max(1);
     let part = out.len().div_ceil(parts).div_ceil(align) * align;
-    let work = &work;
-    std::thread::scope(|scope| {
-        let mut pieces = out.chunks_mut(part).enumerate();
-        let first = pieces.next();
-        let handles: Vec<_> = pieces
-            .map(|(i, piece)| scope.spawn(move || work(i * part, piece)))
-            .collect();
-        let mut result = first.map_or(Ok(()), |(_, piece)| work(0, piece));
-        for handle in handles {
-            let joined = handle.join().unwrap_or_else(|_| Err(panicked()));
-            if result.is_ok() {
-                result = joined;
-            }
+    // The parts left, taken one at a time by each thread until none is left.
+    let left = Mutex::new(out.chunks_mut(part).enumerate().collect::<Vec<_>>());
+    let ended = Mutex::new(Vec::with_capacity(parts));
+    let take = || left.lock().unwrap_or_else(PoisonError::into_inner).pop();
+    let run = || {
+        while let Some((i, piece)) = take() {
+            let result = work(i * part, piece);
+            ended
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push((i, result));
         }
-        result
-    })
+    };
+    let all_joined = std::thread::scope(|scope| {
+        let helpers: Vec<_> = (1..parts)
+            .filter_map(|_| std::thread::Builder::new().spawn_scoped(scope, run).ok())
+            .collect();
+        let mut all_joined = std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)).is_ok();
+        // Every helper is joined, whatever the others gave.
+        for helper in helpers {
+            all_joined &= helper.join().is_ok();
+        }
+        all_joined
+    });
+    if !all_joined {
+        return Err(panicked());
+    }
+    let mut ended = ended.into_inner().unwrap_or_else(PoisonError::into_inner);
+    ended.sort_by_key(|(i, _)| *i);
+    ended.into_iter().try_for_each(|(_, r)| r)
 }
 
 /// Reads `out.len()` bytes of `file` from `offset`, in parts on several threads when they are
