@@ -18,6 +18,17 @@ use cuflow_testing::{
     kernels::{assert_stream_usable, launch_add_one},
 };
 
+/// The tests of this file one at a time: they block host functions on purpose, and on CUDA a
+/// device's host functions run one after another on a thread of the driver's, so one test's
+/// waiting host function held up the others' (seen with the harness's threads: tests whose
+/// host functions never wait failed their deadlines). A test that failed holding it leaves it
+/// poisoned; the next takes it all the same.
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static ONE: Mutex<()> = Mutex::new(());
+    ONE.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// Runs `f` in a host function on `s` and returns what it returned.
 fn inside_a_host_function<T: Send + 'static>(
     s: &Stream,
@@ -66,6 +77,7 @@ fn assert_launched_after_or_refused(
 
 #[test]
 fn waiting_inside_a_host_function_is_refused_at_once() -> Result<(), DeviceError> {
+    let _one = one_at_a_time();
     let s = stream();
     let other = s.device().new_stream()?;
     let (own, another, event) = inside_a_host_function(&s, {
@@ -97,6 +109,7 @@ type WaitResults = Vec<(&'static str, Result<(), DeviceError>)>;
 /// output. On CUDA the kernel's CUDA C runs instead, and the implementation never does.
 #[test]
 fn waiting_inside_a_host_kernel_implementation_is_refused_at_once() -> Result<(), DeviceError> {
+    let _one = one_at_a_time();
     let s = stream();
     let device = s.device().clone();
     let other = device.new_stream()?;
@@ -162,6 +175,7 @@ fn waiting_inside_a_host_kernel_implementation_is_refused_at_once() -> Result<()
 
 #[test]
 fn work_enqueued_inside_a_host_function_runs_or_is_refused() -> Result<(), DeviceError> {
+    let _one = one_at_a_time();
     let s = stream();
     let other = s.device().new_stream()?;
     let x = std::sync::Arc::new(DeviceBuffer::from_host(&other, &[1.0f32])?);
@@ -181,6 +195,7 @@ fn work_enqueued_inside_a_host_function_runs_or_is_refused() -> Result<(), Devic
 /// the write or after it, as the two were ordered.
 #[test]
 fn a_read_back_waiting_for_a_host_function_that_writes_its_buffer_returns() {
+    let _one = one_at_a_time();
     cuflow_testing::thread::within_a_minute("the read back or the host function hung", || {
         let s = stream();
         let other = s.device().new_stream().expect("a second stream");
@@ -267,6 +282,7 @@ fn behind_a_host_function_waiting_for_a_write<T: DeviceCopy, R: Send>(
 /// it, as the two were ordered.
 #[test]
 fn a_read_back_waiting_for_a_host_function_that_waits_for_another_thread_s_write_returns() {
+    let _one = one_at_a_time();
     cuflow_testing::thread::within_a_minute("the read back or the write hung", || {
         let s = stream();
         let other = s.device().new_stream().expect("a second stream");
@@ -284,6 +300,7 @@ fn a_read_back_waiting_for_a_host_function_that_waits_for_another_thread_s_write
 /// read allocates it while its stream waits for the host function.
 #[test]
 fn a_large_read_back_waiting_for_a_host_function_that_waits_for_another_thread_s_write_returns() {
+    let _one = one_at_a_time();
     cuflow_testing::thread::within_a_minute("the read back or the write hung", || {
         let s = stream();
         let other = s.device().new_stream().expect("a second stream");
@@ -332,6 +349,7 @@ fn write_behind_a_host_function_waiting_for_another_thread_s_write(n: usize) {
 /// A small copy from the host (16 KiB) does not wait for the work before it, on any backend.
 #[test]
 fn a_small_write_from_the_host_behind_a_host_function_waiting_for_another_thread_returns() {
+    let _one = one_at_a_time();
     write_behind_a_host_function_waiting_for_another_thread_s_write(4 << 10);
 }
 
@@ -343,6 +361,7 @@ fn a_small_write_from_the_host_behind_a_host_function_waiting_for_another_thread
 #[test]
 #[ignore = "known to fail on CUDA: a 64 MiB copy from pageable memory waits for its stream"]
 fn a_large_write_from_the_host_behind_a_host_function_waiting_for_another_thread_returns() {
+    let _one = one_at_a_time();
     write_behind_a_host_function_waiting_for_another_thread_s_write(16 << 20);
 }
 
@@ -351,6 +370,7 @@ fn a_large_write_from_the_host_behind_a_host_function_waiting_for_another_thread
 /// itself.
 #[test]
 fn handles_dropped_inside_a_host_function_fail_no_later_call() -> Result<(), DeviceError> {
+    let _one = one_at_a_time();
     let s = stream();
     let device = s.device().clone();
     let buffer = DeviceBuffer::from_host(&s, &[3.0f32; 4096])?;
@@ -483,6 +503,7 @@ fn freed_after_host_function_drop(
 /// synchronization of the stream.
 #[test]
 fn memory_dropped_inside_a_host_function_is_freed_after_it() -> Result<(), DeviceError> {
+    let _one = one_at_a_time();
     assert_freed_after_host_function_drop("stream synchronizations", 0, Stream::synchronize)
 }
 
@@ -490,6 +511,7 @@ fn memory_dropped_inside_a_host_function_is_freed_after_it() -> Result<(), Devic
 /// releases what host functions dropped too.
 #[test]
 fn memory_dropped_inside_a_host_function_is_freed_after_an_event_wait() -> Result<(), DeviceError> {
+    let _one = one_at_a_time();
     assert_freed_after_host_function_drop("event waits", 0, |s| s.record_event()?.synchronize())
 }
 
@@ -499,6 +521,7 @@ fn memory_dropped_inside_a_host_function_is_freed_after_an_event_wait() -> Resul
 #[test]
 fn memory_dropped_inside_a_host_function_is_freed_after_it_while_other_threads_wait(
 ) -> Result<(), DeviceError> {
+    let _one = one_at_a_time();
     for _ in 0..8 {
         assert_freed_after_host_function_drop(
             "stream synchronizations beside three threads dropping page-locked memory",
@@ -516,6 +539,7 @@ fn memory_dropped_inside_a_host_function_is_freed_after_it_while_other_threads_w
 #[test]
 fn a_launch_inside_a_host_function_never_waits_for_a_module_being_loaded() -> Result<(), DeviceError>
 {
+    let _one = one_at_a_time();
     let s = stream();
     let other = s.device().new_stream()?;
     let device = s.device().clone();
