@@ -596,8 +596,8 @@ mod tests {
 
     /// Every rank's slice of a row-split, a column-split and a replicated matrix equals the
     /// slice taken from the matrix directly, read from host memory and from a checkpoint
-    /// file, in one piece and in parts of a few bytes on four threads (so parts end inside
-    /// elements and rows).
+    /// file, in one piece and in parts of a few bytes on two and on four threads (so parts end
+    /// inside elements and rows).
     #[test]
     fn sliced_reads_equal_the_slices() -> Result<(), DeviceError> {
         let device = Device::auto()?;
