@@ -538,11 +538,9 @@ impl Llama {
             })?;
             opts.max_seq = Some(positions);
         }
-        match LlamaStep::new(self.core.clone(), stream, opts, false) {
-            Ok(mut step) => step.generate_eager(prompt, n),
-            // Under tensor parallelism the other ranks agree on the request all the same.
-            Err(e) => agree_request(&self.core, Request::Generate(prompt, n), &opts, Err(e)),
-        }
+        self.on_own_step(stream, opts, Request::Generate(prompt, n), |step| {
+            step.generate_eager(prompt, n)
+        })
     }
 
     /// Captures one decode step into a graph on `stream`, with caches of `options`' `max_seq`
@@ -626,10 +624,25 @@ impl Llama {
         by_step: bool,
     ) -> Result<Vec<f32>, DeviceError> {
         let opts = GenerateOptions::greedy().max_seq(prompt.len().max(1));
+        self.on_own_step(stream, opts, Request::Logits(prompt, by_step), |step| {
+            step.logits(prompt, by_step)
+        })
+    }
+
+    /// `run` (which makes `request`, agreeing on it first) on a decoder of its own with
+    /// `opts`. A decoder this rank cannot make is its refusal of `request`: under tensor
+    /// parallelism it takes part in the ranks' agreement on it all the same, so the other
+    /// ranks fail at once instead of waiting for this one.
+    fn on_own_step<T>(
+        &self,
+        stream: &Stream,
+        opts: GenerateOptions,
+        request: Request<'_>,
+        run: impl FnOnce(&mut LlamaStep) -> Result<T, DeviceError>,
+    ) -> Result<T, DeviceError> {
         match LlamaStep::new(self.core.clone(), stream, opts, false) {
-            Ok(mut step) => step.logits(prompt, by_step),
-            // Under tensor parallelism the other ranks agree on the request all the same.
-            Err(e) => agree_request(&self.core, Request::Logits(prompt, by_step), &opts, Err(e)),
+            Ok(mut step) => run(&mut step),
+            Err(e) => agree_request(&self.core, request, &opts, Err(e)),
         }
     }
 }
