@@ -21,8 +21,9 @@ use cuflow_testing::{
 /// The tests of this file one at a time: they block host functions on purpose, and on CUDA a
 /// device's host functions run one after another on a thread of the driver's, so one test's
 /// waiting host function held up the others' (seen with the harness's threads: tests whose
-/// host functions never wait failed their deadlines). A test that failed holding it leaves it
-/// poisoned; the next takes it all the same.
+/// host functions never wait failed their deadlines). It also keeps other tests from
+/// allocating between the two readings of the pool's reserved bytes that some tests make. A
+/// test that failed holding it leaves it poisoned; the next takes it all the same.
 fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     static ONE: Mutex<()> = Mutex::new(());
     ONE.lock()
@@ -411,10 +412,6 @@ fn handles_dropped_inside_a_host_function_fail_no_later_call() -> Result<(), Dev
     })
 }
 
-/// Held by each test that reads the pool's reserved bytes, so that no other test of this
-/// binary allocates a large buffer between its two readings.
-static POOL_READINGS: Mutex<()> = Mutex::new(());
-
 /// Drops 256 MiB of device memory inside a host function on a fresh stream, then waits twice
 /// with `wait` (`how` names it): afterwards the pool can give the memory back. On CUDA, where
 /// the driver refuses the free inside the host function, the first wait after it frees the
@@ -430,8 +427,6 @@ fn assert_freed_after_host_function_drop(
     busy: usize,
     wait: impl Fn(&Stream) -> Result<(), DeviceError>,
 ) -> Result<(), DeviceError> {
-    // A test that failed while holding the lock poisoned it; the readings are still sound.
-    let _readings = POOL_READINGS.lock().unwrap_or_else(|e| e.into_inner());
     let done = AtomicBool::new(false);
     std::thread::scope(|scope| {
         let others: Vec<_> = (0..busy)
