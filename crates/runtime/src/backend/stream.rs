@@ -38,6 +38,15 @@ impl SyncWait {
     }
 }
 
+/// Host bytes made ready for a copy into a device by [`StreamBackend::stage_from_host`].
+pub(crate) enum Upload<'a> {
+    /// Copied from where they are when the copy is enqueued (the host backend copies them
+    /// then; the CUDA driver stages them itself).
+    Direct(&'a [u8]),
+    /// Copied into page-locked memory of a CUDA device's.
+    Staged(cuda::StagedUpload),
+}
+
 /// A copy to the host begun by [`StreamBackend::begin_copy_to_host`].
 pub(crate) enum CopyToHost {
     /// The copy is enqueued on a host stream.
@@ -195,9 +204,41 @@ impl StreamBackend {
 
     /// Enqueues a copy of `data` into `dst`; `data` may be dropped as soon as this returns.
     pub(crate) fn copy_from_host(&self, dst: Region<'_>, data: &[u8]) -> Result<()> {
+        let staged = self.stage_from_host(data)?;
+        self.upload(dst, staged)
+    }
+
+    /// Makes `data` ready for a copy into this stream's device by [`StreamBackend::upload`]:
+    /// on CUDA, a copy of at most 16 MiB is copied into page-locked memory of the device's
+    /// here, so that enqueuing it later never waits for the stream's earlier work (the driver
+    /// may wait before it returns from a copy out of pageable memory). Called before the
+    /// destination's access state is locked.
+    pub(crate) fn stage_from_host<'a>(&self, data: &'a [u8]) -> Result<Upload<'a>> {
         match self {
-            StreamBackend::Host(s) => s.copy_from_host(dst.mem.clone(), dst.offset, data.to_vec()),
-            StreamBackend::Cuda(s) => s.copy_from_host(dst.mem.backend.cuda()?, dst.offset, data),
+            StreamBackend::Cuda(s) => Ok(match s.stage_from_host(data)? {
+                Some(staged) => Upload::Staged(staged),
+                None => Upload::Direct(data),
+            }),
+            StreamBackend::Host(_) => Ok(Upload::Direct(data)),
+        }
+    }
+
+    /// Enqueues the copy of `up` (made by [`StreamBackend::stage_from_host`] of this stream)
+    /// into `dst`.
+    pub(crate) fn upload(&self, dst: Region<'_>, up: Upload<'_>) -> Result<()> {
+        match (self, up) {
+            (StreamBackend::Host(s), Upload::Direct(data)) => {
+                s.copy_from_host(dst.mem.clone(), dst.offset, data.to_vec())
+            }
+            (StreamBackend::Cuda(s), Upload::Direct(data)) => {
+                s.copy_from_host(dst.mem.backend.cuda()?, dst.offset, data)
+            }
+            (StreamBackend::Cuda(s), Upload::Staged(staged)) => {
+                s.copy_staged_from_host(dst.mem.backend.cuda()?, dst.offset, staged)
+            }
+            (StreamBackend::Host(_), Upload::Staged(_)) => Err(crate::DeviceError::internal(
+                "bytes staged for a CUDA device were copied on a host stream",
+            )),
         }
     }
 

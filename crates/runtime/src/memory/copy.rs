@@ -126,16 +126,15 @@ impl<T: DeviceCopy> BufferView<'_, T> {
                 let reader = src.mem.device.staging_stream()?;
                 let mut data = vec![T::zeroed(); src.len];
                 src.copy_to_host(&reader, &mut data)?;
+                let staged = stream
+                    .backend()
+                    .stage_from_host(bytemuck::cast_slice(&data))?;
                 ordered_copy(
                     stream,
                     op,
                     to.len,
                     smallvec![(self.mem, Access::Write)],
-                    || {
-                        stream
-                            .backend()
-                            .copy_from_host(to, bytemuck::cast_slice(&data))
-                    },
+                    || stream.backend().upload(to, staged),
                 )
             }
         }

@@ -29,6 +29,12 @@ use crate::stream::Stream;
 ///
 /// A pinned buffer is handed to a copy by value and comes back from
 /// [`PinnedTransfer::wait`], so the host cannot touch it while the device uses it.
+///
+/// On CUDA, dropping one frees page-locked memory, which the driver does only after the
+/// device's work in flight, blocking other threads' driver calls meanwhile. So while a host
+/// function waits for another thread, no thread may drop a pinned buffer of that device (the
+/// drop would wait for the host function, which waits for a thread that cannot go on): keep
+/// such buffers and reuse them.
 pub struct PinnedBuffer<T> {
     backend: PinnedBackend,
     len: usize,

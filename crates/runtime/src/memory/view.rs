@@ -111,12 +111,14 @@ impl<'a, T: DeviceCopy> BufferView<'a, T> {
 
     /// Enqueues a copy of `data` into this view. `data` may be dropped as soon as this returns.
     ///
-    /// On CUDA the driver stages pageable memory through buffers of its own and may wait for
-    /// the stream's earlier work before it returns (copies of 64 MiB and more always do;
-    /// smaller ones were seen to, with tests that block host functions running at once),
-    /// while the buffer's ordering is held: other threads' work on this buffer waits too. So a
-    /// host function enqueued before the copy must not wait for another thread's work on
-    /// the same buffer. A copy from a [`PinnedBuffer`](crate::PinnedBuffer)
+    /// On CUDA a copy of up to 16 MiB is first copied into page-locked memory that the device
+    /// keeps for staging (up to 256 MiB of it, allocated as copies need it and freed with the
+    /// device), and never waits for the stream's earlier work. A larger copy, or one made
+    /// while all of that memory is in flight, goes through the driver's own staging, which
+    /// may wait for the stream's earlier work before it returns (copies of 64 MiB and more
+    /// do), while the buffer's ordering is held: other threads' work on this buffer waits too.
+    /// So a host function enqueued before such a copy must not wait for another thread's
+    /// work on the same buffer. A copy from a [`PinnedBuffer`](crate::PinnedBuffer)
     /// (`copy_to_device`) never waits.
     ///
     /// # Errors
@@ -129,9 +131,12 @@ impl<'a, T: DeviceCopy> BufferView<'a, T> {
         stream.forbid_in_capture("copy_from_host")?;
         check_len("copy_from_host", self.len, data.len())?;
         let bytes: &[u8] = bytemuck::cast_slice(data);
+        // Staged before the buffer's ordering is taken: staging may allocate page-locked
+        // memory, and enqueuing the staged copy then never waits for the stream.
+        let staged = stream.backend().stage_from_host(bytes)?;
         let accesses: Accesses<'_> = smallvec![(self.mem, Access::Write)];
         ordered_copy(stream, "copy_from_host", bytes.len(), accesses, || {
-            stream.backend().copy_from_host(self.region(), bytes)
+            stream.backend().upload(self.region(), staged)
         })
     }
 
@@ -141,8 +146,9 @@ impl<'a, T: DeviceCopy> BufferView<'a, T> {
     /// While it waits, other threads may enqueue work on the buffer and on `stream` (ordered
     /// after the copy where they write the buffer): a host function before the copy may wait
     /// for such a thread. On CUDA this holds for copies of up to 16 MiB, which are staged
-    /// through page-locked memory; a larger copy keeps the buffer's writers waiting until it
-    /// has landed.
+    /// through page-locked memory (as for [`copy_from_host`](Self::copy_from_host)); a larger
+    /// copy, or one made while all of that memory is in flight, keeps the buffer's writers
+    /// waiting until it has landed.
     ///
     /// # Errors
     ///

@@ -302,22 +302,23 @@ impl Drop for CudaPinned {
     }
 }
 
-/// Page-locked host memory that read-backs from this device are staged through (see
-/// `CudaCopyToHost`): kept by the device's state between read-backs and lent to one at a time.
+/// Page-locked host memory that read-backs from this device and small copies into it are
+/// staged through (see `CudaCopyToHost` and `StagedUpload`): kept by the device's state
+/// between copies and lent to one copy at a time.
 /// It holds no handle of the state, so the state can keep it without a cycle; whoever holds it
-/// frees it with [`ReadStaging::free`] or leaks it (dropping it frees nothing).
-pub(crate) struct ReadStaging {
+/// frees it with [`HostStaging::free`] or leaks it (dropping it frees nothing).
+pub(crate) struct HostStaging {
     ptr: *mut u8,
     bytes: usize,
 }
 
 // SAFETY: plain host memory owned uniquely by this value; access goes through `&self` /
 // `&mut self`, so Rust's borrow rules order it across threads.
-unsafe impl Send for ReadStaging {}
+unsafe impl Send for HostStaging {}
 
-impl ReadStaging {
+impl HostStaging {
     /// `bytes` (> 0) of page-locked memory of `shared`'s context, zeroed.
-    pub(crate) fn alloc(shared: &CudaDeviceShared, bytes: usize) -> Result<ReadStaging> {
+    pub(crate) fn alloc(shared: &CudaDeviceShared, bytes: usize) -> Result<HostStaging> {
         let _bound = shared.bind()?;
         // SAFETY: allocates fresh page-locked memory, owned by the returned value.
         let p = unsafe { result::malloc_host(bytes, 0) }.map_err(|e| match e.0 {
@@ -329,7 +330,7 @@ impl ReadStaging {
         })? as *mut u8;
         // SAFETY: `p` points to `bytes` writable bytes just allocated.
         unsafe { std::ptr::write_bytes(p, 0, bytes) };
-        Ok(ReadStaging { ptr: p, bytes })
+        Ok(HostStaging { ptr: p, bytes })
     }
 
     /// Its size in bytes.

@@ -34,11 +34,13 @@ mod tools;
 pub(crate) use blas::BlasWorkspace;
 pub(crate) use capture::{CapturedEvents, CudaGraphExecHandle, CudaGraphHandle};
 pub(crate) use kernel::CompiledKernel;
-use memory::ReadStaging;
+use memory::HostStaging;
 pub(crate) use memory::{CudaMemory, CudaPinned};
 pub(crate) use nccl::{nccl_unique_id, NcclComm, ONESHOT_AREA_BYTES};
 pub(crate) use peer::copy_staged;
-pub(crate) use stream::{CudaCopyToHost, CudaEventHandle, CudaStreamHandle, CudaSyncWait};
+pub(crate) use stream::{
+    CudaCopyToHost, CudaEventHandle, CudaStreamHandle, CudaSyncWait, StagedUpload,
+};
 pub(crate) use tools::{at_exit, nvtx_end, nvtx_start};
 
 use std::collections::HashMap;
@@ -354,9 +356,13 @@ pub(crate) struct CudaDeviceShared {
     /// The page-locked buffers that staged copies into this device go through, allocated at
     /// the first such copy (see `peer`).
     staging: Mutex<Option<peer::StagingRing>>,
-    /// The page-locked buffers that read-backs from this device are staged through, kept
-    /// between read-backs up to [`READ_STAGING_KEPT`] bytes in all (see `CudaCopyToHost`).
-    read_staging: Mutex<Vec<ReadStaging>>,
+    /// The page-locked buffers that read-backs from this device and small copies into it are
+    /// staged through (see `CudaCopyToHost` and `StagedUpload`), and the bytes of all of them.
+    host_staging: Mutex<StagingPool>,
+    /// Staging buffers of copies into this device that may still be in flight, each with an
+    /// event recorded after its copy: taken back into `host_staging` once the event completed
+    /// (looked at whenever a staging buffer is taken), waited for when the state is dropped.
+    uploads_in_flight: Mutex<Vec<(RawEvent, HostStaging)>>,
     /// What a host function dropped last and the driver must release (device memory, pinned
     /// memory, streams, graphs, timed events), where the driver refuses every call: released
     /// by the next synchronization with this device made outside one (see
@@ -513,27 +519,75 @@ impl CudaDeviceShared {
         Ok(RawEvent(ev))
     }
 
-    /// A staging buffer of at least `len` bytes for a read-back: one kept from an earlier
-    /// read-back when one is large enough, or a new one (a power of two of at least 64 KiB).
-    pub(crate) fn take_read_staging(&self, len: usize) -> Result<ReadStaging> {
-        let mut kept = self.read_staging.lock();
-        if let Some(i) = kept.iter().position(|s| s.bytes() >= len) {
-            return Ok(kept.swap_remove(i));
+    /// A staging buffer of at least `len` bytes for a copy to or from the host: the smallest
+    /// kept one that is large enough, or a new one (a power of two of at least 64 KiB) while
+    /// the device's staging buffers stay within [`HOST_STAGING_MAX`] bytes; `None` past that
+    /// (the caller copies without staging).
+    pub(crate) fn take_host_staging(&self, len: usize) -> Result<Option<HostStaging>> {
+        self.reclaim_uploads();
+        let bytes = len.max(64 << 10).next_power_of_two();
+        {
+            let mut pool = self.host_staging.lock();
+            let fitting = pool
+                .kept
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.bytes() >= len)
+                .min_by_key(|(_, s)| s.bytes())
+                .map(|(i, _)| i);
+            if let Some(i) = fitting {
+                return Ok(Some(pool.kept.swap_remove(i)));
+            }
+            if pool.bytes + bytes > HOST_STAGING_MAX {
+                return Ok(None);
+            }
+            pool.bytes += bytes;
         }
-        drop(kept);
-        ReadStaging::alloc(self, len.max(64 << 10).next_power_of_two())
+        HostStaging::alloc(self, bytes).map(Some).inspect_err(|_| {
+            self.host_staging.lock().bytes -= bytes;
+        })
     }
 
-    /// Takes back a staging buffer that no copy writes any more: kept for later read-backs
-    /// while the kept ones total at most [`READ_STAGING_KEPT`] bytes, freed otherwise.
-    pub(crate) fn give_back_read_staging(&self, staging: ReadStaging) {
-        let mut kept = self.read_staging.lock();
-        let total: usize = kept.iter().map(ReadStaging::bytes).sum();
-        if total + staging.bytes() <= READ_STAGING_KEPT {
-            kept.push(staging);
-        } else {
-            drop(kept);
-            staging.free(self);
+    /// Takes back a staging buffer that no copy uses any more, for later copies. It is not
+    /// freed before the device's state is: freeing page-locked memory waits for the device's
+    /// work in flight while it blocks other threads' calls to the driver, so a free on a
+    /// copy's path would hang a program whose host function waits for another thread's work.
+    pub(crate) fn give_back_host_staging(&self, staging: HostStaging) {
+        self.host_staging.lock().kept.push(staging);
+    }
+
+    /// Keeps `staging`, which a copy enqueued before `done` (recorded after it) may still be
+    /// reading, until `done` has completed.
+    pub(crate) fn park_upload(&self, done: RawEvent, staging: HostStaging) {
+        self.uploads_in_flight.lock().push((done, staging));
+    }
+
+    /// Takes back the staging buffers of copies into this device whose events have completed.
+    /// One whose event failed (a faulted device) stays parked: the state's drop, or a reset,
+    /// frees it.
+    fn reclaim_uploads(&self) {
+        let mut landed = Vec::new();
+        {
+            let mut flying = self.uploads_in_flight.lock();
+            if flying.is_empty() {
+                return;
+            }
+            let Ok(_bound) = self.bind() else {
+                return;
+            };
+            let mut i = 0;
+            while i < flying.len() {
+                // SAFETY: the event is alive (owned by the list) and of this context.
+                if unsafe { result::event::query(flying[i].0 .0) }.is_ok() {
+                    landed.push(flying.swap_remove(i));
+                } else {
+                    i += 1;
+                }
+            }
+        }
+        for (ev, staging) in landed {
+            self.return_event(ev);
+            self.give_back_host_staging(staging);
         }
     }
 
@@ -549,8 +603,19 @@ impl CudaDeviceShared {
     }
 }
 
-/// The most bytes of read-back staging buffers a device keeps between read-backs.
-const READ_STAGING_KEPT: usize = 32 << 20;
+/// The most bytes of page-locked staging buffers a device allocates for copies to and from
+/// the host (see [`CudaDeviceShared::take_host_staging`]); kept until the device's state is
+/// dropped.
+const HOST_STAGING_MAX: usize = 256 << 20;
+
+/// A device's page-locked staging buffers for copies to and from the host.
+#[derive(Default)]
+pub(crate) struct StagingPool {
+    /// The buffers no copy uses.
+    kept: Vec<HostStaging>,
+    /// Bytes of all the buffers allocated: kept, lent to a copy, or in flight.
+    bytes: usize,
+}
 
 pub(crate) fn destroy_event(shared: &CudaDeviceShared, ev: RawEvent) {
     shared.life.release(|| {
@@ -564,7 +629,19 @@ pub(crate) fn destroy_event(shared: &CudaDeviceShared, ev: RawEvent) {
 
 impl Drop for CudaDeviceShared {
     fn drop(&mut self) {
-        for staging in std::mem::take(self.read_staging.get_mut()) {
+        for (ev, staging) in std::mem::take(self.uploads_in_flight.get_mut()) {
+            // The copy reading the staging buffer is waited for before it is freed (a failed
+            // wait means the device faulted or was reset: its work runs no more).
+            self.life.release(|| {
+                self.ctx.record_err(self.ctx.bind_to_thread());
+                // SAFETY: the event is alive (owned by the list) and of this context, which
+                // was not reset (Life).
+                let _ = unsafe { result::event::synchronize(ev.0) };
+            });
+            destroy_event(self, ev);
+            staging.free(self);
+        }
+        for staging in std::mem::take(&mut self.host_staging.get_mut().kept) {
             staging.free(self);
         }
         let events = std::mem::take(self.event_pool.get_mut());
@@ -657,7 +734,8 @@ impl CudaDevice {
             alloc_stream: Mutex::new(None),
             peers: Mutex::new(HashMap::new()),
             staging: Mutex::new(None),
-            read_staging: Mutex::new(Vec::new()),
+            host_staging: Mutex::new(StagingPool::default()),
+            uploads_in_flight: Mutex::new(Vec::new()),
             host_fn_drops: Mutex::new(Vec::new()),
             host_fn_release: Mutex::new(()),
             foreign: Mutex::new(foreign::ForeignUses::default()),

@@ -12,7 +12,7 @@ use smallvec::SmallVec;
 
 use super::capture::{CapturedEvents, CudaGraphHandle};
 use super::kernel::CompiledKernel;
-use super::memory::{CudaMemory, CudaPinned, ReadStaging};
+use super::memory::{CudaMemory, CudaPinned, HostStaging};
 use super::{driver_err, CudaDeviceShared, RawEvent};
 use crate::backend::{CaptureBackend, GraphBackend};
 use crate::error::{DeviceError, Result};
@@ -272,6 +272,9 @@ impl CudaStreamHandle {
         CudaMemory::alloc_outside_capture(self, bytes)
     }
 
+    /// Enqueues a copy of `data` into `dst` from `offset`, from where `data` is (pageable
+    /// memory, which the driver stages itself: it may wait for the stream's earlier work
+    /// before it returns).
     pub(crate) fn copy_from_host(
         &self,
         dst: &CudaMemory,
@@ -286,15 +289,106 @@ impl CudaStreamHandle {
         })
     }
 
+    /// Copies `data` into page-locked memory of the device's, for a copy into the device
+    /// made by [`CudaStreamHandle::copy_staged_from_host`]: `None` when `data` is empty,
+    /// longer than [`STAGED_WRITE_MAX`], or when the device's staging buffers are all in use
+    /// (the driver stages it then; see `copy_from_host`). Called
+    /// before the destination's access state is locked, so that taking or allocating the
+    /// staging buffer waits for no one while the buffer's ordering is held.
+    pub(crate) fn stage_from_host(&self, data: &[u8]) -> Result<Option<StagedUpload>> {
+        if data.is_empty() || data.len() > STAGED_WRITE_MAX {
+            return Ok(None);
+        }
+        super::refuse_in_host_function()?;
+        let Some(mut staging) = self.shared.take_host_staging(data.len())? else {
+            return Ok(None);
+        };
+        staging.head_mut(data.len()).copy_from_slice(data);
+        Ok(Some(StagedUpload {
+            staging: Some(staging),
+            len: data.len(),
+            shared: self.shared.clone(),
+        }))
+    }
+
+    /// Enqueues the copy of `staged` into `dst` from `offset`: from page-locked memory, so
+    /// the driver never waits for the stream's earlier work here. The staging buffer goes back
+    /// to the device once an event recorded after the copy has completed.
+    pub(crate) fn copy_staged_from_host(
+        &self,
+        dst: &CudaMemory,
+        offset: usize,
+        mut staged: StagedUpload,
+    ) -> Result<()> {
+        let len = staged.len;
+        let Some(staging) = staged.staging.take() else {
+            return Err(DeviceError::internal("a staged copy was enqueued twice"));
+        };
+        let enqueued = self.enqueue_bytes("cuMemcpyHtoDAsync", len, |stream| {
+            // SAFETY: `dst` holds at least `offset + len` bytes (the view was bounds-checked)
+            // and is alive; the staging buffer holds `len` page-locked bytes, which nothing
+            // writes, reuses nor frees before the event recorded after this copy completed
+            // (`park_upload`) or the stream was waited for.
+            unsafe {
+                result::memcpy_htod_async(dst.ptr() + offset as u64, staging.head(len), stream)
+            }
+        });
+        if let Err(e) = enqueued {
+            // Nothing was enqueued: the buffer is free for the next copy.
+            self.shared.give_back_host_staging(staging);
+            return Err(e);
+        }
+        match self.record_raw_event() {
+            Ok(done) => {
+                self.shared.park_upload(done, staging);
+                Ok(())
+            }
+            Err(e) => {
+                // No event follows the copy: the stream, waited for, says when it was read.
+                if self.synchronize().is_ok() {
+                    self.shared.give_back_host_staging(staging);
+                } else if self.shared.life.check().is_err() {
+                    staging.free(&self.shared);
+                } else {
+                    tracing::warn!(
+                        "a staging buffer of {} bytes is leaked: whether its copy to the \
+                         device was made is unknown",
+                        staging.bytes()
+                    );
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// An event of the device's pool recorded on this stream, outside any capture, owned by
+    /// the caller (who gives it back with `return_event`).
+    fn record_raw_event(&self) -> Result<RawEvent> {
+        let ev = self.shared.take_event()?;
+        let recorded = self.shared.bind().and_then(|_bound| {
+            // SAFETY: the event and the stream are alive and belong to this context.
+            unsafe { result::event::record(ev.0, self.raw()) }
+                .map_err(|e| driver_err("cuEventRecord", e))
+        });
+        match recorded {
+            Ok(()) => Ok(ev),
+            Err(e) => {
+                self.shared.return_event(ev);
+                Err(e)
+            }
+        }
+    }
+
     /// Begins a copy of `out.len()` bytes of `src` from `offset` into `out`, after the work
     /// enqueued on this stream so far; it has landed in `out` once
     /// [`CudaCopyToHost::finish`] returned `Ok`. A copy of at most [`STAGED_READ_MAX`] bytes
     /// is enqueued into a page-locked staging buffer of the device's, followed by an event,
     /// and waited for by `finish`: the caller lets go of the buffer's access state and the
     /// stream's capture gate in between, so that the work before the copy (a host function
-    /// waiting for another thread, which takes them) can end. A larger copy goes straight into
-    /// `out`, pageable memory, which the driver returns from only once the copy has landed:
-    /// it is made, and waited for, here.
+    /// waiting for another thread, which takes them) can end. A larger copy, or one made while
+    /// the device's staging buffers are all in use, goes straight into `out`, pageable memory,
+    /// which the driver returns from only once the copy has landed: it is made, and waited
+    /// for, here.
     pub(crate) fn begin_copy_to_host(
         &self,
         src: &CudaMemory,
@@ -308,14 +402,17 @@ impl CudaStreamHandle {
             len,
             shared: self.shared.clone(),
         };
-        if len > STAGED_READ_MAX {
-            self.copy_to_host(src, offset, out)?;
-            return Ok(copy(None, None));
-        }
         if len == 0 {
             return Ok(copy(None, Some(self.begin_synchronize()?)));
         }
-        let mut staging = self.shared.take_read_staging(len)?;
+        let staging = match len {
+            ..=STAGED_READ_MAX => self.shared.take_host_staging(len)?,
+            _ => None,
+        };
+        let Some(mut staging) = staging else {
+            self.copy_to_host(src, offset, out)?;
+            return Ok(copy(None, None));
+        };
         let enqueued = self.shared.bind().and_then(|_bound| {
             // SAFETY: the staging buffer holds at least `len` page-locked bytes, owned by the
             // `CudaCopyToHost` made below, which neither reads, reuses nor frees them before
@@ -333,7 +430,7 @@ impl CudaStreamHandle {
         });
         if let Err(e) = enqueued {
             // Nothing was enqueued: the buffer is free for the next read-back.
-            self.shared.give_back_read_staging(staging);
+            self.shared.give_back_host_staging(staging);
             return Err(e);
         }
         // The copy may be in flight from here on: the staging buffer goes back once it landed.
@@ -348,7 +445,7 @@ impl CudaStreamHandle {
                 // (when that fails too, dropping `staged` decides what the buffer becomes).
                 if self.synchronize().is_ok() {
                     if let Some(staging) = staged.staging.take() {
-                        self.shared.give_back_read_staging(staging);
+                        self.shared.give_back_host_staging(staging);
                     }
                 }
                 Err(e)
@@ -600,11 +697,33 @@ impl CudaSyncWait {
 /// for after the caller unlocked the buffer (see [`CudaStreamHandle::begin_copy_to_host`]).
 const STAGED_READ_MAX: usize = 16 << 20;
 
+/// Copies from the host of at most this many bytes are staged through page-locked memory of
+/// the device's (see [`CudaStreamHandle::stage_from_host`]); larger ones go through the
+/// driver's own staging, which may wait for the stream's earlier work.
+const STAGED_WRITE_MAX: usize = 16 << 20;
+
+/// Host bytes copied into a staging buffer by [`CudaStreamHandle::stage_from_host`], for one
+/// copy into the device. Dropped before its copy was enqueued, it gives the buffer back.
+pub(crate) struct StagedUpload {
+    /// `None` once its copy was enqueued.
+    staging: Option<HostStaging>,
+    len: usize,
+    shared: Arc<CudaDeviceShared>,
+}
+
+impl Drop for StagedUpload {
+    fn drop(&mut self) {
+        if let Some(staging) = self.staging.take() {
+            self.shared.give_back_host_staging(staging);
+        }
+    }
+}
+
 /// A read-back begun by [`CudaStreamHandle::begin_copy_to_host`].
 pub(crate) struct CudaCopyToHost {
     /// The staging buffer the copy lands in first; `None` once given back, or when the copy
     /// went straight into its destination.
-    staging: Option<ReadStaging>,
+    staging: Option<HostStaging>,
     /// The synchronization after the copy; `None` when there is nothing to wait for (the copy
     /// landed already) or no event follows the copy.
     wait: Option<CudaSyncWait>,
@@ -634,7 +753,7 @@ impl CudaCopyToHost {
                     out.len()
                 )))
             };
-            self.shared.give_back_read_staging(staging);
+            self.shared.give_back_host_staging(staging);
             copied?;
         }
         wait.event.shared.release_host_fn_drops();
@@ -652,7 +771,7 @@ impl Drop for CudaCopyToHost {
         };
         if let Some(wait) = self.wait.take() {
             if wait.event.synchronize().is_ok() {
-                self.shared.give_back_read_staging(staging);
+                self.shared.give_back_host_staging(staging);
                 return;
             }
         }
