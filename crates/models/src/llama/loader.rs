@@ -3,19 +3,20 @@
 //!
 //! Files are not memory-mapped: mapping a file is `unsafe` in Rust (another process may
 //! change it under the map), and this crate has no `unsafe`. Each tensor is instead read
-//! with `std::fs::File` at its offset, in chunks of 16 MiB, straight into one of two pinned
-//! staging buffers (converted to `bf16` on the way when the file holds `f32` or `f16`), and
-//! copied to the device asynchronously while the next chunk is read; a tensor's last chunk,
-//! or a tensor smaller than a chunk, fills the first elements of a buffer. The file's header
-//! is parsed with the `safetensors` crate's own types, and every tensor's shape, dtype and
-//! byte range are checked against the config before anything is copied.
+//! with `std::fs::File` at its offset, in chunks of 16 MiB, straight into one of
+//! [`STAGING_BUFFERS`] pinned staging buffers (converted to `bf16` on the way when the file
+//! holds `f32` or `f16`), and copied to the device asynchronously while the next chunks are
+//! read; a tensor's last chunk, or a tensor smaller than a chunk, fills the first elements of
+//! a buffer. The file's header is parsed with the `safetensors` crate's own types, and every
+//! tensor's shape, dtype and byte range are checked against the config before anything is
+//! copied.
 //!
 //! One thread copying out of the page cache moves a few GB/s, a tenth of what a pinned
 //! host-to-device copy moves, so a large read is split into parts of at least
-//! [`PART_BYTES`] read at once by up to [`READ_THREADS`] scoped threads (positioned reads of
-//! the one file handle, on Unix; one read elsewhere), and so are the conversions and the
-//! copies of synthetic weights. Plain `std::thread::scope` rather than a thread-pool crate: a
-//! chunk is a few parts, and spawning them costs little beside reading 16 MiB.
+//! [`PART_BYTES`] read at once by up to [`READ_THREADS`] threads (positioned reads of the one
+//! file handle, on Unix; one read elsewhere), and so are the conversions and the copies of
+//! synthetic weights. The threads are a `rayon` pool made once per load: starting threads
+//! for every chunk cost a good part of the time of reading it.
 //!
 //! Under tensor parallelism a rank reads only its slice of each split tensor: rows of a matrix
 //! are one contiguous byte range of the file, read like a whole tensor; columns are a run of
@@ -29,7 +30,6 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fs::File;
 use std::ops::Range;
-use std::sync::{Mutex, PoisonError};
 
 use cuflow_runtime::{BufferView, DeviceError, PinnedBuffer, PinnedTransfer, Stream};
 use cuflow_tensor::{bf16, f16};
@@ -43,14 +43,18 @@ use super::testing::CheckpointTensor;
 /// Elements of one staging chunk (16 MiB of `bf16`).
 const CHUNK: usize = 8 << 20;
 
+/// Pinned staging buffers of a [`Stager`]: the next chunks are read while the earlier ones
+/// are copied to the device.
+const STAGING_BUFFERS: usize = 3;
+
 /// The fewest bytes (of the file, or of `bf16` written) that a reading or converting thread
 /// is given: smaller parts cost more to hand out than they save.
-const PART_BYTES: usize = 2 << 20;
+const PART_BYTES: usize = 1 << 20;
 
 /// The most threads that read or convert one chunk at once.
-const READ_THREADS: usize = 8;
+const READ_THREADS: usize = 16;
 
-/// Threads one chunk is read with: the machine's parallelism up to [`READ_THREADS`] (asked
+/// Threads a chunk is read with: the machine's parallelism up to [`READ_THREADS`] (asked
 /// once: on Linux the answer reads the process's cgroup files).
 fn read_threads() -> usize {
     static THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
@@ -59,66 +63,70 @@ fn read_threads() -> usize {
     })
 }
 
+/// A pool of `threads` threads for one load's reads and conversions, or `None` (everything
+/// on the calling thread) for one thread or when the system will not start them.
+fn readers(threads: usize) -> Option<rayon::ThreadPool> {
+    if threads < 2 {
+        return None;
+    }
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(|i| format!("cuflow-load-{i}"))
+        .build()
+        .ok()
+}
+
 /// Runs `work(start, part)` over consecutive parts of `out` that together cover it, `start`
-/// being the index of `part`'s first element in `out`: on the calling thread when `out` holds
-/// fewer than two parts of `min_part` elements, else on up to `threads` scoped threads (the
-/// calling thread one of them; a thread the system will not start leaves its parts to the
-/// others), each part a multiple of `align` elements but the last. The first error in the
-/// order of the parts is returned once every part has ended, or `panicked()` if a part
-/// panicked (on whichever thread).
+/// being the index of `part`'s first element in `out`: on the calling thread when there is no
+/// pool or `out` holds fewer than two parts of `min_part` elements, else on `pool`'s threads,
+/// in as many parts as it has threads at most, each part a multiple of `align` elements but
+/// the last. The first error in the order of the parts is returned once every part has
+/// ended, or `panicked()` if a part panicked.
 fn in_parts<T: Send, E: Send>(
     out: &mut [T],
-    (min_part, align, threads): (usize, usize, usize),
+    (min_part, align): (usize, usize),
+    pool: Option<&rayon::ThreadPool>,
     work: impl Fn(usize, &mut [T]) -> Result<(), E> + Sync,
     panicked: impl Fn() -> E,
 ) -> Result<(), E> {
+    use rayon::prelude::*;
+    let threads = pool.map_or(1, rayon::ThreadPool::current_num_threads);
     let parts = (out.len() / min_part.max(1)).clamp(1, threads.max(1));
-    if parts == 1 {
+    let Some(pool) = pool.filter(|_| parts > 1) else {
         return work(0, out);
-    }
+    };
     let align = align.max(1);
     let part = out.len().div_ceil(parts).div_ceil(align) * align;
-    // The parts left, taken one at a time by each thread until none is left.
-    let left = Mutex::new(out.chunks_mut(part).enumerate().collect::<Vec<_>>());
-    let ended = Mutex::new(Vec::with_capacity(parts));
-    let take = || left.lock().unwrap_or_else(PoisonError::into_inner).pop();
-    let run = || {
-        while let Some((i, piece)) = take() {
-            let result = work(i * part, piece);
-            ended
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .push((i, result));
-        }
-    };
-    let all_joined = std::thread::scope(|scope| {
-        let helpers: Vec<_> = (1..parts)
-            .filter_map(|_| std::thread::Builder::new().spawn_scoped(scope, run).ok())
-            .collect();
-        let mut all_joined = std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)).is_ok();
-        // Every helper is joined, whatever the others gave.
-        for helper in helpers {
-            all_joined &= helper.join().is_ok();
-        }
-        all_joined
-    });
-    if !all_joined {
-        return Err(panicked());
+    // A part that panics makes the pool's call panic once every part has ended.
+    let ended = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        pool.install(|| {
+            out.par_chunks_mut(part)
+                .enumerate()
+                .map(|(i, piece)| work(i * part, piece))
+                .collect::<Vec<_>>()
+        })
+    }));
+    match ended {
+        Ok(results) => results.into_iter().collect(),
+        Err(_) => Err(panicked()),
     }
-    let mut ended = ended.into_inner().unwrap_or_else(PoisonError::into_inner);
-    ended.sort_by_key(|(i, _)| *i);
-    ended.into_iter().try_for_each(|(_, r)| r)
 }
 
 /// Reads `out.len()` bytes of `file` from `offset`, in parts on several threads when they are
 /// many (positioned reads, which leave the handle's cursor alone, on Unix).
-fn read_at(file: &File, offset: u64, out: &mut [u8], split: (usize, usize)) -> std::io::Result<()> {
+fn read_at(
+    file: &File,
+    offset: u64,
+    out: &mut [u8],
+    (min_part, pool): (usize, Option<&rayon::ThreadPool>),
+) -> std::io::Result<()> {
     #[cfg(unix)]
     {
         use std::os::unix::fs::FileExt;
         in_parts(
             out,
-            (split.0, 1, split.1),
+            (min_part, 1),
+            pool,
             |start, part| file.read_exact_at(part, offset + start as u64),
             || std::io::Error::other("a thread reading the file panicked"),
         )
@@ -126,7 +134,7 @@ fn read_at(file: &File, offset: u64, out: &mut [u8], split: (usize, usize)) -> s
     #[cfg(not(unix))]
     {
         use std::io::{Read, Seek, SeekFrom};
-        let _ = split;
+        let _ = (min_part, pool);
         let mut file = file;
         file.seek(SeekFrom::Start(offset))?;
         file.read_exact(out)
@@ -171,12 +179,13 @@ fn convert_in_parts(
     dtype: Dtype,
     raw: &[u8],
     out: &mut [bf16],
-    (min_bytes, threads): (usize, usize),
+    (min_bytes, pool): (usize, Option<&rayon::ThreadPool>),
 ) -> Result<(), DeviceError> {
     let size = dtype.bitsize() / 8;
     in_parts(
         out,
-        ((min_bytes / 2).max(1), 1, threads),
+        ((min_bytes / 2).max(1), 1),
+        pool,
         |start, part| {
             let raw = raw
                 .get(start * size..(start + part.len()) * size)
@@ -207,8 +216,10 @@ pub(crate) struct Stager<'a> {
     split: Option<Split>,
     /// Elements of a staging buffer.
     chunk: usize,
-    /// The fewest bytes a reading or converting thread is given, and the most threads.
-    parts: (usize, usize),
+    /// The fewest bytes a reading or converting thread is given.
+    part_bytes: usize,
+    /// The threads that read and convert chunks in parts; `None` does it on this thread.
+    readers: Option<rayon::ThreadPool>,
     free: Vec<PinnedBuffer<bf16>>,
     in_flight: VecDeque<PinnedTransfer<bf16>>,
     open_files: HashMap<usize, File>,
@@ -243,7 +254,7 @@ impl<'a> Stager<'a> {
         split: Option<Split>,
         chunk: usize,
     ) -> Result<Self, DeviceError> {
-        let free = (0..2)
+        let free = (0..STAGING_BUFFERS)
             .map(|_| PinnedBuffer::new(stream.device(), chunk))
             .collect::<Result<_, _>>()?;
         Ok(Stager {
@@ -251,7 +262,8 @@ impl<'a> Stager<'a> {
             source,
             split,
             chunk,
-            parts: (PART_BYTES, read_threads()),
+            part_bytes: PART_BYTES,
+            readers: readers(read_threads()),
             free,
             in_flight: VecDeque::new(),
             open_files: HashMap::new(),
@@ -388,7 +400,9 @@ impl<'a> Stager<'a> {
             raw.resize(n, 0);
             let read = self
                 .read_bytes(name, range.start * size, &mut raw)
-                .and_then(|()| convert_in_parts(dtype, &raw, out, self.parts));
+                .and_then(|()| {
+                    convert_in_parts(dtype, &raw, out, (self.part_bytes, self.readers.as_ref()))
+                });
             self.raw = raw;
             read?;
         }
@@ -432,7 +446,7 @@ impl<'a> Stager<'a> {
     }
 
     fn read_bytes(&mut self, name: &str, offset: usize, out: &mut [u8]) -> Result<(), DeviceError> {
-        let parts = self.parts;
+        let parts = (self.part_bytes, self.readers.as_ref());
         match &self.source {
             Source::Memory(m) => {
                 let t = m
@@ -443,7 +457,8 @@ impl<'a> Stager<'a> {
                 })?;
                 in_parts(
                     out,
-                    (parts.0, 1, parts.1),
+                    (parts.0, 1),
+                    parts.1,
                     |start, part| {
                         let from = src.get(start..start + part.len()).ok_or_else(|| {
                             DeviceError::internal(format!("synthetic `{name}` is too short"))
@@ -559,7 +574,8 @@ mod tests {
         for rank in 0..tp {
             let split = Split { rank, tp };
             let mut stager = Stager::with_chunk(stream, source(), Some(split), 7)?;
-            stager.parts = parts;
+            stager.part_bytes = parts.0;
+            stager.readers = readers(parts.1);
             for (name, local) in NAMES {
                 let dst = DeviceBuffer::<bf16>::zeroed(stream, local[0] * local[1])?;
                 stager.read(name, &local, dst.view())?;
@@ -631,7 +647,7 @@ mod tests {
     }
 
     /// `in_parts` hands every element to exactly one part, at its index, aligned as asked,
-    /// on the threads asked for at most, and returns the first error in the order of the
+    /// in as many parts as the pool has threads at most, and returns the first error in the order of the
     /// parts after every part ran.
     #[test]
     fn parts_cover_the_output_once_and_keep_the_first_error() {
@@ -639,9 +655,11 @@ mod tests {
             for (min_part, align, threads) in [(1, 1, 4), (3, 2, 3), (10, 4, 8), (2000, 1, 8)] {
                 let mut out = vec![usize::MAX; len];
                 let calls = std::sync::atomic::AtomicUsize::new(0);
+                let pool = readers(threads);
                 let r: Result<(), ()> = in_parts(
                     &mut out,
-                    (min_part, align, threads),
+                    (min_part, align),
+                    pool.as_ref(),
                     |start, part| {
                         calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         assert!(start % align == 0, "part at {start}, align {align}");
@@ -667,9 +685,11 @@ mod tests {
         }
         let mut out = vec![0u8; 100];
         let ran = std::sync::atomic::AtomicUsize::new(0);
+        let four = readers(4);
         let r = in_parts(
             &mut out,
-            (10, 1, 4),
+            (10, 1),
+            four.as_ref(),
             |start, _| {
                 ran.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 if start > 0 {
@@ -688,7 +708,8 @@ mod tests {
         assert_eq!(ran.into_inner(), 4);
         let r = in_parts(
             &mut out,
-            (10, 1, 4),
+            (10, 1),
+            four.as_ref(),
             |start, _| if start == 50 { panic!("part") } else { Ok(()) },
             || 7,
         );
