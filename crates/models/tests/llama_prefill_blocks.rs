@@ -48,3 +48,24 @@ fn a_prompt_whose_one_pass_workspace_exceeds_the_device_is_prefilled() -> Result
     assert_eq!(ids, one_block);
     Ok(())
 }
+
+/// The same shape and prompt over caches of 4,096 positions, prefilled in one pass: the
+/// decoder gives the ids that `generate` gives. (The kernels of the test above over grids a
+/// few thousand times smaller, which the sanitizer's race checker can follow.)
+#[test]
+fn the_wide_attention_shape_over_small_caches_gives_the_ids_of_generate() -> Result<(), DeviceError>
+{
+    const PROMPT_LEN: usize = 1000;
+    const TOKENS: usize = 4;
+    let device = device();
+    let model = Llama::synthetic(&device, wide_attention(), 7)?;
+    let stream = device.new_stream()?;
+    let prompt: Vec<u32> = (0..PROMPT_LEN as u32).map(|i| i * 37 % 256).collect();
+    let mut step = model.decoder(&stream, GenerateOptions::greedy().max_seq(4096))?;
+    let ids = step.generate(&prompt, TOKENS)?;
+    drop(step);
+    let eager = model.generate(&stream, &prompt, TOKENS, &GenerateOptions::greedy())?;
+    assert_eq!(ids, eager);
+    assert_eq!(ids.len(), TOKENS);
+    Ok(())
+}
