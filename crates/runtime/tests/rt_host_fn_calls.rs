@@ -237,6 +237,24 @@ fn a_read_back_waiting_for_a_host_function_that_writes_its_buffer_returns() {
     });
 }
 
+/// Enqueues on `s` a host function that waits up to 20 s for a message on the returned
+/// sender; the flag says, once it ran, whether the message came in time.
+fn a_host_function_waiting_for_a_message(
+    s: &Stream,
+) -> (mpsc::Sender<()>, std::sync::Arc<AtomicBool>) {
+    let (tx, rx) = mpsc::channel::<()>();
+    let came = std::sync::Arc::new(AtomicBool::new(false));
+    s.enqueue_host_fn({
+        let came = came.clone();
+        move || {
+            let seen = rx.recv_timeout(Duration::from_secs(20)).is_ok();
+            came.store(seen, Ordering::SeqCst);
+        }
+    })
+    .expect("enqueue the host function");
+    (tx, came)
+}
+
 /// Runs `op` on a thread of its own while a host function queued on `s` before it waits for
 /// this thread to write `x` (filling its bytes with `fill` on the stream `other`), and gives
 /// `op`'s result. Asserts that the host function saw the write: the write did not wait for
@@ -247,16 +265,7 @@ fn behind_a_host_function_waiting_for_a_write<T: DeviceCopy, R: Send>(
     fill: u8,
     op: impl FnOnce() -> Result<R, DeviceError> + Send,
 ) -> R {
-    let (wrote, written) = mpsc::channel::<()>();
-    let saw_the_write = std::sync::Arc::new(AtomicBool::new(false));
-    s.enqueue_host_fn({
-        let saw_the_write = saw_the_write.clone();
-        move || {
-            let seen = written.recv_timeout(Duration::from_secs(20)).is_ok();
-            saw_the_write.store(seen, Ordering::SeqCst);
-        }
-    })
-    .expect("enqueue the host function");
+    let (wrote, saw_the_write) = a_host_function_waiting_for_a_message(s);
     let result = std::thread::scope(|scope| {
         let op = scope.spawn(op);
         // Lets the op start waiting first (either order must finish).
@@ -284,6 +293,13 @@ fn behind_a_host_function_waiting_for_a_write<T: DeviceCopy, R: Send>(
 #[test]
 fn a_read_back_waiting_for_a_host_function_that_waits_for_another_thread_s_write_returns() {
     let _one = one_at_a_time();
+    read_back_behind_a_host_function_waiting_for_another_thread_s_write();
+}
+
+/// A read back of two elements behind a host function that waits for another thread to
+/// write them (zeros) on another stream: it sees them from before the write or after it, and
+/// the buffer ends with the write.
+fn read_back_behind_a_host_function_waiting_for_another_thread_s_write() {
     cuflow_testing::thread::within_a_minute("the read back or the write hung", || {
         let s = stream();
         let other = s.device().new_stream().expect("a second stream");
@@ -364,16 +380,7 @@ fn copies_behind_a_waiting_host_function(s: &Stream, copies: usize) {
     let n = 256 << 10;
     let x = DeviceBuffer::<u32>::zeroed(s, n * copies).expect("x");
     let expected = |k: usize| (k as u32).rotate_left(7) ^ 0x5a5a_5a5a;
-    let (go, wait) = mpsc::channel::<()>();
-    let released = std::sync::Arc::new(AtomicBool::new(false));
-    s.enqueue_host_fn({
-        let released = released.clone();
-        move || {
-            let seen = wait.recv_timeout(Duration::from_secs(20)).is_ok();
-            released.store(seen, Ordering::SeqCst);
-        }
-    })
-    .expect("enqueue the host function");
+    let (go, released) = a_host_function_waiting_for_a_message(s);
     let mut data = vec![0u32; n];
     for i in 0..copies {
         for (j, v) in data.iter_mut().enumerate() {
@@ -422,15 +429,7 @@ fn a_small_write_and_read_back_after_many_staged_copies_return() {
     copies_behind_a_waiting_host_function(&stream(), 96);
     write_behind_a_host_function_waiting_for_another_thread_s_write(4 << 10);
     copies_behind_a_waiting_host_function(&stream(), 96);
-    cuflow_testing::thread::within_a_minute("the read back or the write hung", || {
-        let s = stream();
-        let other = s.device().new_stream().expect("a second stream");
-        let x = DeviceBuffer::from_host(&other, &[1.0f32, 2.0]).expect("x");
-        other.synchronize().expect("x is written");
-        let read =
-            behind_a_host_function_waiting_for_a_write((&s, &other), &x, 0, || x.to_host_vec(&s));
-        assert!(read == [1.0, 2.0] || read == [0.0, 0.0], "{read:?}");
-    });
+    read_back_behind_a_host_function_waiting_for_another_thread_s_write();
 }
 
 /// A large copy from the host (64 MiB) does not wait for the work before it. It does on CUDA
