@@ -521,9 +521,10 @@ impl CudaDeviceShared {
 
     /// A staging buffer of at least `len` bytes for a copy to or from the host: the smallest
     /// kept one that is large enough, or a new one (a power of two of at least 64 KiB) while
-    /// the device's staging buffers stay within [`HOST_STAGING_MAX`] bytes; `None` past that
-    /// (the caller copies without staging).
-    pub(crate) fn take_host_staging(&self, len: usize) -> Result<Option<HostStaging>> {
+    /// the device's staging buffers stay within [`HOST_STAGING_MAX`] bytes; `None` past that,
+    /// or when the allocation fails (the caller copies without staging, and meets the
+    /// device's error there if it has one).
+    pub(crate) fn take_host_staging(&self, len: usize) -> Option<HostStaging> {
         self.reclaim_uploads();
         let bytes = len.max(64 << 10).next_power_of_two();
         {
@@ -536,16 +537,18 @@ impl CudaDeviceShared {
                 .min_by_key(|(_, s)| s.bytes())
                 .map(|(i, _)| i);
             if let Some(i) = fitting {
-                return Ok(Some(pool.kept.swap_remove(i)));
+                return Some(pool.kept.swap_remove(i));
             }
             if pool.bytes + bytes > HOST_STAGING_MAX {
-                return Ok(None);
+                return None;
             }
             pool.bytes += bytes;
         }
-        HostStaging::alloc(self, bytes).map(Some).inspect_err(|_| {
+        let allocated = HostStaging::alloc(self, bytes).ok();
+        if allocated.is_none() {
             self.host_staging.lock().bytes -= bytes;
-        })
+        }
+        allocated
     }
 
     /// Takes back a staging buffer that no copy uses any more, for later copies. It is not

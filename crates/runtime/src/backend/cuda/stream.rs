@@ -291,8 +291,8 @@ impl CudaStreamHandle {
 
     /// Copies `data` into page-locked memory of the device's, for a copy into the device
     /// made by [`CudaStreamHandle::copy_staged_from_host`]: `None` when `data` is empty,
-    /// longer than [`STAGED_WRITE_MAX`], or when the device's staging buffers are all in use
-    /// (the driver stages it then; see `copy_from_host`). Called
+    /// longer than [`STAGED_WRITE_MAX`], or when no staging buffer can be had (all in use, or
+    /// the allocation failed; the driver stages it then, see `copy_from_host`). Called
     /// before the destination's access state is locked, so that taking or allocating the
     /// staging buffer waits for no one while the buffer's ordering is held.
     pub(crate) fn stage_from_host(&self, data: &[u8]) -> Result<Option<StagedUpload>> {
@@ -300,7 +300,7 @@ impl CudaStreamHandle {
             return Ok(None);
         }
         super::refuse_in_host_function()?;
-        let Some(mut staging) = self.shared.take_host_staging(data.len())? else {
+        let Some(mut staging) = self.shared.take_host_staging(data.len()) else {
             return Ok(None);
         };
         staging.head_mut(data.len()).copy_from_slice(data);
@@ -385,10 +385,10 @@ impl CudaStreamHandle {
     /// is enqueued into a page-locked staging buffer of the device's, followed by an event,
     /// and waited for by `finish`: the caller lets go of the buffer's access state and the
     /// stream's capture gate in between, so that the work before the copy (a host function
-    /// waiting for another thread, which takes them) can end. A larger copy, or one made while
-    /// the device's staging buffers are all in use, goes straight into `out`, pageable memory,
-    /// which the driver returns from only once the copy has landed: it is made, and waited
-    /// for, here.
+    /// waiting for another thread, which takes them) can end. A larger copy, or one for which
+    /// no staging buffer can be had (see `take_host_staging`), goes straight into `out`,
+    /// pageable memory, which the driver returns from only once the copy has landed: it is
+    /// made, and waited for, here.
     pub(crate) fn begin_copy_to_host(
         &self,
         src: &CudaMemory,
@@ -406,7 +406,7 @@ impl CudaStreamHandle {
             return Ok(copy(None, Some(self.begin_synchronize()?)));
         }
         let staging = match len {
-            ..=STAGED_READ_MAX => self.shared.take_host_staging(len)?,
+            ..=STAGED_READ_MAX => self.shared.take_host_staging(len),
             _ => None,
         };
         let Some(mut staging) = staging else {
