@@ -51,10 +51,10 @@ fn random_data_of_odd_sizes_round_trips() -> Result<(), DeviceError> {
     Ok(())
 }
 
-/// Copies to and from the host on both sides of the sizes where CUDA's read-backs change path
-/// (up to 16 MiB through page-locked buffers of the device's, at least 64 KiB each; beyond,
-/// straight into pageable memory), and read-backs from several threads at once sharing the
-/// buffers, land every byte, into destinations poisoned before.
+/// Copies to and from the host on both sides of the sizes where CUDA's staging changes (page-
+/// locked buffers of the device's of at least 64 KiB and at most 16 MiB each, several for a
+/// larger copy), and read-backs from several threads at once sharing the buffers, land every
+/// byte, into destinations poisoned before.
 #[test]
 fn copies_on_both_sides_of_every_read_back_size_class_land_every_byte() -> Result<(), DeviceError> {
     let stream = stream();

@@ -209,10 +209,10 @@ impl StreamBackend {
     }
 
     /// Makes `data` ready for a copy into this stream's device by [`StreamBackend::upload`]:
-    /// on CUDA, a copy of at most 16 MiB is copied into page-locked memory of the device's
-    /// here, so that enqueuing it later never waits for the stream's earlier work (the driver
-    /// may wait before it returns from a copy out of pageable memory). Called before the
-    /// destination's access state is locked.
+    /// on CUDA, the bytes are copied into page-locked memory of the device's here (where its
+    /// staging pool has room), so that enqueuing the copy later never waits for the stream's
+    /// earlier work (the driver may wait before it returns from a copy out of pageable
+    /// memory). Called before the destination's access state is locked.
     pub(crate) fn stage_from_host<'a>(&self, data: &'a [u8]) -> Result<Upload<'a>> {
         match self {
             StreamBackend::Cuda(s) => Ok(match s.stage_from_host(data)? {
@@ -247,8 +247,9 @@ impl StreamBackend {
     /// waited for by `finish`: the caller lets the buffer's access state and the stream's
     /// capture gate go in between, so that the stream's work before the copy (a host function
     /// waiting for another thread that writes the buffer; on the host backend, one enqueuing
-    /// work on the buffer itself) can take them. On CUDA a copy of more than 16 MiB is made,
-    /// and waited for, here (see `CudaStreamHandle::begin_copy_to_host`).
+    /// work on the buffer itself) can take them. On CUDA a copy that the device's staging
+    /// pool has no room for is made, and waited for, here (see
+    /// `CudaStreamHandle::begin_copy_to_host`).
     pub(crate) fn begin_copy_to_host(&self, src: Region<'_>, out: &mut [u8]) -> Result<CopyToHost> {
         match self {
             StreamBackend::Host(s) => Ok(CopyToHost::Host(s.begin_copy_to_host(

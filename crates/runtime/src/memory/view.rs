@@ -111,15 +111,15 @@ impl<'a, T: DeviceCopy> BufferView<'a, T> {
 
     /// Enqueues a copy of `data` into this view. `data` may be dropped as soon as this returns.
     ///
-    /// On CUDA a copy of up to 16 MiB is first copied into page-locked memory that the device
-    /// keeps for staging (up to 256 MiB of it, allocated as copies need it and freed with the
-    /// device), and never waits for the stream's earlier work. A larger copy, or one made
-    /// while all of that memory is in flight, goes through the driver's own staging, which
-    /// may wait for the stream's earlier work before it returns (copies of 64 MiB and more
-    /// do), while the buffer's ordering is held: other threads' work on this buffer waits too.
-    /// So a host function enqueued before such a copy must not wait for another thread's
-    /// work on the same buffer. A copy from a [`PinnedBuffer`](crate::PinnedBuffer)
-    /// (`copy_to_device`) never waits.
+    /// On CUDA the data is first copied into page-locked memory that the device keeps for
+    /// staging (up to 256 MiB of it, in buffers of up to 16 MiB, allocated as copies need
+    /// them and freed with the device), and the copy never waits for the stream's earlier
+    /// work. A copy larger than that, or one made while that memory is in flight, goes
+    /// through the driver's own staging, which may wait for the stream's earlier work before
+    /// it returns (copies of 64 MiB did), while the buffer's ordering is held: other threads'
+    /// work on this buffer waits too. So a host function enqueued before such a copy must not
+    /// wait for another thread's work on the same buffer. A copy from a
+    /// [`PinnedBuffer`](crate::PinnedBuffer) (`copy_to_device`) never waits.
     ///
     /// # Errors
     ///
@@ -145,9 +145,9 @@ impl<'a, T: DeviceCopy> BufferView<'a, T> {
     ///
     /// While it waits, other threads may enqueue work on the buffer and on `stream` (ordered
     /// after the copy where they write the buffer): a host function before the copy may wait
-    /// for such a thread. On CUDA this holds for copies of up to 16 MiB, which are staged
-    /// through page-locked memory (as for [`copy_from_host`](Self::copy_from_host)); a larger
-    /// copy, or one made while all of that memory is in flight, keeps the buffer's writers
+    /// for such a thread. On CUDA this holds for copies staged through the device's
+    /// page-locked memory (as for [`copy_from_host`](Self::copy_from_host), up to 256 MiB); a
+    /// larger copy, or one made while that memory is in flight, keeps the buffer's writers
     /// waiting until it has landed.
     ///
     /// # Errors
@@ -163,7 +163,7 @@ impl<'a, T: DeviceCopy> BufferView<'a, T> {
         // wait for it. The copy is enqueued in stream order (later writers wait for it as for
         // any read) and waited for once the state is unlocked: the work it waits for may need
         // the state (a host function waiting for another thread that writes this buffer; on
-        // the host backend, one writing it itself). On CUDA a copy of more than 16 MiB, into
+        // the host backend, one writing it itself). On CUDA a copy that is not staged, into
         // pageable memory, is waited for with the state still locked.
         let len = bytes.len();
         let copy = ordered_copy(

@@ -359,10 +359,11 @@ pub(crate) struct CudaDeviceShared {
     /// The page-locked buffers that read-backs from this device and small copies into it are
     /// staged through (see `CudaCopyToHost` and `StagedUpload`), and the bytes of all of them.
     host_staging: Mutex<StagingPool>,
-    /// Staging buffers of copies into this device that may still be in flight, each with an
-    /// event recorded after its copy: taken back into `host_staging` once the event completed
-    /// (looked at whenever a staging buffer is taken), waited for when the state is dropped.
-    uploads_in_flight: Mutex<Vec<(RawEvent, HostStaging)>>,
+    /// Staging buffers of copies into this device that may still be in flight, each copy's
+    /// with an event recorded after it: taken back into `host_staging` once the event
+    /// completed (looked at whenever a staging buffer is taken), waited for when the state is
+    /// dropped.
+    uploads_in_flight: Mutex<Vec<(RawEvent, Vec<HostStaging>)>>,
     /// What a host function dropped last and the driver must release (device memory, pinned
     /// memory, streams, graphs, timed events), where the driver refuses every call: released
     /// by the next synchronization with this device made outside one (see
@@ -551,17 +552,40 @@ impl CudaDeviceShared {
         allocated
     }
 
-    /// Takes back a staging buffer that no copy uses any more, for later copies. It is not
+    /// Staging buffers for a copy of `len` bytes (> 0), one for each [`HOST_STAGING_PIECE`]
+    /// bytes of it in order, the last for what is left: all of them, or `None` (nothing
+    /// taken) when the pool cannot give them all (see `take_host_staging`).
+    pub(crate) fn take_host_staging_pieces(&self, len: usize) -> Option<Vec<HostStaging>> {
+        if len == 0 || len > HOST_STAGING_MAX {
+            return None;
+        }
+        let mut pieces = Vec::with_capacity(len.div_ceil(HOST_STAGING_PIECE));
+        let mut left = len;
+        while left > 0 {
+            let n = left.min(HOST_STAGING_PIECE);
+            match self.take_host_staging(n) {
+                Some(piece) => pieces.push(piece),
+                None => {
+                    self.give_back_host_staging(pieces);
+                    return None;
+                }
+            }
+            left -= n;
+        }
+        Some(pieces)
+    }
+
+    /// Takes back staging buffers that no copy uses any more, for later copies. They are not
     /// freed before the device's state is: freeing page-locked memory waits for the device's
     /// work in flight while it blocks other threads' calls to the driver, so a free on a
     /// copy's path would hang a program whose host function waits for another thread's work.
-    pub(crate) fn give_back_host_staging(&self, staging: HostStaging) {
-        self.host_staging.lock().kept.push(staging);
+    pub(crate) fn give_back_host_staging(&self, staging: impl IntoIterator<Item = HostStaging>) {
+        self.host_staging.lock().kept.extend(staging);
     }
 
-    /// Keeps `staging`, which a copy enqueued before `done` (recorded after it) may still be
+    /// Keeps `staging`, which copies enqueued before `done` (recorded after them) may still be
     /// reading, until `done` has completed.
-    pub(crate) fn park_upload(&self, done: RawEvent, staging: HostStaging) {
+    pub(crate) fn park_upload(&self, done: RawEvent, staging: Vec<HostStaging>) {
         self.uploads_in_flight.lock().push((done, staging));
     }
 
@@ -608,8 +632,11 @@ impl CudaDeviceShared {
 
 /// The most bytes of page-locked staging buffers a device allocates for copies to and from
 /// the host (see [`CudaDeviceShared::take_host_staging`]); kept until the device's state is
-/// dropped.
-const HOST_STAGING_MAX: usize = 256 << 20;
+/// dropped. A copy larger than this is not staged.
+pub(crate) const HOST_STAGING_MAX: usize = 256 << 20;
+
+/// The most bytes of one staging buffer: a larger copy is staged through several.
+pub(crate) const HOST_STAGING_PIECE: usize = 16 << 20;
 
 /// A device's page-locked staging buffers for copies to and from the host.
 #[derive(Default)]
@@ -632,9 +659,9 @@ pub(crate) fn destroy_event(shared: &CudaDeviceShared, ev: RawEvent) {
 
 impl Drop for CudaDeviceShared {
     fn drop(&mut self) {
-        for (ev, staging) in std::mem::take(self.uploads_in_flight.get_mut()) {
-            // The copy reading the staging buffer is waited for before it is freed (a failed
-            // wait means the device faulted or was reset: its work runs no more).
+        for (ev, pieces) in std::mem::take(self.uploads_in_flight.get_mut()) {
+            // The copy reading the staging buffers is waited for before they are freed (a
+            // failed wait means the device faulted or was reset: its work runs no more).
             self.life.release(|| {
                 self.ctx.record_err(self.ctx.bind_to_thread());
                 // SAFETY: the event is alive (owned by the list) and of this context, which
@@ -642,7 +669,9 @@ impl Drop for CudaDeviceShared {
                 let _ = unsafe { result::event::synchronize(ev.0) };
             });
             destroy_event(self, ev);
-            staging.free(self);
+            for staging in pieces {
+                staging.free(self);
+            }
         }
         for staging in std::mem::take(&mut self.host_staging.get_mut().kept) {
             staging.free(self);

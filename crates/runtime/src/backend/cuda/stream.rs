@@ -13,7 +13,7 @@ use smallvec::SmallVec;
 use super::capture::{CapturedEvents, CudaGraphHandle};
 use super::kernel::CompiledKernel;
 use super::memory::{CudaMemory, CudaPinned, HostStaging};
-use super::{driver_err, CudaDeviceShared, RawEvent};
+use super::{driver_err, CudaDeviceShared, RawEvent, HOST_STAGING_MAX, HOST_STAGING_PIECE};
 use crate::backend::{CaptureBackend, GraphBackend};
 use crate::error::{DeviceError, Result};
 use crate::kernel::{KernelArg, KernelArgs, LaunchConfig};
@@ -291,29 +291,37 @@ impl CudaStreamHandle {
 
     /// Copies `data` into page-locked memory of the device's, for a copy into the device
     /// made by [`CudaStreamHandle::copy_staged_from_host`]: `None` when `data` is empty,
-    /// longer than [`STAGED_WRITE_MAX`], or when no staging buffer can be had (all in use, or
-    /// the allocation failed; the driver stages it then, see `copy_from_host`). Called
-    /// before the destination's access state is locked, so that taking or allocating the
-    /// staging buffer waits for no one while the buffer's ordering is held.
+    /// longer than the device's staging pool ([`HOST_STAGING_MAX`]), or when its staging
+    /// buffers cannot be had (all in use, or an allocation failed; the driver stages it then,
+    /// see `copy_from_host`). Called before the destination's access state is locked, so that
+    /// taking or allocating staging buffers waits for no one while the buffer's ordering is
+    /// held.
     pub(crate) fn stage_from_host(&self, data: &[u8]) -> Result<Option<StagedUpload>> {
-        if data.is_empty() || data.len() > STAGED_WRITE_MAX {
+        if data.is_empty() || data.len() > HOST_STAGING_MAX {
             return Ok(None);
         }
         super::refuse_in_host_function()?;
-        let Some(mut staging) = self.shared.take_host_staging(data.len()) else {
+        let Some(mut pieces) = self.shared.take_host_staging_pieces(data.len()) else {
             return Ok(None);
         };
-        staging.head_mut(data.len()).copy_from_slice(data);
+        for (piece, bytes) in pieces.iter_mut().zip(data.chunks(HOST_STAGING_PIECE)) {
+            let to = piece.head_mut(bytes.len());
+            if to.len() != bytes.len() {
+                self.shared.give_back_host_staging(pieces);
+                return Err(short_staging());
+            }
+            to.copy_from_slice(bytes);
+        }
         Ok(Some(StagedUpload {
-            staging: Some(staging),
+            pieces,
             len: data.len(),
             shared: self.shared.clone(),
         }))
     }
 
-    /// Enqueues the copy of `staged` into `dst` from `offset`: from page-locked memory, so
-    /// the driver never waits for the stream's earlier work here. The staging buffer goes back
-    /// to the device once an event recorded after the copy has completed.
+    /// Enqueues the copies of `staged` into `dst` from `offset`: from page-locked memory, so
+    /// the driver never waits for the stream's earlier work here. The staging buffers go back
+    /// to the device once an event recorded after the copies has completed.
     pub(crate) fn copy_staged_from_host(
         &self,
         dst: &CudaMemory,
@@ -321,43 +329,68 @@ impl CudaStreamHandle {
         mut staged: StagedUpload,
     ) -> Result<()> {
         let len = staged.len;
-        let Some(staging) = staged.staging.take() else {
-            return Err(DeviceError::internal("a staged copy was enqueued twice"));
-        };
-        let enqueued = self.enqueue_bytes("cuMemcpyHtoDAsync", len, |stream| {
-            // SAFETY: `dst` holds at least `offset + len` bytes (the view was bounds-checked)
-            // and is alive; the staging buffer holds `len` page-locked bytes, which nothing
-            // writes, reuses nor frees before the event recorded after this copy completed
-            // (`park_upload`) or the stream was waited for.
-            unsafe {
-                result::memcpy_htod_async(dst.ptr() + offset as u64, staging.head(len), stream)
+        let pieces = std::mem::take(&mut staged.pieces);
+        if !pieces_fit(&pieces, len) {
+            self.shared.give_back_host_staging(pieces);
+            return Err(short_staging());
+        }
+        let mut enqueued = Ok(());
+        let mut any = false;
+        for (i, piece) in pieces.iter().enumerate() {
+            let at = i * HOST_STAGING_PIECE;
+            let n = (len - at).min(HOST_STAGING_PIECE);
+            enqueued = self.enqueue_bytes("cuMemcpyHtoDAsync", n, |stream| {
+                // SAFETY: `dst` holds at least `offset + len` bytes (the view was
+                // bounds-checked) and is alive, and `at + n <= len`; the staging buffer holds
+                // `n` page-locked bytes, which nothing writes, reuses nor frees before the
+                // event recorded after these copies completed (`park_upload`) or the stream
+                // was waited for.
+                unsafe {
+                    result::memcpy_htod_async(
+                        dst.ptr() + (offset + at) as u64,
+                        piece.head(n),
+                        stream,
+                    )
+                }
+            });
+            if enqueued.is_err() {
+                break;
             }
-        });
-        if let Err(e) = enqueued {
-            // Nothing was enqueued: the buffer is free for the next copy.
-            self.shared.give_back_host_staging(staging);
-            return Err(e);
+            any = true;
+        }
+        if !any {
+            // Nothing was enqueued: the buffers are free for the next copy.
+            self.shared.give_back_host_staging(pieces);
+            return enqueued;
         }
         match self.record_raw_event() {
             Ok(done) => {
-                self.shared.park_upload(done, staging);
-                Ok(())
+                self.shared.park_upload(done, pieces);
+                enqueued
             }
             Err(e) => {
-                // No event follows the copy: the stream, waited for, says when it was read.
-                if self.synchronize().is_ok() {
-                    self.shared.give_back_host_staging(staging);
-                } else if self.shared.life.check().is_err() {
-                    staging.free(&self.shared);
-                } else {
-                    tracing::warn!(
-                        "a staging buffer of {} bytes is leaked: whether its copy to the \
-                         device was made is unknown",
-                        staging.bytes()
-                    );
-                }
-                Err(e)
+                self.settle_staging(pieces);
+                enqueued.and(Err(e))
             }
+        }
+    }
+
+    /// Takes back staging buffers that copies enqueued on this stream may still be using,
+    /// with no event after them: once the stream was waited for; freed where the device
+    /// faulted or was reset (its work runs no more); leaked otherwise.
+    fn settle_staging(&self, pieces: Vec<HostStaging>) {
+        if self.synchronize().is_ok() {
+            self.shared.give_back_host_staging(pieces);
+        } else if self.shared.life.check().is_err() {
+            for piece in pieces {
+                piece.free(&self.shared);
+            }
+        } else {
+            let bytes: usize = pieces.iter().map(HostStaging::bytes).sum();
+            tracing::warn!(
+                "staging buffers of {bytes} bytes are leaked: whether their copies were made \
+                 is unknown"
+            );
         }
     }
 
@@ -381,14 +414,14 @@ impl CudaStreamHandle {
 
     /// Begins a copy of `out.len()` bytes of `src` from `offset` into `out`, after the work
     /// enqueued on this stream so far; it has landed in `out` once
-    /// [`CudaCopyToHost::finish`] returned `Ok`. A copy of at most [`STAGED_READ_MAX`] bytes
-    /// is enqueued into a page-locked staging buffer of the device's, followed by an event,
+    /// [`CudaCopyToHost::finish`] returned `Ok`. The copy is enqueued into page-locked staging
+    /// buffers of the device's (one per [`HOST_STAGING_PIECE`] bytes), followed by an event,
     /// and waited for by `finish`: the caller lets go of the buffer's access state and the
     /// stream's capture gate in between, so that the work before the copy (a host function
-    /// waiting for another thread, which takes them) can end. A larger copy, or one for which
-    /// no staging buffer can be had (see `take_host_staging`), goes straight into `out`,
-    /// pageable memory, which the driver returns from only once the copy has landed: it is
-    /// made, and waited for, here.
+    /// waiting for another thread, which takes them) can end. A copy for which no staging
+    /// buffers can be had (longer than the pool, or see `take_host_staging`) goes straight
+    /// into `out`, pageable memory, which the driver returns from only once the copy has
+    /// landed: it is made, and waited for, here.
     pub(crate) fn begin_copy_to_host(
         &self,
         src: &CudaMemory,
@@ -396,58 +429,63 @@ impl CudaStreamHandle {
         out: &mut [u8],
     ) -> Result<CudaCopyToHost> {
         let len = out.len();
-        let copy = |staging, wait| CudaCopyToHost {
-            staging,
+        let copy = |pieces, wait| CudaCopyToHost {
+            pieces,
             wait,
             len,
             shared: self.shared.clone(),
         };
         if len == 0 {
-            return Ok(copy(None, Some(self.begin_synchronize()?)));
+            return Ok(copy(Vec::new(), Some(self.begin_synchronize()?)));
         }
-        let staging = match len {
-            ..=STAGED_READ_MAX => self.shared.take_host_staging(len),
-            _ => None,
-        };
-        let Some(mut staging) = staging else {
+        let Some(mut pieces) = self.shared.take_host_staging_pieces(len) else {
             self.copy_to_host(src, offset, out)?;
-            return Ok(copy(None, None));
+            return Ok(copy(Vec::new(), None));
         };
-        let enqueued = self.shared.bind().and_then(|_bound| {
-            // SAFETY: the staging buffer holds at least `len` page-locked bytes, owned by the
-            // `CudaCopyToHost` made below, which neither reads, reuses nor frees them before
-            // the event recorded after this copy has completed (or the stream was waited for);
-            // `src` holds at least `offset + len` bytes (the view was bounds-checked) and is
-            // alive, its free ordered after this copy by the access tracker.
-            unsafe {
-                result::memcpy_dtoh_async(
-                    staging.head_mut(len),
-                    src.ptr() + offset as u64,
-                    self.raw(),
-                )
+        if !pieces_fit(&pieces, len) {
+            self.shared.give_back_host_staging(pieces);
+            return Err(short_staging());
+        }
+        let mut enqueued = Ok(());
+        let mut any = false;
+        for (i, piece) in pieces.iter_mut().enumerate() {
+            let at = i * HOST_STAGING_PIECE;
+            let n = (len - at).min(HOST_STAGING_PIECE);
+            enqueued = self.shared.bind().and_then(|_bound| {
+                // SAFETY: the staging buffer holds at least `n` page-locked bytes, owned by
+                // the `CudaCopyToHost` made below, which neither reads, reuses nor frees them
+                // before the event recorded after these copies has completed (or the stream
+                // was waited for); `src` holds at least `offset + len` bytes (the view was
+                // bounds-checked), `at + n <= len`, and it is alive, its free ordered after
+                // this copy by the access tracker.
+                unsafe {
+                    result::memcpy_dtoh_async(
+                        piece.head_mut(n),
+                        src.ptr() + (offset + at) as u64,
+                        self.raw(),
+                    )
+                }
+                .map_err(|e| driver_err("cuMemcpyDtoHAsync", e))
+            });
+            if enqueued.is_err() {
+                break;
             }
-            .map_err(|e| driver_err("cuMemcpyDtoHAsync", e))
-        });
+            any = true;
+        }
         if let Err(e) = enqueued {
-            // Nothing was enqueued: the buffer is free for the next read-back.
-            self.shared.give_back_host_staging(staging);
+            if any {
+                self.settle_staging(pieces);
+            } else {
+                // Nothing was enqueued: the buffers are free for the next copy.
+                self.shared.give_back_host_staging(pieces);
+            }
             return Err(e);
         }
-        // The copy may be in flight from here on: the staging buffer goes back once it landed.
-        let mut staged = copy(Some(staging), None);
+        // The copies may be in flight from here on: the buffers go back once they landed.
         match self.begin_synchronize() {
-            Ok(wait) => {
-                staged.wait = Some(wait);
-                Ok(staged)
-            }
+            Ok(wait) => Ok(copy(pieces, Some(wait))),
             Err(e) => {
-                // No event follows the copy: the stream, waited for, says when it landed
-                // (when that fails too, dropping `staged` decides what the buffer becomes).
-                if self.synchronize().is_ok() {
-                    if let Some(staging) = staged.staging.take() {
-                        self.shared.give_back_host_staging(staging);
-                    }
-                }
+                self.settle_staging(pieces);
                 Err(e)
             }
         }
@@ -693,39 +731,46 @@ impl CudaSyncWait {
     }
 }
 
-/// Read-backs of at most this many bytes are staged through page-locked memory and waited
-/// for after the caller unlocked the buffer (see [`CudaStreamHandle::begin_copy_to_host`]).
-const STAGED_READ_MAX: usize = 16 << 20;
+/// Whether `pieces` are one staging buffer per [`HOST_STAGING_PIECE`] bytes of a copy of
+/// `len` bytes, each holding its part.
+fn pieces_fit(pieces: &[HostStaging], len: usize) -> bool {
+    pieces.len() == len.div_ceil(HOST_STAGING_PIECE)
+        && pieces
+            .iter()
+            .enumerate()
+            .all(|(i, p)| p.bytes() >= (len - i * HOST_STAGING_PIECE).min(HOST_STAGING_PIECE))
+}
 
-/// Copies from the host of at most this many bytes are staged through page-locked memory of
-/// the device's (see [`CudaStreamHandle::stage_from_host`]); larger ones go through the
-/// driver's own staging, which may wait for the stream's earlier work.
-const STAGED_WRITE_MAX: usize = 16 << 20;
+/// The error of staging buffers that do not match the copy they were taken for (a bug of
+/// this backend, reported rather than copying part of the bytes).
+#[cold]
+fn short_staging() -> DeviceError {
+    DeviceError::internal("staging buffers do not match the copy they were taken for")
+}
 
-/// Host bytes copied into a staging buffer by [`CudaStreamHandle::stage_from_host`], for one
-/// copy into the device. Dropped before its copy was enqueued, it gives the buffer back.
+/// Host bytes copied into staging buffers by [`CudaStreamHandle::stage_from_host`], for one
+/// copy into the device. Dropped before its copy was enqueued, it gives the buffers back.
 pub(crate) struct StagedUpload {
-    /// `None` once its copy was enqueued.
-    staging: Option<HostStaging>,
+    /// One buffer per [`HOST_STAGING_PIECE`] bytes, in order; empty once enqueued.
+    pieces: Vec<HostStaging>,
     len: usize,
     shared: Arc<CudaDeviceShared>,
 }
 
 impl Drop for StagedUpload {
     fn drop(&mut self) {
-        if let Some(staging) = self.staging.take() {
-            self.shared.give_back_host_staging(staging);
-        }
+        self.shared
+            .give_back_host_staging(std::mem::take(&mut self.pieces));
     }
 }
 
 /// A read-back begun by [`CudaStreamHandle::begin_copy_to_host`].
 pub(crate) struct CudaCopyToHost {
-    /// The staging buffer the copy lands in first; `None` once given back, or when the copy
-    /// went straight into its destination.
-    staging: Option<HostStaging>,
+    /// The staging buffers the copy lands in first, one per [`HOST_STAGING_PIECE`] bytes in
+    /// order; empty once given back, or when the copy went straight into its destination.
+    pieces: Vec<HostStaging>,
     /// The synchronization after the copy; `None` when there is nothing to wait for (the copy
-    /// landed already) or no event follows the copy.
+    /// landed already).
     wait: Option<CudaSyncWait>,
     len: usize,
     shared: Arc<CudaDeviceShared>,
@@ -739,12 +784,11 @@ impl CudaCopyToHost {
             return Ok(());
         };
         // On an error the copy may not have landed: dropping `self` decides what becomes of
-        // the staging buffer.
+        // the staging buffers.
         wait.event.synchronize()?;
-        if let Some(staging) = self.staging.take() {
-            let landed = staging.head(self.len);
-            let copied = if landed.len() == self.len && out.len() == self.len {
-                out.copy_from_slice(landed);
+        let pieces = std::mem::take(&mut self.pieces);
+        if !pieces.is_empty() {
+            let mut copied = if out.len() == self.len {
                 Ok(())
             } else {
                 Err(DeviceError::internal(format!(
@@ -753,7 +797,17 @@ impl CudaCopyToHost {
                     out.len()
                 )))
             };
-            self.shared.give_back_host_staging(staging);
+            if copied.is_ok() {
+                for (piece, to) in pieces.iter().zip(out.chunks_mut(HOST_STAGING_PIECE)) {
+                    let landed = piece.head(to.len());
+                    if landed.len() != to.len() {
+                        copied = Err(short_staging());
+                        break;
+                    }
+                    to.copy_from_slice(landed);
+                }
+            }
+            self.shared.give_back_host_staging(pieces);
             copied?;
         }
         wait.event.shared.release_host_fn_drops();
@@ -762,26 +816,29 @@ impl CudaCopyToHost {
 }
 
 impl Drop for CudaCopyToHost {
-    /// A staging buffer that a copy may still be writing is neither reused nor freed: it goes
-    /// back once the copy's event has completed, is freed when the device faulted or was reset
-    /// (its work runs no more), and is leaked otherwise.
+    /// Staging buffers that a copy may still be writing are neither reused nor freed: they go
+    /// back once the copy's event has completed, are freed when the device faulted or was
+    /// reset (its work runs no more), and are leaked otherwise.
     fn drop(&mut self) {
-        let Some(staging) = self.staging.take() else {
+        let pieces = std::mem::take(&mut self.pieces);
+        if pieces.is_empty() {
             return;
-        };
+        }
         if let Some(wait) = self.wait.take() {
             if wait.event.synchronize().is_ok() {
-                self.shared.give_back_host_staging(staging);
+                self.shared.give_back_host_staging(pieces);
                 return;
             }
         }
         if self.shared.life.check().is_err() {
-            staging.free(&self.shared);
+            for piece in pieces {
+                piece.free(&self.shared);
+            }
         } else {
+            let bytes: usize = pieces.iter().map(HostStaging::bytes).sum();
             tracing::warn!(
-                "a read-back staging buffer of {} bytes is leaked: whether its copy landed \
-                 is unknown",
-                staging.bytes()
+                "read-back staging buffers of {bytes} bytes are leaked: whether their copy \
+                 landed is unknown"
             );
         }
     }
