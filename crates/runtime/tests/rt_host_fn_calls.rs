@@ -420,7 +420,7 @@ fn copies_behind_a_waiting_host_function(s: &Stream, copies: usize) {
     assert_eq!(wrong, 0, "elements differing from what was copied");
 }
 
-/// Copies from the host of up to 16 MiB, 96 MiB of them in all, enqueued behind a host
+/// Copies from the host of 1 MiB each, 96 MiB of them in all, enqueued behind a host
 /// function that waits for this thread, never wait for it: on CUDA they are staged through
 /// page-locked memory of the device's (from pageable memory the driver stages copies only so
 /// far, then waits for the stream's earlier work; seen on an H200).

@@ -302,7 +302,7 @@ impl Drop for CudaPinned {
     }
 }
 
-/// Page-locked host memory that read-backs from this device and small copies into it are
+/// Page-locked host memory that read-backs from this device and copies into it are
 /// staged through (see `CudaCopyToHost` and `StagedUpload`): kept by the device's state
 /// between copies and lent to one copy at a time.
 /// It holds no handle of the state, so the state can keep it without a cycle; whoever holds it

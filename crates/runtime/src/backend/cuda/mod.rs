@@ -356,7 +356,7 @@ pub(crate) struct CudaDeviceShared {
     /// The page-locked buffers that staged copies into this device go through, allocated at
     /// the first such copy (see `peer`).
     staging: Mutex<Option<peer::StagingRing>>,
-    /// The page-locked buffers that read-backs from this device and small copies into it are
+    /// The page-locked buffers that read-backs from this device and copies into it are
     /// staged through (see `CudaCopyToHost` and `StagedUpload`), and the bytes of all of them.
     host_staging: Mutex<StagingPool>,
     /// Staging buffers of copies into this device that may still be in flight, each copy's
