@@ -25,6 +25,7 @@
 #![deny(unsafe_code)]
 
 mod collectives;
+mod copies;
 mod error;
 mod graph;
 mod kernels;
@@ -79,6 +80,13 @@ const BENCHMARKS: &[Benchmark] = &[
         iters_meaning: "trials",
         default_iters: 51,
         run: ops::run,
+    },
+    Benchmark {
+        name: "copies",
+        about: "copies between pageable host memory and the device, 1-256 MiB, vs raw cudarc",
+        iters_meaning: "trials per size and direction",
+        default_iters: 9,
+        run: copies::run,
     },
     Benchmark {
         name: "overlap",

@@ -323,3 +323,59 @@ pub(crate) fn nvrtc_version() -> Result<(i32, i32), BenchError> {
         })?;
     Ok((major, minor))
 }
+
+/// Raw cudarc copies between pageable host memory and one device buffer, on a context object
+/// of its own with event tracking off and one stream, which allocates, uses and frees the
+/// buffer (module docs).
+pub(crate) struct RawCopier {
+    stream: Arc<CudaStream>,
+    buffer: CudaSlice<u8>,
+}
+
+impl std::fmt::Debug for RawCopier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RawCopier")
+            .field("bytes", &self.buffer.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RawCopier {
+    /// A buffer of `bytes` zeroed bytes on `device`, through raw cudarc.
+    pub(crate) fn new(device: &Device, bytes: usize) -> Result<RawCopier, BenchError> {
+        let ctx =
+            CudaContext::new(ordinal(device)?).map_err(BenchError::driver("CudaContext::new"))?;
+        // SAFETY: tracking is turned off before this context object creates any stream or
+        // buffer; its one buffer is allocated, used and freed on its one stream (module docs).
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx
+            .new_stream()
+            .map_err(BenchError::driver("CudaContext::new_stream"))?;
+        let buffer = stream
+            .alloc_zeros::<u8>(bytes)
+            .map_err(BenchError::driver("CudaStream::alloc_zeros"))?;
+        Ok(RawCopier { stream, buffer })
+    }
+
+    /// Copies `data` into the start of the buffer and waits for the copy.
+    pub(crate) fn upload(&mut self, data: &[u8]) -> Result<(), BenchError> {
+        let mut dst = self.buffer.slice_mut(..data.len());
+        self.stream
+            .memcpy_htod(data, &mut dst)
+            .map_err(BenchError::driver("CudaStream::memcpy_htod"))?;
+        self.stream
+            .synchronize()
+            .map_err(BenchError::driver("CudaStream::synchronize"))
+    }
+
+    /// Copies the start of the buffer into `out` and waits for the copy.
+    pub(crate) fn download(&mut self, out: &mut [u8]) -> Result<(), BenchError> {
+        let src = self.buffer.slice(..out.len());
+        self.stream
+            .memcpy_dtoh(&src, out)
+            .map_err(BenchError::driver("CudaStream::memcpy_dtoh"))?;
+        self.stream
+            .synchronize()
+            .map_err(BenchError::driver("CudaStream::synchronize"))
+    }
+}

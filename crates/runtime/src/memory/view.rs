@@ -111,10 +111,11 @@ impl<'a, T: DeviceCopy> BufferView<'a, T> {
 
     /// Enqueues a copy of `data` into this view. `data` may be dropped as soon as this returns.
     ///
-    /// On CUDA the data is first copied into page-locked memory that the device keeps for
-    /// staging (up to 256 MiB of it, in buffers of up to 16 MiB, allocated as copies need
-    /// them and freed with the device), and the copy never waits for the stream's earlier
-    /// work. A copy larger than that, or one made while that memory is in flight, goes
+    /// On CUDA a copy of up to 128 MiB is first copied into page-locked memory that the
+    /// device keeps for staging (up to 256 MiB of it, in buffers of up to 16 MiB, allocated
+    /// as copies need them and freed with the device; from 8 MiB on, by several threads), and
+    /// the copy never waits for the stream's earlier work. A larger copy, or one made while
+    /// that memory is in flight, goes
     /// through the driver's own staging, which may wait for the stream's earlier work before
     /// it returns (copies of 64 MiB did), while the buffer's ordering is held: other threads'
     /// work on this buffer waits too. So a host function enqueued before such a copy must not
@@ -146,7 +147,7 @@ impl<'a, T: DeviceCopy> BufferView<'a, T> {
     /// While it waits, other threads may enqueue work on the buffer and on `stream` (ordered
     /// after the copy where they write the buffer): a host function before the copy may wait
     /// for such a thread. On CUDA this holds for copies staged through the device's
-    /// page-locked memory (as for [`copy_from_host`](Self::copy_from_host), up to 256 MiB); a
+    /// page-locked memory (as for [`copy_from_host`](Self::copy_from_host), up to 128 MiB); a
     /// larger copy, or one made while that memory is in flight, keeps the buffer's writers
     /// waiting until it has landed.
     ///

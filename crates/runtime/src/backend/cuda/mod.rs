@@ -554,9 +554,10 @@ impl CudaDeviceShared {
 
     /// Staging buffers for a copy of `len` bytes (> 0), one for each [`HOST_STAGING_PIECE`]
     /// bytes of it in order, the last for what is left: all of them, or `None` (nothing
-    /// taken) when the pool cannot give them all (see `take_host_staging`).
+    /// taken) when the copy is larger than [`HOST_STAGED_COPY_MAX`] or the pool cannot give
+    /// them all (see `take_host_staging`).
     pub(crate) fn take_host_staging_pieces(&self, len: usize) -> Option<Vec<HostStaging>> {
-        if len == 0 || len > HOST_STAGING_MAX {
+        if len == 0 || len > HOST_STAGED_COPY_MAX {
             return None;
         }
         let mut pieces = Vec::with_capacity(len.div_ceil(HOST_STAGING_PIECE));
@@ -634,6 +635,11 @@ impl CudaDeviceShared {
 /// the host (see [`CudaDeviceShared::take_host_staging`]); kept until the device's state is
 /// dropped. A copy larger than this is not staged.
 pub(crate) const HOST_STAGING_MAX: usize = 256 << 20;
+
+/// The largest copy to or from the host that is staged: half the pool, so that the buffers
+/// smaller copies leave in the pool (which are never freed, see
+/// [`CudaDeviceShared::give_back_host_staging`]) never keep it from being staged.
+pub(crate) const HOST_STAGED_COPY_MAX: usize = HOST_STAGING_MAX / 2;
 
 /// The most bytes of one staging buffer: a larger copy is staged through several.
 pub(crate) const HOST_STAGING_PIECE: usize = 16 << 20;
