@@ -1,6 +1,6 @@
 //! `copies`: copies between pageable host memory and the device through cuflow
 //! (`BufferView::copy_from_host`, `BufferView::copy_to_host`) beside raw cudarc's
-//! `memcpy_htod` / `memcpy_dtoh` of the same pageable memory, for 1 MiB to 256 MiB.
+//! `memcpy_htod` / `memcpy_dtoh` of the same pageable memory, for 256 KiB to 256 MiB.
 //!
 //! On CUDA cuflow stages both directions through page-locked memory of the device's own (so
 //! that a copy never waits for the stream's earlier work while it holds the buffer's
@@ -20,13 +20,30 @@ use crate::raw::RawCopier;
 use crate::report::{Results, Row};
 
 /// The sizes copied, in bytes.
-const SIZES: [usize; 5] = [1 << 20, 16 << 20, 64 << 20, 128 << 20, 256 << 20];
+const SIZES: [usize; 7] = [
+    256 << 10,
+    1 << 20,
+    4 << 20,
+    16 << 20,
+    64 << 20,
+    128 << 20,
+    256 << 20,
+];
 
 /// A byte pattern that no zeroed or one-byte-filled buffer holds.
 fn pattern(len: usize, salt: u8) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u32).wrapping_mul(2_654_435_761).rotate_left(11) as u8 ^ salt)
         .collect()
+}
+
+/// `bytes` as the figures name it: "256 KiB", "16 MiB".
+fn size_label(bytes: usize) -> String {
+    if bytes >= 1 << 20 {
+        format!("{} MiB", bytes >> 20)
+    } else {
+        format!("{} KiB", bytes >> 10)
+    }
 }
 
 /// GB/s of `bytes` moved in `seconds`.
@@ -89,10 +106,10 @@ pub(crate) fn run(device: &Device, iters: usize) -> Result<Results, BenchError> 
                 "raw cudarc's copy of {bytes} bytes to the device and back differs from the data"
             )));
         }
-        let mib = bytes >> 20;
+        let size = size_label(bytes);
         rows.push(
             Row::from_trials(
-                format!("copy_from_host {mib} MiB"),
+                format!("copy_from_host {size}"),
                 "GB/s",
                 &ours_up,
                 "raw cudarc memcpy_htod, pageable",
@@ -102,7 +119,7 @@ pub(crate) fn run(device: &Device, iters: usize) -> Result<Results, BenchError> 
         );
         rows.push(
             Row::from_trials(
-                format!("copy_to_host {mib} MiB"),
+                format!("copy_to_host {size}"),
                 "GB/s",
                 &ours_down,
                 "raw cudarc memcpy_dtoh, pageable",

@@ -83,7 +83,7 @@ const BENCHMARKS: &[Benchmark] = &[
     },
     Benchmark {
         name: "copies",
-        about: "copies between pageable host memory and the device, 1-256 MiB, vs raw cudarc",
+        about: "copies between pageable host memory and the device, 256 KiB-256 MiB, vs raw cudarc",
         iters_meaning: "trials per size and direction",
         default_iters: 9,
         run: copies::run,

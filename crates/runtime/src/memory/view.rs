@@ -113,7 +113,7 @@ impl<'a, T: DeviceCopy> BufferView<'a, T> {
     ///
     /// On CUDA a copy of up to 128 MiB is first copied into page-locked memory that the
     /// device keeps for staging (up to 256 MiB of it, in buffers of up to 16 MiB, allocated
-    /// as copies need them and freed with the device; from 8 MiB on, by several threads), and
+    /// as copies need them and freed with the device; from 1 MiB on, by several threads), and
     /// the copy never waits for the stream's earlier work. A larger copy, or one made while
     /// that memory is in flight, goes
     /// through the driver's own staging, which may wait for the stream's earlier work before

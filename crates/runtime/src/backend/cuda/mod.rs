@@ -23,6 +23,7 @@ mod blas;
 mod capture;
 mod dylib;
 mod foreign;
+mod host_copy;
 mod kernel;
 mod memory;
 mod nccl;

@@ -11,6 +11,7 @@ use parking_lot::Mutex;
 use smallvec::SmallVec;
 
 use super::capture::{CapturedEvents, CudaGraphHandle};
+use super::host_copy::copy_host_bytes;
 use super::kernel::CompiledKernel;
 use super::memory::{CudaMemory, CudaPinned, HostStaging};
 use super::{driver_err, CudaDeviceShared, RawEvent, HOST_STAGED_COPY_MAX, HOST_STAGING_PIECE};
@@ -738,73 +739,6 @@ fn each_piece(
     (Ok(()), any)
 }
 
-/// Host copies into or out of staging buffers of at least this many bytes in all are spread
-/// over threads: one thread moves 6 to 10 GB/s on the hosts of H100 and H200 GPUs, a few
-/// times less than the copy engines, and a staged copy moves its bytes through the host once
-/// more than an unstaged one.
-const PARALLEL_HOST_COPY: usize = 8 << 20;
-
-/// The parts a spread host copy is cut into, which its threads take one at a time; each
-/// thread is started only for at least this many bytes, so that starting it (some 40 µs on
-/// those hosts) stays a small part of its work.
-const HOST_COPY_PART: usize = 2 << 20;
-
-/// At most this many threads take part in one host copy: the host's memory bandwidth is
-/// reached with about that many.
-const HOST_COPY_THREADS: usize = 8;
-
-/// Copies each pair's source into its destination, on up to [`HOST_COPY_THREADS`] threads
-/// (this one and scoped threads started for the copy) when there are at least
-/// [`PARALLEL_HOST_COPY`] bytes in all. The threads of a pool would start faster, but a
-/// caller that is itself a pool's worker could then run other work of that pool while it
-/// waits (work stealing), work that might need a lock the caller holds. A thread that cannot
-/// be started leaves its parts to the others and to this one.
-///
-/// # Errors
-///
-/// An internal error, before anything is copied, when a pair's lengths differ.
-fn copy_host_bytes(pairs: Vec<(&mut [u8], &[u8])>) -> Result<()> {
-    if pairs.iter().any(|(to, from)| to.len() != from.len()) {
-        return Err(short_staging());
-    }
-    let total: usize = pairs.iter().map(|(_, from)| from.len()).sum();
-    if total < PARALLEL_HOST_COPY {
-        for (to, from) in pairs {
-            to.copy_from_slice(from);
-        }
-        return Ok(());
-    }
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let threads = cores.min(HOST_COPY_THREADS).min(total / HOST_COPY_PART);
-    let parts: Vec<(&mut [u8], &[u8])> = pairs
-        .into_iter()
-        .flat_map(|(to, from)| {
-            to.chunks_mut(HOST_COPY_PART)
-                .zip(from.chunks(HOST_COPY_PART))
-        })
-        .collect();
-    let parts = Mutex::new(parts);
-    let work = || loop {
-        let next = parts.lock().pop();
-        match next {
-            Some((to, from)) => to.copy_from_slice(from),
-            None => break,
-        }
-    };
-    std::thread::scope(|scope| {
-        for _ in 1..threads {
-            let started = std::thread::Builder::new()
-                .name("cuflow-host-copy".into())
-                .spawn_scoped(scope, work);
-            if started.is_err() {
-                break;
-            }
-        }
-        work();
-    });
-    Ok(())
-}
-
 /// Whether `pieces` are one staging buffer per [`HOST_STAGING_PIECE`] bytes of a copy of
 /// `len` bytes, each holding its part.
 fn pieces_fit(pieces: &[HostStaging], len: usize) -> bool {
@@ -1004,64 +938,5 @@ impl Drop for CudaEventHandle {
                 self.shared.return_event(ev);
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{copy_host_bytes, HOST_COPY_PART, PARALLEL_HOST_COPY};
-
-    /// `len` bytes that differ from their neighbours and from any fill.
-    fn pattern(len: usize, salt: u32) -> Vec<u8> {
-        (0..len as u32)
-            .map(|i| (i.wrapping_mul(2_654_435_761) ^ salt).rotate_left(13) as u8)
-            .collect()
-    }
-
-    /// Copies `sizes` (one pair each) through `copy_host_bytes` into buffers poisoned with
-    /// 0xee, and checks every byte.
-    fn copies_each_pair(sizes: &[usize]) {
-        let sources: Vec<Vec<u8>> = sizes
-            .iter()
-            .enumerate()
-            .map(|(i, &n)| pattern(n, i as u32 + 1))
-            .collect();
-        let mut targets: Vec<Vec<u8>> = sizes.iter().map(|&n| vec![0xee; n]).collect();
-        copy_host_bytes(
-            targets
-                .iter_mut()
-                .zip(&sources)
-                .map(|(to, from)| (to.as_mut_slice(), from.as_slice()))
-                .collect(),
-        )
-        .expect("equal lengths");
-        for (i, (to, from)) in targets.iter().zip(&sources).enumerate() {
-            let wrong = to.iter().zip(from).filter(|(a, b)| a != b).count();
-            assert_eq!(wrong, 0, "pair {i} of {sizes:?}: bytes differ");
-        }
-    }
-
-    #[test]
-    fn small_copies_are_made_on_this_thread_and_land_whole() {
-        copies_each_pair(&[0, 1, 4096, PARALLEL_HOST_COPY - 1]);
-    }
-
-    /// Large copies are cut into parts copied on several threads: every byte lands where it
-    /// belongs, across the cuts between parts and between pairs (sizes that are not multiples
-    /// of a part included).
-    #[test]
-    fn large_copies_spread_over_threads_land_whole() {
-        copies_each_pair(&[PARALLEL_HOST_COPY]);
-        copies_each_pair(&[16 << 20, 16 << 20, 3 * HOST_COPY_PART + 12_345, 7]);
-    }
-
-    #[test]
-    fn pairs_of_different_lengths_are_refused_before_anything_is_copied() {
-        let from = pattern(PARALLEL_HOST_COPY, 9);
-        let mut a = vec![0u8; PARALLEL_HOST_COPY];
-        let mut b = vec![0u8; 10];
-        let r = copy_host_bytes(vec![(&mut a, &from), (&mut b, &from[..11])]);
-        assert!(r.is_err(), "{r:?}");
-        assert!(a.iter().chain(&b).all(|&v| v == 0), "bytes were copied");
     }
 }
