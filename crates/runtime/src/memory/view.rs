@@ -115,12 +115,12 @@ impl<'a, T: DeviceCopy> BufferView<'a, T> {
     /// device keeps for staging (up to 256 MiB of it, in buffers of up to 16 MiB, allocated
     /// as copies need them and freed with the device; from 1 MiB on, by several threads), and
     /// the copy never waits for the stream's earlier work. A larger copy, or one made while
-    /// that memory is in flight, goes
-    /// through the driver's own staging, which may wait for the stream's earlier work before
-    /// it returns (copies of 64 MiB did), while the buffer's ordering is held: other threads'
-    /// work on this buffer waits too. So a host function enqueued before such a copy must not
-    /// wait for another thread's work on the same buffer. A copy from a
-    /// [`PinnedBuffer`](crate::PinnedBuffer) (`copy_to_device`) never waits.
+    /// that memory is in flight, goes through the driver's own staging, which may wait for
+    /// the stream's earlier work before it returns (copies of 64 MiB did), while the buffer's
+    /// ordering is held: other threads' work on this buffer waits too. So a host function
+    /// enqueued before such a copy must not wait for another thread's work on the same
+    /// buffer. A copy from a [`PinnedBuffer`](crate::PinnedBuffer) (`copy_to_device`) never
+    /// waits.
     ///
     /// # Errors
     ///

@@ -634,7 +634,7 @@ impl CudaDeviceShared {
 
 /// The most bytes of page-locked staging buffers a device allocates for copies to and from
 /// the host (see [`CudaDeviceShared::take_host_staging`]); kept until the device's state is
-/// dropped. A copy larger than this is not staged.
+/// dropped. The largest copy staged is half of it ([`HOST_STAGED_COPY_MAX`]).
 pub(crate) const HOST_STAGING_MAX: usize = 256 << 20;
 
 /// The largest copy to or from the host that is staged: half the pool, so that the buffers
