@@ -88,7 +88,8 @@ pub(crate) fn run(device: &Device, iters: usize) -> Result<Results, BenchError> 
             raw.download(&mut back)?;
             raw_down.push(gbps(bytes, t.elapsed().as_secs_f64()));
         }
-        // What each side copied: cuflow's read of its own upload, raw's of its own.
+        // What each side copied: a pattern neither buffer holds yet, read back by the side
+        // that wrote it.
         let check = pattern(bytes, 0xa5);
         back.fill(0);
         view.copy_from_host(&stream, &check)?;
@@ -99,9 +100,9 @@ pub(crate) fn run(device: &Device, iters: usize) -> Result<Results, BenchError> 
             )));
         }
         back.fill(0);
-        raw.upload(&data)?;
+        raw.upload(&check)?;
         raw.download(&mut back)?;
-        if back != data {
+        if back != check {
             return Err(BenchError::Verification(format!(
                 "raw cudarc's copy of {bytes} bytes to the device and back differs from the data"
             )));

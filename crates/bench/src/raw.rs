@@ -1,5 +1,5 @@
-//! Raw cudarc baselines: the same launches written directly against cudarc, as a user of the
-//! driver bindings would write them, and the driver and NVRTC version queries.
+//! Raw cudarc baselines: the same launches and copies written directly against cudarc, as a
+//! user of the driver bindings would write them, and the driver and NVRTC version queries.
 //!
 //! This is the only module of the benchmark program with `unsafe` code: cudarc's kernel launch
 //! and `disable_event_tracking` are `unsafe`, and so are its version queries. Two invariants
@@ -8,8 +8,9 @@
 //! - Every function takes the CUDA [`Device`] that cuflow opened, so libcuda is loaded before
 //!   any cudarc call (cudarc panics when a library it calls into is absent). NVRTC is checked
 //!   with `is_culib_present` before its first use.
-//! - Each [`RawLauncher`] owns its own `CudaContext` object (on the device's primary context),
-//!   one stream, and at most one buffer, which is allocated, used and freed on that one stream.
+//! - Each [`RawLauncher`] and [`RawCopier`] owns its own `CudaContext` object (on the device's
+//!   primary context), one stream, and at most one buffer, which is allocated, used and freed
+//!   on that one stream.
 //!   The kernel and the arguments pushed for it are both chosen by one [`RawKernel`] value, so
 //!   they always match.
 
