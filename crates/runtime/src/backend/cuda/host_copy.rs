@@ -8,14 +8,13 @@
 //! The caller does not join that pool's work (`install` or `scope` would have a caller that is
 //! itself a worker of another pool run that pool's other work while it waits, and that work
 //! might need a lock the caller holds): it hands out helper jobs, copies parts itself, and
-//! waits on a channel for each helper to say that it is done. The parts sit in one queue, so a
-//! helper that starts late finds fewer parts, or none, and the copy takes no longer than on
-//! the caller alone.
+//! waits until every part has been copied. The parts sit in one queue, so a helper that starts
+//! late finds fewer parts, or none, and the caller waits only for the parts being copied, not
+//! for helpers still asleep: the copy takes no longer than on the caller alone.
 
-use std::sync::mpsc;
 use std::sync::{Arc, OnceLock};
 
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 
 use crate::error::{DeviceError, Result};
 
@@ -59,8 +58,8 @@ struct Part {
 
 // SAFETY: a part is the address of `len` bytes borrowed uniquely for writing (`to`) and of
 // `len` bytes borrowed for reading (`from`) by the `copy_host_bytes` call that made it, which
-// does not return before every part has been copied (see there); sending it to another thread
-// only moves who copies them.
+// does not return before every part has been copied, and so taken from its queue (see there);
+// sending it to another thread only moves who copies them.
 unsafe impl Send for Part {}
 
 impl Part {
@@ -112,40 +111,53 @@ pub(super) fn copy_host_bytes(pairs: Vec<(&mut [u8], &[u8])>) -> Result<()> {
         .collect();
     parts.reverse();
     let count = parts.len();
-    let queue = Arc::new(Mutex::new(parts));
-    let take_all = |queue: &Mutex<Vec<Part>>| loop {
-        let next = queue.lock().pop();
-        match next {
-            Some(part) => part.copy(),
-            None => break,
-        }
-    };
-    let helping = pool.current_num_threads().min(count - 1);
-    let (done, finished) = mpsc::channel::<()>();
-    for _ in 0..helping {
-        let (queue, done) = (queue.clone(), done.clone());
-        pool.spawn(move || {
-            take_all(&queue);
-            // The caller waits for this message; it may only fail if the caller is gone,
-            // which it is not before every helper has sent it.
-            let _ = done.send(());
-        });
+    let spread = Arc::new(Spread {
+        queue: Mutex::new(parts),
+        left: Mutex::new(count),
+        all_copied: Condvar::new(),
+    });
+    for _ in 0..pool.current_num_threads().min(count - 1) {
+        let spread = spread.clone();
+        pool.spawn(move || spread.take_all());
     }
-    drop(done);
-    take_all(&queue);
-    // Every part has been taken; wait until the helpers have copied the ones they took. Each
-    // sends its message only once it found the queue empty, after its last part was copied.
-    // Nothing between the spawns above and this wait can unwind (copies of raw bytes, a lock
-    // that does not poison, a pop), so the borrowed bytes outlive every part.
-    for _ in 0..helping {
-        if finished.recv().is_err() {
-            // Every helper's sender is gone: each helper sent its message or ended without
-            // it (a job dropped unrun, or one that unwound, which none of its code does).
-            // None of them copies any more.
-            break;
-        }
+    spread.take_all();
+    // Every part has been taken; wait until the helpers have copied the ones they took. A
+    // helper that starts later finds no part and touches none of the borrowed bytes. Nothing
+    // between the spawns above and this wait can unwind (copies of raw bytes, locks that do
+    // not poison, a pop), so the borrowed bytes outlive every part's copy.
+    let mut left = spread.left.lock();
+    while *left > 0 {
+        spread.all_copied.wait(&mut left);
     }
     Ok(())
+}
+
+/// The parts of one spread copy, shared by its caller and its helpers.
+struct Spread {
+    /// The parts no one has taken yet.
+    queue: Mutex<Vec<Part>>,
+    /// The parts not yet copied, taken or not.
+    left: Mutex<usize>,
+    /// Signalled when `left` reaches 0.
+    all_copied: Condvar,
+}
+
+impl Spread {
+    /// Copies parts until none is left to take.
+    fn take_all(&self) {
+        loop {
+            let next = self.queue.lock().pop();
+            let Some(part) = next else {
+                return;
+            };
+            part.copy();
+            let mut left = self.left.lock();
+            *left -= 1;
+            if *left == 0 {
+                self.all_copied.notify_all();
+            }
+        }
+    }
 }
 
 #[cfg(test)]
