@@ -10,7 +10,7 @@
 //! might need a lock the caller holds): it hands out helper jobs, copies parts itself, and
 //! waits until every part has been copied. The parts sit in one queue, so a helper that starts
 //! late finds fewer parts, or none, and the caller waits only for the parts being copied, not
-//! for helpers still asleep: the copy takes no longer than on the caller alone.
+//! for helpers still asleep: at worst the copy takes about as long as on the caller alone.
 
 use std::sync::{Arc, OnceLock};
 
