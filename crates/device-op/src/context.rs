@@ -72,6 +72,11 @@ pub struct ExecutionContext {
     streams: Arc<Mutex<ExecutionStreams>>,
     /// Whether this is a branch not joined back yet (see [`ExecutionContext::join_branch`]).
     unjoined: bool,
+    /// Whether the execution is being captured into a graph: its root's stream was capturing
+    /// when it began. Branches inherit it, because a branch's own stream joins the capture
+    /// only at its first work (when it waits on its fork), so until then the stream cannot
+    /// tell (see [`ExecutionContext::in_capture`]).
+    captured: bool,
 }
 
 /// The streams of one execution.
@@ -107,6 +112,7 @@ impl ExecutionContext {
         stream: Stream,
         prior_work: bool,
     ) -> Self {
+        let stream_capturing = stream.is_capturing();
         ExecutionContext {
             id: next_context_id(),
             device: stream.device().clone(),
@@ -124,6 +130,7 @@ impl ExecutionContext {
             stats: Arc::new(Mutex::new(ExecutionStats::default())),
             streams: Arc::new(Mutex::new(ExecutionStreams::default())),
             unjoined: false,
+            captured: stream_capturing,
         }
     }
 
@@ -226,7 +233,7 @@ impl ExecutionContext {
         stream: &Stream,
         f: impl FnOnce(&Stream) -> Result<R, DeviceError>,
     ) -> Result<R, DeviceError> {
-        if stream.is_capturing() && !self.stream.is_capturing() {
+        if stream.is_capturing() && !self.in_capture() {
             return Err(DeviceError::Capture {
                 op: "ExecutionContext::on_stream".into(),
                 reason: format!(
@@ -240,7 +247,7 @@ impl ExecutionContext {
             });
         }
         let private;
-        let stream = if self.stream.is_capturing() && !stream.is_capturing() {
+        let stream = if self.in_capture() && !stream.is_capturing() {
             // Waiting on captured work would pull `stream` into the capture, and with it every
             // other thread's work on it (refused until the capture ends).
             private = self.private_stream(stream.device())?;
@@ -294,7 +301,7 @@ impl ExecutionContext {
             let stream = self.stream()?.clone();
             return f(&stream);
         }
-        if self.stream.is_capturing() {
+        if self.in_capture() {
             let stream = self.private_stream(device)?;
             return self.on_stream(&stream, f);
         }
@@ -386,7 +393,7 @@ impl ExecutionContext {
             .at_depth(self.depth + 1)
             .on_same_device(self.same_device);
         let stream = self.policy.place(&placement)?;
-        if stream.is_capturing() && !self.stream.is_capturing() {
+        if stream.is_capturing() && !self.in_capture() {
             // A capture's own branches are placed on streams that join it by waiting on their
             // fork (and a capturing stream of another capture is refused by that wait).
             return Err(crate::exec::placed_on_capturing_stream(
@@ -427,7 +434,16 @@ impl ExecutionContext {
             stats: self.stats.clone(),
             streams: self.streams.clone(),
             unjoined: true,
+            captured: self.in_capture(),
         })
+    }
+
+    /// Whether this context's work is being captured into a graph: the execution's root was
+    /// captured, or this context's stream is capturing (an op of the execution may have begun
+    /// a capture on it). A branch's stream joins its capture only at the branch's first work,
+    /// so the stream alone cannot tell before then.
+    fn in_capture(&self) -> bool {
+        self.captured || self.stream.is_capturing()
     }
 
     /// Every how many nested boxed levels an execution checks its stack.

@@ -264,6 +264,83 @@ fn on_stream_during_a_capture_leaves_the_named_stream_to_everyone() -> Result<()
     Ok(())
 }
 
+/// Branches of branches in a capture: a `zip!` inside a `zip!` branch places its own branches
+/// before that branch has done any work (its stream joins the capture only then), and the
+/// policy may put one of them on the capture's root stream. Every shape must capture and
+/// replay, under pools of one to four streams.
+#[test]
+fn nested_zips_capture_and_replay_under_every_pool_size() -> Result<(), DeviceError> {
+    let device = device();
+    compile_kernels(&device)?;
+    let stream = device.new_stream()?;
+    for streams in 1..=4 {
+        let bufs: Vec<Buf> = (0..4)
+            .map(|i| DeviceBuffer::from_host(&stream, &[i as f32; 64]).map(Arc::new))
+            .collect::<Result<_, _>>()?;
+        stream.synchronize()?;
+        let op = zip!(
+            zip!(affine(&bufs[0], 2.0, 1.0), affine(&bufs[1], 2.0, 1.0)),
+            zip!(
+                affine(&bufs[2], 2.0, 1.0),
+                zip!(affine(&bufs[3], 2.0, 1.0), value(()))
+            )
+        );
+        let mut graph = op
+            .graph_with_policy(&StreamPoolRoundRobin::new(&device, streams)?)
+            .unwrap_or_else(|e| panic!("a pool of {streams} streams: {e}"));
+        graph.replay_and_wait()?;
+        graph.replay_and_wait()?;
+        for (i, buf) in bufs.iter().enumerate() {
+            let want = (i as f32 * 2.0 + 1.0) * 2.0 + 1.0;
+            assert_eq!(
+                buf.to_host_vec(&stream)?,
+                vec![want; 64],
+                "pool {streams}, buffer {i}"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `on_stream` as the first work of a `zip!` branch in a capture: the branch's stream has not
+/// joined the capture yet, and the named stream must not join it either (its work is recorded
+/// on a private stream, as from the capture's root).
+#[test]
+fn on_stream_first_in_a_captured_branch_leaves_the_named_stream_to_everyone(
+) -> Result<(), DeviceError> {
+    let device = device();
+    compile_kernels(&device)?;
+    let public = device.new_stream()?;
+    let x = Arc::new(DeviceBuffer::from_host(&public, &[1.0f32; 256])?);
+    public.synchronize()?;
+    let branch = from_fn({
+        let (public, x) = (public.clone(), x.clone());
+        move |ctx| {
+            ctx.on_stream(&public, |s| {
+                affine_kernel().launch(
+                    s,
+                    LaunchConfig::for_num_elems(x.len()),
+                    KernelArgs::new()
+                        .output(&*x)
+                        .scalar(2.0f32)
+                        .scalar(1.0f32)
+                        .scalar(x.len() as u32),
+                )?;
+                Ok((s.is_capturing(), public.is_capturing()))
+            })
+        }
+    });
+    let op = zip!(branch, value(()));
+    let mut graph = op.graph_with_policy(&StreamPoolRoundRobin::new(&device, 2)?)?;
+    let ((recorded, named_captured), ()) = graph.take_output().expect("the output");
+    assert!(recorded, "the work was not recorded");
+    assert!(!named_captured, "the named stream joined the capture");
+    assert_eq!(x.to_host_vec(&public)?, vec![1.0; 256], "the capture ran");
+    graph.replay_and_wait()?;
+    assert_eq!(x.to_host_vec(&public)?, vec![3.0; 256]);
+    Ok(())
+}
+
 /// A capture under a policy that panics (naming its device, placing the root or a branch) is
 /// an error naming the panic, never a panic out of `graph_with_policy`. A policy that panics
 /// hearing of work is not asked: the capture's streams are private, not the policy's.

@@ -16,6 +16,7 @@
 //!   and uploading and reading back tensors.
 //! - `model` (feature `model`): the small decoder-only transformer of the `04_inference_loop`
 //!   example, shared by the example, its test and the benchmark program.
+//! - [`dags`]: random DAGs of those ops, each with a model of its value.
 //! - [`policies`]: scheduling policies that misbehave on purpose ([`policies::Panicking`]).
 //! - [`thread`]: running test code on a thread with a small stack.
 //! - [`test_cases!`]: one `#[test]` per line, for tests that differ only in their arguments or
@@ -32,6 +33,7 @@
 /// The error type of the tests that [`test_cases!`] writes.
 pub use cuflow_runtime::DeviceError;
 
+pub mod dags;
 pub mod device;
 pub mod kernels;
 pub mod measure;

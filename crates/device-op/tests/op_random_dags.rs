@@ -1,0 +1,171 @@
+//! Random DAGs of `then`, `zip!`, `join_all` and `shared`, executed from several threads at
+//! once through every entry point (`sync`, `sync_on`, a policy, `.await`, a future dropped
+//! unpolled or in flight), against a model of each DAG's value. Every buffer of a DAG holds one
+//! value in all its elements; an op writes a new buffer or rewrites one only its own DAG
+//! reads, and kernels with a spin before their write make a missing wait show as a stale
+//! value. Shared ops are consumed by several DAGs of several threads, some of which fail or
+//! are dropped. Each DAG must give its model's value in every element, or the error of the
+//! failing launch it holds, and nothing may hang. `CUFLOW_RANDOM_DAGS=N` runs N times as many
+//! DAGs.
+
+use std::future::Future;
+
+use cuflow_device_op::{BoxedOp, DeviceError, DeviceOpExt};
+use cuflow_runtime::Device;
+use cuflow_scheduler::{SingleStream, StreamPoolRoundRobin};
+use cuflow_testing::{
+    dags::{draw, SharedValue, Value},
+    device::device,
+    ops::{assert_all, buffer, compile_kernels, copy, Buf},
+    rng::seeded_rng,
+    thread::within_a_minute,
+};
+use rand::Rng;
+
+/// How a thread runs a DAG.
+#[derive(Clone, Copy, Debug)]
+enum Run {
+    Sync,
+    SyncOn,
+    RoundRobin,
+    OneStream,
+    Await,
+    DropUnpolled,
+    DropInFlight,
+}
+
+const RUNS: [Run; 7] = [
+    Run::Sync,
+    Run::SyncOn,
+    Run::RoundRobin,
+    Run::OneStream,
+    Run::Await,
+    Run::DropUnpolled,
+    Run::DropInFlight,
+];
+
+/// Runs `op` as `how` says; `None` when its result was dropped unseen.
+fn run(device: &Device, op: BoxedOp<'static, Buf>, how: Run) -> Option<Result<Buf, DeviceError>> {
+    let pool = || StreamPoolRoundRobin::new(device, 3).expect("a pool of three streams");
+    Some(match how {
+        Run::Sync => op.sync(),
+        Run::SyncOn => op.sync_on(&device.new_stream().expect("a stream")),
+        Run::RoundRobin => op.sync_with_policy(&pool()).map(|(b, _)| b),
+        Run::OneStream => op
+            .sync_with_policy(&SingleStream::new(device).expect("a stream"))
+            .map(|(b, _)| b),
+        Run::Await => match op.schedule(&pool()) {
+            Ok(future) => futures::executor::block_on(future),
+            Err(e) => Err(e),
+        },
+        Run::DropUnpolled => {
+            drop(op.schedule(&pool()));
+            return None;
+        }
+        Run::DropInFlight => {
+            let mut future = match op.schedule(&pool()) {
+                Ok(future) => future,
+                Err(_) => return None,
+            };
+            let waker = futures::task::noop_waker();
+            let mut cx = std::task::Context::from_waker(&waker);
+            let _ = std::pin::Pin::new(&mut future).poll(&mut cx);
+            drop(future);
+            return None;
+        }
+    })
+}
+
+/// Checks a DAG's outcome against its model.
+fn check(what: &str, got: Result<Buf, DeviceError>, want: Value) {
+    match (got, want) {
+        (Ok(buf), Some(v)) => assert_all(&buf, v, what),
+        (Ok(_), None) => panic!("{what}: resolved Ok, but it holds a failing launch"),
+        (Err(e), Some(v)) => panic!("{what}: failed ({e}), the model gives {v}"),
+        (Err(e), None) => assert!(
+            matches!(e, DeviceError::InvalidLaunch { .. }),
+            "{what}: failed with {e:?}, not the error of its failing launch"
+        ),
+    }
+}
+
+/// `threads` threads, each running `dags` random DAGs, drawing on shared ops made up front
+/// (consumed by every thread) and on shared ops of their own.
+fn random_dags(seed: u64, threads: usize, dags: usize) {
+    let dags = dags * scale_from_env();
+    let device = device();
+    compile_kernels(&device).expect("compile the test kernels");
+    let mut rng = seeded_rng(seed);
+    let common: Vec<SharedValue> = (0..4)
+        .map(|_| {
+            let (op, value) = draw(&mut rng, 2, &[]);
+            SharedValue {
+                op: op.shared(),
+                value,
+            }
+        })
+        .collect();
+    std::thread::scope(|scope| {
+        for t in 0..threads {
+            let (device, common) = (device.clone(), common.clone());
+            let seed = seed ^ ((t as u64 + 1) << 32);
+            scope.spawn(move || {
+                let mut rng = seeded_rng(seed);
+                let mut pool = common;
+                for d in 0..dags {
+                    let (op, want) = draw(&mut rng, 4, &pool);
+                    // Some DAGs become shared ops of later ones, on this thread.
+                    if rng.gen_bool(0.15) {
+                        pool.push(SharedValue {
+                            op: op.shared(),
+                            value: want,
+                        });
+                        continue;
+                    }
+                    let how = RUNS[rng.gen_range(0..RUNS.len())];
+                    let what = format!("thread {t}, DAG {d} of seed {seed:#x}, run {how:?}");
+                    if let Some(got) = run(&device, op, how) {
+                        check(&what, got, want);
+                    }
+                }
+                // Every shared op left in the pool, consumed once more here: whatever dropped
+                // or failed before, each gives its value.
+                for (i, shared) in pool.into_iter().enumerate() {
+                    let dst = buffer(0.0);
+                    let got = shared.op.then(move |b| copy(&dst, &b)).sync();
+                    check(
+                        &format!("thread {t}, shared op {i} at the end"),
+                        got,
+                        shared.value,
+                    );
+                }
+            });
+        }
+    });
+}
+
+/// `CUFLOW_RANDOM_DAGS=N` runs N times as many DAGs (default 1).
+fn scale_from_env() -> usize {
+    std::env::var("CUFLOW_RANDOM_DAGS")
+        .ok()
+        .map(|v| {
+            v.trim()
+                .parse()
+                .expect("CUFLOW_RANDOM_DAGS must be a number")
+        })
+        .unwrap_or(1)
+}
+
+#[test]
+fn random_dags_from_four_threads_give_their_models_values() {
+    within_a_minute("random DAGs from four threads hung", || {
+        random_dags(0x0da6_5eed_0001, 4, 40)
+    });
+}
+
+#[test]
+fn random_dags_from_one_thread_give_their_models_values() {
+    within_a_minute("random DAGs from one thread hung", || {
+        random_dags(0x0da6_5eed_0002, 1, 80)
+    });
+}

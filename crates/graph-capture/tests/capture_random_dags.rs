@@ -1,0 +1,138 @@
+//! Random DAGs captured and replayed (on a stream of their own, on a pool's stream, on a stream
+//! of the default pool) from two threads while two other threads run random DAGs eagerly on
+//! the same device: each replay must give the DAG's modelled value in every element, a DAG
+//! holding a failing launch must fail to capture, and no eager DAG may lose its work to a
+//! capture (a DAG resolving `Ok` with the value unwritten fails its check). Captured DAGs also
+//! read shared ops produced eagerly before, which every replay reads again.
+//! `CUFLOW_RANDOM_DAGS=N` runs N times as many DAGs.
+
+use cuflow_device_op::{DeviceError, DeviceOpExt};
+use cuflow_graph_capture::GraphCaptureExt;
+use cuflow_scheduler::StreamPoolRoundRobin;
+use cuflow_testing::{
+    dags::{draw, SharedValue, Value},
+    device::device,
+    ops::{assert_all, buffer, compile_kernels, copy, Buf},
+    rng::seeded_rng,
+    thread::within_a_minute,
+};
+use rand::Rng;
+
+/// `CUFLOW_RANDOM_DAGS=N` runs N times as many DAGs (default 1).
+fn scale_from_env() -> usize {
+    std::env::var("CUFLOW_RANDOM_DAGS")
+        .ok()
+        .map(|v| {
+            v.trim()
+                .parse()
+                .expect("CUFLOW_RANDOM_DAGS must be a number")
+        })
+        .unwrap_or(1)
+}
+
+/// Where a DAG is captured.
+#[derive(Clone, Copy, Debug)]
+enum Capture {
+    OwnStream,
+    Pool,
+    DefaultPool,
+}
+
+fn check_eager(what: &str, got: Result<Buf, DeviceError>, want: Value) {
+    match (got, want) {
+        (Ok(buf), Some(v)) => assert_all(&buf, v, what),
+        (Ok(_), None) => panic!("{what}: resolved Ok, but it holds a failing launch"),
+        (Err(e), Some(v)) => panic!("{what}: failed ({e}), the model gives {v}"),
+        (Err(e), None) => assert!(
+            matches!(e, DeviceError::InvalidLaunch { .. }),
+            "{what}: failed with {e:?}, not the error of its failing launch"
+        ),
+    }
+}
+
+fn captured_and_eager_dags(seed: u64, dags: usize) {
+    let dags = dags * scale_from_env();
+    let device = device();
+    compile_kernels(&device).expect("compile the test kernels");
+    let mut rng = seeded_rng(seed);
+    // Shared ops produced eagerly before any capture: captured DAGs read them in every replay.
+    let common: Vec<SharedValue> = (0..4)
+        .map(|_| {
+            let (op, value) = draw(&mut rng, 2, &[]);
+            let shared = SharedValue {
+                op: op.shared(),
+                value,
+            };
+            let dst = buffer(0.0);
+            let got = shared.op.clone().then(move |b| copy(&dst, &b)).sync();
+            check_eager("a shared op produced before the captures", got, value);
+            shared
+        })
+        .collect();
+    std::thread::scope(|scope| {
+        for t in 0..4 {
+            let (device, common) = (device.clone(), common.clone());
+            let seed = seed ^ ((t as u64 + 1) << 32);
+            scope.spawn(move || {
+                let mut rng = seeded_rng(seed);
+                for d in 0..dags {
+                    let (op, want) = draw(&mut rng, 3, &common);
+                    if t % 2 == 1 {
+                        let what = format!("eager thread {t}, DAG {d} of seed {seed:#x}");
+                        check_eager(&what, op.sync(), want);
+                        continue;
+                    }
+                    let how = match rng.gen_range(0..3) {
+                        0 => Capture::OwnStream,
+                        1 => Capture::Pool,
+                        _ => Capture::DefaultPool,
+                    };
+                    let what = format!("capturing thread {t}, DAG {d} of seed {seed:#x}, {how:?}");
+                    let graph = match how {
+                        Capture::OwnStream => op.graph_on(device.new_stream().expect("a stream")),
+                        Capture::Pool => op.graph_with_policy(
+                            &StreamPoolRoundRobin::new(&device, 3).expect("a pool"),
+                        ),
+                        Capture::DefaultPool => op.graph(),
+                    };
+                    let mut graph = match (graph, want) {
+                        (Ok(graph), Some(_)) => graph,
+                        (Ok(_), None) => panic!("{what}: captured a failing launch"),
+                        (Err(e), Some(v)) => {
+                            panic!("{what}: capture failed ({e}), the model gives {v}")
+                        }
+                        (Err(e), None) => {
+                            assert!(
+                                matches!(
+                                    e,
+                                    DeviceError::InvalidLaunch { .. } | DeviceError::Capture { .. }
+                                ),
+                                "{what}: failed with {e:?}, not its failing launch's error"
+                            );
+                            continue;
+                        }
+                    };
+                    let out = graph.take_output().expect("the captured op's output");
+                    let want = want.expect("a DAG that captured has a value");
+                    for replay in 0..rng.gen_range(1..=3) {
+                        // Each replay rewrites the output from scratch: poison it first.
+                        copy(&out, &buffer(f32::NAN))
+                            .sync()
+                            .expect("poison the output");
+                        graph
+                            .replay_and_wait()
+                            .unwrap_or_else(|e| panic!("{what}: replay {replay} failed: {e}"));
+                        assert_all(&out, want, &format!("{what}, replay {replay}"));
+                    }
+                }
+            });
+        }
+    });
+}
+
+#[test]
+fn random_dags_captured_beside_eager_ones_replay_their_models_values() {
+    within_a_minute("captures of random DAGs beside eager ones hung", || {
+        captured_and_eager_dags(0x0ca9_7a3e_0001, 30)
+    });
+}

@@ -1,0 +1,119 @@
+//! Random DAGs of test ops for the tests of execution and capture: `then`, `zip!`,
+//! `join_all`, `shared` and `map` over [`ops`](crate::ops), each DAG drawn with a model of its
+//! value. Every buffer of a DAG holds one value in all its elements; an op writes a new buffer
+//! or rewrites one only its own DAG uses, and writes that follow a spin make a missing wait show
+//! as a stale value. A DAG may hold a failing launch ([`ops::bad_launch`](crate::ops::bad_launch)),
+//! and may consume shared ops that other DAGs consume too (only ever reading them).
+
+use cuflow_device_op::{join_all, zip, BoxedOp, DeviceOpExt, Shared};
+use rand::rngs::StdRng;
+use rand::Rng;
+
+use crate::ops::{
+    add, affine, bad_launch, buffer, copy, fill, spin_then_write, sum_into, Buf, SPIN,
+};
+
+/// A spin of about 50 µs before a write (a 50 µs sleep on the host).
+pub const SHORT_SPIN: u64 = SPIN / 400;
+
+/// What a DAG gives: the value of every element of its output, or a failure.
+pub type Value = Option<f32>;
+
+/// A shared op and the value its consumers must read.
+#[derive(Clone)]
+pub struct SharedValue {
+    /// The shared op.
+    pub op: Shared<BoxedOp<'static, Buf>>,
+    /// What its consumers read.
+    pub value: Value,
+}
+
+impl std::fmt::Debug for SharedValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedValue")
+            .field("value", &self.value)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Draws a DAG of at most `depth` levels over new buffers and the shared ops of `pool`: the
+/// op and what it must give.
+pub fn draw(rng: &mut StdRng, depth: u32, pool: &[SharedValue]) -> (BoxedOp<'static, Buf>, Value) {
+    // Leaves are kinds 0 to 2; the kinds from 3 on nest DAGs one level less deep.
+    let leaf = depth == 0 || rng.gen_bool(0.2);
+    let kind = if leaf {
+        rng.gen_range(0..3)
+    } else {
+        rng.gen_range(3..9)
+    };
+    match kind {
+        0 => {
+            let v = f32::from(rng.gen_range(-8i8..8));
+            (fill(&buffer(0.0), v).boxed(), Some(v))
+        }
+        1 => {
+            let v = f32::from(rng.gen_range(-8i8..8));
+            let out = spin_then_write(&buffer(0.0), v, SHORT_SPIN).boxed();
+            (out, Some(v))
+        }
+        2 if rng.gen_bool(0.1) => (bad_launch(&buffer(0.0)).boxed(), None),
+        2 if pool.is_empty() => {
+            let v = f32::from(rng.gen_range(-8i8..8));
+            (fill(&buffer(0.0), v).boxed(), Some(v))
+        }
+        2 | 3 if !pool.is_empty() => {
+            // A consumer of a shared op: its output copied into a buffer of this DAG.
+            let shared = pool[rng.gen_range(0..pool.len())].clone();
+            let dst = buffer(0.0);
+            let op = shared.op.then(move |b| copy(&dst, &b)).boxed();
+            (op, shared.value)
+        }
+        3 | 4 => {
+            // `x · a + b` in place, after the op that wrote `x`.
+            let (op, v) = draw(rng, depth - 1, pool);
+            let (a, b) = (
+                f32::from(rng.gen_range(-1i8..=1)),
+                f32::from(rng.gen_range(-4i8..4)),
+            );
+            let op = op.then(move |x| affine(&x, a, b)).boxed();
+            (op, v.map(|v| v * a + b))
+        }
+        5 => {
+            // Two branches, their sum into a new buffer after both.
+            let (x, vx) = draw(rng, depth - 1, pool);
+            let (y, vy) = draw(rng, depth - 1, pool);
+            let dst = buffer(0.0);
+            let op = zip!(x, y).then(move |(x, y)| add(&dst, &x, &y)).boxed();
+            (op, vx.zip(vy).map(|(x, y)| x + y))
+        }
+        6 => {
+            // Up to four branches joined, summed on one stream after all of them.
+            let n = rng.gen_range(1..=4);
+            let (ops, values): (Vec<_>, Vec<_>) =
+                (0..n).map(|_| draw(rng, depth - 1, pool)).unzip();
+            let dst = buffer(0.0);
+            let op = join_all(ops).then(move |bufs| sum_into(&dst, bufs)).boxed();
+            let total = values.into_iter().sum::<Option<f32>>();
+            (op, total)
+        }
+        7 => {
+            // A shared op consumed twice within this DAG, on two branches.
+            let (x, v) = draw(rng, depth - 1, pool);
+            let shared = x.shared();
+            let (d1, d2, dst) = (buffer(0.0), buffer(0.0), buffer(0.0));
+            let left = shared.clone().then(move |b| copy(&d1, &b));
+            let right = shared.then(move |b| copy(&d2, &b));
+            let op = zip!(left, right)
+                .then(move |(l, r)| add(&dst, &l, &r))
+                .boxed();
+            (op, v.map(|v| 2.0 * v))
+        }
+        _ => {
+            // A copy of the op's output, through a stage of `value`/`map`.
+            let (x, v) = draw(rng, depth - 1, pool);
+            let dst = buffer(0.0);
+            let op = x.map(|b| (b, 1)).then(move |(b, _)| copy(&dst, &b)).boxed();
+            (op, v)
+        }
+    }
+}
