@@ -178,13 +178,9 @@ fn capture_on_private_streams<O: DeviceOp>(
     let ended = root.end_capture();
     match (enqueued, ended) {
         (Ok((out, stats)), Ok(graph)) => Ok((out, graph, stats)),
-        (Err(e), _) => Err(match e {
-            DeviceError::Capture { .. } => e,
-            other => DeviceError::Capture {
-                op: "graph capture".into(),
-                reason: format!("the op failed while it was being captured: {other}"),
-            },
-        }),
+        // The op's own error, as when it runs eagerly (an invalid shape stays an
+        // `InvalidShape`): nothing of the op was recorded into a graph.
+        (Err(e), _) => Err(e),
         (Ok(_), Err(e)) => Err(e),
     }
 }
@@ -414,7 +410,8 @@ pub trait GraphCaptureExt: DeviceOp + Sized {
     /// # Errors
     ///
     /// [`DeviceError::Capture`] when the op waits for the host while captured (the stream
-    /// stays usable), or when the op fails; driver errors.
+    /// stays usable); the op's own error when it fails while captured (the error it gives
+    /// eagerly: a bad shape is [`DeviceError::InvalidShape`]); driver errors.
     fn graph_on(self, stream: Stream) -> Result<CudaGraph<Self::Output>, DeviceError> {
         let policy = default_policy(stream.device())?;
         CudaGraph::new(self, stream, policy)

@@ -341,6 +341,31 @@ fn on_stream_first_in_a_captured_branch_leaves_the_named_stream_to_everyone(
     Ok(())
 }
 
+/// An op that fails while captured gives its own error, the one it gives eagerly, not one
+/// that hides it in a message: a refused launch stays `InvalidLaunch`, and the stream the
+/// capture ran on stays usable.
+#[test]
+fn an_op_failing_while_captured_gives_its_own_error() -> Result<(), DeviceError> {
+    let stream = stream();
+    let buf = cuflow_testing::ops::buffer(1.0);
+    let eager = cuflow_testing::ops::bad_launch(&buf)
+        .sync_on(&stream)
+        .expect_err("a launch of zero blocks is refused");
+    let captured = match cuflow_testing::ops::bad_launch(&buf).graph_on(stream.clone()) {
+        Ok(_) => panic!("a launch of zero blocks was captured"),
+        Err(e) => e,
+    };
+    assert!(
+        matches!(captured, DeviceError::InvalidLaunch { .. }),
+        "captured: {captured:?}"
+    );
+    assert_eq!(captured.to_string(), eager.to_string());
+    let mut graph = affine(&buf, 2.0, 0.0).graph_on(stream.clone())?;
+    graph.replay_and_wait()?;
+    assert_eq!(buf.to_host_vec(&stream)?, vec![2.0; buf.len()]);
+    Ok(())
+}
+
 /// A capture under a policy that panics (naming its device, placing the root or a branch) is
 /// an error naming the panic, never a panic out of `graph_with_policy`. A policy that panics
 /// hearing of work is not asked: the capture's streams are private, not the policy's.

@@ -9,7 +9,8 @@
 //! back, so a step is held to its own rounding. `CUFLOW_RANDOM_PROGRAMS=N` runs N times as
 //! many programs.
 
-use cuflow_device_op::DeviceOpExt;
+use cuflow_device_op::{DeviceOp, DeviceOpExt};
+use cuflow_graph_capture::GraphCaptureExt;
 use cuflow_runtime::{DeviceError, GemmElem, Stream};
 use cuflow_tensor::{api, bf16, f16, kernels, FloatDType, Tensor};
 use cuflow_testing::{device::stream, rng::seeded_rng};
@@ -503,14 +504,46 @@ fn slack(step: &Step, x: &Model) -> f64 {
     }
 }
 
+/// How a program runs its kernels.
+#[derive(Clone, Copy, Debug)]
+enum Mode {
+    /// `sync_on` the program's stream.
+    Eager,
+    /// Captured into a graph on the program's stream, replayed once, the graph's output
+    /// read (the inputs are eager tensors, which the replay reads).
+    Captured,
+}
+
+/// Runs a kernel's op as `mode` says.
+fn execute<'a, T: FloatDType>(
+    op: impl DeviceOp<Output = Tensor<T>> + 'a,
+    s: &Stream,
+    mode: Mode,
+) -> Result<Tensor<T>, DeviceError> {
+    match mode {
+        Mode::Eager => op.sync_on(s),
+        Mode::Captured => {
+            let mut graph = op.graph_on(s.clone())?;
+            graph.replay_and_wait()?;
+            Ok(graph.take_output().expect("the captured kernel's output"))
+        }
+    }
+}
+
 /// The step run on the device under test.
 fn run_step<T: FloatDType + GemmElem>(
     step: &Step,
     x: &Tensor<T>,
     first: &Tensor<T>,
     s: &Stream,
+    mode: Mode,
 ) -> Result<Tensor<T>, DeviceError> {
     let r = x.rank();
+    macro_rules! run {
+        ($op:expr) => {
+            execute($op, s, mode)
+        };
+    }
     match *step {
         Step::Narrow(ax, st, l) => x.narrow(ax, st, l),
         Step::Select(ax, i) => x.select(ax, i),
@@ -532,35 +565,33 @@ fn run_step<T: FloatDType + GemmElem>(
                 .collect();
             x.expand(&shape)
         }
-        Step::Contiguous => x.contiguous().sync_on(s),
-        Step::SumAxis(ax, k) => x.sum_axis(ax, k).sync_on(s),
-        Step::MeanAxis(ax, k) => x.mean_axis(ax, k).sync_on(s),
-        Step::MaxAxis(ax, k) => x.max_axis(ax, k).sync_on(s),
-        Step::MinAxis(ax, k) => x.min_axis(ax, k).sync_on(s),
-        Step::SoftmaxAxis(ax) => x.softmax_axis(ax).sync_on(s),
-        Step::LogSoftmaxAxis(ax) => x.log_softmax_axis(ax).sync_on(s),
-        Step::AddFirst => kernels::add(x, first).sync_on(s),
-        Step::MulSelf => kernels::mul(x, x).sync_on(s),
+        Step::Contiguous => run!(x.contiguous()),
+        Step::SumAxis(ax, k) => run!(x.sum_axis(ax, k)),
+        Step::MeanAxis(ax, k) => run!(x.mean_axis(ax, k)),
+        Step::MaxAxis(ax, k) => run!(x.max_axis(ax, k)),
+        Step::MinAxis(ax, k) => run!(x.min_axis(ax, k)),
+        Step::SoftmaxAxis(ax) => run!(x.softmax_axis(ax)),
+        Step::LogSoftmaxAxis(ax) => run!(x.log_softmax_axis(ax)),
+        Step::AddFirst => run!(kernels::add(x, first)),
+        Step::MulSelf => run!(kernels::mul(x, x)),
         Step::SubRow => {
             if r == 0 {
-                return kernels::sub(x, x.narrow(0, 0, 0)?).sync_on(s);
+                return run!(kernels::sub(x, x.narrow(0, 0, 0)?));
             }
             let row = x.narrow(r - 1, 0, x.shape()[r - 1].min(1))?;
-            kernels::sub(x, &row).sync_on(s)
+            run!(kernels::sub(x, &row))
         }
-        Step::Clamp(lo, hi) => x
-            .clamp(T::from_f64(lo.into()), T::from_f64(hi.into()))
-            .sync_on(s),
-        Step::Softmax => kernels::softmax(x).sync_on(s),
-        Step::Sum => kernels::sum(x).sync_on(s),
+        Step::Clamp(lo, hi) => run!(x.clamp(T::from_f64(lo.into()), T::from_f64(hi.into()))),
+        Step::Softmax => run!(kernels::softmax(x)),
+        Step::Sum => run!(kernels::sum(x)),
         Step::MatmulTransposed => {
             let t = x.transpose(r.saturating_sub(2), r.saturating_sub(1))?;
-            kernels::matmul(x, &t).sync_on(s)
+            run!(kernels::matmul(x, &t))
         }
-        Step::MatmulFirst => kernels::matmul(x, first).sync_on(s),
+        Step::MatmulFirst => run!(kernels::matmul(x, first)),
         Step::ConcatHead(ax) => {
             if r == 0 {
-                return kernels::concat(vec![x, x], ax).sync_on(s);
+                return run!(kernels::concat(vec![x, x], ax));
             }
             let head = x.narrow(ax, 0, x.shape().get(ax).map_or(0, |&d| d.min(1)));
             let head = match head {
@@ -568,17 +599,17 @@ fn run_step<T: FloatDType + GemmElem>(
                 // The axis is out of range: concat must say so too.
                 Err(_) => x.clone(),
             };
-            kernels::concat(vec![x, &head], ax).sync_on(s)
+            run!(kernels::concat(vec![x, &head], ax))
         }
-        Step::Stack(ax) => kernels::stack(vec![x, x], ax).sync_on(s),
+        Step::Stack(ax) => run!(kernels::stack(vec![x, x], ax)),
         Step::RmsNorm | Step::LayerNorm => {
             let cols = x.shape().last().copied().unwrap_or(0);
             let w = api::full(&[cols], T::from_f64(0.5)).sync_on(s)?;
             if let Step::RmsNorm = step {
-                return kernels::rms_norm(x, &w, 1e-5).sync_on(s);
+                return run!(kernels::rms_norm(x, &w, 1e-5));
             }
             let b = api::full(&[cols], T::from_f64(0.25)).sync_on(s)?;
-            kernels::layer_norm(x, &w, &b, 1e-5).sync_on(s)
+            run!(kernels::layer_norm(x, &w, &b, 1e-5))
         }
     }
 }
@@ -662,6 +693,7 @@ fn run_programs<T: FloatDType + GemmElem>(
     count: usize,
     max_rank: usize,
     lens: &[usize],
+    mode: Mode,
 ) -> (usize, usize) {
     let count = count * scale_from_env();
     let s = stream();
@@ -689,11 +721,11 @@ fn run_programs<T: FloatDType + GemmElem>(
             let step = draw(&mut rng, x.rank());
             steps.push(step.clone());
             let what = format!(
-                "{} program {program} of seed {seed:#x} from {shape:?}, steps {steps:?}",
+                "{} program {program} of seed {seed:#x} ({mode:?}) from {shape:?}, steps {steps:?}",
                 T::NAME
             );
             let want = model_step(&step, &m, &first_model);
-            let got = run_step(&step, &x, &first, &s);
+            let got = run_step(&step, &x, &first, &s, mode);
             match check(&what, got, want.as_ref(), slack(&step, &m)) {
                 Some((t, read)) => {
                     valid += 1;
@@ -737,21 +769,24 @@ fn assert_both_kinds((valid, invalid): (usize, usize), at_least: usize) {
 #[test]
 fn random_programs_over_small_shapes_match_a_float64_model() {
     assert_both_kinds(
-        run_programs::<f32>(0x5eed_5eed, 1000, 4, &[0, 1, 2, 3, 4]),
+        run_programs::<f32>(0x5eed_5eed, 1000, 4, &[0, 1, 2, 3, 4], Mode::Eager),
         2000,
     );
-    assert_both_kinds(run_programs::<f64>(0x5eed_0f64, 200, 4, &[0, 1, 2, 3]), 400);
+    assert_both_kinds(
+        run_programs::<f64>(0x5eed_0f64, 200, 4, &[0, 1, 2, 3], Mode::Eager),
+        400,
+    );
 }
 
 /// Half types: their kernels compute in `f32` and round once.
 #[test]
 fn random_programs_of_half_types_match_a_float64_model() {
     assert_both_kinds(
-        run_programs::<f16>(0x5eed_0f16, 300, 4, &[0, 1, 2, 3, 5]),
+        run_programs::<f16>(0x5eed_0f16, 300, 4, &[0, 1, 2, 3, 5], Mode::Eager),
         500,
     );
     assert_both_kinds(
-        run_programs::<bf16>(0x5eed_bf16, 300, 4, &[0, 1, 2, 3, 5]),
+        run_programs::<bf16>(0x5eed_bf16, 300, 4, &[0, 1, 2, 3, 5], Mode::Eager),
         500,
     );
 }
@@ -761,7 +796,22 @@ fn random_programs_of_half_types_match_a_float64_model() {
 #[test]
 fn random_programs_over_longer_axes_match_a_float64_model() {
     assert_both_kinds(
-        run_programs::<f32>(0x0010_a5e5, 200, 3, &[0, 1, 3, 33, 40]),
+        run_programs::<f32>(0x0010_a5e5, 200, 3, &[0, 1, 3, 33, 40], Mode::Eager),
         400,
+    );
+}
+
+/// The kernels captured into a graph and replayed instead of run: every kernel must capture
+/// (none waits for the host or reads values back while it runs) and its replay must give
+/// what the eager kernel gives; an invalid step fails the capture with its shape error.
+#[test]
+fn random_programs_of_captured_kernels_match_a_float64_model() {
+    assert_both_kinds(
+        run_programs::<f32>(0xca97_0f32, 300, 4, &[0, 1, 2, 3, 4], Mode::Captured),
+        400,
+    );
+    assert_both_kinds(
+        run_programs::<bf16>(0xca97_bf16, 100, 3, &[0, 1, 3, 33], Mode::Captured),
+        120,
     );
 }
