@@ -410,11 +410,18 @@ impl ExecutionContext {
                 stream.device(),
             ));
         }
-        let pending_forks = if stream == self.stream || !self.touched {
+        let in_capture = self.in_capture();
+        let pending_forks = if stream == self.stream
+            || (!self.touched && (!in_capture || !self.pending_forks.is_empty()))
+        {
             // Same stream: in order already. Untouched parent: its stream holds nothing of
             // this execution, so the branch depends only on the parent's own pending forks.
             self.pending_forks.clone()
         } else {
+            // Also for an untouched parent with no fork of its own in a capture (a branch
+            // kept on its parent's capturing stream): the branch's stream joins the capture
+            // only by waiting on an event of a capturing stream, and without one its work
+            // would run at once instead of being recorded.
             vec![self.fork_point()]
         };
         Ok(ExecutionContext {
@@ -434,7 +441,7 @@ impl ExecutionContext {
             stats: self.stats.clone(),
             streams: self.streams.clone(),
             unjoined: true,
-            captured: self.in_capture(),
+            captured: in_capture,
         })
     }
 

@@ -17,6 +17,7 @@ use cuflow_testing::{
     dags::{draw, SharedValue, Value},
     device::device,
     ops::{assert_all, buffer, compile_kernels, copy, Buf},
+    policies::RandomPlacement,
     rng::seeded_rng,
     thread::within_a_minute,
 };
@@ -29,28 +30,39 @@ enum Run {
     SyncOn,
     RoundRobin,
     OneStream,
+    RandomPlacement,
     Await,
     DropUnpolled,
     DropInFlight,
 }
 
-const RUNS: [Run; 7] = [
+const RUNS: [Run; 8] = [
     Run::Sync,
     Run::SyncOn,
     Run::RoundRobin,
     Run::OneStream,
+    Run::RandomPlacement,
     Run::Await,
     Run::DropUnpolled,
     Run::DropInFlight,
 ];
 
-/// Runs `op` as `how` says; `None` when its result was dropped unseen.
-fn run(device: &Device, op: BoxedOp<'static, Buf>, how: Run) -> Option<Result<Buf, DeviceError>> {
+/// Runs `op` as `how` says (a random placement drawing from `seed`); `None` when its result
+/// was dropped unseen.
+fn run(
+    device: &Device,
+    op: BoxedOp<'static, Buf>,
+    how: Run,
+    seed: u64,
+) -> Option<Result<Buf, DeviceError>> {
     let pool = || StreamPoolRoundRobin::new(device, 3).expect("a pool of three streams");
     Some(match how {
         Run::Sync => op.sync(),
         Run::SyncOn => op.sync_on(&device.new_stream().expect("a stream")),
         Run::RoundRobin => op.sync_with_policy(&pool()).map(|(b, _)| b),
+        Run::RandomPlacement => op
+            .sync_with_policy(&RandomPlacement::new(device, 3, seed).expect("a policy"))
+            .map(|(b, _)| b),
         Run::OneStream => op
             .sync_with_policy(&SingleStream::new(device).expect("a stream"))
             .map(|(b, _)| b),
@@ -124,7 +136,7 @@ fn random_dags(seed: u64, threads: usize, dags: usize) {
                     }
                     let how = RUNS[rng.gen_range(0..RUNS.len())];
                     let what = format!("thread {t}, DAG {d} of seed {seed:#x}, run {how:?}");
-                    if let Some(got) = run(&device, op, how) {
+                    if let Some(got) = run(&device, op, how, rng.gen()) {
                         check(&what, got, want);
                     }
                 }

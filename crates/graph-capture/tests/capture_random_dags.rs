@@ -1,18 +1,20 @@
 //! Random DAGs captured and replayed (on a stream of their own, on a pool's stream, on a stream
-//! of the default pool) from two threads while two other threads run random DAGs eagerly on
-//! the same device: each replay must give the DAG's modelled value in every element, a DAG
-//! holding a failing launch must fail to capture with that launch's error, and no eager DAG may lose its work to a
-//! capture (a DAG resolving `Ok` with the value unwritten fails its check). Captured DAGs also
-//! read shared ops produced eagerly before, which every replay reads again.
+//! of the default pool, under a policy placing each branch at random) from two threads while
+//! two other threads run random DAGs eagerly on the same device: each replay must give the
+//! DAG's modelled value in every element, capturing must run nothing, a DAG holding a failing
+//! launch must fail to capture with that launch's error, and no eager DAG may lose its work to
+//! a capture (a DAG resolving `Ok` with the value unwritten fails its check). Captured DAGs
+//! also read shared ops produced eagerly before, which every replay reads again.
 //! `CUFLOW_RANDOM_DAGS=N` runs N times as many DAGs.
 
 use cuflow_device_op::{DeviceError, DeviceOpExt};
 use cuflow_graph_capture::GraphCaptureExt;
 use cuflow_scheduler::StreamPoolRoundRobin;
 use cuflow_testing::{
-    dags::{draw, SharedValue, Value},
+    dags::{draw, draw_with_buffers, SharedValue, Value},
     device::device,
     ops::{assert_all, buffer, compile_kernels, copy, Buf},
+    policies::RandomPlacement,
     rng::seeded_rng,
     thread::within_a_minute,
 };
@@ -36,6 +38,7 @@ enum Capture {
     OwnStream,
     Pool,
     DefaultPool,
+    RandomPlacement,
 }
 
 fn check_eager(what: &str, got: Result<Buf, DeviceError>, want: Value) {
@@ -76,16 +79,18 @@ fn captured_and_eager_dags(seed: u64, dags: usize) {
             scope.spawn(move || {
                 let mut rng = seeded_rng(seed);
                 for d in 0..dags {
-                    let (op, want) = draw(&mut rng, 3, &common);
+                    let mut bufs = Vec::new();
+                    let (op, want) = draw_with_buffers(&mut rng, 3, &common, &mut bufs);
                     if t % 2 == 1 {
                         let what = format!("eager thread {t}, DAG {d} of seed {seed:#x}");
                         check_eager(&what, op.sync(), want);
                         continue;
                     }
-                    let how = match rng.gen_range(0..3) {
+                    let how = match rng.gen_range(0..4) {
                         0 => Capture::OwnStream,
                         1 => Capture::Pool,
-                        _ => Capture::DefaultPool,
+                        2 => Capture::DefaultPool,
+                        _ => Capture::RandomPlacement,
                     };
                     let what = format!("capturing thread {t}, DAG {d} of seed {seed:#x}, {how:?}");
                     let graph = match how {
@@ -94,6 +99,9 @@ fn captured_and_eager_dags(seed: u64, dags: usize) {
                             &StreamPoolRoundRobin::new(&device, 3).expect("a pool"),
                         ),
                         Capture::DefaultPool => op.graph(),
+                        Capture::RandomPlacement => op.graph_with_policy(
+                            &RandomPlacement::new(&device, 3, rng.gen()).expect("a policy"),
+                        ),
                     };
                     let mut graph = match (graph, want) {
                         (Ok(graph), Some(_)) => graph,
@@ -110,12 +118,18 @@ fn captured_and_eager_dags(seed: u64, dags: usize) {
                         }
                     };
                     let out = graph.take_output().expect("the captured op's output");
+                    let poison = buffer(f32::NAN);
                     let want = want.expect("a DAG that captured has a value");
+                    // Every buffer of a DAG starts at zero, and capturing runs nothing.
+                    for (i, buf) in bufs.iter().enumerate() {
+                        assert_all(buf, 0.0, &format!("{what}, buffer {i} after capturing"));
+                    }
                     for replay in 0..rng.gen_range(1..=3) {
-                        // Each replay rewrites the output from scratch: poison it first.
-                        copy(&out, &buffer(f32::NAN))
-                            .sync()
-                            .expect("poison the output");
+                        // Each replay rewrites every buffer of the DAG from scratch: poison
+                        // them all first (work left out of the graph then shows as NaN).
+                        for buf in &bufs {
+                            copy(buf, &poison).sync().expect("poison a buffer");
+                        }
                         graph
                             .replay_and_wait()
                             .unwrap_or_else(|e| panic!("{what}: replay {replay} failed: {e}"));

@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use cuflow_device_op::{from_fn, value, zip, DeviceOp, DeviceOpExt};
 use cuflow_graph_capture::{CudaGraph, GraphCaptureExt, RecaptureOutcome};
-use cuflow_runtime::{DeviceBuffer, DeviceError, KernelArgs, LaunchConfig, Stream};
-use cuflow_scheduler::StreamPoolRoundRobin;
+use cuflow_runtime::{Device, DeviceBuffer, DeviceError, KernelArgs, LaunchConfig, Stream};
+use cuflow_scheduler::{Placement, SchedulingPolicy, StreamPoolRoundRobin};
 use cuflow_testing::{
     device::{device, stream},
     kernels::affine as affine_kernel,
@@ -338,6 +338,66 @@ fn on_stream_first_in_a_captured_branch_leaves_the_named_stream_to_everyone(
     assert_eq!(x.to_host_vec(&public)?, vec![1.0; 256], "the capture ran");
     graph.replay_and_wait()?;
     assert_eq!(x.to_host_vec(&public)?, vec![3.0; 256]);
+    Ok(())
+}
+
+/// A policy that keeps the first level of branches on their parent's stream and puts the
+/// deeper ones on a second stream.
+#[derive(Clone, Debug)]
+struct ParentThenOther {
+    device: Device,
+    root: Stream,
+    other: Stream,
+}
+
+impl SchedulingPolicy for ParentThenOther {
+    fn device(&self) -> &Device {
+        &self.device
+    }
+
+    fn place(&self, request: &Placement<'_>) -> Result<Stream, DeviceError> {
+        Ok(match request.parent {
+            None => self.root.clone(),
+            Some(parent) if request.depth <= 1 => parent.clone(),
+            Some(_) => self.other.clone(),
+        })
+    }
+}
+
+/// A branch forked from a branch that has done no work yet, onto a stream of its own: in a
+/// capture it must still join the capture (be recorded, not run), though eagerly it would
+/// have nothing to wait for. Capturing runs nothing; every replay does all the work.
+#[test]
+fn a_branch_of_an_idle_branch_is_recorded_not_run() -> Result<(), DeviceError> {
+    let device = device();
+    compile_kernels(&device)?;
+    let stream = device.new_stream()?;
+    let (a, b) = (
+        Arc::new(DeviceBuffer::from_host(&stream, &[1.0f32; 64])?),
+        Arc::new(DeviceBuffer::from_host(&stream, &[1.0f32; 64])?),
+    );
+    stream.synchronize()?;
+    let policy = ParentThenOther {
+        device: device.clone(),
+        root: device.new_stream()?,
+        other: device.new_stream()?,
+    };
+    let op = zip!(zip!(affine(&a, 2.0, 0.0), affine(&b, 3.0, 0.0)), value(()));
+    let mut graph = op.graph_with_policy(&policy)?;
+    assert_eq!(
+        a.to_host_vec(&stream)?,
+        vec![1.0; 64],
+        "capturing ran the work"
+    );
+    assert_eq!(
+        b.to_host_vec(&stream)?,
+        vec![1.0; 64],
+        "capturing ran the work"
+    );
+    graph.replay_and_wait()?;
+    graph.replay_and_wait()?;
+    assert_eq!(a.to_host_vec(&stream)?, vec![4.0; 64]);
+    assert_eq!(b.to_host_vec(&stream)?, vec![9.0; 64]);
     Ok(())
 }
 

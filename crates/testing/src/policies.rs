@@ -79,3 +79,54 @@ impl SchedulingPolicy for Panicking {
         self.inner.on_enqueued(stream, done);
     }
 }
+
+/// A policy that places the root on one of its streams at random, and each branch on its
+/// parent's stream or on one of its streams at random: every shape of placement (branches kept
+/// on their parent's stream, nested branches on their grandparent's, siblings sharing a
+/// stream) comes up, from a seed. Streams that are being captured are skipped, as the library's
+/// policies do.
+#[derive(Clone, Debug)]
+pub struct RandomPlacement {
+    device: Device,
+    streams: Vec<Stream>,
+    rng: Arc<std::sync::Mutex<rand::rngs::StdRng>>,
+}
+
+impl RandomPlacement {
+    /// A policy over `streams` new streams of `device`, drawing from `seed`.
+    ///
+    /// # Errors
+    ///
+    /// The error of creating the streams.
+    pub fn new(device: &Device, streams: usize, seed: u64) -> Result<RandomPlacement, DeviceError> {
+        Ok(RandomPlacement {
+            device: device.clone(),
+            streams: crate::device::new_streams(device, streams.max(1))?,
+            rng: Arc::new(std::sync::Mutex::new(crate::rng::seeded_rng(seed))),
+        })
+    }
+}
+
+impl SchedulingPolicy for RandomPlacement {
+    fn device(&self) -> &Device {
+        &self.device
+    }
+
+    fn place(&self, request: &Placement<'_>) -> Result<Stream, DeviceError> {
+        use rand::Rng;
+        let mut rng = self
+            .rng
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(parent) = request.parent {
+            if rng.gen_bool(0.4) {
+                return Ok(parent.clone());
+            }
+        }
+        let free: Vec<&Stream> = self.streams.iter().filter(|s| !s.is_capturing()).collect();
+        match free.len() {
+            0 => self.device.new_stream(),
+            n => Ok(free[rng.gen_range(0..n)].clone()),
+        }
+    }
+}
