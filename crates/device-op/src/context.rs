@@ -19,7 +19,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use cuflow_runtime::{Device, DeviceError, Event, Stream, StreamId};
+use cuflow_runtime::{Device, DeviceError, EnteredScope, ErrorScope, Event, Stream, StreamId};
 use cuflow_scheduler::{Placement, PriorityLevel, SchedulingPolicy};
 use parking_lot::Mutex;
 
@@ -77,6 +77,11 @@ pub struct ExecutionContext {
     /// only at its first work (when it waits on its fork), so until then the stream cannot
     /// tell (see [`ExecutionContext::in_capture`]).
     captured: bool,
+    /// A branch's error scope, nested in the scope entered where it was forked (the root's is
+    /// the execution's, entered by the executor): the combinators enter it while the branch's
+    /// op runs, so that the failures of its work are its own on the streams it shares with
+    /// other branches (see `cuflow_runtime::ErrorScope`), and its execution's too.
+    scope: Option<ErrorScope>,
 }
 
 /// The streams of one execution.
@@ -131,6 +136,7 @@ impl ExecutionContext {
             streams: Arc::new(Mutex::new(ExecutionStreams::default())),
             unjoined: false,
             captured: stream_capturing,
+            scope: None,
         }
     }
 
@@ -442,7 +448,14 @@ impl ExecutionContext {
             streams: self.streams.clone(),
             unjoined: true,
             captured: in_capture,
+            scope: ErrorScope::nested(),
         })
+    }
+
+    /// Enters this context's error scope, if it has one of its own (a branch's), until the
+    /// guard is dropped. The combinators that fork branches enter it while a branch's op runs.
+    pub(crate) fn enter_scope(&self) -> Option<EnteredScope> {
+        self.scope.as_ref().map(ErrorScope::enter)
     }
 
     /// Whether this context's work is being captured into a graph: the execution's root was
@@ -502,7 +515,11 @@ impl ExecutionContext {
             self.stream()?;
             return Ok(());
         }
-        let event = branch.stream.record_event()?;
+        // Recorded in the branch's scope: the event reports the failures of the branch's work.
+        let event = {
+            let _entered = branch.enter_scope();
+            branch.stream.record_event()?
+        };
         self.policy.on_enqueued(&branch.stream, &event);
         self.stream()?.wait_event(&event)?;
         let mut stats = self.stats.lock();
@@ -685,7 +702,10 @@ impl Drop for ExecutionContext {
     /// which joins it before it completes.
     fn drop(&mut self) {
         if self.unjoined && self.touched {
-            let event = self.stream.record_event();
+            let event = {
+                let _entered = self.enter_scope();
+                self.stream.record_event()
+            };
             if event.is_ok() {
                 self.stats.lock().events_recorded += 1;
             }

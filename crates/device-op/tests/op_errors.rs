@@ -239,6 +239,57 @@ fn an_ops_asynchronous_error_reaches_that_op_and_not_the_next_op_on_its_stream(
     Ok(())
 }
 
+/// A shared op produced beside unrelated work that fails on the same stream, in the same
+/// execution: the execution fails, but the shared op's value is its own work's, which did not
+/// fail, so every later consumer gets it, on the producer's stream or another. (Its completion
+/// event followed the failed work on the stream, and carried that failure to every consumer
+/// that waited for it, for ever.) Whether the producing execution is awaited, dropped in flight
+/// or dropped unpolled.
+#[test]
+fn a_shared_op_produced_beside_failing_work_does_not_inherit_its_error() -> Result<(), DeviceError>
+{
+    let device = device();
+    compile_kernels(&device)?;
+    for how in ["awaited", "dropped in flight", "dropped unpolled"] {
+        let policy = StreamPoolRoundRobin::new(&device, 1)?;
+        let (a, b, c) = (buffer(0.0), buffer(0.0), buffer(0.0));
+        let shared = spin_then_write(&b, 4.0, SPIN / 10).shared();
+        let op = zip!(
+            fill(&a, 1.0).then(|a| fails_on_its_stream(&a)),
+            shared.clone().then(move |b| copy(&c, &b))
+        );
+        let mut future = op.schedule(&policy)?;
+        match how {
+            "awaited" => {
+                let r = futures::executor::block_on(future);
+                assert!(matches!(r, Err(DeviceError::Panicked { .. })), "{r:?}");
+            }
+            "dropped in flight" => {
+                let waker = futures::task::noop_waker();
+                let mut cx = std::task::Context::from_waker(&waker);
+                let _ = std::future::Future::poll(std::pin::Pin::new(&mut future), &mut cx);
+                drop(future);
+            }
+            _ => drop(future),
+        }
+        // Consumers on the producer's stream and on another one (which waits for its event).
+        let elsewhere = StreamPoolRoundRobin::new(&device, 1)?;
+        for (consumer, policy) in [&policy, &elsewhere, &policy].into_iter().enumerate() {
+            let d = buffer(0.0);
+            let got = shared
+                .clone()
+                .then(move |b| copy(&d, &b))
+                .sync_with_policy(policy)
+                .map(|(d, _)| d);
+            match got {
+                Ok(d) => assert_all(&d, 4.0, &format!("{how}: consumer {consumer}")),
+                Err(e) => panic!("{how}: consumer {consumer} of the shared op got {e}"),
+            }
+        }
+    }
+    Ok(())
+}
+
 #[test]
 fn a_failing_op_that_reads_back_inside_its_closure_is_still_an_error() -> Result<(), DeviceError> {
     let device = device();

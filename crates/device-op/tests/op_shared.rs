@@ -562,18 +562,34 @@ fn a_failure_beside_a_shared_producer_does_not_reach_its_consumers_elsewhere(
     // CUDA event reports device faults only: see `cuflow_runtime::ErrorScope`), so on CUDA the
     // failure reaches the execution that enqueued it alone.
     let events_carry_failures = device().kind() == BackendKind::Host;
-    for placed in ["on the failed work's stream", "on a branch forked after it"] {
+    // And after a `zip!` whose branch failed on the very stream the shared op is produced on
+    // (no event joins a branch on its parent's stream).
+    let one_stream = StreamPoolRoundRobin::new(&device(), 1)?;
+    for placed in [
+        "on the failed work's stream",
+        "on a branch forked after it",
+        "after a zip whose branch on its stream failed",
+    ] {
         let shared = fill(&buffer(0.0), 6.0).shared();
         let producer = shared.clone();
-        let producing = if placed.starts_with("on the") {
-            panic_on_stream().then(move |()| producer).map(drop).boxed()
-        } else {
-            panic_on_stream()
+        let producing = match placed {
+            "on the failed work's stream" => {
+                panic_on_stream().then(move |()| producer).map(drop).boxed()
+            }
+            "on a branch forked after it" => panic_on_stream()
                 .then(move |()| zip!(value(()), producer))
                 .map(drop)
-                .boxed()
+                .boxed(),
+            _ => zip!(panic_on_stream(), value(()))
+                .then(move |_| producer)
+                .map(drop)
+                .boxed(),
         }
-        .schedule(&policy)?;
+        .schedule(if placed.starts_with("after") {
+            &one_stream
+        } else {
+            &policy
+        })?;
         let consumed = shared.sync_with_policy(&policy).map(drop);
         if events_carry_failures {
             assert_panicked(

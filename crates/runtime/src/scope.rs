@@ -14,9 +14,13 @@
 //! not clear it, so a unit that observed its error and carried on still ends in that error.
 //!
 //! An event recorded while the scope is entered reports the failures of the work it follows,
-//! and no other: the first failure of the scope's work (or of the scopes it is nested in)
-//! enqueued before it on its stream (a wait on an event that failed fails too, so that covers
-//! the work of other streams the stream waited for). A unit's failure thus travels along
+//! and no other: the first failure of the scope's work (its nested scopes' included) enqueued
+//! before it on its stream, or of the work of a scope it is nested in that was enqueued before
+//! the nested scope was made (a wait on an event that failed fails too, so that covers the
+//! work of other streams the stream waited for). The work an outer scope enqueues after a
+//! nested scope was made is not among it: the device-op layer gives each branch of an
+//! execution a scope of its own, made when the branches are forked, and branches that happen to
+//! share a stream do not depend on each other's work. A unit's failure thus travels along
 //! events to the work that depends on it, in this unit or in another that waits on its events,
 //! but not to another unit that waits on an event of this unit's work that did not depend on
 //! the failed work (on the host backend; a CUDA event reports device faults only).
@@ -74,13 +78,32 @@ pub struct ErrorScope {
     inner: Arc<ScopeInner>,
 }
 
-#[derive(Default)]
 struct ScopeInner {
     /// The first failure of the scope's own work (nested scopes' included).
     error: Mutex<Option<DeviceError>>,
     /// The scope this one is nested in: every failure stored here is stored there too.
     parent: Option<Weak<ScopeInner>>,
     links: Mutex<Links>,
+    /// When the scope was made, on the process's [`next_tick`] clock: of the failures of the
+    /// scope it is nested in, its events report only those of work enqueued before this.
+    created: u64,
+}
+
+impl Default for ScopeInner {
+    fn default() -> Self {
+        ScopeInner {
+            error: Mutex::new(None),
+            parent: None,
+            links: Mutex::new(Links::default()),
+            created: next_tick(),
+        }
+    }
+}
+
+/// A process-wide count that orders the making of scopes and the enqueueing of work.
+fn next_tick() -> u64 {
+    static CLOCK: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    CLOCK.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 /// The scopes whose errors a scope reports, and the scopes nested in it, until it settles.
@@ -151,6 +174,7 @@ impl ErrorScope {
                 error: Mutex::new(None),
                 parent: Some(Arc::downgrade(&parent.inner)),
                 links: Mutex::new(Links::default()),
+                created: next_tick(),
             }),
         };
         parent.inner.links.lock().nested.push(child.clone());
@@ -371,6 +395,8 @@ impl fmt::Debug for EnteredScope {
 pub(crate) struct ErrorSink {
     scope: Option<ErrorScope>,
     stream: Arc<Mutex<Option<DeviceError>>>,
+    /// When the work was enqueued, on the [`next_tick`] clock.
+    at: u64,
 }
 
 impl ErrorSink {
@@ -379,6 +405,7 @@ impl ErrorSink {
         ErrorSink {
             scope: ErrorScope::current(),
             stream: stream.clone(),
+            at: next_tick(),
         }
     }
 
@@ -419,10 +446,10 @@ impl ErrorSink {
 /// work in order, so that an event sees exactly the failures of the work before it.
 #[derive(Default)]
 pub(crate) struct StreamFailures {
-    /// The first failure of each scope's work on this stream (a nested scope's failure counts
-    /// for the scopes it is nested in too); a scope that was dropped is forgotten when the next
-    /// failure is stored.
-    scoped: Vec<(Weak<ScopeInner>, DeviceError)>,
+    /// The first failure on this stream of each scope's work (a nested scope's failure counts
+    /// for the scopes it is nested in too), with when that work was enqueued; a scope that was
+    /// dropped is forgotten when the next failure is stored.
+    scoped: Vec<(Weak<ScopeInner>, DeviceError, u64)>,
 }
 
 impl StreamFailures {
@@ -430,10 +457,11 @@ impl StreamFailures {
     /// and as this stream's failure of that scope and of the scopes it is nested in.
     pub(crate) fn record(&mut self, sink: &ErrorSink, error: DeviceError) {
         if let Some(scope) = &sink.scope {
-            self.scoped.retain(|(key, _)| key.strong_count() > 0);
+            self.scoped.retain(|(key, _, _)| key.strong_count() > 0);
             for s in scope.with_parents() {
                 if self.of(&s).is_none() {
-                    self.scoped.push((Arc::downgrade(&s), error.clone()));
+                    self.scoped
+                        .push((Arc::downgrade(&s), error.clone(), sink.at));
                 }
             }
         }
@@ -441,21 +469,36 @@ impl StreamFailures {
     }
 
     /// The error an event recorded with `sink` completes with: the first failure on this
-    /// stream so far of its scope's work, or of the work of the scopes it is nested in (which
-    /// the nested part follows); for untagged work, the stream's error.
+    /// stream so far of its scope's work; or of the work of a scope it is nested in enqueued
+    /// before the nested scope (the one on the way down to the event's) was made, which the
+    /// nested part follows. Not the failures of work enqueued in the outer scope after that:
+    /// that is the work of other branches of the execution (made beside this one, each in a
+    /// scope of its own), on which the nested part does not depend even where it shares their
+    /// stream. For untagged work, the stream's error.
     pub(crate) fn seen_by(&self, sink: &ErrorSink) -> Option<DeviceError> {
         match &sink.scope {
-            Some(scope) => scope.with_parents().find_map(|s| self.of(&s).cloned()),
+            Some(scope) => {
+                let mut before = u64::MAX;
+                for s in scope.with_parents() {
+                    if let Some((e, at)) = self.of(&s) {
+                        if *at < before {
+                            return Some(e.clone());
+                        }
+                    }
+                    before = s.created;
+                }
+                None
+            }
             None => sink.peek(),
         }
     }
 
-    fn of(&self, scope: &Arc<ScopeInner>) -> Option<&DeviceError> {
+    fn of(&self, scope: &Arc<ScopeInner>) -> Option<(&DeviceError, &u64)> {
         let key = Arc::as_ptr(scope);
         self.scoped
             .iter()
-            .find(|(k, _)| std::ptr::eq(k.as_ptr(), key))
-            .map(|(_, e)| e)
+            .find(|(k, _, _)| std::ptr::eq(k.as_ptr(), key))
+            .map(|(_, e, at)| (e, at))
     }
 }
 

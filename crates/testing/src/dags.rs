@@ -3,8 +3,10 @@
 //! [`ops`](crate::ops), each DAG drawn with a model of its value. Every buffer of a DAG holds
 //! one value in all its elements; an op writes a new buffer or rewrites one only its own DAG
 //! uses, and writes that follow a spin make a missing wait show as a stale value. A DAG may
-//! hold a failing launch ([`ops::bad_launch`](crate::ops::bad_launch)), and may consume shared
-//! ops that other DAGs consume too (only ever reading them).
+//! hold a failing launch ([`ops::bad_launch`](crate::ops::bad_launch), refused when enqueued)
+//! or work that fails on the stream after it was enqueued
+//! ([`ops::panic_on_stream`](crate::ops::panic_on_stream)), and may consume shared ops that
+//! other DAGs consume too (only ever reading them).
 
 use cuflow_device_op::{join_all, zip, BoxedOp, DeviceOpExt, Shared, UnzipExt};
 use cuflow_scheduler::PriorityLevel;
@@ -12,7 +14,8 @@ use rand::rngs::StdRng;
 use rand::Rng;
 
 use crate::ops::{
-    add, affine, bad_launch, buffer, copy, fill, spin_then_write, sum_into, Buf, LEN, SPIN,
+    add, affine, bad_launch, buffer, copy, fill, panic_on_stream, spin_then_write, sum_into, Buf,
+    LEN, SPIN,
 };
 
 /// A spin of about 50 µs before a write (a 50 µs sleep on the host).
@@ -77,6 +80,13 @@ pub fn draw_with_buffers(
             (out, Some(v))
         }
         2 if rng.gen_bool(0.1) => (bad_launch(&new_buf(bufs)).boxed(), None),
+        2 if rng.gen_bool(0.05) => {
+            // Work that fails on the stream, after it was enqueued.
+            let op = fill(&new_buf(bufs), 1.0)
+                .then(|b| panic_on_stream().map(move |()| b))
+                .boxed();
+            (op, None)
+        }
         2 if pool.is_empty() => {
             let v = f32::from(rng.gen_range(-8i8..8));
             (fill(&new_buf(bufs), v).boxed(), Some(v))

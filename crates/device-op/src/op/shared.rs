@@ -11,11 +11,14 @@
 //!
 //! Every consumer, on any stream (the producer's own included), orders its work after the
 //! producer's completion event and counts as device work, so its execution completes only
-//! after the producer's. The production runs in an error scope nested in its execution's
-//! (`cuflow_runtime::ErrorScope::nested`), and every consumer's scope depends on it: a failure
-//! of the production's work that shows only once it ran (a host function's panic) fails every
-//! consumer, on every backend, and not only the execution that produced. A value produced inside a capture is written only by replays of the
-//! graph: consuming it outside that capture is a [`DeviceError::Capture`].
+//! after the producer's. The production runs in an error scope nested in the scope of the
+//! context it runs in (its execution's, or its `zip!` branch's), and every consumer's scope
+//! depends on it: a failure of the production's work that shows only once it ran (a host
+//! function's panic) fails every consumer, on every backend, and not only the execution that
+//! produced. On the host backend the production's completion event also carries the failures of
+//! the work the production follows in its own context; not those of other branches of the
+//! execution that share its stream. A value produced inside a capture is written only by
+//! replays of the graph: consuming it outside that capture is a [`DeviceError::Capture`].
 //!
 //! Invariants of the state machine:
 //! - Only the CAS winner leaves `IDLE`, so the op runs at most once. The outcome is stored,
@@ -271,8 +274,8 @@ struct Produced<T> {
     output: Arc<T>,
     /// The producer's completion event and stream, if it did device work.
     event: Option<(Event, StreamId)>,
-    /// The scope the production's failures went to, nested in the producer's execution's
-    /// (none when the producer ran outside an execution's scope).
+    /// The scope the production's failures went to, nested in the scope of the context the
+    /// producer ran in (none when the producer ran outside an execution's scope).
     scope: Option<ErrorScope>,
 }
 
@@ -388,6 +391,12 @@ where
                         };
                         output.and_then(|output| {
                             let event = if did_work {
+                                // Recorded in the production's scope: it reports the failures
+                                // of the production's work, of what that work waited for, and of
+                                // the work before it in the context it ran in (see
+                                // `cuflow_runtime::ErrorScope`), not of other branches' work
+                                // that shares its stream.
+                                let _entered = scope.as_ref().map(ErrorScope::enter);
                                 Some((ctx.record_event()?, ctx.stream_id()))
                             } else {
                                 None

@@ -53,6 +53,7 @@ macro_rules! zip_op {
                     if $ctx.stream_id() != parent {
                         if let Some(op) = $op.take() {
                             let _span = branch_span(&$ctx, $idx);
+                            let _scope = $ctx.enter_scope();
                             $out = Some(op.execute(&mut $ctx)?);
                         }
                     }
@@ -60,6 +61,7 @@ macro_rules! zip_op {
                 $(
                     if let Some(op) = $op.take() {
                         let _span = branch_span(&$ctx, $idx);
+                        let _scope = $ctx.enter_scope();
                         $out = Some(op.execute(&mut $ctx)?);
                     }
                 )+
@@ -183,6 +185,7 @@ impl<O: DeviceOp> DeviceOp for JoinAll<O> {
                 if (bctx.stream_id() == parent) == pass_on_parent {
                     if let Some(op) = op.take() {
                         let _span = branch_span(bctx, index);
+                        let _scope = bctx.enter_scope();
                         *out = Some(op.execute(bctx)?);
                     }
                 }
