@@ -226,3 +226,62 @@ fn tiny_logits_match_a_float64_reference() -> Result<(), DeviceError> {
     }
     Ok(())
 }
+
+/// Random small shapes: head widths 16 to 128, groups of 1 to 8 query heads per key/value
+/// head, hidden sizes that are not the heads' total width, odd vocabularies, one or two layers,
+/// tied or not, prompts of 1 to 12 tokens. Each model's logits (the decode step and prefill)
+/// against the float64 reference, and its ids generated eagerly against those of its captured
+/// step replayed. The tolerance is the tiny model's.
+#[test]
+fn random_small_shapes_match_a_float64_reference_and_replay_their_eager_ids(
+) -> Result<(), DeviceError> {
+    use cuflow_models::llama::GenerateOptions;
+    let device = Device::auto()?;
+    let stream = device.new_stream()?;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0x11a3_a5a9);
+    for case in 0..16 {
+        let head_dim = [16, 32, 64, 128][rng.gen_range(0..4)];
+        let kv = rng.gen_range(1..=3);
+        let group = [1, 2, 3, 4, 8][rng.gen_range(0..5)];
+        let cfg = LlamaConfig {
+            hidden_size: 8 * rng.gen_range(2..=24),
+            intermediate_size: 8 * rng.gen_range(1..=24),
+            num_hidden_layers: rng.gen_range(1..=2),
+            num_attention_heads: kv * group,
+            num_key_value_heads: Some(kv),
+            head_dim: Some(head_dim),
+            vocab_size: rng.gen_range(2..600),
+            tie_word_embeddings: rng.gen_bool(0.5),
+            ..LlamaConfig::tiny()
+        };
+        let seed = rng.gen();
+        let prompt = random_prompt(rng.gen_range(1..=12), cfg.vocab_size, seed);
+        let what = format!("case {case}: {cfg:?}, prompt {prompt:?}");
+        let model = Llama::synthetic(&device, cfg.clone(), seed)?;
+        let want = RefModel::new(&cfg, seed).logits(&prompt);
+        let decoded = model.decode_logits(&stream, &prompt)?;
+        let prefilled = model.prefill_logits(&stream, &prompt)?;
+        let (e_decode, e_prefill) = (
+            rel_err_in_norm(&decoded, &want),
+            rel_err_in_norm(&prefilled, &want),
+        );
+        assert!(
+            e_decode < 1.5e-2,
+            "{what}: decode step logits: relative error {e_decode:.3e}"
+        );
+        assert!(
+            e_prefill < 3e-2,
+            "{what}: prefill logits: relative error {e_prefill:.3e}"
+        );
+
+        let tokens = 6;
+        let eager = model.generate(&stream, &prompt, tokens, &GenerateOptions::greedy())?;
+        let mut step = model.capture(&stream, GenerateOptions::greedy().max_seq(32))?;
+        assert_eq!(
+            step.generate(&prompt, tokens)?,
+            eager,
+            "{what}: replayed ids"
+        );
+    }
+    Ok(())
+}
