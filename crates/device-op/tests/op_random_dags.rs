@@ -184,3 +184,65 @@ fn random_dags_from_one_thread_give_their_models_values() {
         random_dags(0x0da6_5eed_0002, 1, 80)
     });
 }
+
+/// Random DAGs awaited as tasks of a multi-thread tokio runtime, many in flight at once: each
+/// task `.await`s its DAG (the default policy, through the completion reactor) or schedules it
+/// under a policy of its own and awaits the future, and checks its model's value. Shared ops
+/// made up front are consumed by the tasks concurrently.
+#[test]
+fn random_dags_awaited_by_many_tokio_tasks_give_their_models_values() {
+    within_a_minute("random DAGs awaited by tokio tasks hung", || {
+        let device = device();
+        compile_kernels(&device).expect("compile the test kernels");
+        let mut rng = seeded_rng(0x0da6_5eed_0003);
+        let common: Vec<SharedValue> = (0..6)
+            .map(|_| {
+                let (op, value) = draw(&mut rng, 2, &[]);
+                SharedValue {
+                    op: op.shared(),
+                    value,
+                }
+            })
+            .collect();
+        let tasks = 48 * scale_from_env();
+        let dags: Vec<_> = (0..tasks)
+            .map(|_| {
+                (
+                    draw(&mut rng, 3, &common),
+                    rng.gen_bool(0.5),
+                    rng.gen::<u64>(),
+                )
+            })
+            .collect();
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(4)
+            .enable_all()
+            .build()
+            .expect("a tokio runtime");
+        rt.block_on(async {
+            let handles: Vec<_> = dags
+                .into_iter()
+                .enumerate()
+                .map(|(i, ((op, want), own_policy, seed))| {
+                    let device = device.clone();
+                    tokio::spawn(async move {
+                        let got = if own_policy {
+                            match op.schedule(
+                                &RandomPlacement::new(&device, 3, seed).expect("a policy"),
+                            ) {
+                                Ok(future) => future.await,
+                                Err(e) => Err(e),
+                            }
+                        } else {
+                            op.await
+                        };
+                        check(&format!("task {i} (own policy: {own_policy})"), got, want);
+                    })
+                })
+                .collect();
+            for handle in handles {
+                handle.await.expect("a task panicked");
+            }
+        });
+    });
+}
