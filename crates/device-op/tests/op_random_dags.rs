@@ -14,11 +14,11 @@ use cuflow_device_op::{BoxedOp, DeviceError, DeviceOpExt};
 use cuflow_runtime::Device;
 use cuflow_scheduler::{SingleStream, StreamPoolRoundRobin};
 use cuflow_testing::{
-    dags::{draw, SharedValue, Value},
+    dags::{check, draw, draw_shared, SharedValue},
     device::device,
-    ops::{assert_all, buffer, compile_kernels, copy, Buf},
+    ops::{buffer, compile_kernels, copy, Buf},
     policies::RandomPlacement,
-    rng::seeded_rng,
+    rng::{scale_from_env, seeded_rng},
     thread::within_a_minute,
 };
 use rand::Rng;
@@ -88,38 +88,14 @@ fn run(
     })
 }
 
-/// Checks a DAG's outcome against its model.
-fn check(what: &str, got: Result<Buf, DeviceError>, want: Value) {
-    match (got, want) {
-        (Ok(buf), Some(v)) => assert_all(&buf, v, what),
-        (Ok(_), None) => panic!("{what}: resolved Ok, but it holds a failing launch"),
-        (Err(e), Some(v)) => panic!("{what}: failed ({e}), the model gives {v}"),
-        (Err(e), None) => assert!(
-            matches!(
-                e,
-                DeviceError::InvalidLaunch { .. } | DeviceError::Panicked { .. }
-            ),
-            "{what}: failed with {e:?}, not the error of its failing work"
-        ),
-    }
-}
-
 /// `threads` threads, each running `dags` random DAGs, drawing on shared ops made up front
 /// (consumed by every thread) and on shared ops of their own.
 fn random_dags(seed: u64, threads: usize, dags: usize) {
-    let dags = dags * scale_from_env();
+    let dags = dags * scale_from_env("CUFLOW_RANDOM_DAGS");
     let device = device();
     compile_kernels(&device).expect("compile the test kernels");
     let mut rng = seeded_rng(seed);
-    let common: Vec<SharedValue> = (0..4)
-        .map(|_| {
-            let (op, value) = draw(&mut rng, 2, &[]);
-            SharedValue {
-                op: op.shared(),
-                value,
-            }
-        })
-        .collect();
+    let common = draw_shared(&mut rng, 4, 2);
     std::thread::scope(|scope| {
         for t in 0..threads {
             let (device, common) = (device.clone(), common.clone());
@@ -159,18 +135,6 @@ fn random_dags(seed: u64, threads: usize, dags: usize) {
     });
 }
 
-/// `CUFLOW_RANDOM_DAGS=N` runs N times as many DAGs (default 1).
-fn scale_from_env() -> usize {
-    std::env::var("CUFLOW_RANDOM_DAGS")
-        .ok()
-        .map(|v| {
-            v.trim()
-                .parse()
-                .expect("CUFLOW_RANDOM_DAGS must be a number")
-        })
-        .unwrap_or(1)
-}
-
 #[test]
 fn random_dags_from_four_threads_give_their_models_values() {
     within_a_minute("random DAGs from four threads hung", || {
@@ -195,16 +159,8 @@ fn random_dags_awaited_by_many_tokio_tasks_give_their_models_values() {
         let device = device();
         compile_kernels(&device).expect("compile the test kernels");
         let mut rng = seeded_rng(0x0da6_5eed_0003);
-        let common: Vec<SharedValue> = (0..6)
-            .map(|_| {
-                let (op, value) = draw(&mut rng, 2, &[]);
-                SharedValue {
-                    op: op.shared(),
-                    value,
-                }
-            })
-            .collect();
-        let tasks = 48 * scale_from_env();
+        let common = draw_shared(&mut rng, 6, 2);
+        let tasks = 48 * scale_from_env("CUFLOW_RANDOM_DAGS");
         let dags: Vec<_> = (0..tasks)
             .map(|_| {
                 (

@@ -18,7 +18,7 @@ use cuflow_testing::{
         accumulate, add, affine, assert_all, bad_launch, buffer, compile_kernels, copy, fill,
         spin_then_write, Buf,
     },
-    rng::seeded_rng,
+    rng::{scale_from_env, seeded_rng},
     thread::within_a_minute,
 };
 use rand::rngs::StdRng;
@@ -149,7 +149,7 @@ impl Placements {
 }
 
 fn sequences(seed: u64, count: usize, len: usize) {
-    let count = count * scale_from_env();
+    let count = count * scale_from_env("CUFLOW_RANDOM_ORDERS");
     let device = device();
     compile_kernels(&device).expect("compile the test kernels");
     std::thread::scope(|scope| {
@@ -216,18 +216,6 @@ fn sequences(seed: u64, count: usize, len: usize) {
             });
         }
     });
-}
-
-/// `CUFLOW_RANDOM_ORDERS=N` runs N times as many sequences (default 1).
-fn scale_from_env() -> usize {
-    std::env::var("CUFLOW_RANDOM_ORDERS")
-        .ok()
-        .map(|v| {
-            v.trim()
-                .parse()
-                .expect("CUFLOW_RANDOM_ORDERS must be a number")
-        })
-        .unwrap_or(1)
 }
 
 #[test]

@@ -12,26 +12,14 @@ use cuflow_device_op::{DeviceError, DeviceOpExt};
 use cuflow_graph_capture::GraphCaptureExt;
 use cuflow_scheduler::StreamPoolRoundRobin;
 use cuflow_testing::{
-    dags::{draw, draw_with_buffers, SharedValue, Value},
+    dags::{check, draw_shared, draw_with_buffers},
     device::device,
-    ops::{assert_all, buffer, compile_kernels, copy, Buf},
+    ops::{assert_all, buffer, compile_kernels, copy},
     policies::RandomPlacement,
-    rng::seeded_rng,
+    rng::{scale_from_env, seeded_rng},
     thread::within_a_minute,
 };
 use rand::Rng;
-
-/// `CUFLOW_RANDOM_DAGS=N` runs N times as many DAGs (default 1).
-fn scale_from_env() -> usize {
-    std::env::var("CUFLOW_RANDOM_DAGS")
-        .ok()
-        .map(|v| {
-            v.trim()
-                .parse()
-                .expect("CUFLOW_RANDOM_DAGS must be a number")
-        })
-        .unwrap_or(1)
-}
 
 /// Where a DAG is captured.
 #[derive(Clone, Copy, Debug)]
@@ -42,40 +30,22 @@ enum Capture {
     RandomPlacement,
 }
 
-fn check_eager(what: &str, got: Result<Buf, DeviceError>, want: Value) {
-    match (got, want) {
-        (Ok(buf), Some(v)) => assert_all(&buf, v, what),
-        (Ok(_), None) => panic!("{what}: resolved Ok, but it holds a failing launch"),
-        (Err(e), Some(v)) => panic!("{what}: failed ({e}), the model gives {v}"),
-        (Err(e), None) => assert!(
-            matches!(
-                e,
-                DeviceError::InvalidLaunch { .. } | DeviceError::Panicked { .. }
-            ),
-            "{what}: failed with {e:?}, not the error of its failing work"
-        ),
-    }
-}
-
 fn captured_and_eager_dags(seed: u64, dags: usize) {
-    let dags = dags * scale_from_env();
+    let dags = dags * scale_from_env("CUFLOW_RANDOM_DAGS");
     let device = device();
     compile_kernels(&device).expect("compile the test kernels");
     let mut rng = seeded_rng(seed);
     // Shared ops produced eagerly before any capture: captured DAGs read them in every replay.
-    let common: Vec<SharedValue> = (0..4)
-        .map(|_| {
-            let (op, value) = draw(&mut rng, 2, &[]);
-            let shared = SharedValue {
-                op: op.shared(),
-                value,
-            };
-            let dst = buffer(0.0);
-            let got = shared.op.clone().then(move |b| copy(&dst, &b)).sync();
-            check_eager("a shared op produced before the captures", got, value);
-            shared
-        })
-        .collect();
+    let common = draw_shared(&mut rng, 4, 2);
+    for shared in &common {
+        let dst = buffer(0.0);
+        let got = shared.op.clone().then(move |b| copy(&dst, &b)).sync();
+        check(
+            "a shared op produced before the captures",
+            got,
+            shared.value,
+        );
+    }
     std::thread::scope(|scope| {
         for t in 0..4 {
             let (device, common) = (device.clone(), common.clone());
@@ -87,7 +57,7 @@ fn captured_and_eager_dags(seed: u64, dags: usize) {
                     let (op, want) = draw_with_buffers(&mut rng, 3, &common, &mut bufs);
                     if t % 2 == 1 {
                         let what = format!("eager thread {t}, DAG {d} of seed {seed:#x}");
-                        check_eager(&what, op.sync(), want);
+                        check(&what, op.sync(), want);
                         continue;
                     }
                     let how = match rng.gen_range(0..4) {

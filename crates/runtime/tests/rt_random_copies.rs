@@ -9,7 +9,12 @@
 //! `CUFLOW_RANDOM_COPIES=N` runs N times as many sequences.
 
 use cuflow_runtime::{DeviceBuffer, DeviceError, KernelArgs, LaunchConfig, Stream};
-use cuflow_testing::{device::device, kernels, rng::seeded_rng, thread::within_a_minute};
+use cuflow_testing::{
+    device::device,
+    kernels,
+    rng::{scale_from_env, seeded_rng},
+    thread::within_a_minute,
+};
 use rand::rngs::StdRng;
 use rand::Rng;
 
@@ -140,23 +145,11 @@ fn compare(got: &[f32], want: &[f32], what: &str, log: &[String]) {
     }
 }
 
-/// `CUFLOW_RANDOM_COPIES=N` runs N times as many sequences (default 1).
-fn scale_from_env() -> usize {
-    std::env::var("CUFLOW_RANDOM_COPIES")
-        .ok()
-        .map(|v| {
-            v.trim()
-                .parse()
-                .expect("CUFLOW_RANDOM_COPIES must be a number")
-        })
-        .unwrap_or(1)
-}
-
 #[test]
 fn random_copies_and_kernels_over_views_match_a_host_model() {
     within_a_minute("random copies hung", || {
         let device = device();
-        let count = 6 * scale_from_env();
+        let count = 6 * scale_from_env("CUFLOW_RANDOM_COPIES");
         std::thread::scope(|scope| {
             for t in 0..4u64 {
                 let device = device.clone();

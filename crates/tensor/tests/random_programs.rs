@@ -13,7 +13,10 @@ use cuflow_device_op::{DeviceOp, DeviceOpExt};
 use cuflow_graph_capture::GraphCaptureExt;
 use cuflow_runtime::{DeviceError, GemmElem, Stream};
 use cuflow_tensor::{api, bf16, f16, kernels, FloatDType, Tensor};
-use cuflow_testing::{device::stream, rng::seeded_rng};
+use cuflow_testing::{
+    device::stream,
+    rng::{scale_from_env, seeded_rng},
+};
 use rand::rngs::StdRng;
 use rand::Rng;
 
@@ -695,7 +698,7 @@ fn run_programs<T: FloatDType + GemmElem>(
     lens: &[usize],
     mode: Mode,
 ) -> (usize, usize) {
-    let count = count * scale_from_env();
+    let count = count * scale_from_env("CUFLOW_RANDOM_PROGRAMS");
     let s = stream();
     let mut rng = seeded_rng(seed);
     let (mut valid, mut invalid) = (0usize, 0usize);
@@ -743,18 +746,6 @@ fn run_programs<T: FloatDType + GemmElem>(
         }
     }
     (valid, invalid)
-}
-
-/// `CUFLOW_RANDOM_PROGRAMS=N` runs N times as many programs (default 1).
-fn scale_from_env() -> usize {
-    std::env::var("CUFLOW_RANDOM_PROGRAMS")
-        .ok()
-        .map(|v| {
-            v.trim()
-                .parse()
-                .expect("CUFLOW_RANDOM_PROGRAMS must be a number")
-        })
-        .unwrap_or(1)
 }
 
 /// Both kinds of step must have been exercised in numbers.

@@ -8,14 +8,14 @@
 //! ([`ops::panic_on_stream`](crate::ops::panic_on_stream)), and may consume shared ops that
 //! other DAGs consume too (only ever reading them).
 
-use cuflow_device_op::{join_all, zip, BoxedOp, DeviceOpExt, Shared, UnzipExt};
+use cuflow_device_op::{join_all, zip, BoxedOp, DeviceError, DeviceOpExt, Shared, UnzipExt};
 use cuflow_scheduler::PriorityLevel;
 use rand::rngs::StdRng;
 use rand::Rng;
 
 use crate::ops::{
-    add, affine, bad_launch, buffer, copy, fill, panic_on_stream, spin_then_write, sum_into, Buf,
-    LEN, SPIN,
+    add, affine, assert_all, bad_launch, buffer, copy, fill, panic_on_stream, spin_then_write,
+    sum_into, Buf, LEN, SPIN,
 };
 
 /// A spin of about 50 µs before a write (a 50 µs sleep on the host).
@@ -45,6 +45,39 @@ impl std::fmt::Debug for SharedValue {
 /// op and what it must give.
 pub fn draw(rng: &mut StdRng, depth: u32, pool: &[SharedValue]) -> (BoxedOp<'static, Buf>, Value) {
     draw_with_buffers(rng, depth, pool, &mut Vec::new())
+}
+
+/// `n` DAGs of at most `depth` levels, each made a shared op, with the values their consumers
+/// must read.
+pub fn draw_shared(rng: &mut StdRng, n: usize, depth: u32) -> Vec<SharedValue> {
+    (0..n)
+        .map(|_| {
+            let (op, value) = draw(rng, depth, &[]);
+            SharedValue {
+                op: op.shared(),
+                value,
+            }
+        })
+        .collect()
+}
+
+/// Checks a DAG's outcome against its model: every element of its output equal to its value,
+/// or, for a DAG holding failing work, the error of that work (a refused launch's or a
+/// panic's), never `Ok`.
+#[track_caller]
+pub fn check(what: &str, got: Result<Buf, DeviceError>, want: Value) {
+    match (got, want) {
+        (Ok(buf), Some(v)) => assert_all(&buf, v, what),
+        (Ok(_), None) => panic!("{what}: resolved Ok, but it holds failing work"),
+        (Err(e), Some(v)) => panic!("{what}: failed ({e}), the model gives {v}"),
+        (Err(e), None) => assert!(
+            matches!(
+                e,
+                DeviceError::InvalidLaunch { .. } | DeviceError::Panicked { .. }
+            ),
+            "{what}: failed with {e:?}, not the error of its failing work"
+        ),
+    }
 }
 
 /// A new buffer of zeros, pushed onto `bufs`.

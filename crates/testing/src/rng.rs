@@ -28,6 +28,27 @@ pub fn seeded_rng(seed: u64) -> StdRng {
     StdRng::seed_from_u64(seed)
 }
 
+/// How many times more random cases a test runs than it does by default: the number in the
+/// environment variable `var` (the random tests name theirs, `CUFLOW_RANDOM_PROGRAMS` and the
+/// like), 1 when it is unset. Panics, naming the variable, when it is not a number.
+///
+/// # Examples
+///
+/// ```
+/// let programs = 100 * cuflow_testing::rng::scale_from_env("CUFLOW_NO_SUCH_VARIABLE");
+/// assert_eq!(programs, 100);
+/// ```
+pub fn scale_from_env(var: &str) -> usize {
+    std::env::var(var)
+        .ok()
+        .map(|v| {
+            v.trim()
+                .parse()
+                .unwrap_or_else(|_| panic!("{var} must be a number, not {v:?}"))
+        })
+        .unwrap_or(1)
+}
+
 /// `n` random values over the whole range of `T` (floats: `[0, 1)`).
 pub fn random_vec<T>(rng: &mut StdRng, n: usize) -> Vec<T>
 where
