@@ -7,11 +7,11 @@ use std::sync::Arc;
 
 use cuflow_device_op::{from_fn, value, zip, DeviceOpExt};
 use cuflow_graph_capture::GraphCaptureExt;
-use cuflow_runtime::{DeviceBuffer, DeviceError, KernelArgs, LaunchConfig};
+use cuflow_runtime::{DeviceBuffer, DeviceError};
 use cuflow_scheduler::{DevicePolicyExt, MultiDevice, StreamPoolRoundRobin};
 use cuflow_testing::{
     device::device_pair,
-    kernels::affine as affine_kernel,
+    kernels::{affine as affine_kernel, launch_affine},
     ops::{affine, compile_kernels},
 };
 
@@ -61,15 +61,7 @@ fn on_device_during_a_capture_records_on_a_private_stream() -> Result<(), Device
         let (other, x) = (other.clone(), x.clone());
         move |ctx| {
             ctx.on_device(&other, |s| {
-                affine_kernel().launch(
-                    s,
-                    LaunchConfig::for_num_elems(x.len()),
-                    KernelArgs::new()
-                        .output(&*x)
-                        .scalar(2.0f32)
-                        .scalar(1.0f32)
-                        .scalar(x.len() as u32),
-                )?;
+                launch_affine(s, &*x, 2.0, 1.0)?;
                 Ok(s.clone())
             })
         }

@@ -5,11 +5,11 @@ use std::sync::Arc;
 
 use cuflow_device_op::{from_fn, value, zip, DeviceOp, DeviceOpExt};
 use cuflow_graph_capture::{CudaGraph, GraphCaptureExt, RecaptureOutcome};
-use cuflow_runtime::{Device, DeviceBuffer, DeviceError, KernelArgs, LaunchConfig, Stream};
+use cuflow_runtime::{Device, DeviceBuffer, DeviceError, Stream};
 use cuflow_scheduler::{Placement, SchedulingPolicy, StreamPoolRoundRobin};
 use cuflow_testing::{
     device::{device, stream},
-    kernels::affine as affine_kernel,
+    kernels::launch_affine,
     measure::assert_close_elementwise,
     ops::{affine, compile_kernels, copy, Buf},
     policies::{PanicAt, Panicking},
@@ -229,15 +229,7 @@ fn on_stream_during_a_capture_leaves_the_named_stream_to_everyone() -> Result<()
         let (public, x, unrelated) = (public.clone(), x.clone(), unrelated.clone());
         move |ctx| {
             ctx.on_stream(&public, |s| {
-                affine_kernel().launch(
-                    s,
-                    LaunchConfig::for_num_elems(x.len()),
-                    KernelArgs::new()
-                        .output(&*x)
-                        .scalar(2.0f32)
-                        .scalar(1.0f32)
-                        .scalar(x.len() as u32),
-                )?;
+                launch_affine(s, &*x, 2.0, 1.0)?;
                 // Another thread's op on the named stream, while the capture is open.
                 let named = public.clone();
                 let unrelated_run = std::thread::spawn(move || {
@@ -317,15 +309,7 @@ fn on_stream_first_in_a_captured_branch_leaves_the_named_stream_to_everyone(
         let (public, x) = (public.clone(), x.clone());
         move |ctx| {
             ctx.on_stream(&public, |s| {
-                affine_kernel().launch(
-                    s,
-                    LaunchConfig::for_num_elems(x.len()),
-                    KernelArgs::new()
-                        .output(&*x)
-                        .scalar(2.0f32)
-                        .scalar(1.0f32)
-                        .scalar(x.len() as u32),
-                )?;
+                launch_affine(s, &*x, 2.0, 1.0)?;
                 Ok((s.is_capturing(), public.is_capturing()))
             })
         }

@@ -291,6 +291,26 @@ pub fn launch_add_one<'a>(
     )
 }
 
+/// Launches [`affine`] over every element of `x` on `stream`: `x = x * a + b`.
+pub fn launch_affine<'a>(
+    stream: &Stream,
+    x: impl Into<BufferView<'a, f32>>,
+    a: f32,
+    b: f32,
+) -> Result<(), DeviceError> {
+    let x = x.into();
+    let n = x.len();
+    affine().launch(
+        stream,
+        LaunchConfig::for_num_elems(n),
+        KernelArgs::new()
+            .output(x)
+            .scalar(a)
+            .scalar(b)
+            .scalar(n as u32),
+    )
+}
+
 /// Launches [`spin_write`] on `stream`: spins for `cycles`, then writes `value` into `out[0]`.
 pub fn launch_spin_write<'a>(
     stream: &Stream,
