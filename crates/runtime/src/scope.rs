@@ -570,4 +570,56 @@ mod tests {
         );
         assert!(last.error().is_none());
     }
+
+    #[test]
+    fn an_event_reports_what_its_scope_follows_and_not_its_siblings_failures() {
+        let slot = Arc::new(Mutex::new(None));
+        let sink_in = |scope: &ErrorScope| {
+            let _entered = scope.enter();
+            ErrorSink::here(&slot)
+        };
+        let execution = ErrorScope::new();
+        let mut failures = StreamFailures::default();
+        // Work enqueued in a scope before a part of it was made: a failure the part follows.
+        let outer = ErrorScope::new();
+        let earlier_work = sink_in(&outer);
+        let part = {
+            let _entered = outer.enter();
+            ErrorScope::nested().expect("a scope is entered")
+        };
+        let later_work = sink_in(&outer);
+        failures.record(&earlier_work, failure("work before the part was made"));
+        assert!(failures.seen_by(&sink_in(&part)).is_some());
+        // Work enqueued in the outer scope after the part was made is not the part's to follow.
+        let mut failures_after = StreamFailures::default();
+        failures_after.record(&later_work, failure("work after the part was made"));
+        assert!(failures_after.seen_by(&sink_in(&part)).is_none());
+
+        // Two branches made together; the first one's work fails on the shared stream.
+        let (a, b) = {
+            let _entered = execution.enter();
+            (
+                ErrorScope::nested().expect("a scope is entered"),
+                ErrorScope::nested().expect("a scope is entered"),
+            )
+        };
+        failures.record(&sink_in(&a), failure("branch a's work"));
+        assert!(failures.seen_by(&sink_in(&a)).is_some(), "a's own event");
+        assert!(
+            failures.seen_by(&sink_in(&b)).is_none(),
+            "b does not follow a's work"
+        );
+        assert!(
+            failures.seen_by(&sink_in(&execution)).is_some(),
+            "the execution's later work follows its branches"
+        );
+        // A part made in the execution after the branches follows them.
+        let after = {
+            let _entered = execution.enter();
+            ErrorScope::nested().expect("a scope is entered")
+        };
+        assert!(failures.seen_by(&sink_in(&after)).is_some());
+        // Every failure is still its scopes' error.
+        assert!(a.error().is_some() && execution.error().is_some() && b.error().is_none());
+    }
 }
