@@ -1,12 +1,13 @@
-//! Random DAGs of `then`, `zip!`, `join_all` and `shared`, executed from several threads at
-//! once through every entry point (`sync`, `sync_on`, a policy, `.await`, a future dropped
-//! unpolled or in flight), against a model of each DAG's value. Every buffer of a DAG holds one
-//! value in all its elements; an op writes a new buffer or rewrites one only its own DAG
-//! reads, and kernels with a spin before their write make a missing wait show as a stale
-//! value. Shared ops are consumed by several DAGs of several threads, some of which fail or
-//! are dropped. Each DAG must give its model's value in every element, or the error of the
-//! failing launch it holds, and nothing may hang. `CUFLOW_RANDOM_DAGS=N` runs N times as many
-//! DAGs.
+//! Random DAGs (`cuflow_testing::dags`: `then`, `zip!`, `join_all`, `shared`, `unzip` and the
+//! rest) executed from several threads at once through every entry point (`sync`, `sync_on`,
+//! policies, `.await`, a future dropped unpolled or in flight), and awaited by many tokio tasks,
+//! against a model of each DAG's value. Every buffer of a DAG holds one value in all its
+//! elements; an op writes a new buffer or rewrites one only its own DAG reads, and kernels with
+//! a spin before their write make a missing wait show as a stale value. Shared ops are consumed
+//! by several DAGs of several threads, some of which fail or are dropped. Each DAG must give its
+//! model's value in every element, or the error of the failing work it holds (a refused launch,
+//! or work that fails on the stream), and nothing may hang. `CUFLOW_RANDOM_DAGS=N` runs N times
+//! as many DAGs.
 
 use std::future::Future;
 
