@@ -8,11 +8,15 @@
 //! op the model says is invalid (a user kernel's input in the buffer it writes, a copy
 //! between overlapping rows of one buffer) must fail at once with a clear error and leave the
 //! buffers as they were. Three threads run programs
-//! at once on the same streams. `CUFLOW_RANDOM_STREAMS=N` runs N times as many programs.
+//! at once on the same streams. Half the programs also capture a graph that writes two of
+//! their buffers in place, and replay it on any of the streams between the eager ops, which
+//! must order replays like any other access. `CUFLOW_RANDOM_STREAMS=N` runs N times as many
+//! programs.
 
 use std::sync::{Arc, OnceLock};
 
 use cuflow_device_op::{enqueue_on, DeviceError, DeviceOp, DeviceOpExt};
+use cuflow_graph_capture::{CudaGraph, GraphCaptureExt};
 use cuflow_runtime::{Device, Kernel, Stream};
 use cuflow_scheduler::{SchedulingPolicy, SingleStream};
 use cuflow_tensor::{api, kernels, Launch, PartitionExt, Tensor};
@@ -93,6 +97,18 @@ enum Step {
     },
     /// `t[v]` read back and checked against the model.
     Check(usize),
+    /// One replay of the program's graph (see [`Graph`]), or a check where it has none.
+    Replay,
+}
+
+/// What a program's graph does, captured over the buffers of its first two tensors, `a` and
+/// `b`: `a = 0.5 b + bias` after a spin, then `b -= a` (values that stay bounded however
+/// often it is replayed).
+#[derive(Clone, Copy, Debug)]
+struct Graph {
+    a: usize,
+    b: usize,
+    bias: f32,
 }
 
 /// The float64 model of a program: the elements of each buffer, and which buffer each
@@ -102,6 +118,7 @@ struct Model {
     n: usize,
     buffers: Vec<Vec<f64>>,
     vars: [usize; VARS],
+    graph: Option<Graph>,
 }
 
 impl Model {
@@ -181,6 +198,18 @@ impl Model {
                 self.buffers[buffer][dr * n..(dr + k) * n].copy_from_slice(&rows);
             }
             Step::Check(_) => {}
+            Step::Replay => {
+                if let Some(Graph { a, b, bias }) = self.graph {
+                    let x = self.buffers[b].clone();
+                    for (o, x) in self.buffers[a].iter_mut().zip(&x) {
+                        *o = 0.5 * x + f64::from(bias);
+                    }
+                    let y = self.buffers[a].clone();
+                    for (o, y) in self.buffers[b].iter_mut().zip(y) {
+                        *o -= y;
+                    }
+                }
+            }
         }
         true
     }
@@ -195,7 +224,7 @@ fn values(rng: &mut StdRng, n: usize) -> Vec<f32> {
 fn draw(rng: &mut StdRng, n: usize) -> Step {
     let var = |rng: &mut StdRng| rng.gen_range(0..VARS);
     let factor = |rng: &mut StdRng| [-1.0, 0.5, 2.0, 3.0][rng.gen_range(0..4)];
-    match rng.gen_range(0..20) {
+    match rng.gen_range(0..21) {
         0 => Step::Fresh(var(rng), values(rng, n)),
         1 | 2 => Step::Clone(var(rng), var(rng)),
         3 | 4 => Step::Scale(var(rng), var(rng), factor(rng)),
@@ -219,6 +248,7 @@ fn draw(rng: &mut StdRng, n: usize) -> Step {
                 k,
             }
         }
+        18 => Step::Replay,
         _ => Step::Check(var(rng)),
     }
 }
@@ -251,6 +281,7 @@ fn enqueue<O: DeviceOp>(
 fn run_step(
     step: &Step,
     t: &mut [Tensor<f32>; VARS],
+    graph: Option<&CudaGraph<()>>,
     n: usize,
     stream: &Stream,
     policy: &Arc<dyn SchedulingPolicy>,
@@ -294,6 +325,11 @@ fn run_step(
             enqueue(api::memcpy(&mut rows, &from), stream, policy)?;
         }
         Step::Check(_) => {}
+        Step::Replay => {
+            if let Some(graph) = graph {
+                enqueue(graph.launch_op(), stream, policy)?;
+            }
+        }
     }
     Ok(())
 }
@@ -320,6 +356,7 @@ fn run_programs(device: &Device, streams: &[Stream], seed: u64, count: usize, le
             n,
             buffers: Vec::new(),
             vars: [0; VARS],
+            graph: None,
         };
         let mut t: [Tensor<f32>; VARS] = std::array::from_fn(|v| {
             let data = values(&mut rng, n);
@@ -328,6 +365,31 @@ fn run_programs(device: &Device, streams: &[Stream], seed: u64, count: usize, le
                 .sync_on(&streams[0])
                 .expect("upload a tensor")
         });
+        // Half the programs capture a graph over their first two tensors' buffers, which
+        // their `Replay` steps replay on any stream, ordered with the eager ops around them.
+        let graph = if rng.gen_bool(0.5) {
+            let g = Graph {
+                a: model.vars[0],
+                b: model.vars[1],
+                bias: rng.gen_range(-2i8..=2).into(),
+            };
+            model.graph = Some(g);
+            let (a, b) = (t[0].clone(), t[1].clone());
+            let op = Launch::new(spin_affine(), a.clone().partition([n, n]))
+                .block_threads(256)
+                .input(b.clone())
+                .scalar(0.5f32)
+                .scalar(g.bias)
+                .scalar(SPIN)
+                .then(move |_| kernels::saxpy(b.partition([n, n]), -1.0, a))
+                .map(|_| ());
+            Some(
+                op.graph_on(streams[0].clone())
+                    .expect("capture the program's graph"),
+            )
+        } else {
+            None
+        };
         let mut steps = Vec::new();
         for _ in 0..len {
             let step = draw(&mut rng, n);
@@ -336,7 +398,7 @@ fn run_programs(device: &Device, streams: &[Stream], seed: u64, count: usize, le
             let stream = &streams[rng.gen_range(0..streams.len())];
             let policy = &policies[rng.gen_range(0..policies.len())];
             let valid = model.apply(&step);
-            let got = run_step(&step, &mut t, n, stream, policy);
+            let got = run_step(&step, &mut t, graph.as_ref(), n, stream, policy);
             if valid {
                 if let Err(e) = got {
                     panic!("{what}: failed: {e}");
