@@ -189,6 +189,16 @@ fn corrupt_byte_ranges_are_errors_naming_the_tensor() -> Result<(), DeviceError>
         "{err}"
     );
 
+    // Reversed, the range ends before it begins: named so, not as past the end.
+    let err = load_with_header("offsets-reversed", |t| {
+        let range = t[norm]["data_offsets"].clone();
+        t[norm]["data_offsets"] = serde_json::json!([range[1], range[0]]);
+    })?;
+    assert!(
+        err.contains(norm) && err.contains("before") && !err.contains("past the end"),
+        "{err}"
+    );
+
     // The embedding table is [256, 64] of bf16: 32768 bytes; its header claims 16.
     let embed = "model.embed_tokens.weight";
     let err = load_with_header("short-range", |t| {
@@ -224,6 +234,110 @@ fn overlapping_byte_ranges_are_errors_naming_both_tensors() -> Result<(), Device
     assert!(
         err.contains(norm) && err.contains(first) && err.contains("overlap"),
         "{err}"
+    );
+    Ok(())
+}
+
+/// The header text of `dir/model.safetensors` (with the spaces that pad it) and the bytes
+/// after it.
+fn read_raw(dir: &Path) -> (String, Vec<u8>) {
+    let bytes = std::fs::read(dir.join("model.safetensors")).expect("the written checkpoint");
+    let len = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes")) as usize;
+    let header = String::from_utf8(bytes[8..8 + len].to_vec()).expect("a JSON header");
+    (header, bytes[8 + len..].to_vec())
+}
+
+/// Writes `dir/model.safetensors` as the header length `len`, the text `header` as it is
+/// (names may repeat in it) and `data`.
+fn write_raw(dir: &Path, len: u64, header: &str, data: &[u8]) {
+    let mut out = len.to_le_bytes().to_vec();
+    out.extend_from_slice(header.as_bytes());
+    out.extend_from_slice(data);
+    std::fs::write(dir.join("model.safetensors"), out).expect("rewrite the checkpoint");
+}
+
+/// Writes the tiny checkpoint, rewrites its `model.safetensors` with `edit` (of its header
+/// text and data, returning the header length to write) and loads it; the load must fail,
+/// and its message is returned.
+fn load_raw(
+    name: &str,
+    edit: impl FnOnce(&mut String, &mut Vec<u8>) -> u64,
+) -> Result<String, DeviceError> {
+    let cfg = LlamaConfig::tiny();
+    let dir = temp_dir(name);
+    write_checkpoint(&dir, &cfg, &synthetic_tensors(&cfg, 1, WeightDtype::Bf16)?)?;
+    let (mut header, mut data) = read_raw(&dir);
+    let len = edit(&mut header, &mut data);
+    write_raw(&dir, len, &header, &data);
+    let result = Llama::load(&Device::auto()?, &dir);
+    std::fs::remove_dir_all(&dir).ok();
+    Ok(result
+        .expect_err("the corrupt checkpoint must not load")
+        .to_string())
+}
+
+/// A header that lists a tensor twice (JSON leaves repeated keys to the reader) is an error
+/// naming it, not a load of whichever entry the reader keeps: here the second entry of the
+/// final norm points at zeros appended to the data.
+#[test]
+fn a_tensor_listed_twice_in_one_header_is_an_error() -> Result<(), DeviceError> {
+    let norm = "model.norm.weight";
+    let err = load_raw("listed-twice", |header, data| {
+        let begin = data.len();
+        data.resize(begin + 128, 0);
+        let json = header.trim_end().strip_suffix('}').expect("a JSON object");
+        let entry = serde_json::json!({
+            "dtype": "BF16", "shape": [64], "data_offsets": [begin, begin + 128]
+        });
+        *header = format!("{json},\"{norm}\":{entry}}}");
+        header.len() as u64
+    })?;
+    assert!(
+        err.contains(norm) && err.contains("model.safetensors") && err.contains("twice"),
+        "{err}"
+    );
+    Ok(())
+}
+
+/// Every byte of a safetensors file's data belongs to one tensor, as the format requires: a
+/// header length that ends inside the spaces padding the header (which shifts every tensor
+/// by a byte), bytes after the last tensor, and bytes no tensor holds between two are errors
+/// naming the file, not a model read from the wrong bytes.
+#[test]
+fn bytes_no_tensor_holds_are_an_error() -> Result<(), DeviceError> {
+    let file = "model.safetensors";
+    let shifted = load_raw("shifted", |header, _| {
+        header.push_str("   ");
+        header.len() as u64 - 1
+    })?;
+    assert!(
+        shifted.contains(file) && shifted.contains("no tensor"),
+        "{shifted}"
+    );
+
+    let appended = load_raw("appended", |header, data| {
+        data.extend_from_slice(&[0; 7]);
+        header.len() as u64
+    })?;
+    assert!(
+        appended.contains(file) && appended.contains("no tensor"),
+        "{appended}"
+    );
+
+    // The final norm moved to bytes after the others: its old bytes are held by none.
+    let norm = "model.norm.weight";
+    let hole = load_raw("hole", |header, data| {
+        let mut table: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_str(header).expect("a JSON header");
+        let begin = data.len();
+        data.resize(begin + 128, 0);
+        table[norm]["data_offsets"] = serde_json::json!([begin, begin + 128]);
+        *header = serde_json::to_string(&table).expect("JSON");
+        header.len() as u64
+    })?;
+    assert!(
+        hole.contains(file) && hole.contains("no tensor") && hole.contains(norm),
+        "{hole}"
     );
     Ok(())
 }

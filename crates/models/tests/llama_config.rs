@@ -1,12 +1,12 @@
 //! `config.json` as Hugging Face writes it: `rope_scaling` blocks re-saved with both spellings
-//! of their type, Llama 3 scaling without its required fields, and constants that are not
-//! finite or out of range are errors naming the field; helpers given an unsupported config
-//! return its error instead of panicking.
+//! of their type, Llama 3 scaling without its required fields, constants that are not finite
+//! or out of range, and values of the wrong JSON type are errors naming the field; helpers
+//! given an unsupported config return its error instead of panicking.
 
 use std::path::PathBuf;
 
 use cuflow_models::llama::testing::{synthetic_tensors, write_tiny_checkpoint, WeightDtype};
-use cuflow_models::llama::{LlamaConfig, RopeScaling};
+use cuflow_models::llama::{Llama, LlamaConfig, RopeScaling};
 use cuflow_runtime::DeviceError;
 
 /// The tiny config's JSON with its `rope_scaling` block replaced by `scaling`.
@@ -143,6 +143,56 @@ fn constants_out_of_range_are_errors_naming_the_field() {
         let err = cfg.validate().expect_err(field).to_string();
         assert!(err.contains(field), "{field}: {err}");
     }
+}
+
+/// Fields whose JSON value is of a type the field cannot take (a size written as a string, an
+/// array or a float, a flag as a number, a `rope_scaling` block as a string), or a value JSON
+/// does not have (`NaN` and `Infinity`, as Python's `json` module writes them), are errors
+/// naming the field, whatever the layout of the file.
+#[test]
+fn fields_of_the_wrong_type_are_errors_naming_them() -> Result<(), DeviceError> {
+    let tiny = serde_json::to_value(LlamaConfig::tiny()).expect("json");
+    let cases = [
+        ("hidden_size", serde_json::json!("64")),
+        ("vocab_size", serde_json::json!([256])),
+        ("num_hidden_layers", serde_json::json!(2.0)),
+        ("head_dim", serde_json::json!({"value": 16})),
+        ("rope_theta", serde_json::json!("NaN")),
+        ("tie_word_embeddings", serde_json::json!(0)),
+        ("attention_bias", serde_json::json!("no")),
+        ("hidden_act", serde_json::json!(1)),
+        ("rope_scaling", serde_json::json!("llama3")),
+    ];
+    let dir = temp_dir("wrong-type");
+    write_tiny_checkpoint(&dir, &LlamaConfig::tiny(), 1)?;
+    let config = dir.join("config.json");
+    let device = cuflow_runtime::Device::auto()?;
+    for (field, value) in cases {
+        let mut json = tiny.clone();
+        json[field] = value.clone();
+        for text in [
+            json.to_string(),
+            serde_json::to_string_pretty(&json).expect("json"),
+        ] {
+            std::fs::write(&config, text).map_err(|e| DeviceError::usage(e.to_string()))?;
+            let err = Llama::load(&device, &dir).expect_err(field).to_string();
+            assert!(
+                err.contains(&format!("`{field}`")) && err.contains("config.json"),
+                "{field} = {value}: {err}"
+            );
+        }
+    }
+    for token in ["NaN", "Infinity", "-Infinity"] {
+        let text = tiny.to_string().replace("500000.0", token);
+        std::fs::write(&config, text).map_err(|e| DeviceError::usage(e.to_string()))?;
+        let err = Llama::load(&device, &dir).expect_err(token).to_string();
+        assert!(
+            err.contains("rope_theta") && err.contains(token),
+            "rope_theta = {token}: {err}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).ok();
+    Ok(())
 }
 
 fn temp_dir(name: &str) -> PathBuf {

@@ -2,6 +2,14 @@
 //! the `safetensors` crate's own types, each tensor's dtype, shape and byte range checked
 //! against its file, and the checks of the whole index (tensors the model never reads, a tied
 //! head that differs from the embeddings). [`super::loader`] reads the bytes.
+//!
+//! A file is held to the format as the `safetensors` crate holds it: each tensor is listed
+//! once, its bytes are as many as its shape and dtype need, and the tensors' byte ranges tile
+//! the data after the header (no byte in two tensors, none in no tensor). A header length
+//! that is off by a few bytes, an edited range or bytes appended to the file are found so,
+//! rather than read as a model made of the wrong bytes. Bytes of no tensor are refused with
+//! the checks of the whole index, after the tensors the model reads have been looked up, so
+//! that a tensor dropped from a header is named as missing, not as bytes of no tensor.
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
@@ -11,6 +19,7 @@ use std::path::{Path, PathBuf};
 use cuflow_runtime::DeviceError;
 use safetensors::tensor::TensorInfo;
 use safetensors::Dtype;
+use serde::de::{Deserialize, Deserializer, Error as _, MapAccess, Visitor};
 
 use super::files::{io_error, open_regular};
 
@@ -31,6 +40,8 @@ pub(crate) struct Checkpoint {
     pub(super) dir: PathBuf,
     pub(super) files: Vec<PathBuf>,
     pub(super) entries: HashMap<String, Entry>,
+    /// The first run of bytes that no tensor of its file holds, described, if any.
+    unheld: Option<String>,
 }
 
 impl Checkpoint {
@@ -50,6 +61,7 @@ impl Checkpoint {
             )));
         }
         let mut entries = HashMap::new();
+        let mut unheld = None;
         for (index, path) in files.iter().enumerate() {
             let mut file = open_regular(path)?;
             let file_len = file
@@ -70,13 +82,12 @@ impl Checkpoint {
             let mut header = vec![0u8; header_len as usize];
             file.read_exact(&mut header)
                 .map_err(|e| io_error(path, "read the header of", e))?;
-            let table: HashMap<String, serde_json::Value> = serde_json::from_slice(&header)
-                .map_err(|e| {
-                    DeviceError::usage(format!(
-                        "{} has an unreadable safetensors header: {e}",
-                        path.display()
-                    ))
-                })?;
+            let HeaderEntries(table) = serde_json::from_slice(&header).map_err(|e| {
+                DeviceError::usage(format!(
+                    "{} has an unreadable safetensors header: {e}",
+                    path.display()
+                ))
+            })?;
             let data_start = 8 + header_len;
             let mut ranges = Vec::with_capacity(table.len());
             for (name, value) in table {
@@ -90,17 +101,25 @@ impl Checkpoint {
                     ))
                 })?;
                 let (begin, end) = info.data_offsets;
+                if end < begin {
+                    return Err(DeviceError::usage(format!(
+                        "{}: tensor `{name}` claims bytes {begin}..{end}, which end before they \
+                         begin (a corrupt or edited header?)",
+                        path.display()
+                    )));
+                }
                 let past_the_end = u64::try_from(end)
                     .ok()
                     .and_then(|end| data_start.checked_add(end))
                     .is_none_or(|last| last > file_len);
-                if end < begin || past_the_end {
+                if past_the_end {
                     return Err(DeviceError::usage(format!(
                         "{}: tensor `{name}` claims bytes {begin}..{end} past the end of the \
                          file (truncated download?)",
                         path.display()
                     )));
                 }
+                ensure_size(path, &name, &info)?;
                 if let Some(earlier) = entries.get(&name).and_then(|e: &Entry| files.get(e.file)) {
                     return Err(DeviceError::usage(format!(
                         "tensor `{name}` is in both {} and {}; a checkpoint folder holds each \
@@ -121,20 +140,23 @@ impl Checkpoint {
                     },
                 );
             }
-            ensure_disjoint(path, ranges)?;
+            let bytes_of_none = unheld_bytes(path, file_len - data_start, ranges)?;
+            unheld = unheld.or(bytes_of_none);
         }
         Ok(Checkpoint {
             dir: dir.to_path_buf(),
             files,
             entries,
+            unheld,
         })
     }
 
-    /// Refuses a checkpoint holding tensors that the model does not read: `read` names every
-    /// tensor it reads (whole, or a slice of it under tensor parallelism), and `tied` says
-    /// whether the embedding table is the head. Allowed besides: the rotary tables
-    /// (`*.rotary_emb.inv_freq`) that older checkpoints carry and the model computes itself,
-    /// and, when the embeddings are tied, an `lm_head.weight` that is the embedding table.
+    /// Refuses a checkpoint holding tensors that the model does not read, or bytes that no
+    /// tensor holds: `read` names every tensor it reads (whole, or a slice of it under tensor
+    /// parallelism), and `tied` says whether the embedding table is the head. Allowed besides:
+    /// the rotary tables (`*.rotary_emb.inv_freq`) that older checkpoints carry and the model
+    /// computes itself, and, when the embeddings are tied, an `lm_head.weight` that is the
+    /// embedding table.
     pub(crate) fn ensure_all_read(
         &self,
         read: &HashSet<String>,
@@ -150,7 +172,10 @@ impl Checkpoint {
             unread.retain(|n| *n != "lm_head.weight");
         }
         if unread.is_empty() {
-            return Ok(());
+            return match &self.unheld {
+                Some(unheld) => Err(DeviceError::usage(unheld.clone())),
+                None => Ok(()),
+            };
         }
         unread.sort();
         let shown: Vec<String> = unread
@@ -233,18 +258,90 @@ impl Checkpoint {
     }
 }
 
-/// Refuses tensors of the file `path` whose byte ranges (`begin..end`, tensor name) overlap:
-/// each tensor is its own bytes.
-fn ensure_disjoint(
+/// The entries of a safetensors header in the file's order, a name listed twice refused:
+/// JSON leaves repeated keys to the reader, and a map would keep one of them silently.
+struct HeaderEntries(Vec<(String, serde_json::Value)>);
+
+impl<'de> Deserialize<'de> for HeaderEntries {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Entries;
+        impl<'de> Visitor<'de> for Entries {
+            type Value = HeaderEntries;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object of tensor entries")
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<HeaderEntries, A::Error> {
+                let mut seen = HashSet::new();
+                let mut entries = Vec::new();
+                while let Some((name, value)) = map.next_entry::<String, serde_json::Value>()? {
+                    if !seen.insert(name.clone()) {
+                        return Err(A::Error::custom(format!(
+                            "tensor `{name}` is listed twice; a header lists each tensor once"
+                        )));
+                    }
+                    entries.push((name, value));
+                }
+                Ok(HeaderEntries(entries))
+            }
+        }
+        deserializer.deserialize_map(Entries)
+    }
+}
+
+/// Refuses the entry `info` of tensor `name` of the file `path` when its byte range is not as
+/// long as its shape and dtype need.
+fn ensure_size(path: &Path, name: &str, info: &TensorInfo) -> Result<(), DeviceError> {
+    let (begin, end) = info.data_offsets;
+    let bits = info
+        .shape
+        .iter()
+        .try_fold(info.dtype.bitsize(), |n, &d| n.checked_mul(d));
+    let held = (end - begin).checked_mul(8);
+    if bits.is_some() && bits == held {
+        return Ok(());
+    }
+    let needed = match bits {
+        Some(b) if b % 8 == 0 => format!("{} bytes", b / 8),
+        Some(b) => format!("{b} bits"),
+        None => "more than the address space".into(),
+    };
+    Err(DeviceError::usage(format!(
+        "{}: tensor `{name}` holds {} bytes, but its shape {:?} of {:?} needs {needed}; the \
+         file is corrupt (a truncated or edited download?)",
+        path.display(),
+        end - begin,
+        info.shape,
+        info.dtype
+    )))
+}
+
+/// Checks that the tensors' byte ranges (`begin..end`, tensor name) of the file `path` tile its
+/// `data_len` bytes of data: two tensors that overlap are an error; bytes before, between or
+/// after them that no tensor holds are returned, described, for
+/// [`Checkpoint::ensure_all_read`] to refuse. Empty tensors hold no bytes, wherever they
+/// claim them.
+fn unheld_bytes(
     path: &Path,
+    data_len: u64,
     mut ranges: Vec<(usize, usize, String)>,
-) -> Result<(), DeviceError> {
-    // Empty tensors hold no bytes, wherever they claim them.
+) -> Result<Option<String>, DeviceError> {
     ranges.retain(|(begin, end, _)| begin < end);
     ranges.sort();
-    let mut furthest: Option<&(usize, usize, String)> = None;
+    let unheld = |from: usize, to: u64, around: String| {
+        format!(
+            "{}: bytes {from}..{to} of its data are in no tensor ({around}); the tensors of a \
+             safetensors file hold every byte after its header (a wrong header length, an \
+             edited header or bytes appended to the file?)",
+            path.display()
+        )
+    };
+    let mut first_unheld = None;
+    let mut previous: Option<&(usize, usize, String)> = None;
     for range in &ranges {
-        if let Some(prev) = furthest.filter(|prev| range.0 < prev.1) {
+        let end = previous.map_or(0, |p| p.1);
+        if let Some(prev) = previous.filter(|prev| range.0 < prev.1) {
             return Err(DeviceError::usage(format!(
                 "{}: tensors `{}` (bytes {}..{}) and `{}` (bytes {}..{}) overlap; each tensor \
                  of a safetensors file has bytes of its own (a corrupt or edited header?)",
@@ -257,9 +354,21 @@ fn ensure_disjoint(
                 range.1
             )));
         }
-        if furthest.is_none_or(|prev| range.1 > prev.1) {
-            furthest = Some(range);
+        if range.0 > end && first_unheld.is_none() {
+            let around = match previous {
+                Some(prev) => format!("between `{}` and `{}`", prev.2, range.2),
+                None => format!("before `{}`", range.2),
+            };
+            first_unheld = Some(unheld(end, range.0 as u64, around));
         }
+        previous = Some(range);
     }
-    Ok(())
+    let end = previous.map_or(0, |p| p.1);
+    if (end as u64) < data_len && first_unheld.is_none() {
+        let around = previous.map_or("the header lists no tensor".into(), |p| {
+            format!("after `{}`", p.2)
+        });
+        first_unheld = Some(unheld(end, data_len, around));
+    }
+    Ok(first_unheld)
 }

@@ -7,6 +7,7 @@ use std::path::Path;
 use cuflow_runtime::DeviceError;
 use serde::{Deserialize, Serialize};
 
+use super::config_json::parse_config;
 use super::files::read_config;
 
 /// Llama 3 frequency scaling of rotary embeddings (`rope_scaling` in `config.json`).
@@ -137,46 +138,6 @@ impl TryFrom<RopeScalingFields> for RopeScaling {
             },
         };
         Ok(scaling)
-    }
-}
-
-/// The `config.json` fields that say which architecture a checkpoint is, or turn on Llama
-/// features this model does not compute: [`LlamaConfig::from_file`] refuses a checkpoint
-/// whose weights it would read only in part.
-#[derive(Deserialize)]
-struct ArchitectureFields {
-    model_type: Option<String>,
-    attention_bias: Option<bool>,
-    mlp_bias: Option<bool>,
-    hidden_act: Option<String>,
-}
-
-impl ArchitectureFields {
-    /// Why a checkpoint with these fields is not one this model computes, if it is not.
-    fn unsupported(&self) -> Option<String> {
-        if let Some(t) = self.model_type.as_deref().filter(|t| *t != "llama") {
-            return Some(format!(
-                "model_type {t:?} is not \"llama\"; only Llama checkpoints load (other \
-                 architectures have biases, norms or activations this model does not compute)"
-            ));
-        }
-        for (field, on) in [
-            ("attention_bias", self.attention_bias),
-            ("mlp_bias", self.mlp_bias),
-        ] {
-            if on == Some(true) {
-                return Some(format!(
-                    "{field} is true; this model has no bias terms, and would ignore the \
-                     checkpoint's"
-                ));
-            }
-        }
-        if let Some(act) = self.hidden_act.as_deref().filter(|a| *a != "silu") {
-            return Some(format!(
-                "hidden_act {act:?} is not \"silu\"; the MLP computes SwiGLU only"
-            ));
-        }
-        None
     }
 }
 
@@ -347,7 +308,8 @@ impl LlamaConfig {
     /// # Errors
     ///
     /// [`DeviceError::Usage`] naming the file when it is not a regular file, is larger than
-    /// 16 MiB or cannot be read, is not valid JSON with the fields above, is the config of
+    /// 16 MiB or cannot be read, is not valid JSON with the fields above (naming the field
+    /// whose value is of another type, or quoting the text that is not JSON), is the config of
     /// another architecture (`model_type`, `attention_bias`, `mlp_bias`, `hidden_act`), or
     /// describes an unsupported model.
     pub fn from_file(path: &Path) -> Result<LlamaConfig, DeviceError> {
@@ -356,18 +318,7 @@ impl LlamaConfig {
                 "{e}; a checkpoint folder holds config.json beside its *.safetensors files"
             ))
         })?;
-        let not_llama = |e: serde_json::Error| {
-            DeviceError::usage(format!(
-                "{} is not a Llama config.json: {e}; it needs hidden_size, \
-                 intermediate_size, num_hidden_layers, num_attention_heads and vocab_size",
-                path.display()
-            ))
-        };
-        let architecture: ArchitectureFields = serde_json::from_slice(&bytes).map_err(not_llama)?;
-        if let Some(why) = architecture.unsupported() {
-            return Err(DeviceError::usage(format!("{}: {why}", path.display())));
-        }
-        let cfg: LlamaConfig = serde_json::from_slice(&bytes).map_err(not_llama)?;
+        let cfg = parse_config(path, &bytes)?;
         cfg.validate()
             .map_err(|e| DeviceError::usage(format!("{}: {e}", path.display())))?;
         Ok(cfg)

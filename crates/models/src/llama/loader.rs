@@ -9,7 +9,9 @@
 //! read; a tensor's last chunk, or a tensor smaller than a chunk, fills the first elements of
 //! a buffer. The file's header is parsed with the `safetensors` crate's own types, and every
 //! tensor's shape, dtype and byte range are checked against the config before anything is
-//! copied.
+//! copied. The staging buffers are allocated as the first chunks are read, after those
+//! checks, and hold a chunk or the largest tensor, whichever is smaller: a load refused by
+//! the checks allocates no pinned memory, and a small model only as much as it reads.
 //!
 //! One thread copying out of the page cache moves a few GB/s, a tenth of what a pinned
 //! host-to-device copy moves, so a large read is split into parts of at least
@@ -40,7 +42,7 @@ use super::files::{io_error, open_regular};
 use super::tensor_parallel::Split;
 use super::testing::CheckpointTensor;
 
-/// Elements of one staging chunk (16 MiB of `bf16`).
+/// The most elements of one staging chunk (16 MiB of `bf16`).
 const CHUNK: usize = 8 << 20;
 
 /// Pinned staging buffers of a [`Stager`]: the next chunks are read while the earlier ones
@@ -214,12 +216,14 @@ pub(crate) struct Stager<'a> {
     source: Source<'a>,
     /// This rank's slices under tensor parallelism; `None` reads whole tensors.
     split: Option<Split>,
-    /// Elements of a staging buffer.
+    /// Elements of a staging buffer: at most the largest tensor [`Stager::check_all`] saw.
     chunk: usize,
     /// The fewest bytes a reading or converting thread is given.
     part_bytes: usize,
     /// The threads that read and convert chunks in parts; `None` does it on this thread.
     readers: Option<rayon::ThreadPool>,
+    /// Staging buffers allocated so far (at most [`STAGING_BUFFERS`]).
+    staged: usize,
     free: Vec<PinnedBuffer<bf16>>,
     in_flight: VecDeque<PinnedTransfer<bf16>>,
     open_files: HashMap<usize, File>,
@@ -247,24 +251,22 @@ impl<'a> Stager<'a> {
         Stager::with_chunk(stream, source, split, CHUNK)
     }
 
-    /// As [`Stager::new`], staging `chunk` elements at a time.
+    /// As [`Stager::new`], staging at most `chunk` elements at a time.
     fn with_chunk(
         stream: &'a Stream,
         source: Source<'a>,
         split: Option<Split>,
         chunk: usize,
     ) -> Result<Self, DeviceError> {
-        let free = (0..STAGING_BUFFERS)
-            .map(|_| PinnedBuffer::new(stream.device(), chunk))
-            .collect::<Result<_, _>>()?;
         Ok(Stager {
             stream,
             source,
             split,
-            chunk,
+            chunk: chunk.max(1),
             part_bytes: PART_BYTES,
             readers: readers(read_threads()),
-            free,
+            staged: 0,
+            free: Vec::new(),
             in_flight: VecDeque::new(),
             open_files: HashMap::new(),
             raw: Vec::new(),
@@ -283,14 +285,18 @@ impl<'a> Stager<'a> {
     /// as [`Stager::read`] will read them, and that a checkpoint holds no tensor besides them
     /// (see [`Checkpoint::ensure_all_read`]; `tied` says whether the embeddings are the head):
     /// a load finds a missing, misshapen, corrupt or unread tensor before it allocates
-    /// anything.
+    /// anything. The staging buffers, allocated by the reads after it, then hold at most the
+    /// largest of `tensors`.
     pub(crate) fn check_all(
-        &self,
+        &mut self,
         tensors: impl IntoIterator<Item = (String, Vec<usize>)>,
         tied: bool,
     ) -> Result<(), DeviceError> {
         let mut read = HashSet::new();
+        let mut largest = 1;
         for (name, shape) in tensors {
+            let elements = shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
+            largest = largest.max(elements.unwrap_or(usize::MAX));
             let full = match &self.split {
                 Some(split) => split.part(&name, &shape).0,
                 None => shape,
@@ -299,9 +305,11 @@ impl<'a> Stager<'a> {
             read.insert(name);
         }
         match &self.source {
-            Source::Files(c) => c.ensure_all_read(&read, tied),
-            Source::Memory(_) => Ok(()),
+            Source::Files(c) => c.ensure_all_read(&read, tied)?,
+            Source::Memory(_) => {}
         }
+        self.chunk = self.chunk.min(largest);
+        Ok(())
     }
 
     /// Checks tensor `name` against `shape`, and its bytes against its shape and dtype, and
@@ -504,6 +512,11 @@ impl<'a> Stager<'a> {
             let end = (start + self.chunk).min(len);
             let mut pinned = match self.free.pop() {
                 Some(p) => p,
+                None if self.staged < STAGING_BUFFERS => {
+                    let p = PinnedBuffer::new(self.stream.device(), self.chunk)?;
+                    self.staged += 1;
+                    p
+                }
                 None => match self.in_flight.pop_front() {
                     Some(t) => t.wait()?,
                     None => return Err(DeviceError::internal("no staging buffer")),
@@ -718,6 +731,37 @@ mod tests {
             Err(7),
             "a part that panics is the error the caller names"
         );
+    }
+
+    /// The staging buffers are allocated by the reads, not before the checks: a check that
+    /// fails leaves none, and a checkpoint of tensors smaller than a chunk stages its largest
+    /// tensor's elements at a time, in as many buffers as its reads need, at most
+    /// [`STAGING_BUFFERS`].
+    #[test]
+    fn staging_buffers_come_after_the_checks_and_fit_the_tensors() -> Result<(), DeviceError> {
+        let stream = Device::auto()?.new_stream()?;
+        let map: HashMap<String, CheckpointTensor> = tensors(WeightDtype::Bf16)
+            .into_iter()
+            .chain([tensor("model.norm.weight", 1, 5, WeightDtype::Bf16)])
+            .map(|t| (t.name.clone(), t))
+            .collect();
+        let mut stager = Stager::new(&stream, Source::Memory(&map), None)?;
+        let missing = [("model.layers.9.mlp.up_proj.weight".to_string(), vec![6, 12])];
+        assert!(stager.check_all(missing, false).is_err());
+        assert_eq!((stager.staged, stager.chunk), (0, CHUNK));
+        let all = [("model.norm.weight".to_string(), vec![1, 5])]
+            .into_iter()
+            .chain(NAMES.iter().map(|(n, _)| (n.to_string(), vec![6, 12])));
+        stager.check_all(all, false)?;
+        assert_eq!((stager.staged, stager.chunk), (0, 72));
+        for (name, _) in NAMES {
+            let dst = DeviceBuffer::<bf16>::zeroed(&stream, 72)?;
+            stager.read(name, &[6, 12], dst.view())?;
+        }
+        stager.finish()?;
+        assert!((1..=STAGING_BUFFERS).contains(&stager.staged));
+        assert!(stager.free.iter().all(|p| p.len() == 72));
+        Ok(())
     }
 
     #[test]

@@ -37,6 +37,7 @@
 
 mod checkpoint;
 mod config;
+mod config_json;
 mod files;
 mod loader;
 mod model;
