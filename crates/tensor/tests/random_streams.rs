@@ -7,11 +7,14 @@
 //! program is held to a float64 model of its buffers, read back part-way and at its end; an
 //! op the model says is invalid (a user kernel's input in the buffer it writes, a copy
 //! between overlapping rows of one buffer) must fail at once with a clear error and leave the
-//! buffers as they were. Three threads run programs
-//! at once on the same streams. Half the programs also capture a graph that writes two of
-//! their buffers in place, and replay it on any of the streams between the eager ops, which
-//! must order replays like any other access. `CUFLOW_RANDOM_STREAMS=N` runs N times as many
-//! programs.
+//! buffers as they were. Three threads run programs at once on the same streams. Half the
+//! programs also capture a graph that writes two of their buffers in place, and replay it on
+//! any of the streams between the eager ops, which must order replays like any other access.
+//!
+//! A second test spreads the programs over two devices: tensors move between them
+//! (`to_device`, enqueued on a stream of either), and an op enqueued on a stream of another
+//! device than one of its tensors must fail at once with a device mismatch.
+//! `CUFLOW_RANDOM_STREAMS=N` runs N times as many programs.
 
 use std::sync::{Arc, OnceLock};
 
@@ -19,9 +22,9 @@ use cuflow_device_op::{enqueue_on, DeviceError, DeviceOp, DeviceOpExt};
 use cuflow_graph_capture::{CudaGraph, GraphCaptureExt};
 use cuflow_runtime::{Device, Kernel, Stream};
 use cuflow_scheduler::{SchedulingPolicy, SingleStream};
-use cuflow_tensor::{api, kernels, Launch, PartitionExt, Tensor};
+use cuflow_tensor::{api, kernels, Launch, PartitionExt, Tensor, ToDeviceExt};
 use cuflow_testing::{
-    device::{device, new_streams},
+    device::{device, new_streams, two_devices},
     kernels::host_spin_duration,
     policies::RandomPlacement,
     rng::{scale_from_env, seeded_rng},
@@ -99,6 +102,35 @@ enum Step {
     Check(usize),
     /// One replay of the program's graph (see [`Graph`]), or a check where it has none.
     Replay,
+    /// `t[d] = t[s].to_device(devices[to])`.
+    Move(usize, usize, usize),
+}
+
+impl Step {
+    /// The tensors the step reads or writes on the executing stream's device, which must be
+    /// theirs.
+    fn operands(&self) -> Vec<usize> {
+        match *self {
+            Step::Scale(_, s, _) | Step::Transpose(_, s) => vec![s],
+            Step::Add(_, a, b) | Step::Matmul(_, a, b, _) => vec![a, b],
+            Step::Saxpy(d, s, _) | Step::SpinAffine(d, s, ..) | Step::Memcpy { d, s, .. } => {
+                vec![d, s]
+            }
+            Step::Fresh(..) | Step::Clone(..) | Step::Check(_) | Step::Replay | Step::Move(..) => {
+                vec![]
+            }
+        }
+    }
+}
+
+/// What the model says of a step run on a stream of a given device.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Outcome {
+    Valid,
+    /// Two arguments overlap in the buffer the step writes.
+    Overlap,
+    /// A tensor (or the graph) is on another device than the executing stream.
+    Mismatch,
 }
 
 /// What a program's graph does, captured over the buffers of its first two tensors, `a` and
@@ -111,12 +143,13 @@ struct Graph {
     bias: f32,
 }
 
-/// The float64 model of a program: the elements of each buffer, and which buffer each
-/// tensor is a view of.
+/// The float64 model of a program: the elements of each buffer and the device it is on,
+/// and which buffer each tensor is a view of.
 #[derive(Clone, Debug)]
 struct Model {
     n: usize,
     buffers: Vec<Vec<f64>>,
+    on: Vec<usize>,
     vars: [usize; VARS],
     graph: Option<Graph>,
 }
@@ -126,24 +159,41 @@ impl Model {
         &self.buffers[self.vars[v]]
     }
 
-    fn fresh(&mut self, d: usize, data: Vec<f64>) {
+    fn fresh(&mut self, d: usize, data: Vec<f64>, device: usize) {
         self.buffers.push(data);
+        self.on.push(device);
         self.vars[d] = self.buffers.len() - 1;
+    }
+
+    /// The device tensor `v` is on.
+    fn device_of(&self, v: usize) -> usize {
+        self.on[self.vars[v]]
     }
 
     fn same_buffer(&self, a: usize, b: usize) -> bool {
         self.vars[a] == self.vars[b]
     }
 
-    /// Applies `step`; `false` when the step is invalid (and changes nothing).
-    fn apply(&mut self, step: &Step) -> bool {
+    /// Applies `step`, run on a stream of device `device`; an invalid step changes nothing.
+    fn apply(&mut self, step: &Step, device: usize) -> Outcome {
         let n = self.n;
+        let graph_elsewhere =
+            matches!(step, Step::Replay) && self.graph.is_some_and(|g| self.on[g.a] != device);
+        if graph_elsewhere || step.operands().iter().any(|&v| self.device_of(v) != device) {
+            return Outcome::Mismatch;
+        }
         match *step {
-            Step::Fresh(d, ref values) => self.fresh(d, values.iter().map(|&v| v.into()).collect()),
+            Step::Fresh(d, ref values) => {
+                self.fresh(d, values.iter().map(|&v| v.into()).collect(), device)
+            }
+            Step::Move(d, s, to) => {
+                let data = self.var(s).to_vec();
+                self.fresh(d, data, to);
+            }
             Step::Clone(d, s) => self.vars[d] = self.vars[s],
             Step::Scale(d, s, a) => {
                 let out = self.var(s).iter().map(|x| x * f64::from(a)).collect();
-                self.fresh(d, out);
+                self.fresh(d, out, device);
             }
             Step::Add(d, a, b) => {
                 let out = self
@@ -152,7 +202,7 @@ impl Model {
                     .zip(self.var(b))
                     .map(|(x, y)| x + y)
                     .collect();
-                self.fresh(d, out);
+                self.fresh(d, out, device);
             }
             Step::Matmul(d, a, b, c) => {
                 let (x, y) = (self.var(a), self.var(b));
@@ -163,7 +213,7 @@ impl Model {
                         out[i * n + j] = dot * f64::from(c);
                     }
                 }
-                self.fresh(d, out);
+                self.fresh(d, out, device);
             }
             // The transpose of a `[1, 1]` tensor is contiguous already: `contiguous` gives
             // the view itself, on the same buffer.
@@ -171,7 +221,7 @@ impl Model {
             Step::Transpose(d, s) => {
                 let x = self.var(s);
                 let out = (0..n * n).map(|k| x[(k % n) * n + k / n]).collect();
-                self.fresh(d, out);
+                self.fresh(d, out, device);
             }
             Step::Saxpy(d, s, a) => {
                 // An `x` in the output's buffer is read as it was before the op.
@@ -182,7 +232,7 @@ impl Model {
             }
             Step::SpinAffine(d, s, a, b) => {
                 if self.same_buffer(d, s) {
-                    return false;
+                    return Outcome::Overlap;
                 }
                 let x = self.var(s).to_vec();
                 for (o, x) in self.buffers[self.vars[d]].iter_mut().zip(x) {
@@ -191,7 +241,7 @@ impl Model {
             }
             Step::Memcpy { d, dr, s, sr, k } => {
                 if self.same_buffer(d, s) && dr != sr && dr < sr + k && sr < dr + k {
-                    return false;
+                    return Outcome::Overlap;
                 }
                 let rows = self.var(s)[sr * n..(sr + k) * n].to_vec();
                 let buffer = self.vars[d];
@@ -211,7 +261,7 @@ impl Model {
                 }
             }
         }
-        true
+        Outcome::Valid
     }
 }
 
@@ -221,10 +271,10 @@ fn values(rng: &mut StdRng, n: usize) -> Vec<f32> {
     (0..n * n).map(|_| rng.gen_range(-4i8..=4).into()).collect()
 }
 
-fn draw(rng: &mut StdRng, n: usize) -> Step {
+fn draw(rng: &mut StdRng, n: usize, devices: usize) -> Step {
     let var = |rng: &mut StdRng| rng.gen_range(0..VARS);
     let factor = |rng: &mut StdRng| [-1.0, 0.5, 2.0, 3.0][rng.gen_range(0..4)];
-    match rng.gen_range(0..21) {
+    match rng.gen_range(0..22) {
         0 => Step::Fresh(var(rng), values(rng, n)),
         1 | 2 => Step::Clone(var(rng), var(rng)),
         3 | 4 => Step::Scale(var(rng), var(rng), factor(rng)),
@@ -249,6 +299,7 @@ fn draw(rng: &mut StdRng, n: usize) -> Step {
             }
         }
         18 => Step::Replay,
+        19 if devices > 1 => Step::Move(var(rng), var(rng), rng.gen_range(0..devices)),
         _ => Step::Check(var(rng)),
     }
 }
@@ -281,6 +332,7 @@ fn enqueue<O: DeviceOp>(
 fn run_step(
     step: &Step,
     t: &mut [Tensor<f32>; VARS],
+    devices: &[Device],
     graph: Option<&CudaGraph<()>>,
     n: usize,
     stream: &Stream,
@@ -291,6 +343,7 @@ fn run_step(
             t[d] = enqueue(api::from_slice(values, &[n, n]), stream, policy)?
         }
         Step::Clone(d, s) => t[d] = t[s].clone(),
+        Step::Move(d, s, to) => t[d] = enqueue((&t[s]).to_device(&devices[to]), stream, policy)?,
         Step::Scale(d, s, a) => t[d] = enqueue(kernels::scale(&t[s], a), stream, policy)?,
         Step::Add(d, a, b) => t[d] = enqueue(kernels::add(&t[a], &t[b]), stream, policy)?,
         Step::Matmul(d, a, b, c) => {
@@ -334,35 +387,62 @@ fn run_step(
     Ok(())
 }
 
-/// The error an invalid step must give: its arguments overlap in the buffer it writes.
-fn assert_refused(what: &str, step: &Step, got: Result<(), DeviceError>) {
-    match got {
-        Ok(()) => panic!("{what}: succeeded, but its arguments overlap in the buffer it writes"),
-        Err(DeviceError::InvalidShape { .. } | DeviceError::InvalidArgument { .. }) => {}
-        Err(e) => panic!("{what}: {step:?} must be refused as overlapping, got {e:?}"),
+/// The error an invalid step must give: an overlap of its arguments in the buffer it writes
+/// is an invalid shape or argument, a tensor of another device a device mismatch.
+fn assert_refused(what: &str, outcome: Outcome, got: Result<(), DeviceError>) {
+    match (outcome, got) {
+        (_, Ok(())) => panic!("{what}: succeeded, but the model says {outcome:?}"),
+        (
+            Outcome::Overlap,
+            Err(DeviceError::InvalidShape { .. } | DeviceError::InvalidArgument { .. }),
+        )
+        | (Outcome::Mismatch, Err(DeviceError::DeviceMismatch { .. })) => {}
+        (_, Err(e)) => panic!("{what}: must be refused as {outcome:?}, got {e:?}"),
     }
 }
 
-/// Runs `count` programs of `len` steps from `seed`, enqueued on `streams` at random.
-fn run_programs(device: &Device, streams: &[Stream], seed: u64, count: usize, len: usize) {
+/// The streams and policies of one device of a program.
+struct Lane {
+    streams: Vec<Stream>,
+    policies: Vec<Arc<dyn SchedulingPolicy>>,
+}
+
+impl Lane {
+    fn new(device: &Device, streams: &[Stream], seed: u64) -> Lane {
+        Lane {
+            streams: streams.to_vec(),
+            policies: vec![
+                Arc::new(SingleStream::new(device).expect("a stream")),
+                Arc::new(RandomPlacement::new(device, 3, seed).expect("streams")),
+            ],
+        }
+    }
+}
+
+/// Runs `count` programs of `len` steps from `seed` over `devices`, each step enqueued on one
+/// of the device's `streams` at random (mostly a stream of its first tensor's device).
+fn run_programs(devices: &[Device], streams: &[Vec<Stream>], seed: u64, count: usize, len: usize) {
     let mut rng = seeded_rng(seed);
-    let policies: Vec<Arc<dyn SchedulingPolicy>> = vec![
-        Arc::new(SingleStream::new(device).expect("a stream")),
-        Arc::new(RandomPlacement::new(device, 3, seed).expect("streams")),
-    ];
+    let lanes: Vec<Lane> = devices
+        .iter()
+        .zip(streams)
+        .map(|(d, s)| Lane::new(d, s, seed))
+        .collect();
     for program in 0..count {
         let n = [1, 8, 33][rng.gen_range(0..3)];
         let mut model = Model {
             n,
             buffers: Vec::new(),
+            on: Vec::new(),
             vars: [0; VARS],
             graph: None,
         };
+        // Every tensor starts on the first device, where the graph is captured.
         let mut t: [Tensor<f32>; VARS] = std::array::from_fn(|v| {
             let data = values(&mut rng, n);
-            model.fresh(v, data.iter().map(|&x| x.into()).collect());
+            model.fresh(v, data.iter().map(|&x| x.into()).collect(), 0);
             api::from_slice(&data, &[n, n])
-                .sync_on(&streams[0])
+                .sync_on(&streams[0][0])
                 .expect("upload a tensor")
         });
         // Half the programs capture a graph over their first two tensors' buffers, which
@@ -384,7 +464,7 @@ fn run_programs(device: &Device, streams: &[Stream], seed: u64, count: usize, le
                 .then(move |_| kernels::saxpy(b.partition([n, n]), -1.0, a))
                 .map(|_| ());
             Some(
-                op.graph_on(streams[0].clone())
+                op.graph_on(streams[0][0].clone())
                     .expect("capture the program's graph"),
             )
         } else {
@@ -392,19 +472,25 @@ fn run_programs(device: &Device, streams: &[Stream], seed: u64, count: usize, le
         };
         let mut steps = Vec::new();
         for _ in 0..len {
-            let step = draw(&mut rng, n);
-            steps.push(step.clone());
+            let step = draw(&mut rng, n, devices.len());
+            let device = match step.operands().first() {
+                Some(&v) if rng.gen_bool(0.85) => model.device_of(v),
+                _ => rng.gen_range(0..devices.len()),
+            };
+            steps.push((step.clone(), device));
             let what = format!("program {program} of seed {seed:#x} (n = {n}), steps {steps:?}");
-            let stream = &streams[rng.gen_range(0..streams.len())];
-            let policy = &policies[rng.gen_range(0..policies.len())];
-            let valid = model.apply(&step);
-            let got = run_step(&step, &mut t, graph.as_ref(), n, stream, policy);
-            if valid {
-                if let Err(e) = got {
-                    panic!("{what}: failed: {e}");
+            let lane = &lanes[device];
+            let stream = &lane.streams[rng.gen_range(0..lane.streams.len())];
+            let policy = &lane.policies[rng.gen_range(0..lane.policies.len())];
+            let outcome = model.apply(&step, device);
+            let got = run_step(&step, &mut t, devices, graph.as_ref(), n, stream, policy);
+            match outcome {
+                Outcome::Valid => {
+                    if let Err(e) = got {
+                        panic!("{what}: failed: {e}");
+                    }
                 }
-            } else {
-                assert_refused(&what, &step, got);
+                _ => assert_refused(&what, outcome, got),
             }
             if let Step::Check(v) = step {
                 assert_holds(&what, &t[v], model.var(v));
@@ -418,33 +504,52 @@ fn run_programs(device: &Device, streams: &[Stream], seed: u64, count: usize, le
             {
                 for (v, x) in t.iter_mut().enumerate() {
                     let data = values(&mut rng, n);
-                    model.fresh(v, data.iter().map(|&x| x.into()).collect());
+                    model.fresh(v, data.iter().map(|&x| x.into()).collect(), device);
                     *x = enqueue(api::from_slice(&data, &[n, n]), stream, policy)
                         .expect("upload a tensor");
                 }
             }
         }
         for (v, x) in t.iter().enumerate() {
-            let what = format!("program {program} of seed {seed:#x} (n = {n}) at its end, tensor {v}, steps {steps:?}");
+            let what = format!(
+                "program {program} of seed {seed:#x} (n = {n}) at its end, tensor {v}, steps \
+                 {steps:?}"
+            );
             assert_holds(&what, x, model.var(v));
         }
     }
 }
 
-#[test]
-fn tensor_ops_on_random_streams_end_as_run_in_order() {
-    let count = 12 * scale_from_env("CUFLOW_RANDOM_STREAMS");
+/// Runs the programs of three threads at once over `devices`, three streams each.
+fn run_threads(devices: Vec<Device>, seed: u64, count: usize) {
     within_a_minute(
         "random programs of tensor ops over three streams",
         move || {
-            let device = device();
-            let streams = new_streams(&device, 3).expect("three streams");
+            let streams: Vec<Vec<Stream>> = devices
+                .iter()
+                .map(|d| new_streams(d, 3).expect("three streams"))
+                .collect();
             std::thread::scope(|s| {
                 for thread in 0..3u64 {
-                    let (device, streams) = (&device, &streams);
-                    s.spawn(move || run_programs(device, streams, 0x5eed_7000 + thread, count, 24));
+                    let (devices, streams) = (&devices, &streams);
+                    s.spawn(move || run_programs(devices, streams, seed + thread, count, 24));
                 }
             });
         },
     );
+}
+
+#[test]
+fn tensor_ops_on_random_streams_end_as_run_in_order() {
+    let count = 12 * scale_from_env("CUFLOW_RANDOM_STREAMS");
+    run_threads(vec![device()], 0x5eed_7000, count);
+}
+
+#[test]
+fn tensor_ops_on_two_devices_end_as_run_in_order() {
+    let Some(devices) = two_devices() else {
+        return;
+    };
+    let count = 8 * scale_from_env("CUFLOW_RANDOM_STREAMS");
+    run_threads(devices.into_iter().take(2).collect(), 0x5eed_7100, count);
 }
