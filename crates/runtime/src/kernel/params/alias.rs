@@ -1,8 +1,12 @@
 //! Type aliases a kernel's source declares (`typedef double real;`, `using index_t =
 //! unsigned;`, `typedef struct { float x, y, z; } Vec3;`), and the structs it defines with
 //! fields of one plain type, resolved for the parameter check (see the [parent module](super)).
+//!
+//! The source is read once: each alias declaration is read where it stands (one inside
+//! another's text, in a struct's body, is not visible outside it and is skipped), its end
+//! found through [`DeclarationEnds`], and resolution writes no more than a [`Budget`] allows.
 
-use super::text::{matching_paren, split_top_level, Macros};
+use super::text::{is_ident_char, matching_paren, split_top_level, Budget, Macros};
 use super::{vector_size, Plain};
 
 /// What a type alias (`typedef T NAME;`, `using NAME = T;`) the source declares stands for.
@@ -21,7 +25,7 @@ enum Alias {
     /// A struct whose fields are all of one plain C type (`struct Vec3 { float x, y, z; }`):
     /// no padding, so its size is known (here, in bytes), and it is checked as elements of
     /// that size.
-    Struct(u8),
+    Struct(u32),
     /// One the check cannot read as a type (an array, a function or a reference type, an
     /// alias template, a declaration naming several types), or declared more than once with
     /// other types (the branches of an `#if`): a parameter naming it is refused.
@@ -35,6 +39,8 @@ pub(super) struct Aliases {
     /// the names its uses declare cannot be read without running the preprocessor, so a
     /// parameter's type name the source does not declare may be one of them.
     through_macros: bool,
+    /// What resolution may still write (see [`Budget`]).
+    budget: Budget,
 }
 
 /// The byte ranges of the bodies of the function-like macros `source` defines.
@@ -59,9 +65,7 @@ fn function_like_macro_bodies(source: &str) -> Vec<std::ops::Range<usize>> {
             continue;
         };
         let name = rest.trim_start();
-        let end = name
-            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-            .unwrap_or(name.len());
+        let end = name.find(|c: char| !is_ident_char(c)).unwrap_or(name.len());
         if end == 0 || !rest.starts_with([' ', '\t']) || !name[end..].starts_with('(') {
             continue;
         }
@@ -112,43 +116,28 @@ fn is_known_type_word(word: &str) -> bool {
 const STORAGE_PREFIX: &str = "__cuflow_storage_";
 
 /// The size in bytes that a word made with [`STORAGE_PREFIX`] stands for.
-pub(super) fn storage_size(word: &str) -> Option<u8> {
+pub(super) fn storage_size(word: &str) -> Option<u32> {
     word.strip_prefix(STORAGE_PREFIX)?.parse().ok()
 }
 
 /// The size of the struct `name` whose definition `after` (the text just after its `struct`
 /// keyword) opens, when nothing but its name stands before its body (no base, no alignment
 /// attribute) and its fields are all of one plain type.
-fn defined_struct_size(after: &str, name: &str) -> Option<u8> {
+fn defined_struct_size(after: &str, name: &str) -> Option<u32> {
     let rest = after.trim_start().strip_prefix(name)?;
     let body = rest.trim_start().strip_prefix('{')?;
-    let open = after.len() - body.len() - 1;
-    let close = matching_brace(after, open)?;
-    uniform_struct_size(&after[open + 1..close])
-}
-
-/// The byte offset of the `}` that closes the `{` at `open`.
-fn matching_brace(text: &str, open: usize) -> Option<usize> {
-    let mut depth = 0usize;
-    for (i, c) in text[open..].char_indices() {
-        match c {
-            '{' => depth += 1,
-            '}' => {
-                depth = depth.checked_sub(1)?;
-                if depth == 0 {
-                    return Some(open + i);
-                }
-            }
-            _ => {}
-        }
+    // Fields of one plain type hold no braces: the body ends at the first one.
+    let close = body.find(['{', '}'])?;
+    if !body[close..].starts_with('}') {
+        return None;
     }
-    None
+    uniform_struct_size(&body[..close])
 }
 
 /// The size of a struct with the fields `body` when every field is of one plain C type
 /// (`float x, y, z;`, `double v[2];`): then it has no padding. `None` for anything else
 /// (another type, a pointer, a bit-field, a member function, a nested type, an attribute).
-fn uniform_struct_size(body: &str) -> Option<u8> {
+fn uniform_struct_size(body: &str) -> Option<u32> {
     let mut plain: Option<Plain> = None;
     let mut count = 0usize;
     for field in body.split(';').map(str::trim).filter(|f| !f.is_empty()) {
@@ -183,14 +172,14 @@ fn uniform_struct_size(body: &str) -> Option<u8> {
         }
     }
     let bytes = count.checked_mul(plain?.size())?;
-    u8::try_from(bytes).ok().filter(|b| *b > 0)
+    u32::try_from(bytes).ok().filter(|b| *b > 0)
 }
 
 /// The number of elements a field declarator (`x`, `v[3]`, `m[2][2]`) holds.
 fn elements(declarator: &str) -> Option<usize> {
     let mut parts = declarator.split('[');
     let name = parts.next()?.trim();
-    if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+    if name.is_empty() || !name.chars().all(is_ident_char) {
         return None;
     }
     parts.try_fold(1usize, |n, dim| {
@@ -204,7 +193,7 @@ fn identifiers(text: &str) -> Vec<(usize, &str)> {
     let mut found = Vec::new();
     let mut start = None;
     for (i, c) in text.char_indices().chain([(text.len(), ' ')]) {
-        if c.is_ascii_alphanumeric() || c == '_' {
+        if is_ident_char(c) {
             if start.is_none() && !c.is_ascii_digit() {
                 start = Some(i);
             } else if start.is_none() {
@@ -222,19 +211,80 @@ fn identifiers(text: &str) -> Vec<(usize, &str)> {
     found
 }
 
-/// The byte offset just past the `;` that ends the declaration starting at `from`, outside
-/// braces and parentheses.
-fn declaration_end(source: &str, from: usize) -> Option<usize> {
-    let mut depth = 0i32;
-    for (i, c) in source[from..].char_indices() {
-        match c {
-            '{' | '(' => depth += 1,
-            '}' | ')' => depth -= 1,
-            ';' if depth <= 0 => return Some(from + i),
-            _ => {}
+/// Where the declarations of a source end: for a declaration starting at any offset, the `;`
+/// that ends it outside the braces and parentheses it opens. Found for every offset at once,
+/// so that declarations that never end (`typedef typedef ..`) take no longer to read than
+/// those that do.
+struct DeclarationEnds {
+    /// The offsets of the `;`, `{`, `(`, `}` and `)` of the source, in order.
+    marks: Vec<usize>,
+    /// For each mark, the offset of the `;` that ends a declaration starting there: `None`
+    /// where a bracket closes the scope around it first, or the source ends first.
+    ends: Vec<Option<usize>>,
+}
+
+impl DeclarationEnds {
+    fn of(source: &str) -> DeclarationEnds {
+        let marks: Vec<(usize, u8)> = source
+            .bytes()
+            .enumerate()
+            .filter(|(_, b)| matches!(b, b';' | b'{' | b'(' | b'}' | b')'))
+            .collect();
+        // The mark that closes each opening one.
+        let mut closing = vec![None; marks.len()];
+        let mut open = Vec::new();
+        for (j, &(_, b)) in marks.iter().enumerate() {
+            match b {
+                b'{' | b'(' => open.push(j),
+                b'}' | b')' => {
+                    if let Some(o) = open.pop() {
+                        closing[o] = Some(j);
+                    }
+                }
+                _ => {}
+            }
+        }
+        // From the last mark back: a `;` ends a declaration, a bracket that closes first ends
+        // none, and one that opens is passed over to the mark after the one that closes it.
+        let mut ends = vec![None; marks.len()];
+        for j in (0..marks.len()).rev() {
+            ends[j] = match marks[j].1 {
+                b';' => Some(marks[j].0),
+                b'{' | b'(' => closing[j].and_then(|c| ends.get(c + 1).copied().flatten()),
+                _ => None,
+            };
+        }
+        DeclarationEnds {
+            marks: marks.into_iter().map(|(at, _)| at).collect(),
+            ends,
         }
     }
-    None
+
+    /// The offset of the `;` that ends the declaration starting at `from`.
+    fn after(&self, from: usize) -> Option<usize> {
+        let first = self.marks.partition_point(|&at| at < from);
+        self.ends.get(first).copied().flatten()
+    }
+}
+
+/// Words that qualify or elaborate a type without naming it: a parameter's last identifier is
+/// its name only where a word before it, not one of these, names its type (`const real` and
+/// `__grid_constant__ const real` have no name, `const real x` has).
+fn names_no_type(word: &str) -> bool {
+    matches!(
+        word,
+        "const"
+            | "volatile"
+            | "__restrict__"
+            | "__restrict"
+            | "restrict"
+            | "__grid_constant__"
+            | "struct"
+            | "class"
+            | "union"
+            | "enum"
+            | "typename"
+    )
 }
 
 impl Aliases {
@@ -242,25 +292,55 @@ impl Aliases {
         let mut aliases = Aliases {
             defined: std::collections::HashMap::new(),
             through_macros: false,
+            budget: Budget::for_source(source),
         };
         let in_macros = function_like_macro_bodies(source);
+        let mut next_macro = 0;
+        let ends = DeclarationEnds::of(source);
         let words = identifiers(source);
+        // For each word, the first at or after it that is not `class`, `struct` or
+        // `__align__`: the name a `struct` keyword before it declares.
+        let mut named_from = vec![words.len(); words.len() + 1];
+        for i in (0..words.len()).rev() {
+            named_from[i] = if matches!(words[i].1, "class" | "struct" | "__align__") {
+                named_from[i + 1]
+            } else {
+                i
+            };
+        }
+        // The end of the last alias declaration read.
+        let mut read_until = 0;
         for (i, &(at, word)) in words.iter().enumerate() {
             let after = at + word.len();
-            let in_macro = in_macros.iter().any(|body| body.contains(&at));
+            // The macro bodies are in order, and so are the words.
+            while in_macros.get(next_macro).is_some_and(|body| body.end <= at) {
+                next_macro += 1;
+            }
+            let in_macro = in_macros
+                .get(next_macro)
+                .is_some_and(|body| body.contains(&at));
             match word {
                 "typedef" | "using" if in_macro => aliases.through_macros = true,
-                "typedef" => aliases.read_typedef(source, after, macros),
-                "using" => aliases.read_using(source, at, after, macros),
+                "typedef" | "using" if at < read_until => {}
+                "typedef" => {
+                    if let Some(end) = ends.after(after) {
+                        aliases.read_typedef(&source[after..end], macros);
+                        read_until = end;
+                    }
+                }
+                "using" => {
+                    if let Some(end) =
+                        aliases.read_using(source, at, &words[i + 1..], &ends, macros)
+                    {
+                        read_until = end;
+                    }
+                }
                 // `struct P`, `enum class E`: a type the source declares, checked by kind (not
                 // `template <class T>`'s parameter).
                 "struct" | "class" | "union" | "enum"
                     if !source[..at].trim_end().ends_with(['<', ',']) =>
                 {
-                    let named = words[i + 1..]
-                        .iter()
-                        .map(|(_, w)| *w)
-                        .find(|w| !matches!(*w, "class" | "struct" | "__align__"));
+                    let named = words.get(named_from[i + 1]).map(|(_, w)| *w);
                     if let Some(name) = named.filter(|w| !is_known_type_word(w)) {
                         let alias = if word == "struct" {
                             defined_struct_size(&source[after..], name)
@@ -294,12 +374,8 @@ impl Aliases {
             .or_insert(alias);
     }
 
-    /// `typedef TYPE NAME;` from just after `typedef`.
-    fn read_typedef(&mut self, source: &str, from: usize, macros: &Macros<'_>) {
-        let Some(end) = declaration_end(source, from) else {
-            return;
-        };
-        let text = &source[from..end];
+    /// `typedef TYPE NAME;`: `text` runs from just after `typedef` to the `;`.
+    fn read_typedef(&mut self, text: &str, macros: &Macros<'_>) {
         if let Some(close) = text.rfind('}') {
             // `typedef struct { .. } NAME, *PNAME;`: the plain names are the struct.
             for declarator in text[close + 1..].split(',') {
@@ -309,7 +385,7 @@ impl Aliases {
                 };
                 let plain = declarator.trim() == *name;
                 // `typedef struct [TAG] { .. } NAME;`, nothing else before the body.
-                let size = text.find('{').and_then(|open| {
+                let size = text[..close].find('{').and_then(|open| {
                     let head: Vec<&str> = text[..open].split_whitespace().collect();
                     matches!(head.as_slice(), ["struct"] | ["struct", _])
                         .then(|| uniform_struct_size(&text[open + 1..close]))
@@ -354,23 +430,25 @@ impl Aliases {
         self.declare(name, alias);
     }
 
-    /// `using NAME = TYPE;` from the `using` at `at` (`after` is just past it); a
-    /// `using namespace` or `using A::b` declares nothing.
-    fn read_using(&mut self, source: &str, at: usize, after: usize, macros: &Macros<'_>) {
-        let rest = &source[after..];
-        let Some(&(name_at, name)) = identifiers(rest).first() else {
-            return;
-        };
-        if !rest[..name_at].trim().is_empty() || name == "namespace" {
-            return;
+    /// `using NAME = TYPE;` from the `using` at `at`, followed by the words `next`; a `using
+    /// namespace` or `using A::b` declares nothing. The offset of its `;` if it declares one.
+    fn read_using(
+        &mut self,
+        source: &str,
+        at: usize,
+        next: &[(usize, &str)],
+        ends: &DeclarationEnds,
+        macros: &Macros<'_>,
+    ) -> Option<usize> {
+        let &(name_at, name) = next.first()?;
+        if !source[at + "using".len()..name_at].trim().is_empty() || name == "namespace" {
+            return None;
         }
-        let Some(body) = rest[name_at + name.len()..].trim_start().strip_prefix('=') else {
-            return;
-        };
+        let body = source[name_at + name.len()..]
+            .trim_start()
+            .strip_prefix('=')?;
         let body_from = source.len() - body.len();
-        let Some(end) = declaration_end(source, body_from) else {
-            return;
-        };
+        let end = ends.after(body_from)?;
         let template = source[..at].trim_end().ends_with('>');
         let alias = if template || source[body_from..end].contains(['(', '[', '&', '{']) {
             Alias::Unresolvable
@@ -378,6 +456,7 @@ impl Aliases {
             self.alias_of(name, &source[body_from..end], macros)
         };
         self.declare(name, alias);
+        Some(end)
     }
 
     /// What the type written `body` makes the alias `name`.
@@ -415,12 +494,21 @@ impl Aliases {
     }
 
     /// The parameter `param` with the aliases it names replaced by the types they stand for,
-    /// or `Err(name)` naming one that cannot be resolved. Its last identifier is its name
-    /// where another word before it, not a qualifier, names its type.
+    /// or `Err(name)` naming one that cannot be resolved (or whose text grows past the
+    /// [`Budget`]). Its last identifier is its name where another word before it, not a
+    /// qualifier, names its type; with parentheses, its type is what stands before them.
     pub(super) fn resolve(&self, param: &str) -> std::result::Result<String, String> {
         if self.defined.is_empty() && !self.through_macros {
             return Ok(param.to_string());
         }
+        let first_alias = || {
+            identifiers(param)
+                .into_iter()
+                .map(|(_, w)| w)
+                .find(|w| self.defined.contains_key(*w))
+                .unwrap_or(param)
+                .to_string()
+        };
         let mut text = param.to_string();
         // Bounded: an alias that names itself through others is unresolvable.
         for _ in 0..16 {
@@ -428,16 +516,25 @@ impl Aliases {
             let named = words.len() >= 2
                 && words[..words.len() - 1]
                     .iter()
-                    .any(|(_, w)| !matches!(*w, "const" | "volatile" | "struct"));
-            let typed = if named {
-                &words[..words.len() - 1]
-            } else {
-                &words[..]
+                    .any(|(_, w)| !names_no_type(w));
+            let typed = match text.find('(') {
+                // `RET (*name)(ARGS)`, `T (name)`: the type is what stands before the
+                // parenthesis; the name, and a function's parameters, are inside.
+                Some(open) => {
+                    let before = words.iter().take_while(|(at, _)| *at < open).count();
+                    &words[..before]
+                }
+                None if named => &words[..words.len() - 1],
+                None => &words[..],
             };
             let mut out = String::with_capacity(text.len());
             let mut copied = 0;
             let mut changed = false;
             for &(at, word) in typed {
+                if out.len() > self.budget.left() {
+                    self.budget.spend(out.len());
+                    return Err(word.to_string());
+                }
                 let alias = match self.defined.get(word) {
                     None if self.through_macros && !is_known_type_word(word) => {
                         return Err(word.to_string())
@@ -469,12 +566,8 @@ impl Aliases {
                         let level = out.rfind(['*', '(', '<', ',']).map_or(0, |i| i + 1);
                         let before = out.split_off(level);
                         let mut qualifiers = String::new();
-                        for piece in before
-                            .split_inclusive(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-                        {
-                            let word = piece.trim_end_matches(|c: char| {
-                                !(c.is_ascii_alphanumeric() || c == '_')
-                            });
+                        for piece in before.split_inclusive(|c: char| !is_ident_char(c)) {
+                            let word = piece.trim_end_matches(|c: char| !is_ident_char(c));
                             if matches!(word, "const" | "volatile") {
                                 qualifiers.push(' ');
                                 qualifiers.push_str(word);
@@ -495,14 +588,12 @@ impl Aliases {
                 return Ok(text);
             }
             out.push_str(&text[copied..]);
+            if !self.budget.spend(out.len()) {
+                return Err(first_alias());
+            }
             text = out;
         }
-        Err(identifiers(param)
-            .into_iter()
-            .map(|(_, w)| w)
-            .find(|w| self.defined.contains_key(*w))
-            .unwrap_or(param)
-            .to_string())
+        Err(first_alias())
     }
 }
 

@@ -15,8 +15,10 @@ fn elem_matches(want: Elem, got: Option<Plain>, size: usize) -> bool {
     match (want, got) {
         (Elem::Plain(want), Some(got)) => got == want,
         (Elem::Plain(want), None) => size == want.size(),
-        (Elem::Sized(bytes), _) => size == usize::from(bytes),
-        (Elem::Storage(bytes), _) => size != 0 && size.is_multiple_of(usize::from(bytes).max(1)),
+        (Elem::Sized(bytes), _) => usize::try_from(bytes) == Ok(size),
+        (Elem::Storage(bytes), _) => {
+            size != 0 && usize::try_from(bytes).is_ok_and(|b| size.is_multiple_of(b.max(1)))
+        }
         (Elem::Unknown, _) => true,
     }
 }
@@ -138,8 +140,9 @@ fn refusal<M>(kernel: &str, params: &[Param], args: &[KernelArg<M>]) -> Result<(
                     "parameter `{text}` names the type `{alias}`, which the check cannot \
                      resolve to one type (an alias declared with different types, as in the \
                      branches of an `#if`, an alias template, an array, function or reference \
-                     type, or a name the source does not declare while one of its \
-                     function-like macros declares aliases), so it cannot tell what the \
+                     type, aliases that name one another without end, or a name the source \
+                     does not declare while one of its function-like macros declares \
+                     aliases), so it cannot tell what the \
                      argument must be; declare the parameter with the type itself, or with a \
                      single `typedef`/`using` of a plain or pointer type written out in the \
                      source"

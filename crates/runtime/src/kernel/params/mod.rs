@@ -21,6 +21,15 @@
 //! once are expanded in parameter lists; compile options cannot define any (see
 //! [`Kernel::with_compile_option`](super::Kernel::with_compile_option)).
 //!
+//! The text is read as the compiler reads it before it looks at declarations: lines a
+//! backslash continues are joined, and comments and the contents of string and character
+//! literals are passed over (`printf("k(int) /* %d\n", n)` declares nothing and opens no
+//! comment). Identifiers may hold characters outside ASCII (`ék` is not `k`), and attributes
+//! (`[[maybe_unused]]`, `__attribute__((unused))`) say nothing of a parameter's type. The
+//! reader takes time in proportion to the source: macros and aliases whose text grows without
+//! bound (a macro that names itself twice) leave the parameters that name them unreadable or
+//! unresolved rather than be expanded further.
+//!
 //! A launch is then refused with [`DeviceError::InvalidArgument`](crate::DeviceError::InvalidArgument) naming the parameter when it
 //! passes a different number of arguments, a buffer where a value is declared (or the
 //! reverse), an input buffer for a pointer to elements that are not `const` (the kernel may
@@ -69,7 +78,10 @@ mod text;
 use alias::{storage_size, Aliases};
 pub(crate) use check::check;
 pub(crate) use layout::SourceLayout;
-use text::{find_ident, matching_paren, parse_param, split_top_level, strip_comments, Macros};
+use text::{
+    find_ident, is_ident_char, matching_paren, parse_param, split_top_level,
+    strip_comments_and_literals, without_attributes, Macros,
+};
 
 /// A plain element type of CUDA C, as the check compares them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -178,13 +190,13 @@ pub(crate) enum Elem {
     Plain(Plain),
     /// A type known by its size only: one of CUDA's vector types (`float4`: 16 bytes,
     /// `__half2`: 4), or a pointer (8 bytes: the elements of `float** p`).
-    Sized(u8),
+    Sized(u32),
     /// Elements of this many bytes named through a type alias: a buffer whose elements are
     /// a whole multiple of it is accepted (an alias often names the storage of another type,
     /// `typedef unsigned short f16_bits;`, or scratch space carved from a buffer of wider
     /// elements), so that a kernel indexing below the buffer's element count stays inside
     /// it, and every element it reads is aligned.
-    Storage(u8),
+    Storage(u32),
     /// A type the check does not know (a template, a struct, a type from a header).
     Unknown,
 }
@@ -200,7 +212,7 @@ impl Elem {
             if let Some(bytes) = storage_size(word) {
                 return Elem::Storage(bytes);
             }
-            vector_size(word).map_or(Elem::Unknown, Elem::Sized)
+            vector_size(word).map_or(Elem::Unknown, |bytes| Elem::Sized(bytes.into()))
         } else {
             Elem::Unknown
         }
@@ -257,9 +269,9 @@ pub(crate) enum Kind {
     /// pointer to `const` elements, which an input buffer needs.
     Disputed { read_only: bool },
     /// The parameter names a type alias the check cannot resolve (declared with other types
-    /// in the branches of an `#if`, an alias template, an array or function type): nothing
-    /// is known of it, not even whether it is a pointer, and every argument is refused. The
-    /// alias is named by [`Param::unresolved`].
+    /// in the branches of an `#if`, an alias template, an array or function type, aliases
+    /// that name one another without end): nothing is known of it, not even whether it is a
+    /// pointer, and every argument is refused. The alias is named by [`Param::unresolved`].
     Unresolved,
 }
 
@@ -277,7 +289,7 @@ pub(crate) struct Param {
 const UNDECLARED: Kind = Kind::Disputed { read_only: false };
 
 /// The parameters of `extern "C" __global__ void name(...)` in `source`, or `None` when no
-/// declaration of it is found.
+/// declaration of it is found (none is, of a name that is not an identifier).
 ///
 /// Every `__global__` declaration of `name` is read, whether or not the preprocessor keeps it
 /// (a prototype and its definition, the branches of an `#if`), and merged so that the merge
@@ -288,7 +300,7 @@ const UNDECLARED: Kind = Kind::Disputed { read_only: false };
 /// list, a function-like macro in it) disputes every position. Object-like macros the source
 /// `#define`s once are expanded in the parameter list.
 pub(crate) fn parse(source: &str, name: &str) -> Option<Vec<Param>> {
-    let source = strip_comments(source);
+    let source = strip_comments_and_literals(source);
     let macros = Macros::of(&source);
     let aliases = Aliases::of(&source, &macros);
     let heads: Vec<Option<Vec<Param>>> = parameter_lists(&source, name)
@@ -299,18 +311,25 @@ pub(crate) fn parse(source: &str, name: &str) -> Option<Vec<Param>> {
 }
 
 /// The parameter list of every `__global__` declaration of `name` (`None`: one whose list
-/// does not close).
+/// does not close). A name that is not an identifier (`""`, `"k(int)"`) is declared by none.
 fn parameter_lists<'s>(source: &'s str, name: &str) -> Vec<Option<&'s str>> {
+    const GLOBAL: &str = "__global__";
+    let identifier =
+        name.chars().next().is_some_and(|c| !c.is_ascii_digit()) && name.chars().all(is_ident_char);
+    if !identifier {
+        return Vec::new();
+    }
+    let globals: Vec<usize> = source.match_indices(GLOBAL).map(|(at, _)| at).collect();
     let mut lists = Vec::new();
-    let mut from = 0;
-    while let Some(found) = source[from..].find("__global__") {
-        let start = from + found + "__global__".len();
-        from = start;
+    for (i, &at) in globals.iter().enumerate() {
+        let start = at + GLOBAL.len();
         // `__global__ [__launch_bounds__(..)] void NAME (...)`, ended by its body's `{` or
-        // a prototype's `;`.
-        let head_end = source[start..]
+        // a prototype's `;`, and by the next `__global__` at the latest: no character is
+        // read for two heads.
+        let limit = globals.get(i + 1).copied().unwrap_or(source.len());
+        let head_end = source[start..limit]
             .find(['{', ';'])
-            .map_or(source.len(), |i| start + i);
+            .map_or(limit, |end| start + end);
         let head = &source[start..head_end];
         let Some(open) = call_of(head, name) else {
             continue;
@@ -351,6 +370,8 @@ fn read_list(list: &str, macros: &Macros<'_>, aliases: &Aliases) -> Option<Vec<P
                 return None;
             }
             let shown = p.split_whitespace().collect::<Vec<_>>().join(" ");
+            let p = without_attributes(p);
+            let p = p.trim();
             match aliases.resolve(p) {
                 Ok(resolved) if resolved == p => parse_param(p).map(|param| Param {
                     text: shown,
@@ -377,15 +398,15 @@ fn read_list(list: &str, macros: &Macros<'_>, aliases: &Aliases) -> Option<Vec<P
 /// [`Elem::Storage`].
 fn by_size(kind: Kind) -> Kind {
     match kind {
-        Kind::Value(Elem::Plain(p)) => Kind::Value(Elem::Sized(p.size() as u8)),
+        // At most 8: the sizes of the plain types.
+        Kind::Value(Elem::Plain(p)) => Kind::Value(Elem::Sized(p.size() as u32)),
         Kind::Value(Elem::Storage(bytes)) => Kind::Value(Elem::Sized(bytes)),
         Kind::Pointer {
             writable,
             elem: Elem::Plain(p),
         } => Kind::Pointer {
             writable,
-            // At most 8: the sizes of the plain types.
-            elem: Elem::Storage(p.size() as u8),
+            elem: Elem::Storage(p.size() as u32),
         },
         Kind::Pointer {
             writable,
@@ -398,7 +419,8 @@ fn by_size(kind: Kind) -> Kind {
     }
 }
 
-/// Merges the declarations of one kernel (see [`parse`]).
+/// Merges the declarations of one kernel (see [`parse`]), visiting each declared parameter
+/// once.
 fn merge(heads: Vec<Option<Vec<Param>>>) -> Option<Vec<Param>> {
     let mut read: Vec<Vec<Param>> = Vec::with_capacity(heads.len());
     let mut unreadable = None;
@@ -419,51 +441,55 @@ fn merge(heads: Vec<Option<Vec<Param>>>) -> Option<Vec<Param>> {
         });
     }
     let count = read.iter().map(Vec::len).max().unwrap_or(0);
-    let counts_agree = read.iter().all(|p| p.len() == count) && unreadable.is_none();
-    let merged = (0..count).map(|i| {
-        let at: Vec<Option<&Param>> = read.iter().map(|params| params.get(i)).collect();
-        let text = at
-            .iter()
-            .rev()
-            .flatten()
-            .next()
-            .map_or_else(String::new, |p| p.text.clone());
-        let read_only = unreadable.is_none()
-            && at.iter().all(|p| {
-                matches!(
-                    p,
-                    Some(Param {
-                        kind: Kind::Pointer {
-                            writable: false,
-                            ..
-                        },
-                        ..
-                    })
-                )
+    let reached_by_all = read.iter().map(Vec::len).min().unwrap_or(0);
+    let counts_agree = reached_by_all == count && unreadable.is_none();
+    // At each position, over the declarations that reach it: the text of the last, the alias
+    // the first leaves unresolved, whether all make it a pointer to const elements, and the
+    // kind they agree on (`Some(None)`: they disagree).
+    let mut texts: Vec<&str> = vec![""; count];
+    let mut unresolved: Vec<Option<&str>> = vec![None; count];
+    let mut all_const: Vec<bool> = vec![true; count];
+    let mut kinds: Vec<Option<Option<Kind>>> = vec![None; count];
+    for params in &read {
+        for (i, p) in params.iter().enumerate() {
+            texts[i] = &p.text;
+            unresolved[i] = unresolved[i].or(p.unresolved.as_deref());
+            all_const[i] &= matches!(
+                p.kind,
+                Kind::Pointer {
+                    writable: false,
+                    ..
+                }
+            );
+            kinds[i] = Some(match kinds[i] {
+                None => Some(p.kind),
+                Some(merged) => merged.and_then(|k| merge_kind(k, p.kind)),
             });
-        let unresolved = at.iter().flatten().find_map(|p| p.unresolved.clone());
-        if unresolved.is_some() {
-            return Param {
-                text,
-                kind: Kind::Unresolved,
-                unresolved,
+        }
+    }
+    let mut merged: Vec<Param> = (0..count)
+        .map(|i| {
+            let text = texts[i].to_string();
+            if let Some(alias) = unresolved[i] {
+                return Param {
+                    text,
+                    kind: Kind::Unresolved,
+                    unresolved: Some(alias.to_string()),
+                };
+            }
+            let read_only = unreadable.is_none() && i < reached_by_all && all_const[i];
+            let disputed = Kind::Disputed { read_only };
+            let kind = match kinds[i] {
+                Some(Some(kind)) if counts_agree => kind,
+                _ => disputed,
             };
-        }
-        let kinds: Vec<Kind> = at.iter().flatten().map(|p| p.kind).collect();
-        let kind = match kinds.split_first() {
-            Some((first, rest)) if counts_agree => rest
-                .iter()
-                .try_fold(*first, |a, b| merge_kind(a, *b))
-                .unwrap_or(Kind::Disputed { read_only }),
-            _ => Kind::Disputed { read_only },
-        };
-        Param {
-            text,
-            kind,
-            unresolved: None,
-        }
-    });
-    let mut merged: Vec<Param> = merged.collect();
+            Param {
+                text,
+                kind,
+                unresolved: None,
+            }
+        })
+        .collect();
     if merged.is_empty() && !counts_agree {
         merged.push(Param {
             text: "(declarations that disagree)".into(),
@@ -684,5 +710,150 @@ mod tests {
             kinds("extern \"C\" __global__ void k(\n#if A\nconst\n#endif\nfloat* x) {}"),
             vec![Kind::Disputed { read_only: false }]
         );
+    }
+
+    const FLOAT: Elem = Elem::Plain(Plain::Float(4));
+    const INT: Elem = Elem::Plain(Plain::Int(4));
+
+    #[test]
+    fn literals_and_comments_declare_nothing_and_hide_nothing() {
+        // A comment opener and declarations inside literals, a quote in a character literal,
+        // digit separators.
+        let src = "__device__ void say() { printf(\"k(int) /* %d\\n\", 1); }\n\
+                   __device__ const char* s() { return \"__global__ void k(int);\"; }\n\
+                   __device__ char q() { return '\"'; }\n\
+                   __device__ const char* r() { return R\"x(__global__ void k(int); )\")x\"; }\n\
+                   __device__ int n() { return 1'000 + u8'a'; }\n\
+                   extern \"C\" __global__ void k(const float* x, unsigned n) {}";
+        assert_eq!(kinds(src), vec![pointer(false, FLOAT), Kind::Value(INT)]);
+        // A string not closed on its line ends there.
+        let src = "#error \"unclosed\n// don't\nextern \"C\" __global__ void k(float* x) {}";
+        assert_eq!(kinds(src), vec![pointer(true, FLOAT)]);
+    }
+
+    #[test]
+    fn a_backslash_at_the_end_of_a_line_joins_it_to_the_next() {
+        let src = "extern \"C\" __glo\\\nbal__ void k(const\\\r\n float* x) {}";
+        assert_eq!(kinds(src), vec![pointer(false, FLOAT)]);
+        // A line comment continued onto the next line hides it.
+        let src = "// a comment \\\nextern \"C\" __global__ void k(double* x) {}\n\
+                   extern \"C\" __global__ void k(const float* x) {}";
+        assert_eq!(kinds(src), vec![pointer(false, FLOAT)]);
+    }
+
+    #[test]
+    fn characters_outside_ascii_belong_to_names() {
+        // `ék` and `kë` are other kernels.
+        let src = "extern \"C\" __global__ void ék(double d) {}\n\
+                   extern \"C\" __global__ void kë(double d) {}\n\
+                   extern \"C\" __global__ void k(const float* x) {}";
+        assert_eq!(kinds(src), vec![pointer(false, FLOAT)]);
+        // `Té` is not the macro `T`, and `données` is a name beside a macro declaring aliases.
+        let src = "#define T double\ntypedef float Té;\n\
+                   #define DECLARE(A, N) typedef A N;\nDECLARE(float, real)\n\
+                   extern \"C\" __global__ void k(Té* x, int données) {}";
+        assert_eq!(
+            kinds(src),
+            vec![pointer(true, Elem::Storage(4)), Kind::Value(INT)]
+        );
+    }
+
+    #[test]
+    fn a_name_that_is_not_an_identifier_is_declared_by_none() {
+        let src = "extern \"C\" __global__ void k(float* x) {}\n__global__ void (float* y);";
+        for name in ["", " ", "k(", "k k", "1k", "*"] {
+            assert_eq!(parse(src, name), None, "{name:?}");
+        }
+    }
+
+    #[test]
+    fn attributes_say_nothing_of_a_parameter() {
+        let src = "extern \"C\" __global__ void k([[maybe_unused]] int n, \
+                   const float* x __attribute__((unused)), \
+                   [[gnu::unused, deprecated(\"old\")]] float* __attribute__ ((aligned(8))) y) {}";
+        assert_eq!(
+            kinds(src),
+            vec![
+                Kind::Value(INT),
+                pointer(false, FLOAT),
+                pointer(true, FLOAT)
+            ]
+        );
+    }
+
+    #[test]
+    fn a_parameter_may_take_the_name_of_a_type() {
+        let src = "extern \"C\" __global__ void k(float half, double float2, unsigned short, \
+                   long long) {}";
+        assert_eq!(
+            kinds(src),
+            vec![
+                Kind::Value(FLOAT),
+                Kind::Value(Elem::Plain(Plain::Float(8))),
+                Kind::Value(Elem::Plain(Plain::Int(2))),
+                Kind::Value(Elem::Plain(Plain::Int(8))),
+            ]
+        );
+    }
+
+    #[test]
+    fn qualifiers_and_declarators_are_not_names_of_types_beside_aliases() {
+        // A function pointer's name is not a type, nor is `__grid_constant__`, where a
+        // function-like macro declaring aliases makes every unknown type name unresolvable.
+        let src = "#define DECLARE(A, N) typedef A N;\nDECLARE(double, real)\n\
+                   typedef double wide;\n\
+                   extern \"C\" __global__ void k(float (*f)(int, float), \
+                   __grid_constant__ const wide, wide (*g)(wide)) {}";
+        assert_eq!(
+            kinds(src),
+            vec![
+                pointer(true, Elem::Unknown),
+                Kind::Value(Elem::Sized(8)),
+                pointer(true, Elem::Unknown)
+            ]
+        );
+    }
+
+    #[test]
+    fn a_struct_of_one_plain_type_is_known_by_size_past_255_bytes() {
+        let src = "struct Big { float v[64]; };\ntypedef struct { double m[32][2]; } Huge;\n\
+                   extern \"C\" __global__ void k(Big* b, const Huge* h) {}";
+        assert_eq!(
+            kinds(src),
+            vec![
+                pointer(true, Elem::Storage(256)),
+                pointer(false, Elem::Storage(512))
+            ]
+        );
+    }
+
+    #[test]
+    fn a_typedef_whose_braces_close_before_they_open_is_passed_over() {
+        let src = "typedef struct } { x;\nextern \"C\" __global__ void k(float* x) {}";
+        assert_eq!(kinds(src), vec![pointer(true, FLOAT)]);
+    }
+
+    #[test]
+    fn text_that_grows_without_bound_is_left_unread() {
+        let ten = |word: &str| [word; 10].join(" ");
+        // A macro naming itself, in a parameter list and in an alias: unreadable.
+        let src = format!(
+            "#define X {}\ntypedef X t;\nextern \"C\" __global__ void k(X* x, t* y) {{}}",
+            ten("X")
+        );
+        assert_eq!(kinds(&src), vec![Kind::Disputed { read_only: false }]);
+        // Aliases each naming the one before ten times: unresolved.
+        let mut src = String::from("template <class... T> struct Many;\ntypedef float A0;\n");
+        for level in 1..=40 {
+            let before = format!("A{}", level - 1);
+            src.push_str(&format!(
+                "typedef Many<{}> A{level};\n",
+                vec![before; 10].join(", ")
+            ));
+        }
+        src.push_str("extern \"C\" __global__ void k(A40* x, float* y) {}");
+        let params = parse(&src, "k").expect("a signature");
+        assert_eq!(params[0].kind, Kind::Unresolved);
+        assert_eq!(params[1].kind, pointer(true, FLOAT));
     }
 }

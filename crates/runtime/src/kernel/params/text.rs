@@ -1,14 +1,53 @@
-//! Reading C declarations: object-like macros, comments, identifiers, parentheses, top-level
-//! commas, and one parameter's type (see the [parent module](super); type aliases are read in
-//! `alias`).
+//! Reading C declarations: object-like macros, comments and literals, identifiers,
+//! parentheses, top-level commas, and one parameter's type (see the [parent module](super);
+//! type aliases are read in `alias`).
+//!
+//! Every scan here takes time in proportion to the text it is given, and the text a source's
+//! macros expand to is bounded by a [`Budget`].
 
-use super::{vector_size, Elem, Kind, Param, Plain};
+use std::cell::Cell;
+
+use super::{Elem, Kind, Param};
+
+/// Whether `c` may be part of an identifier. Characters outside ASCII are: compilers accept
+/// them in identifiers (`données`), so `é` next to a name makes another name.
+pub(super) fn is_ident_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || c == '_' || !c.is_ascii()
+}
+
+/// The bytes of text that expanding a source's macros, or resolving its type aliases, may
+/// write: sixteen times the source, and a mebibyte. Text that grows past it (a macro that
+/// names itself twice, macros or aliases each naming the one before several times) is left
+/// unread, so that reading a source takes time in proportion to its length.
+pub(super) struct Budget(Cell<usize>);
+
+impl Budget {
+    pub(super) fn for_source(source: &str) -> Budget {
+        Budget(Cell::new(
+            source.len().saturating_mul(16).saturating_add(1 << 20),
+        ))
+    }
+
+    /// The bytes left.
+    pub(super) fn left(&self) -> usize {
+        self.0.get()
+    }
+
+    /// Takes `bytes` from the budget; `false`, and the budget spent, when it holds fewer.
+    pub(super) fn spend(&self, bytes: usize) -> bool {
+        let left = self.0.get().checked_sub(bytes);
+        self.0.set(left.unwrap_or(0));
+        left.is_some()
+    }
+}
 
 /// The object-like macros a source `#define`s, for expansion in parameter lists.
 pub(super) struct Macros<'s> {
     /// Each name with its body; `None` for a function-like macro, one defined twice with
     /// other bodies, or one `#undef`ined: a parameter list naming it cannot be read.
     defined: std::collections::HashMap<&'s str, Option<String>>,
+    /// What expansions may still write (see [`Budget`]).
+    budget: Budget,
 }
 
 impl<'s> Macros<'s> {
@@ -31,9 +70,7 @@ impl<'s> Macros<'s> {
                 continue;
             }
             let rest = rest.trim_start();
-            let end = rest
-                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-                .unwrap_or(rest.len());
+            let end = rest.find(|c: char| !is_ident_char(c)).unwrap_or(rest.len());
             let (name, after) = rest.split_at(end);
             if name.is_empty() {
                 continue;
@@ -56,11 +93,14 @@ impl<'s> Macros<'s> {
                 })
                 .or_insert(body);
         }
-        Macros { defined }
+        Macros {
+            defined,
+            budget: Budget::for_source(source),
+        }
     }
 
     /// `list` with its object-like macros expanded, or `None` when it names a macro that
-    /// cannot be expanded so.
+    /// cannot be expanded so, or expands to more text than the [`Budget`] has left.
     pub(super) fn expand(&self, list: &str) -> Option<String> {
         let mut text = list.to_string();
         // Bounded: a macro that names itself stays unexpanded in C; here it is unreadable.
@@ -69,29 +109,40 @@ impl<'s> Macros<'s> {
             let mut changed = false;
             let mut rest = text.as_str();
             while let Some(c) = rest.chars().next() {
-                if c.is_ascii_alphabetic() || c == '_' {
-                    let end = rest
-                        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-                        .unwrap_or(rest.len());
-                    let word = &rest[..end];
-                    match self.defined.get(word) {
-                        Some(Some(body)) => {
-                            out.push(' ');
-                            out.push_str(body);
-                            out.push(' ');
-                            changed = true;
-                        }
-                        Some(None) => return None,
-                        None => out.push_str(word),
-                    }
-                    rest = &rest[end..];
-                } else {
+                if !is_ident_char(c) {
                     out.push(c);
                     rest = &rest[c.len_utf8()..];
+                    continue;
+                }
+                let end = rest.find(|c: char| !is_ident_char(c)).unwrap_or(rest.len());
+                let word = &rest[..end];
+                rest = &rest[end..];
+                // A number (`1e5`, `0x1Fu`) names no macro, whatever its letters.
+                let body = if c.is_ascii_digit() {
+                    None
+                } else {
+                    self.defined.get(word)
+                };
+                match body {
+                    Some(Some(body)) => {
+                        out.push(' ');
+                        out.push_str(body);
+                        out.push(' ');
+                        changed = true;
+                        if out.len() > self.budget.left() {
+                            self.budget.spend(out.len());
+                            return None;
+                        }
+                    }
+                    Some(None) => return None,
+                    None => out.push_str(word),
                 }
             }
             if !changed {
                 return Some(out);
+            }
+            if !self.budget.spend(out.len()) {
+                return None;
             }
             text = out;
         }
@@ -99,17 +150,38 @@ impl<'s> Macros<'s> {
     }
 }
 
-pub(super) fn strip_comments(source: &str) -> String {
+/// `source` as the reader reads it: lines ended by a backslash joined to the next (as the
+/// compiler joins them before anything else), comments replaced by a space, and string and
+/// character literals emptied (`"__global__ void k(int)"` becomes `""`), so that nothing in
+/// them reads as a declaration, a bracket, a comment or a directive.
+pub(super) fn strip_comments_and_literals(source: &str) -> String {
+    let spliced;
+    let source = if source.contains('\\') {
+        spliced = source.replace("\\\r\n", "").replace("\\\n", "");
+        spliced.as_str()
+    } else {
+        source
+    };
     let mut out = String::with_capacity(source.len());
     let mut rest = source;
-    while !rest.is_empty() {
+    while let Some(c) = rest.chars().next() {
         if let Some(r) = rest.strip_prefix("//") {
             rest = r.find('\n').map_or("", |i| &r[i..]);
         } else if let Some(r) = rest.strip_prefix("/*") {
             rest = r.find("*/").map_or("", |i| &r[i + 2..]);
             out.push(' ');
+        } else if c == '"' {
+            let prefix = trailing_identifier(&out);
+            rest = match prefix.strip_suffix('R') {
+                Some("" | "L" | "u" | "U" | "u8") => after_raw_string(&rest[1..]),
+                _ => after_literal(&rest[1..], '"'),
+            };
+            out.push_str("\"\"");
+        } else if c == '\'' && matches!(trailing_identifier(&out), "" | "L" | "u" | "U" | "u8") {
+            // Not after a number: `1'000` separates digits.
+            rest = after_literal(&rest[1..], '\'');
+            out.push_str("''");
         } else {
-            let c = rest.chars().next().unwrap_or(' ');
             out.push(c);
             rest = &rest[c.len_utf8()..];
         }
@@ -117,9 +189,69 @@ pub(super) fn strip_comments(source: &str) -> String {
     out
 }
 
+/// The identifier `text` ends with (empty if none): the prefix of a literal that follows it
+/// (`u8`, `L`, `R`), or the number a `'` separates digits of.
+fn trailing_identifier(text: &str) -> &str {
+    let start = text
+        .char_indices()
+        .rev()
+        .take_while(|&(_, c)| is_ident_char(c))
+        .last()
+        .map_or(text.len(), |(i, _)| i);
+    &text[start..]
+}
+
+/// `text` after the string or character literal it is inside of (its opening `quote` read
+/// already): past the closing quote, or from the end of the line when it is not closed there.
+fn after_literal(text: &str, quote: char) -> &str {
+    let mut chars = text.char_indices();
+    while let Some((i, c)) = chars.next() {
+        if c == '\\' {
+            chars.next();
+        } else if c == '\n' {
+            return &text[i..];
+        } else if c == quote {
+            return &text[i + 1..];
+        }
+    }
+    ""
+}
+
+/// `text` after the raw string literal it is inside of (`R"` read already): past
+/// `)DELIMITER"`. A raw string may span lines; one that is not closed runs to the end.
+fn after_raw_string(text: &str) -> &str {
+    // At most 16 characters before the `(`.
+    let delimiter = text
+        .char_indices()
+        .take(17)
+        .find(|&(_, c)| c == '(')
+        .map(|(open, _)| &text[..open])
+        .filter(|d| !d.contains([' ', ')', '\\', '\t', '\n', '"']));
+    let Some(delimiter) = delimiter else {
+        // Not a raw string's opening: read as an ordinary string.
+        return after_literal(text, '"');
+    };
+    let body = &text[delimiter.len() + 1..];
+    let mut from = 0;
+    while let Some(at) = body[from..].find(')').map(|i| from + i) {
+        let after = &body[at + 1..];
+        if let Some(rest) = after
+            .strip_prefix(delimiter)
+            .and_then(|r| r.strip_prefix('"'))
+        {
+            return rest;
+        }
+        from = at + 1;
+    }
+    ""
+}
+
 /// The byte offset of `name` in `text` as a whole identifier.
 pub(super) fn find_ident(text: &str, name: &str) -> Option<usize> {
-    let is_ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    if name.is_empty() {
+        return None;
+    }
+    let is_ident = is_ident_char;
     let mut from = 0;
     while let Some(i) = text[from..].find(name) {
         let at = from + i;
@@ -136,21 +268,64 @@ pub(super) fn find_ident(text: &str, name: &str) -> Option<usize> {
     None
 }
 
+/// The byte offset of the `)` that closes the `(` at `open`.
 pub(super) fn matching_paren(text: &str, open: usize) -> Option<usize> {
+    matching(text, open, '(', ')')
+}
+
+/// The byte offset of the `close` that closes the `open` bracket at `at`.
+fn matching(text: &str, at: usize, open: char, close: char) -> Option<usize> {
     let mut depth = 0usize;
-    for (i, c) in text[open..].char_indices() {
-        match c {
-            '(' => depth += 1,
-            ')' => {
-                depth -= 1;
-                if depth == 0 {
-                    return Some(open + i);
-                }
+    for (i, c) in text.get(at..)?.char_indices() {
+        if c == open {
+            depth += 1;
+        } else if c == close {
+            depth = depth.checked_sub(1)?;
+            if depth == 0 {
+                return Some(at + i);
             }
-            _ => {}
         }
     }
     None
+}
+
+/// `param` without the attributes written in it (`[[maybe_unused]]`, `__attribute__((unused))`),
+/// which say nothing of its type: each replaced by a space.
+pub(super) fn without_attributes(param: &str) -> std::borrow::Cow<'_, str> {
+    const GNU: &str = "__attribute__";
+    if !param.contains("[[") && !param.contains(GNU) {
+        return std::borrow::Cow::Borrowed(param);
+    }
+    let mut out = String::with_capacity(param.len());
+    let mut rest = param;
+    loop {
+        // The first attribute of either kind, each text searched once.
+        let standard = rest.find("[[");
+        let gnu = find_ident(&rest[..standard.unwrap_or(rest.len())], GNU);
+        let Some(at) = gnu.or(standard) else {
+            break;
+        };
+        let attribute = &rest[at..];
+        // `[[..]]` to the bracket that closes the first; `__attribute__ ((..))` to the
+        // parenthesis that closes the first.
+        let end = if gnu.is_none() {
+            matching(attribute, 0, '[', ']')
+        } else {
+            let args = attribute[GNU.len()..].trim_start();
+            let open = attribute.len() - args.len();
+            args.starts_with('(')
+                .then(|| matching_paren(attribute, open))
+                .flatten()
+        };
+        let Some(end) = end else {
+            break;
+        };
+        out.push_str(&rest[..at]);
+        out.push(' ');
+        rest = &attribute[end + 1..];
+    }
+    out.push_str(rest);
+    std::borrow::Cow::Owned(out)
 }
 
 pub(super) fn split_top_level(list: &str) -> impl Iterator<Item = &str> {
@@ -176,7 +351,7 @@ pub(super) fn split_top_level(list: &str) -> impl Iterator<Item = &str> {
 fn has_outer_const(text: &str) -> bool {
     let (mut depth, mut start) = (0i32, None);
     for (i, c) in text.char_indices().chain([(text.len(), ' ')]) {
-        if c.is_ascii_alphanumeric() || c == '_' {
+        if is_ident_char(c) {
             start = start.or(Some(i));
             continue;
         }
@@ -261,8 +436,9 @@ pub(super) fn parse_param(text: &str) -> Option<Param> {
 }
 
 /// The words of the type in `text`, without its qualifiers and, where `named` and one is
-/// given, the parameter's name: the last word, unless it belongs to the type (`unsigned
-/// short` has no name). Empty for a template.
+/// given, the parameter's name: the last word, unless it is a keyword that belongs to the type
+/// (`unsigned short` has no name; `float half` names a float `half`, as a parameter's name
+/// may hide a type's). Empty for a template.
 fn type_words(text: &str, named: bool) -> Vec<&str> {
     if text.contains(['<', ':']) {
         return Vec::new();
@@ -283,7 +459,7 @@ fn type_words(text: &str, named: bool) -> Vec<&str> {
                 )
         })
         .collect();
-    let type_word = |w: &str| {
+    let keyword = |w: &str| {
         matches!(
             w,
             "int"
@@ -296,10 +472,9 @@ fn type_words(text: &str, named: bool) -> Vec<&str> {
                 | "double"
                 | "bool"
                 | "void"
-        ) || Plain::of_c(&[w]).is_some()
-            || vector_size(w).is_some()
+        )
     };
-    if named && words.len() > 1 && words.last().is_some_and(|w| !type_word(w)) {
+    if named && words.len() > 1 && words.last().is_some_and(|w| !keyword(w)) {
         words.pop();
     }
     words
