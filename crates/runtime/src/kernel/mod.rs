@@ -118,6 +118,13 @@ impl Kernel {
     /// tensor's element count to the arguments, so a kernel launched through it can bound every
     /// access by values no caller chooses.
     ///
+    /// The check knows a parameter's type only from the source itself: a type named by a header
+    /// the source includes (`my_ptr_t x`, a pointer type declared there) is checked by kind as a
+    /// value of unknown type, so a launch may pass any scalar for it (on CUDA, one of its size).
+    /// A kernel that dereferences such a parameter cannot keep the promise above for scalars
+    /// that safe code chooses: spell pointer parameters out in the source (`float* x`), where
+    /// the check sees them.
+    ///
     /// The host implementation given with [`Kernel::with_host`] is ordinary safe Rust and needs
     /// no such promise.
     pub unsafe fn new(name: impl Into<String>, source: impl Into<String>) -> Kernel {
