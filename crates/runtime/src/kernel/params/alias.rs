@@ -83,30 +83,21 @@ fn function_like_macro_bodies(source: &str) -> Vec<std::ops::Range<usize>> {
 
 /// Whether `word` is one of C's type keywords or qualifiers, or a type the check knows by name.
 fn is_known_type_word(word: &str) -> bool {
-    matches!(
-        word,
-        "const"
-            | "volatile"
-            | "__restrict__"
-            | "__restrict"
-            | "restrict"
-            | "struct"
-            | "class"
-            | "union"
-            | "enum"
-            | "typename"
-            | "__grid_constant__"
-            | "unsigned"
-            | "signed"
-            | "short"
-            | "long"
-            | "int"
-            | "char"
-            | "float"
-            | "double"
-            | "bool"
-            | "void"
-    ) || Plain::of_c(&[word]).is_some()
+    names_no_type(word)
+        || matches!(
+            word,
+            "unsigned"
+                | "signed"
+                | "short"
+                | "long"
+                | "int"
+                | "char"
+                | "float"
+                | "double"
+                | "bool"
+                | "void"
+        )
+        || Plain::of_c(&[word]).is_some()
         || vector_size(word).is_some()
         || storage_size(word).is_some()
 }
