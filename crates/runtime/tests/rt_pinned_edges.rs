@@ -1,8 +1,10 @@
 //! Pinned buffers at the edges of their element types, on the device that `Device::auto()`
 //! gives: an empty buffer of any type is read and written as an empty slice (on CUDA, a
 //! zero-length pinned buffer has no allocation), element types aligned to more than 8 bytes
-//! are refused when the buffer is made (no backend aligns its storage further), and types
-//! aligned to 8 bytes round-trip through the device.
+//! are refused when the buffer is made (no backend aligns its storage further), types
+//! aligned to 8 bytes round-trip through the device, and so do large buffers (which the CUDA
+//! backend maps in huge pages and registers with the driver) of sizes that are not whole huge
+//! pages, made and dropped many times over.
 
 use cuflow_runtime::{DeviceBuffer, DeviceCopy, DeviceError, PinnedBuffer};
 use cuflow_testing::device::{device, stream};
@@ -140,4 +142,59 @@ fn a_pinned_buffer_of_a_zero_sized_type_is_refused_or_has_its_length() {
     }
     // An empty one is an empty buffer like any other.
     assert!(PinnedBuffer::<()>::new(&device(), 0).is_ok_and(|p| p.as_slice().is_empty()));
+}
+
+/// Buffers around the size from which the CUDA backend maps and registers pinned memory
+/// itself (4 MiB), of lengths that are not whole 2 MiB pages: each reads as zeros when made,
+/// keeps what is written into it, and round-trips through the device whole and as a prefix.
+/// Made and dropped in a loop, so a buffer that is not given back (or given back twice) shows.
+#[test]
+fn large_pinned_buffers_start_zeroed_and_round_trip() -> Result<(), DeviceError> {
+    let device = device();
+    let stream = stream();
+    let words = |bytes: usize| bytes / 4;
+    let sizes = [
+        words(4 << 20) - 1,
+        words(4 << 20),
+        words(5 << 20) + 3,
+        words(16 << 20) + 1,
+    ];
+    for round in 0..3u32 {
+        for (i, &n) in sizes.iter().enumerate() {
+            let mut pinned = PinnedBuffer::<u32>::new(&device, n)?;
+            assert_eq!(pinned.len(), n);
+            let nonzero = pinned.as_slice().iter().position(|&w| w != 0);
+            assert_eq!(nonzero, None, "a fresh buffer of {n} words is not zeroed");
+            let seed = round * 16 + i as u32;
+            let pattern = |k: usize| (k as u32).wrapping_mul(0x9e37_79b9) ^ seed;
+            for (k, w) in pinned.as_mut_slice().iter_mut().enumerate() {
+                *w = pattern(k);
+            }
+            let dev = DeviceBuffer::<u32>::zeroed(&stream, n)?;
+            let pinned = pinned.copy_to_device(&stream, dev.view())?.wait()?;
+            let on_device = dev.to_host_vec(&stream)?;
+            let wrong = (0..n).find(|&k| on_device[k] != pattern(k));
+            assert_eq!(wrong, None, "{n} words to the device, round {round}");
+            // The first half again, from a buffer filled with something else.
+            let mut other = PinnedBuffer::<u32>::new(&device, n)?;
+            other.as_mut_slice().fill(!seed);
+            let half = n / 2;
+            let other = other
+                .copy_prefix_to_device(&stream, dev.slice(0..half)?)?
+                .wait()?;
+            drop(other);
+            let mut back = PinnedBuffer::<u32>::new(&device, n)?;
+            back.as_mut_slice().fill(7);
+            let back = back.copy_from_device(&stream, dev.view())?.wait()?;
+            let expected = |k: usize| if k < half { !seed } else { pattern(k) };
+            let wrong = (0..n).find(|&k| back.as_slice()[k] != expected(k));
+            assert_eq!(wrong, None, "{n} words from the device, round {round}");
+            assert_eq!(
+                pinned.as_slice()[n - 1],
+                pattern(n - 1),
+                "the source changed"
+            );
+        }
+    }
+    Ok(())
 }
