@@ -354,9 +354,10 @@ impl Drop for CudaPinned {
 
 /// Large page-locked buffers mapped by the runtime and registered with the driver, on Linux.
 ///
-/// `cuMemHostAlloc` faults a buffer in one 4 KiB page at a time, which on the virtual
-/// machines GPUs are rented as costs some 2.5 µs a page: about 10 ms for the 16 MiB staging
-/// buffers of a checkpoint load, a quarter of loading a 1B-parameter model. A private
+/// `cuMemHostAlloc` faults a buffer in one 4 KiB page at a time, which on the cloud virtual
+/// machines measured (`docs/perf/pinned-alloc/`) costs some 2.5 µs a page: about 10 ms for
+/// each 16 MiB staging buffer of a checkpoint load, a quarter of loading a 1B-parameter model
+/// (`docs/perf/llama-profile.md`). A private
 /// anonymous mapping of whole 2 MiB pages, with transparent huge pages asked for, is
 /// faulted in 2 MiB at a time where the kernel allows it (and as before where it does not),
 /// then registered with `cuMemHostRegister`, which pins it as `cuMemHostAlloc` would. The
