@@ -4,7 +4,7 @@
 //! are refused when the buffer is made (no backend aligns its storage further), types
 //! aligned to 8 bytes round-trip through the device, and so do large buffers (which the CUDA
 //! backend maps in huge pages and registers with the driver) of sizes that are not whole huge
-//! pages, made and dropped many times over.
+//! pages, made and dropped repeatedly.
 
 use cuflow_runtime::{DeviceBuffer, DeviceCopy, DeviceError, PinnedBuffer};
 use cuflow_testing::device::{device, stream};

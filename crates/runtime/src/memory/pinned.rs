@@ -3,8 +3,8 @@
 //! The host reads a pinned buffer in place, as a `[T]` over the backend's bytes. Every backend
 //! aligns non-empty pinned storage to at least 8 bytes (host: a word vector; CUDA: page-aligned
 //! `cuMemHostAlloc`, or from 4 MiB on Linux a mapping of 2 MiB pages registered with
-//! `cuMemHostRegister`, which is made several times faster), and the storage never moves
-//! while the buffer lives, so
+//! `cuMemHostRegister`, several times faster to make), and the storage never moves while the
+//! buffer lives, so
 //! [`PinnedBuffer::new`] refuses element types aligned to more than 8 bytes and checks the
 //! storage's alignment once; an empty buffer (on CUDA, one with no allocation at all) reads as
 //! an empty slice without touching its bytes.

@@ -356,14 +356,14 @@ impl Drop for CudaPinned {
 ///
 /// `cuMemHostAlloc` faults a buffer in one 4 KiB page at a time, which on the cloud virtual
 /// machines measured (`docs/perf/pinned-alloc/`) costs some 2.5 µs a page: about 10 ms for
-/// each 16 MiB staging buffer of a checkpoint load, a quarter of loading a 1B-parameter model
-/// (`docs/perf/llama-profile.md`). A private
-/// anonymous mapping of whole 2 MiB pages, with transparent huge pages asked for, is
-/// faulted in 2 MiB at a time where the kernel allows it (and as before where it does not),
-/// then registered with `cuMemHostRegister`, which pins it as `cuMemHostAlloc` would. The
-/// mapping is kept out of child processes (`MADV_DONTFORK`): after a `fork` the parent's
-/// writes would otherwise copy its pages away from the pinned ones. The kernel zeroes fresh
-/// anonymous pages, so the memory is initialized.
+/// each 16 MiB staging buffer of a checkpoint load, together a quarter of loading a
+/// 1B-parameter model (`docs/perf/llama-profile.md`). A private anonymous mapping of whole
+/// 2 MiB pages, with transparent huge pages asked for, is faulted in 2 MiB at a time where
+/// the kernel allows it (and 4 KiB at a time, as before, where it does not), then registered
+/// with `cuMemHostRegister`, which pins it as `cuMemHostAlloc` would. The mapping is kept
+/// out of child processes (`MADV_DONTFORK`): after a `fork` the parent's writes would
+/// otherwise copy its pages away from the pinned ones. The kernel zeroes fresh anonymous
+/// pages, so the memory is initialized.
 #[cfg(target_os = "linux")]
 mod mapped {
     use std::ffi::c_void;
@@ -378,12 +378,13 @@ mod mapped {
     pub(super) const MIN_BYTES: usize = 4 << 20;
 
     /// `bytes` (rounded up to whole huge pages, the returned length) of zeroed memory,
-    /// registered with the bound context with `flags` (`CU_MEMHOSTREGISTER_*`: the values of
-    /// `CU_MEMHOSTALLOC_PORTABLE` and the others are the same), aligned to a huge page.
-    /// `None` when the system refuses the mapping or the driver the registration: the caller
-    /// allocates with `cuMemHostAlloc` instead, which reports what it refuses.
+    /// aligned to a huge page, registered with the bound context. `flags` are those of
+    /// `cuMemHostAlloc`: 0, or `CU_MEMHOSTALLOC_PORTABLE`, which has the value of
+    /// `CU_MEMHOSTREGISTER_PORTABLE`; any other flag means something else to the
+    /// registration, and gives `None`. `None` also when the system refuses the mapping or the
+    /// driver the registration: the caller allocates with `cuMemHostAlloc` instead, which
+    /// reports what it refuses.
     pub(super) fn alloc(bytes: usize, flags: std::ffi::c_uint) -> Option<(*mut u8, usize)> {
-        // Only the flag whose meaning is the same for both calls.
         if flags & !sys::CU_MEMHOSTREGISTER_PORTABLE != 0 {
             return None;
         }
