@@ -53,20 +53,33 @@ fn loaded_checkpoints_equal_synthetic_weights() -> Result<(), DeviceError> {
     Ok(())
 }
 
-/// Writes the tiny checkpoint with `edit` applied to its tensors and loads it.
+/// Writes the tiny checkpoint with `edit` applied to its tensors and loads it; the load must
+/// fail (not panic), and its message is returned.
 fn load_edited(
     name: &str,
     edit: impl FnOnce(&mut Vec<cuflow_models::llama::testing::CheckpointTensor>),
 ) -> Result<String, DeviceError> {
+    load_changed(name, edit, |_| ())
+}
+
+/// Writes the tiny checkpoint, its tensors changed by `tensors` before and its files by
+/// `files` after, into a folder of its own and loads it; the load must fail (not panic), and
+/// its message is returned.
+fn load_changed(
+    name: &str,
+    tensors: impl FnOnce(&mut Vec<cuflow_models::llama::testing::CheckpointTensor>),
+    files: impl FnOnce(&Path),
+) -> Result<String, DeviceError> {
     let cfg = LlamaConfig::tiny();
-    let mut tensors = synthetic_tensors(&cfg, 1, WeightDtype::Bf16)?;
-    edit(&mut tensors);
+    let mut written = synthetic_tensors(&cfg, 1, WeightDtype::Bf16)?;
+    tensors(&mut written);
     let dir = temp_dir(name);
-    write_checkpoint(&dir, &cfg, &tensors)?;
+    write_checkpoint(&dir, &cfg, &written)?;
+    files(&dir);
     let result = Llama::load(&Device::auto()?, &dir);
     std::fs::remove_dir_all(&dir).ok();
     Ok(result
-        .expect_err("the edited checkpoint must not load")
+        .expect_err("the changed checkpoint must not load")
         .to_string())
 }
 
@@ -157,21 +170,12 @@ fn edit_header(dir: &Path, edit: impl FnOnce(&mut serde_json::Map<String, serde_
     std::fs::write(&path, out).expect("rewrite the checkpoint");
 }
 
-/// Writes the tiny checkpoint with its header edited by `edit` and loads it; the load must
-/// fail (not panic), and its message is returned.
+/// [`load_changed`] with the header edited by `edit`.
 fn load_with_header(
     name: &str,
     edit: impl FnOnce(&mut serde_json::Map<String, serde_json::Value>),
 ) -> Result<String, DeviceError> {
-    let cfg = LlamaConfig::tiny();
-    let dir = temp_dir(name);
-    write_checkpoint(&dir, &cfg, &synthetic_tensors(&cfg, 1, WeightDtype::Bf16)?)?;
-    edit_header(&dir, edit);
-    let result = Llama::load(&Device::auto()?, &dir);
-    std::fs::remove_dir_all(&dir).ok();
-    Ok(result
-        .expect_err("the corrupt checkpoint must not load")
-        .to_string())
+    load_changed(name, |_| (), |dir| edit_header(dir, edit))
 }
 
 /// The header's byte ranges are checked before any tensor is read: a range past every
@@ -256,24 +260,21 @@ fn write_raw(dir: &Path, len: u64, header: &str, data: &[u8]) {
     std::fs::write(dir.join("model.safetensors"), out).expect("rewrite the checkpoint");
 }
 
-/// Writes the tiny checkpoint, rewrites its `model.safetensors` with `edit` (of its header
-/// text and data, returning the header length to write) and loads it; the load must fail,
-/// and its message is returned.
+/// [`load_changed`] with `model.safetensors` rewritten by `edit` (of its header text and data,
+/// returning the header length to write).
 fn load_raw(
     name: &str,
     edit: impl FnOnce(&mut String, &mut Vec<u8>) -> u64,
 ) -> Result<String, DeviceError> {
-    let cfg = LlamaConfig::tiny();
-    let dir = temp_dir(name);
-    write_checkpoint(&dir, &cfg, &synthetic_tensors(&cfg, 1, WeightDtype::Bf16)?)?;
-    let (mut header, mut data) = read_raw(&dir);
-    let len = edit(&mut header, &mut data);
-    write_raw(&dir, len, &header, &data);
-    let result = Llama::load(&Device::auto()?, &dir);
-    std::fs::remove_dir_all(&dir).ok();
-    Ok(result
-        .expect_err("the corrupt checkpoint must not load")
-        .to_string())
+    load_changed(
+        name,
+        |_| (),
+        |dir| {
+            let (mut header, mut data) = read_raw(dir);
+            let len = edit(&mut header, &mut data);
+            write_raw(dir, len, &header, &data);
+        },
+    )
 }
 
 /// A header that lists a tensor twice (JSON leaves repeated keys to the reader) is an error
