@@ -114,3 +114,38 @@ fn a_capture_on_one_thread_records_nothing_of_other_threads() -> Result<(), Devi
         Ok(())
     })
 }
+
+/// An eager read-back of a tensor that captures read is never refused because of them: the
+/// streams a capture runs on are its own, and a read-back that picks the stream that last used
+/// a tensor never picks one of them (another capture may begin on it at any moment).
+#[test]
+fn eager_read_backs_beside_repeated_captures_of_the_same_tensor_succeed() -> Result<(), DeviceError>
+{
+    let stream = device().new_stream()?;
+    let xs = random_f32(&mut rng(), 256);
+    let x = api::from_vec(xs.clone(), &[256]).sync_on(&stream)?;
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|scope| -> Result<(), DeviceError> {
+        let reader = scope.spawn(|| -> Result<usize, DeviceError> {
+            let mut reads = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                assert_eq!(x.to_host_vec()?, xs, "read-back {reads}");
+                let shown = format!("{x}");
+                assert!(shown.starts_with("tensor(["), "display {reads}: {shown}");
+                reads += 1;
+            }
+            Ok(reads)
+        });
+        let captured = (|| {
+            for _ in 0..500 {
+                drop(kernels::scale(x.clone(), 2.0).graph_on(stream.clone())?);
+            }
+            Ok(())
+        })();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let reads = reader.join().expect("reader thread")?;
+        captured?;
+        assert!(reads > 0);
+        Ok(())
+    })
+}

@@ -36,7 +36,7 @@ impl CaptureReserve {
             return Ok(free.swap_remove(pos));
         }
         drop(free);
-        device.new_stream_with_priority(priority)
+        device.new_stream_for_captures(priority)
     }
 
     fn give_back(stream: Stream) {

@@ -13,7 +13,7 @@ use std::sync::OnceLock;
 
 use parking_lot::Mutex;
 
-use crate::backend::{self, DeviceBackend};
+use crate::backend::{self, DeviceBackend, Retired, SyncWait};
 use crate::error::{BackendKind, DeviceError, Result};
 use crate::pool::PoolCounters;
 use crate::stream::Stream;
@@ -88,6 +88,9 @@ pub(crate) struct DeviceInner {
     pub(crate) pool: PoolCounters,
     /// The device's streams, for `Device::synchronize`.
     pub(crate) streams: Mutex<Vec<std::sync::Weak<crate::stream::StreamInner>>>,
+    /// What is left of the streams dropped with their work unfinished or their failure
+    /// unreported, for `Device::synchronize`.
+    pub(crate) retired: Mutex<RetiredStreams>,
     /// The stream on which staged copies out of this device read its memory, created at the
     /// first such copy (see `DeviceBuffer::copy_from_device_staged`).
     pub(crate) staging_stream: Mutex<Option<Stream>>,
@@ -95,6 +98,15 @@ pub(crate) struct DeviceInner {
     /// Each type's slot (a `OnceLock<Arc<T>>`), made at its first request; the lock is held
     /// only to find a slot, never while a value is made.
     pub(crate) extensions: Mutex<HashMap<std::any::TypeId, Arc<dyn std::any::Any + Send + Sync>>>,
+}
+
+/// What is left of a device's dropped streams (see [`Device::retire`]).
+#[derive(Default)]
+pub(crate) struct RetiredStreams {
+    /// Synchronizations of their unfinished work.
+    pending: Vec<SyncWait>,
+    /// The first failure of their finished work that nothing reported.
+    failed: Option<DeviceError>,
 }
 
 /// One CUDA GPU or the CPU host backend.
@@ -178,6 +190,7 @@ impl Device {
                 bytes_in_use: AtomicUsize::new(0),
                 pool: PoolCounters::new(),
                 streams: Mutex::new(Vec::new()),
+                retired: Mutex::new(RetiredStreams::default()),
                 staging_stream: Mutex::new(None),
                 extensions: Mutex::new(HashMap::new()),
             }),
@@ -211,6 +224,7 @@ impl Device {
                 bytes_in_use: AtomicUsize::new(0),
                 pool: PoolCounters::new(),
                 streams: Mutex::new(Vec::new()),
+                retired: Mutex::new(RetiredStreams::default()),
                 staging_stream: Mutex::new(None),
                 extensions: Mutex::new(HashMap::new()),
             }),
@@ -474,7 +488,7 @@ impl Device {
     ///
     /// A driver error if the stream cannot be created.
     pub fn new_stream(&self) -> Result<Stream> {
-        Stream::new(self, None)
+        Stream::new(self, None, false)
     }
 
     /// Creates a new stream with a scheduling priority; lower numbers are higher priority, and
@@ -484,7 +498,33 @@ impl Device {
     ///
     /// A driver error if the stream cannot be created.
     pub fn new_stream_with_priority(&self, priority: i32) -> Result<Stream> {
-        Stream::new(self, Some(priority))
+        Stream::new(self, Some(priority), false)
+    }
+
+    /// Creates a stream for captures, with a scheduling priority as
+    /// [`Device::new_stream_with_priority`]: a stream that may begin a capture at any moment,
+    /// which [`DeviceBuffer::last_stream`](crate::DeviceBuffer::last_stream) therefore never
+    /// picks, so that an eager read-back on another thread never lands on it while it records
+    /// (and is refused). Otherwise an ordinary stream.
+    ///
+    /// # Errors
+    ///
+    /// A driver error if the stream cannot be created.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cuflow_runtime::{Device, DeviceBuffer};
+    ///
+    /// let device = Device::host();
+    /// let captures = device.new_stream_for_captures(0)?;
+    /// let x = DeviceBuffer::from_host(&captures, &[1.0f32, 2.0])?;
+    /// assert!(captures.is_for_captures());
+    /// assert!(x.last_stream().is_none());
+    /// # Ok::<(), cuflow_runtime::DeviceError>(())
+    /// ```
+    pub fn new_stream_for_captures(&self, priority: i32) -> Result<Stream> {
+        Stream::new(self, Some(priority), true)
     }
 
     /// The valid stream priorities as `(least, greatest)`; greatest is numerically lowest.
@@ -496,13 +536,40 @@ impl Device {
         self.inner.backend.priority_range()
     }
 
-    /// Waits until all work on all of this device's streams has finished. Streams being
-    /// captured are skipped (their work is recorded, not run).
+    /// Waits until all work on all of this device's streams has finished, the work of streams
+    /// whose handles were all dropped included (dropping a stream neither cancels its work nor
+    /// loses its failure). Streams being captured are skipped (their work is recorded, not
+    /// run).
     ///
     /// # Errors
     ///
-    /// The first error any of the device's streams hit.
+    /// The first error any of the device's streams hit: of a dropped stream, an error nothing
+    /// else reported, given once. [`DeviceError::Reentrant`] inside a host function or a
+    /// host kernel, where the wait would wait for itself.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::atomic::{AtomicBool, Ordering};
+    /// use std::sync::Arc;
+    ///
+    /// let device = cuflow_runtime::Device::host();
+    /// let stream = device.new_stream()?;
+    /// let ran = Arc::new(AtomicBool::new(false));
+    /// let flag = ran.clone();
+    /// stream.enqueue_host_fn(move || flag.store(true, Ordering::SeqCst))?;
+    /// drop(stream);
+    /// device.synchronize()?;
+    /// assert!(ran.load(Ordering::SeqCst));
+    /// # Ok::<(), cuflow_runtime::DeviceError>(())
+    /// ```
     pub fn synchronize(&self) -> Result<()> {
+        if crate::in_host_function() {
+            return Err(DeviceError::Reentrant {
+                what: "Device::synchronize inside a host kernel or host function",
+            });
+        }
+        let retired = std::mem::take(&mut *self.inner.retired.lock());
         let live: Vec<Stream> = {
             let mut list = self.inner.streams.lock();
             list.retain(|w| w.strong_count() > 0);
@@ -518,7 +585,41 @@ impl Device {
                 first = r;
             }
         }
-        first
+        for wait in retired.pending {
+            let r = wait.wait();
+            if first.is_ok() {
+                first = r;
+            }
+        }
+        match (first, retired.failed) {
+            (Ok(()), Some(e)) => Err(e),
+            (first, _) => first,
+        }
+    }
+
+    /// Keeps what is left of a stream whose last handle was dropped for the next
+    /// [`Device::synchronize`], and forgets what finished of the streams kept before (keeping
+    /// the first failure among them): the list holds only unfinished work. Never blocks, and
+    /// may be called with locks of the runtime held.
+    pub(crate) fn retire(&self, left: Retired) {
+        let mut retired = self.inner.retired.lock();
+        let RetiredStreams { pending, failed } = &mut *retired;
+        let mut i = 0;
+        while i < pending.len() {
+            if !pending[i].is_done() {
+                i += 1;
+                continue;
+            }
+            if let Err(e) = pending.swap_remove(i).done_result() {
+                failed.get_or_insert(e);
+            }
+        }
+        match left {
+            Retired::Pending(wait) => pending.push(wait),
+            Retired::Failed(e) => {
+                failed.get_or_insert(e);
+            }
+        }
     }
 
     /// Returns the extension value of type `T` stored on this device, creating it with `init`

@@ -332,8 +332,34 @@ impl ErrorScope {
         }
     }
 
-    /// The scope entered on this thread, if any.
-    pub(crate) fn current() -> Option<ErrorScope> {
+    /// The scope entered on this thread (the innermost), if any.
+    ///
+    /// A scope is entered per thread: work that another thread enqueues carries that thread's
+    /// scope, not this one. Work a unit hands to a thread of its own (an op's closure that
+    /// launches from a worker thread, say) belongs to the unit only if that thread enters the
+    /// unit's scope, taken here; else its failure is kept by the stream, for the stream's next
+    /// synchronization outside any scope.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cuflow_runtime::{Device, ErrorScope};
+    ///
+    /// let stream = Device::host().new_stream()?;
+    /// let scope = ErrorScope::new();
+    /// let _entered = scope.enter();
+    /// let unit = ErrorScope::current().expect("a scope is entered here");
+    /// std::thread::scope(|threads| {
+    ///     threads.spawn(|| {
+    ///         let _entered = unit.enter();
+    ///         stream.enqueue_host_fn(|| panic!("the helper thread's work fails"))
+    ///     });
+    /// });
+    /// // The helper thread's failure is this unit's.
+    /// assert!(stream.synchronize().is_err());
+    /// # Ok::<(), cuflow_runtime::DeviceError>(())
+    /// ```
+    pub fn current() -> Option<ErrorScope> {
         ENTERED.with(|e| e.borrow().last().map(|(_, scope)| scope.clone()))
     }
 
@@ -404,6 +430,16 @@ impl ErrorSink {
     pub(crate) fn here(stream: &Arc<Mutex<Option<DeviceError>>>) -> ErrorSink {
         ErrorSink {
             scope: ErrorScope::current(),
+            stream: stream.clone(),
+            at: next_tick(),
+        }
+    }
+
+    /// The sink of the stream's own slot, whatever scope the calling thread is in: where what
+    /// is left of a dropped stream's work reports (see `Device::synchronize`).
+    pub(crate) fn of_stream(stream: &Arc<Mutex<Option<DeviceError>>>) -> ErrorSink {
+        ErrorSink {
+            scope: None,
             stream: stream.clone(),
             at: next_tick(),
         }

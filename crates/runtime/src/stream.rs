@@ -53,6 +53,9 @@ pub(crate) struct StreamInner {
     pub(crate) device: Device,
     pub(crate) priority: i32,
     pub(crate) backend: StreamBackend,
+    /// Made with [`Device::new_stream_for_captures`]: never picked as a buffer's
+    /// [`last_stream`](crate::DeviceBuffer::last_stream).
+    pub(crate) for_captures: bool,
     pub(crate) capturing: AtomicBool,
     pub(crate) capture: Mutex<Option<Arc<CaptureSession>>>,
     /// Tracked accesses enqueued on this stream so far, and how far it has waited for each
@@ -66,6 +69,20 @@ pub(crate) struct StreamInner {
     /// a capture beginning or joining: no thread checks "not capturing" and then enqueues into
     /// a capture that began in between.
     gate: RwLock<()>,
+}
+
+impl Drop for StreamInner {
+    /// The last handle is gone, but not the work: what is unfinished, or the failure nothing
+    /// reported, is left to the device's next [`Device::synchronize`]. A capturing stream is
+    /// held by its capture, so it is never dropped here while capturing.
+    fn drop(&mut self) {
+        if self.capturing.load(Ordering::Acquire) {
+            return;
+        }
+        if let Some(left) = self.backend.retire() {
+            self.device.retire(left);
+        }
+    }
 }
 
 /// An in-order queue of work on one device. Cheap to clone (clones share the queue),
@@ -101,8 +118,30 @@ pub fn in_host_function() -> bool {
     crate::backend::cuda::in_host_function() || crate::backend::host::on_worker_thread()
 }
 
+/// [`DeviceError::Reentrant`] for a capture begun or ended inside a host function or a host
+/// kernel, on every backend: a capture belongs to the thread that began it, and the thread that
+/// runs a stream's work (the host backend's worker) is one no program code can end it from.
+fn refuse_capture_in_host_function(op: &'static str) -> Result<()> {
+    crate::backend::refuse_in_host_function()?;
+    if crate::backend::host::on_worker_thread() {
+        return Err(DeviceError::Reentrant {
+            what: match op {
+                "Stream::begin_capture" => {
+                    "Stream::begin_capture inside a host kernel or host function"
+                }
+                _ => "Stream::end_capture inside a host kernel or host function",
+            },
+        });
+    }
+    Ok(())
+}
+
 impl Stream {
-    pub(crate) fn new(device: &Device, priority: Option<i32>) -> Result<Stream> {
+    pub(crate) fn new(
+        device: &Device,
+        priority: Option<i32>,
+        for_captures: bool,
+    ) -> Result<Stream> {
         crate::trace::start_from_env();
         let id = StreamId(NEXT_STREAM_ID.fetch_add(1, Ordering::Relaxed));
         let (backend, priority) = device.backend().new_stream(id, priority)?;
@@ -112,6 +151,7 @@ impl Stream {
                 device: device.clone(),
                 priority,
                 backend,
+                for_captures,
                 capturing: AtomicBool::new(false),
                 capture: Mutex::new(None),
                 clock: AccessClock::new(id),
@@ -133,6 +173,11 @@ impl Stream {
     /// The device the stream belongs to.
     pub fn device(&self) -> &Device {
         &self.inner.device
+    }
+
+    /// Whether the stream was made with [`Device::new_stream_for_captures`].
+    pub fn is_for_captures(&self) -> bool {
+        self.inner.for_captures
     }
 
     /// The stream's priority (lower is more urgent).
@@ -432,7 +477,7 @@ impl Stream {
     ///
     /// [`DeviceError::Capture`] if the stream is already capturing, or a driver error.
     pub fn begin_capture(&self) -> Result<()> {
-        crate::backend::refuse_in_host_function()?;
+        refuse_capture_in_host_function("Stream::begin_capture")?;
         if self.inner.capture.lock().is_some() {
             return Err(DeviceError::Capture {
                 op: "Stream::begin_capture".into(),
@@ -471,7 +516,7 @@ impl Stream {
     /// enters the graph), if the capture was invalidated by an operation that cannot be
     /// captured, or if a joined stream's work was not joined back into this stream.
     pub fn end_capture(&self) -> Result<Graph> {
-        crate::backend::refuse_in_host_function()?;
+        refuse_capture_in_host_function("Stream::end_capture")?;
         let session = {
             let slot = self.inner.capture.lock();
             match &*slot {

@@ -101,6 +101,37 @@ fn waiting_inside_a_host_function_is_refused_at_once() -> Result<(), DeviceError
     assert_stream_usable(&other)
 }
 
+/// Beginning or ending a capture inside a host function is refused at once with `Reentrant`,
+/// on every backend. A capture belongs to the thread that began it, and only that thread may
+/// end it or enqueue into it: begun on the thread that runs a stream's work, nothing could
+/// ever end it, and the stream would refuse every other thread's work from then on.
+#[test]
+fn capturing_inside_a_host_function_is_refused_at_once() -> Result<(), DeviceError> {
+    let _one = one_at_a_time();
+    let s = stream();
+    let other = s.device().new_stream()?;
+    let (own, another) = inside_a_host_function(&s, {
+        let (s, other) = (s.clone(), other.clone());
+        move || (s.begin_capture(), other.begin_capture())
+    });
+    let kind = s.device().kind();
+    assert_refused(own, kind, "beginning a capture of its own stream");
+    assert_refused(another, kind, "beginning a capture of another stream");
+    assert!(!s.is_capturing() && !other.is_capturing());
+    // A capture this thread began is ended by this thread, not by a host function.
+    other.begin_capture()?;
+    let ended = inside_a_host_function(&s, {
+        let other = other.clone();
+        move || other.end_capture().map(drop)
+    });
+    assert_refused(ended, kind, "ending a capture");
+    assert!(other.is_capturing());
+    drop(other.end_capture()?);
+    s.synchronize()?;
+    assert_stream_usable(&s)?;
+    assert_stream_usable(&other)
+}
+
 /// The results of the waits a host kernel implementation tried, in the order it tried them.
 type WaitResults = Vec<(&'static str, Result<(), DeviceError>)>;
 

@@ -323,3 +323,25 @@ fn kernels_describe_themselves_and_compile_ahead_of_launch() -> Result<(), Devic
     assert!(rel_err_in_norm(&yb.to_host_vec(&s)?, &want) <= TOL);
     Ok(())
 }
+
+/// A buffer passed with `KernelArgs::output` to a parameter declared `const` is read by the
+/// kernel, on every backend: the CUDA C reads it through its `const` pointer, and the host
+/// implementation reads it with `HostKernelArgs::input` (its write stays ordered as a write).
+#[test]
+fn a_buffer_given_as_an_output_to_a_const_parameter_is_read() -> Result<(), DeviceError> {
+    let s = stream();
+    let data = random_f32(&mut rng(), 1000);
+    let src = DeviceBuffer::from_host(&s, &data)?;
+    let dst = DeviceBuffer::from_host(&s, &vec![f32::NAN; data.len()])?;
+    cuflow_testing::kernels::copy().launch(
+        &s,
+        LaunchConfig::for_num_elems(data.len()),
+        KernelArgs::new()
+            .output(&dst)
+            .output(&src)
+            .scalar(data.len() as u32),
+    )?;
+    assert_eq!(dst.to_host_vec(&s)?, data);
+    assert_eq!(src.to_host_vec(&s)?, data);
+    Ok(())
+}

@@ -1,7 +1,9 @@
 //! A buffer does not keep alive every stream that ever used it: once it remembers 64, it
 //! forgets those whose work has all finished, and never one whose work may still be running.
 
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use cuflow_runtime::{DeviceBuffer, DeviceError, KernelArgs, LaunchConfig, Stream};
 use cuflow_testing::{
@@ -103,4 +105,65 @@ fn a_write_after_reads_on_many_busy_streams_waits_for_every_one() -> Result<(), 
     }
     assert_eq!(x.to_host_vec(&writer)?, vec![0.0; data.len()]);
     Ok(())
+}
+
+/// `Device::synchronize` waits for the work of every stream of the device, also of a stream
+/// whose last handle was dropped while its work was queued, and reports that work's failure
+/// (once): dropping a stream neither cancels its work nor loses its error.
+#[test]
+fn device_synchronize_waits_for_dropped_streams_and_reports_their_failures(
+) -> Result<(), DeviceError> {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let device = device();
+    device.synchronize()?;
+    // Work still queued when its stream is dropped.
+    let s = device.new_stream()?;
+    let ran = Arc::new(AtomicBool::new(false));
+    s.enqueue_host_fn({
+        let ran = ran.clone();
+        move || {
+            std::thread::sleep(Duration::from_millis(300));
+            ran.store(true, Ordering::SeqCst);
+        }
+    })?;
+    drop(s);
+    device.synchronize()?;
+    assert!(
+        ran.load(Ordering::SeqCst),
+        "Device::synchronize returned before a dropped stream's work ran"
+    );
+    // A failure of such work, reported by the next device synchronization only.
+    let s = device.new_stream()?;
+    s.enqueue_host_fn(|| {
+        std::thread::sleep(Duration::from_millis(100));
+        panic!("a dropped stream's host function fails");
+    })?;
+    drop(s);
+    let r = device.synchronize();
+    assert!(
+        matches!(&r, Err(DeviceError::Panicked { message, .. }) if message.contains("dropped stream")),
+        "{r:?}"
+    );
+    device.synchronize()?;
+    // The failure of work that had finished before its stream was dropped, too.
+    let s = device.new_stream()?;
+    let done = Arc::new(AtomicBool::new(false));
+    s.enqueue_host_fn(|| panic!("a finished host function of a dropped stream fails"))?;
+    s.enqueue_host_fn({
+        let done = done.clone();
+        move || done.store(true, Ordering::SeqCst)
+    })?;
+    while !done.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // Time for the stream to finish its bookkeeping, so that it is idle when dropped (its
+    // failure is reported either way).
+    std::thread::sleep(Duration::from_millis(50));
+    drop(s);
+    let r = device.synchronize();
+    assert!(
+        matches!(&r, Err(DeviceError::Panicked { message, .. }) if message.contains("finished host function")),
+        "{r:?}"
+    );
+    device.synchronize()
 }

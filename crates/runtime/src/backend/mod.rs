@@ -40,7 +40,7 @@ pub(crate) use cuda::{at_exit, nvtx_end, nvtx_start, refuse_in_host_function};
 pub(crate) use device::{CompileCache, CompiledFor, DeviceBackend, KernelCode};
 pub(crate) use event::EventBackend;
 pub(crate) use memory::{DeferredFree, MemoryBackend, PinnedBackend, PinnedBytes, PinnedBytesMut};
-pub(crate) use stream::StreamBackend;
+pub(crate) use stream::{Retired, StreamBackend, SyncWait};
 
 use crate::error::{BackendKind, DeviceError, Result};
 

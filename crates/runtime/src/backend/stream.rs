@@ -36,6 +36,32 @@ impl SyncWait {
             SyncWait::Cuda(c) => c.wait(),
         }
     }
+
+    /// Whether the work before the synchronization has finished, without waiting (`false`
+    /// where that cannot be known now: [`SyncWait::wait`] then tells).
+    pub(crate) fn is_done(&self) -> bool {
+        match self {
+            SyncWait::Host(h) => h.is_done(),
+            SyncWait::Cuda(c) => c.is_done(),
+        }
+    }
+
+    /// The first error of the stream's work, of a synchronization that [`SyncWait::is_done`]
+    /// found finished: nothing is waited for and no memory released, so that it may be called
+    /// with locks of the runtime held.
+    pub(crate) fn done_result(self) -> Result<()> {
+        match self {
+            SyncWait::Host(h) => h.done_result(),
+            SyncWait::Cuda(c) => c.done_result(),
+        }
+    }
+}
+
+/// What is left of a stream whose last handle was dropped (see [`StreamBackend::retire`]): its
+/// unfinished work, or the failure of its finished work that nothing reported.
+pub(crate) enum Retired {
+    Pending(SyncWait),
+    Failed(crate::error::DeviceError),
 }
 
 /// Host bytes made ready for a copy into a device by [`StreamBackend::stage_from_host`].
@@ -117,6 +143,18 @@ impl StreamBackend {
         match self {
             StreamBackend::Host(h) => Ok(SyncWait::Host(h.begin_synchronize()?)),
             StreamBackend::Cuda(c) => Ok(SyncWait::Cuda(c.begin_synchronize()?)),
+        }
+    }
+
+    /// What `Device::synchronize` still has to wait for or report of this stream, whose last
+    /// handle is being dropped: a synchronization of its unfinished work, or the failure its
+    /// finished work left in the stream's own error slot; `None` when there is neither, or
+    /// where nothing can be enqueued now (inside a CUDA host function). Never blocks. The
+    /// caller saw the stream not capturing.
+    pub(crate) fn retire(&self) -> Option<Retired> {
+        match self {
+            StreamBackend::Host(h) => h.retire(),
+            StreamBackend::Cuda(c) => c.retire(),
         }
     }
 

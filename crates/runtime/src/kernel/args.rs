@@ -3,6 +3,7 @@
 //! [`HostKernelArgs`], the typed view a host implementation reads them through.
 
 use std::any::TypeId;
+use std::cell::Cell;
 use std::fmt;
 use std::sync::Arc;
 
@@ -188,8 +189,13 @@ pub(crate) enum HostSlot<'a> {
         ty: TypeId,
         ty_name: &'static str,
     },
+    /// A buffer given with [`KernelArgs::output`]: taken once by [`HostKernelArgs::output`],
+    /// or read (any number of times) by [`HostKernelArgs::input`], for a parameter the CUDA C
+    /// declares `const` — not both in one launch.
     Out {
-        bytes: Option<&'a mut [u8]>,
+        bytes: Cell<Option<&'a mut [u8]>>,
+        /// The bytes, once [`HostKernelArgs::input`] read them.
+        read: Cell<Option<&'a [u8]>>,
         ty: TypeId,
         ty_name: &'static str,
     },
@@ -238,33 +244,62 @@ impl<'a> HostKernelArgs<'a> {
         }
     }
 
-    /// The input buffer at `index`.
+    /// The input buffer at `index`: a buffer given with [`KernelArgs::input`], or one given
+    /// with [`KernelArgs::output`] that the kernel only reads (as a CUDA C parameter declared
+    /// `const` does), which [`HostKernelArgs::output`] then no longer gives in this launch.
     ///
     /// # Errors
     ///
-    /// [`DeviceError::InvalidArgument`] when the argument is not an input buffer of `T`.
+    /// [`DeviceError::InvalidArgument`] when the argument is not a buffer of `T`, or is an
+    /// output already taken with [`HostKernelArgs::output`].
     pub fn input<T: DeviceCopy>(&self, index: usize) -> Result<&'a [T]> {
-        match self.slots.get(index) {
-            Some(HostSlot::In { bytes, ty, ty_name }) => {
-                if *ty != TypeId::of::<T>() {
-                    return Err(self.mismatch(
-                        index,
-                        format!(
-                            "is a buffer of {ty_name}, read as {}",
-                            std::any::type_name::<T>()
-                        ),
-                    ));
-                }
-                let bytes: &'a [u8] = bytes;
-                if bytes.is_empty() {
-                    // Whatever the address of the empty range: it holds no element to align.
-                    return Ok(&[]);
-                }
-                bytemuck::try_cast_slice(bytes).map_err(|e| self.mismatch(index, e.to_string()))
+        let (bytes, ty, ty_name): (&'a [u8], _, _) = match self.slots.get(index) {
+            Some(HostSlot::In { bytes, ty, ty_name }) => (bytes, ty, ty_name),
+            Some(HostSlot::Out {
+                bytes,
+                read,
+                ty,
+                ty_name,
+            }) => {
+                let shared = match (read.get(), bytes.take()) {
+                    (Some(shared), _) => shared,
+                    (None, Some(writable)) => {
+                        let shared: &'a [u8] = writable;
+                        read.set(Some(shared));
+                        shared
+                    }
+                    (None, None) => {
+                        return Err(self.mismatch(
+                            index,
+                            "is an output already taken with HostKernelArgs::output in this \
+                             launch, so it cannot also be read as an input"
+                                .into(),
+                        ))
+                    }
+                };
+                (shared, ty, ty_name)
             }
-            Some(_) => Err(self.mismatch(index, "is not an input buffer".into())),
-            None => Err(self.mismatch(index, format!("only {} arguments", self.slots.len()))),
+            Some(HostSlot::Scalar { .. }) => {
+                return Err(self.mismatch(index, "is a scalar, not a buffer".into()))
+            }
+            None => {
+                return Err(self.mismatch(index, format!("only {} arguments", self.slots.len())))
+            }
+        };
+        if *ty != TypeId::of::<T>() {
+            return Err(self.mismatch(
+                index,
+                format!(
+                    "is a buffer of {ty_name}, read as {}",
+                    std::any::type_name::<T>()
+                ),
+            ));
         }
+        if bytes.is_empty() {
+            // Whatever the address of the empty range: it holds no element to align.
+            return Ok(&[]);
+        }
+        bytemuck::try_cast_slice(bytes).map_err(|e| self.mismatch(index, e.to_string()))
     }
 
     /// The output buffer at `index`; each output can be taken once per launch.
@@ -282,14 +317,27 @@ impl<'a> HostKernelArgs<'a> {
             reason,
         };
         match self.slots.get_mut(index) {
-            Some(HostSlot::Out { bytes, ty, ty_name }) => {
+            Some(HostSlot::Out {
+                bytes,
+                read,
+                ty,
+                ty_name,
+            }) => {
                 if *ty != TypeId::of::<T>() {
                     return Err(err(format!(
                         "is a buffer of {ty_name}, written as {}",
                         std::any::type_name::<T>()
                     )));
                 }
+                if read.get_mut().is_some() {
+                    return Err(err(
+                        "was read with HostKernelArgs::input in this launch, so \
+                                    it cannot also be written"
+                            .into(),
+                    ));
+                }
                 let taken = bytes
+                    .get_mut()
                     .take()
                     .ok_or_else(|| err("was already taken in this launch".into()))?;
                 if taken.is_empty() {

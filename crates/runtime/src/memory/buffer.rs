@@ -164,10 +164,11 @@ impl<T: DeviceCopy> DeviceBuffer<T> {
 
     /// The stream of the most recent work enqueued on this buffer by a stream of its own
     /// device (the allocating stream when nothing used it since; copies to and from other
-    /// devices may also have used it from theirs), leaving out streams being captured, among
-    /// the streams the buffer remembers (it forgets idle ones: see [`Stream`]). Reading back on
-    /// it orders the read after that work without adding a wait; a read on any stream is
-    /// ordered after every use anyway.
+    /// devices may also have used it from theirs), leaving out streams being captured and
+    /// streams made for captures ([`Device::new_stream_for_captures`](crate::Device::new_stream_for_captures)),
+    /// among the streams the buffer remembers (it forgets idle ones: see [`Stream`]). Reading
+    /// back on it orders the read after that work without adding a wait; a read on any stream
+    /// is ordered after every use anyway.
     pub fn last_stream(&self) -> Option<Stream> {
         self.mem
             .state
@@ -175,7 +176,7 @@ impl<T: DeviceCopy> DeviceBuffer<T> {
             .uses
             .iter()
             .rev()
-            .find(|s| *s.device() == self.mem.device && !s.is_capturing())
+            .find(|s| *s.device() == self.mem.device && !s.is_for_captures() && !s.is_capturing())
             .cloned()
     }
 

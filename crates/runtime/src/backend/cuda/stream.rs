@@ -15,6 +15,7 @@ use super::host_copy::copy_host_bytes;
 use super::kernel::CompiledKernel;
 use super::memory::{CudaMemory, CudaPinned, HostStaging};
 use super::{driver_err, CudaDeviceShared, RawEvent, HOST_STAGED_COPY_MAX, HOST_STAGING_PIECE};
+use crate::backend::stream::{Retired, SyncWait};
 use crate::backend::{CaptureBackend, GraphBackend};
 use crate::error::{DeviceError, Result};
 use crate::kernel::{KernelArg, KernelArgs, LaunchConfig};
@@ -152,8 +153,27 @@ impl CudaStreamHandle {
     pub(crate) fn begin_synchronize(&self) -> Result<CudaSyncWait> {
         Ok(CudaSyncWait {
             event: self.record_event(false)?,
-            host_fn_panic: self.host_fn_panic.clone(),
+            sink: ErrorSink::here(&self.host_fn_panic),
         })
+    }
+
+    /// See [`StreamBackend::retire`](crate::backend::StreamBackend::retire): nothing inside a
+    /// host function, where the driver refuses every call; else an event after the stream's
+    /// work, whose wait reports the stream's own slot whatever scope the dropping thread is in.
+    pub(crate) fn retire(&self) -> Option<Retired> {
+        if super::in_host_function() {
+            return None;
+        }
+        // A query the driver refuses (a faulted context) leaves nothing to wait for: later
+        // calls report the fault.
+        if self.is_idle().ok()? {
+            return self.host_fn_panic.lock().take().map(Retired::Failed);
+        }
+        let event = self.record_event(false).ok()?;
+        Some(Retired::Pending(SyncWait::Cuda(CudaSyncWait {
+            event,
+            sink: ErrorSink::of_stream(&self.host_fn_panic),
+        })))
     }
 
     pub(crate) fn begin_capture(&self) -> Result<CaptureBackend> {
@@ -704,7 +724,9 @@ fn capture_err(op: &str, e: cudarc::driver::DriverError) -> DeviceError {
 /// A synchronization of a CUDA stream: an event recorded after its work.
 pub(crate) struct CudaSyncWait {
     event: CudaEventHandle,
-    host_fn_panic: Arc<Mutex<Option<DeviceError>>>,
+    /// Where the stream's host functions report their failures: the scope of the thread that
+    /// began the synchronization, or the stream's own slot.
+    sink: ErrorSink,
 }
 
 impl CudaSyncWait {
@@ -714,7 +736,18 @@ impl CudaSyncWait {
     pub(crate) fn wait(self) -> Result<()> {
         self.event.synchronize()?;
         self.event.shared.release_host_fn_drops();
-        ErrorSink::here(&self.host_fn_panic).sync_result()
+        self.sink.sync_result()
+    }
+
+    /// Whether the event has completed (`false` where the driver cannot say now).
+    pub(crate) fn is_done(&self) -> bool {
+        self.event.is_complete().unwrap_or(false)
+    }
+
+    /// [`CudaSyncWait::wait`] of a completed event, leaving the memory host functions dropped
+    /// to the next synchronization.
+    pub(crate) fn done_result(self) -> Result<()> {
+        self.sink.sync_result()
     }
 }
 
@@ -820,7 +853,7 @@ impl CudaCopyToHost {
             copied?;
         }
         wait.event.shared.release_host_fn_drops();
-        ErrorSink::here(&wait.host_fn_panic).sync_result()
+        wait.sink.sync_result()
     }
 }
 

@@ -5,6 +5,7 @@
 //! and carves the argument ranges out of it: ranges of one allocation that is written must not
 //! overlap, which is reported as an argument error rather than aliased.
 
+use std::cell::Cell;
 use std::sync::Arc;
 
 use parking_lot::{RwLockReadGuard, RwLockWriteGuard};
@@ -110,7 +111,8 @@ fn run(
             } => {
                 *slot = Some(if *writable {
                     HostSlot::Out {
-                        bytes: Some(&mut []),
+                        bytes: Cell::new(Some(&mut [])),
+                        read: Cell::new(None),
                         ty: *ty,
                         ty_name,
                     }
@@ -185,7 +187,8 @@ fn run(
                     };
                     slots[i] = Some(if *writable {
                         HostSlot::Out {
-                            bytes: Some(piece),
+                            bytes: Cell::new(Some(piece)),
+                            read: Cell::new(None),
                             ty: *ty,
                             ty_name,
                         }

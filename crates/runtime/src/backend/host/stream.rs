@@ -11,6 +11,7 @@ use parking_lot::{Condvar, Mutex};
 
 use super::capture::{CaptureCursor, HostCapture, HostGraph, HostNodeKind};
 use super::memory::HostPinned;
+use crate::backend::stream::{Retired, SyncWait};
 use crate::backend::{CaptureBackend, GraphBackend};
 use crate::capture::CaptureSession;
 use crate::error::{DeviceError, Result};
@@ -64,6 +65,16 @@ impl HostSyncWait {
             self.done.1.wait(&mut flag);
         }
         drop(flag);
+        self.sink.sync_result()
+    }
+
+    /// Whether the worker has reached the marker.
+    pub(crate) fn is_done(&self) -> bool {
+        *self.done.0.lock()
+    }
+
+    /// [`HostSyncWait::wait`] of a marker already reached.
+    pub(crate) fn done_result(self) -> Result<()> {
         self.sink.sync_result()
     }
 }
@@ -249,6 +260,30 @@ impl HostStream {
         ))?;
         drop(cap);
         Ok(HostSyncWait { done, sink })
+    }
+
+    /// See [`StreamBackend::retire`](crate::backend::StreamBackend::retire): a marker whose
+    /// wait reports the stream's own error slot, whatever scope the dropping thread is in.
+    pub(crate) fn retire(&self) -> Option<Retired> {
+        if self.is_idle() {
+            return self.core.error.lock().take().map(Retired::Failed);
+        }
+        let done = Arc::new((Mutex::new(false), Condvar::new()));
+        let signal = done.clone();
+        let sink = ErrorSink::of_stream(&self.core.error);
+        // A send fails only when the worker has stopped, leaving nothing to wait for.
+        self.send(Msg::Once(
+            Box::new(move || {
+                *signal.0.lock() = true;
+                signal.1.notify_all();
+            }),
+            sink.clone(),
+        ))
+        .ok()?;
+        Some(Retired::Pending(SyncWait::Host(HostSyncWait {
+            done,
+            sink,
+        })))
     }
 
     pub(crate) fn record_event(&self, timed: bool) -> Result<HostEvent> {
