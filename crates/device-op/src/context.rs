@@ -63,9 +63,6 @@ pub struct ExecutionContext {
     depth: usize,
     /// Whether branches forked from here must stay on this context's device.
     same_device: bool,
-    /// The boxed levels this context and the contexts it was forked from have entered
-    /// (wrapping), for the stack checks of deep chains (see `op/boxed.rs`).
-    boxed_levels: u32,
     stats: Arc<Mutex<ExecutionStats>>,
     /// The streams that received device work, and the branches dropped unjoined, shared by the
     /// whole execution.
@@ -131,7 +128,6 @@ impl ExecutionContext {
             priority: PriorityLevel::Normal,
             depth: 0,
             same_device: false,
-            boxed_levels: 0,
             stats: Arc::new(Mutex::new(ExecutionStats::default())),
             streams: Arc::new(Mutex::new(ExecutionStreams::default())),
             unjoined: false,
@@ -443,7 +439,6 @@ impl ExecutionContext {
             priority: self.priority,
             depth: self.depth + 1,
             same_device: self.same_device,
-            boxed_levels: self.boxed_levels,
             stats: self.stats.clone(),
             streams: self.streams.clone(),
             unjoined: true,
@@ -464,17 +459,6 @@ impl ExecutionContext {
     /// so the stream alone cannot tell before then.
     fn in_capture(&self) -> bool {
         self.captured || self.stream.is_capturing()
-    }
-
-    /// Every how many nested boxed levels an execution checks its stack.
-    pub(crate) const BOXED_CHECK_EVERY: u32 = 16;
-
-    /// Counts a boxed level entered with this context; whether it is one that checks the
-    /// stack. Branches start from their parent's count, so any run of
-    /// [`Self::BOXED_CHECK_EVERY`] nested levels, across `zip!` branches too, holds a check.
-    pub(crate) fn enter_boxed_level(&mut self) -> bool {
-        self.boxed_levels = self.boxed_levels.wrapping_add(1);
-        self.boxed_levels.is_multiple_of(Self::BOXED_CHECK_EVERY)
     }
 
     fn fork_point(&mut self) -> Arc<ForkPoint> {

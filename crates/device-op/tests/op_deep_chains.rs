@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::task::{Context, Waker};
 
 use cuflow_device_op::{
-    enqueue_on, from_fn, value, zip, BoxedOp, DeviceError, DeviceOpExt, Shared,
+    enqueue_on, from_fn, value, zip, BoxedOp, DeviceError, DeviceOp, DeviceOpExt, Shared,
 };
 use cuflow_scheduler::{default_policy, StreamPoolRoundRobin};
 use cuflow_testing::{
@@ -332,6 +332,28 @@ fn a_deep_chain_of_nested_shared_ops_fails_or_is_dropped_on_a_small_stack(
             gate.open();
             assert_all(&buf, 1.0, "the dropped future's work");
         }
+        Ok(())
+    })
+}
+
+/// A chain whose every level takes a lot of stack of its own (a `zip!` of the chain with a
+/// value, inside an op whose frame holds 16 KiB) runs on a small stack too: the stack is
+/// checked at every boxed level, however much stack a level takes.
+#[test]
+fn a_deep_chain_of_wide_levels_syncs_on_a_small_stack() -> Result<(), DeviceError> {
+    on_small_stack(|| {
+        let levels = 20_000u64;
+        let mut op = value(0u64).boxed();
+        for _ in 0..levels {
+            let inner = zip!(op, value(1u64)).map(|(a, b)| a + b);
+            op = from_fn(move |ctx| {
+                let pad = std::hint::black_box([0u8; 16 * 1024]);
+                let n = inner.execute(ctx)?;
+                Ok(n + u64::from(std::hint::black_box(&pad)[0]))
+            })
+            .boxed();
+        }
+        assert_eq!(op.sync()?, levels);
         Ok(())
     })
 }

@@ -239,6 +239,36 @@ fn an_ops_asynchronous_error_reaches_that_op_and_not_the_next_op_on_its_stream(
     Ok(())
 }
 
+/// Work an op has a thread of its own enqueue is the op's when that thread enters the op's
+/// error scope: its failure is the op's error, and the stream is not left holding it for
+/// whoever synchronizes next.
+#[test]
+fn work_enqueued_from_a_helper_thread_in_the_ops_scope_fails_that_op() -> Result<(), DeviceError> {
+    let device = device();
+    let policy = StreamPoolRoundRobin::new(&device, 1)?;
+    let stream = policy.streams()[0].clone();
+    let r = from_fn(|ctx| {
+        let s = ctx.stream()?.clone();
+        let scope = cuflow_runtime::ErrorScope::current();
+        std::thread::scope(|threads| {
+            threads
+                .spawn(move || {
+                    let _entered = scope.as_ref().map(cuflow_runtime::ErrorScope::enter);
+                    s.enqueue_host_fn(|| panic!("the helper thread's work fails"))
+                })
+                .join()
+                .expect("the helper thread")
+        })
+    })
+    .sync_with_policy(&policy);
+    assert!(
+        matches!(&r, Err(DeviceError::Panicked { message, .. }) if message.contains("helper")),
+        "{r:?}"
+    );
+    stream.synchronize()?;
+    Ok(())
+}
+
 /// A shared op produced beside unrelated work that fails on the same stream, in the same
 /// execution: the execution fails, but the shared op's value is its own work's, which did not
 /// fail, so every later consumer gets it, on the producer's stream or another. (Its completion

@@ -5,11 +5,11 @@
 //! and not by the thread's stack, each boxed level runs on a stack grown on demand with
 //! [`stacker`] (the crate rustc grows its own stack with): while more than [`RED_ZONE`] bytes
 //! of stack are left, a check costs one stack-pointer comparison; below that, the next levels
-//! run on a fresh [`STACK_SEGMENT`]-byte segment, freed when they return. Executing checks at
-//! every [`ExecutionContext::BOXED_CHECK_EVERY`]th boxed level only (counted in the context,
-//! which its branches inherit, so every run of that many nested levels holds a check): a level
-//! that does not check costs one increment. Describing and dropping an unexecuted chain check
-//! at every level; an executed level has nothing left to drop.
+//! run on a fresh [`STACK_SEGMENT`]-byte segment, freed when they return. Every boxed level
+//! checks, when it executes, describes itself or is dropped unexecuted (an executed level has
+//! nothing left to drop): checking only every so many levels would assume how much stack the
+//! levels in between take, which no bound holds (a `zip!` level takes some 10 KiB in a debug
+//! build, a user's op whatever its frame holds).
 
 use cuflow_runtime::DeviceError;
 
@@ -17,9 +17,9 @@ use super::DeviceOp;
 use crate::context::ExecutionContext;
 use crate::describe::{DagBuilder, Described, NodeKind};
 
-/// The stack a boxed level leaves for the levels and ops up to the next check before it
-/// switches to a new segment: up to [`ExecutionContext::BOXED_CHECK_EVERY`] levels and the op's
-/// own execution (its closures, a kernel launch) run within it.
+/// The stack a boxed level leaves for the op it boxes before it switches to a new segment: the
+/// op's own execution (the combinators up to the next boxed level, its closures, a kernel
+/// launch) runs within it.
 const RED_ZONE: usize = 128 * 1024;
 
 /// The size of each stack segment a deep chain grows.
@@ -30,9 +30,15 @@ fn with_stack<R>(f: impl FnOnce() -> R) -> R {
     stacker::maybe_grow(RED_ZONE, STACK_SEGMENT, f)
 }
 
-/// Executes one boxed level, checking the stack at every
-/// [`ExecutionContext::BOXED_CHECK_EVERY`]th level of the execution. Out of line and cold, so
-/// that the levels that do not check stay small.
+/// Whether more than [`RED_ZONE`] bytes of this thread's stack are left (`false` where the
+/// stack's bounds are unknown): the levels that find so run on the stack they are on.
+#[inline]
+fn stack_is_ample() -> bool {
+    stacker::remaining_stack().is_some_and(|left| left > RED_ZONE)
+}
+
+/// Executes one boxed level on a stack of at least [`RED_ZONE`] bytes. Out of line and cold,
+/// so that the levels that find enough stack stay small.
 #[cold]
 #[inline(never)]
 fn execute_checked<T: Send>(
@@ -117,10 +123,10 @@ impl<T: Send> DeviceOp for BoxedOp<'_, T> {
     type Output = T;
 
     fn execute(self, ctx: &mut ExecutionContext) -> Result<T, DeviceError> {
-        if ctx.enter_boxed_level() {
-            execute_checked(self.inner, ctx)
-        } else {
+        if stack_is_ample() {
             self.inner.execute_boxed(ctx)
+        } else {
+            execute_checked(self.inner, ctx)
         }
     }
 

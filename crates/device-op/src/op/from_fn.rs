@@ -14,6 +14,12 @@ pub struct FromFn<F>(F);
 /// An op that runs `f` with its execution context when executed: `f` enqueues its device work
 /// on `ctx.stream()?` and returns the op's output.
 ///
+/// The op's errors are gathered per thread (an [`ErrorScope`](cuflow_runtime::ErrorScope)
+/// entered where the op executes): work that `f` has another thread enqueue is the op's only if
+/// that thread enters the op's scope, [`ErrorScope::current`](cuflow_runtime::ErrorScope::current)
+/// taken inside `f`. Otherwise a failure of that work is not the op's: the stream keeps it for
+/// its next synchronization outside any op.
+///
 /// # Examples
 ///
 /// ```
