@@ -554,3 +554,51 @@ fn a_checkpoint_larger_than_the_device_is_an_error() -> Result<(), DeviceError> 
     );
     Ok(())
 }
+
+/// The checkpoint writer refuses tensors it cannot write, naming them, before it writes
+/// anything: a name given twice, and shapes whose byte count does not match the data or
+/// overflows (which would be multiplied out unchecked, and wrap, past it).
+#[test]
+fn the_checkpoint_writer_refuses_tensors_it_cannot_write() {
+    use cuflow_models::llama::testing::CheckpointTensor;
+    let dir = temp_dir("writer-refusals");
+    let one = CheckpointTensor {
+        name: "y".into(),
+        dtype: WeightDtype::F32,
+        shape: vec![1],
+        data: 1f32.to_le_bytes().to_vec(),
+    };
+    let cases = [
+        (vec![one.clone(), one.clone()], "given twice"),
+        (
+            vec![CheckpointTensor {
+                shape: vec![usize::MAX, 2],
+                data: vec![],
+                ..one.clone()
+            }],
+            "more bytes than this machine can address",
+        ),
+        (
+            vec![CheckpointTensor {
+                shape: vec![1 << 62, 4],
+                data: vec![],
+                ..one.clone()
+            }],
+            "more bytes than this machine can address",
+        ),
+        (
+            vec![CheckpointTensor {
+                shape: vec![2],
+                ..one.clone()
+            }],
+            "4 bytes do not hold [2]",
+        ),
+    ];
+    for (tensors, why) in cases {
+        let e = write_checkpoint(&dir, &LlamaConfig::tiny(), &tensors)
+            .expect_err("refused")
+            .to_string();
+        assert!(e.contains("`y`") && e.contains(why), "{why}: {e}");
+        assert!(!dir.exists(), "{why}: nothing is written");
+    }
+}

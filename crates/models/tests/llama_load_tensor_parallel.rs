@@ -94,6 +94,34 @@ fn loaded_slices_equal_synthetic_slices_and_the_whole_model() -> Result<(), Devi
     Ok(())
 }
 
+/// Ranks given two checkpoints of the same config but other weights: each rank's slice is of
+/// another model, and the sums of their partial results would be no model's. Every rank is
+/// refused, naming the rank that differs, before any has a model.
+#[test]
+fn ranks_loading_checkpoints_of_one_config_with_other_weights_are_refused(
+) -> Result<(), DeviceError> {
+    let Some(devices) = rank_devices(2) else {
+        return Ok(());
+    };
+    let dirs = [temp_dir("weights-a"), temp_dir("weights-b")];
+    for (dir, seed) in dirs.iter().zip([SEED, SEED + 1]) {
+        write_checkpoint(
+            dir,
+            &config(),
+            &synthetic_tensors(&config(), seed, WeightDtype::Bf16)?,
+        )?;
+    }
+    let comms = Communicator::local(&devices)?;
+    for r in on_each(&comms, |c| Llama::load_tp(c, &dirs[c.rank()])) {
+        let e = r.expect_err("slices of two models are refused").to_string();
+        assert!(e.contains("rank 1") && e.contains("differs"), "{e}");
+    }
+    for dir in &dirs {
+        std::fs::remove_dir_all(dir).ok();
+    }
+    Ok(())
+}
+
 #[test]
 fn a_split_that_does_not_divide_the_checkpoint_is_an_error() -> Result<(), DeviceError> {
     let dir = temp_dir("split");

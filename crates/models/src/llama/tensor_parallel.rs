@@ -212,33 +212,38 @@ impl Llama {
     /// not divide by the world size; [`DeviceError::OutOfMemory`] before anything is
     /// allocated when this rank's slice is larger than its device's memory, or, on the host
     /// backend, every rank's slice together larger than the host's; [`DeviceError::Usage`]
-    /// naming the ranks whose slice failed, or whose config differs from rank 0's (the ranks
-    /// agree before any has a model, as for [`Llama::synthetic_tp`]); device and collective
-    /// errors.
+    /// naming the ranks whose slice failed, or whose checkpoint differs from rank 0's: another
+    /// config, or other weights, told apart by the tensors' names, shapes and dtypes and a
+    /// sample of each tensor's bytes (the ranks agree before any has a model, as for
+    /// [`Llama::synthetic_tp`]); device and collective errors.
     pub fn load_tp(comm: &Communicator, path: impl AsRef<Path>) -> Result<Llama, DeviceError> {
         let start = Instant::now();
         let dir = path.as_ref();
         let cfg = LlamaConfig::from_file(&dir.join("config.json"));
-        // A rank without a config takes part in the agreement all the same, as failed.
-        let model = cfg
-            .as_ref()
-            .map_or(0, |cfg| fingerprint(format!("{cfg:?}").as_bytes()));
+        // A rank whose load failed takes part in the agreement all the same, as failed.
         let loaded = cfg.and_then(|cfg| Llama::load_slice(comm, dir, cfg));
+        let (model, loaded) = match loaded {
+            Ok((slice, model)) => (model, Ok(slice)),
+            Err(e) => (0, Err(e)),
+        };
         let (mut model, built) = agree(comm, Agreement::Model, model, loaded)?;
         model.load = Some(built.stats(start));
         Ok(model)
     }
 
     /// This rank's part of [`Llama::load_tp`] of the checkpoint `dir` of config `cfg`, before
-    /// the ranks agree.
+    /// the ranks agree, with the fingerprint of the model it loaded (the config and the
+    /// checkpoint's weights: see `Checkpoint::fingerprint`).
     fn load_slice(
         comm: &Communicator,
         dir: &Path,
         cfg: LlamaConfig,
-    ) -> Result<(Llama, Built), DeviceError> {
+    ) -> Result<((Llama, Built), u64), DeviceError> {
         cfg.validate()?;
         let local = local_config(&cfg, comm.world_size())?;
         let checkpoint = Checkpoint::open(dir)?;
+        let model =
+            fingerprint(format!("{cfg:?} weights {:016x}", checkpoint.fingerprint()?).as_bytes());
         // Host devices' slices share the host's memory, every rank's at once (each rank checks
         // its own slice against its device as it builds it).
         if comm.device().kind() == BackendKind::Host {
@@ -246,7 +251,8 @@ impl Llama {
             ensure_fits(comm.device(), all, 0)?;
         }
         let source = Source::Files(&checkpoint);
-        Llama::new_slice(comm.device(), cfg, local, source, Some(comm.clone()))
+        let slice = Llama::new_slice(comm.device(), cfg, local, source, Some(comm.clone()))?;
+        Ok((slice, model))
     }
 }
 
@@ -324,8 +330,9 @@ pub(crate) fn agree<T>(
         let differ = differ.join(", ");
         return Err(DeviceError::usage(match what {
             Agreement::Model => format!(
-                "the model {differ} asked for differs from rank 0's (another config.json, or \
-                 another seed); every rank of a tensor-parallel model loads the same model"
+                "the model {differ} asked for differs from rank 0's (another config.json, other \
+                 weights, or another seed); every rank of a tensor-parallel model loads the \
+                 same model"
             ),
             Agreement::Request => format!(
                 "the request {differ} was given differs from rank 0's (another prompt, number \

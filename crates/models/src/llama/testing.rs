@@ -158,13 +158,44 @@ fn write_config(dir: &Path, cfg: &LlamaConfig) -> Result<(), DeviceError> {
 ///
 /// # Errors
 ///
-/// [`DeviceError::Usage`] naming the file that could not be written, or the tensor whose
-/// bytes do not match its shape and dtype.
+/// [`DeviceError::Usage`] naming the file that could not be written, the tensor whose bytes
+/// do not match its shape and dtype, or a tensor given twice.
 pub fn write_checkpoint(
     dir: &Path,
     cfg: &LlamaConfig,
     tensors: &[CheckpointTensor],
 ) -> Result<(), DeviceError> {
+    // Checked here, before the `safetensors` crate sees them: it multiplies a shape out
+    // unchecked, and indexes its table by position (a name given twice panics in it).
+    let mut names = std::collections::HashSet::new();
+    for t in tensors {
+        if !names.insert(t.name.as_str()) {
+            return Err(DeviceError::usage(format!(
+                "tensor `{}` is given twice; a checkpoint holds each tensor once",
+                t.name
+            )));
+        }
+        let bytes = t
+            .shape
+            .iter()
+            .try_fold(t.dtype.safetensors().bitsize() / 8, |n, &d| {
+                n.checked_mul(d)
+            });
+        if bytes != Some(t.data.len()) {
+            return Err(DeviceError::usage(format!(
+                "tensor `{}`: {} bytes do not hold {:?} of {:?}{}",
+                t.name,
+                t.data.len(),
+                t.shape,
+                t.dtype,
+                if bytes.is_none() {
+                    " (more bytes than this machine can address)"
+                } else {
+                    ""
+                }
+            )));
+        }
+    }
     write_config(dir, cfg)?;
     let views = tensors
         .iter()
