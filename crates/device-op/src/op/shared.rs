@@ -436,7 +436,8 @@ where
                     reason: format!(
                         "the shared op was produced inside a capture (on stream {stream}): its \
                          output is written only when that graph is replayed; consume it inside \
-                         the same captured op, or take it from the graph's output"
+                         the same captured op, or take it from the graph's output (where that \
+                         capture failed, no graph holds it: make the shared op anew)"
                     ),
                 });
             }
