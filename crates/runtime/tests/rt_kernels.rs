@@ -345,3 +345,43 @@ fn a_buffer_given_as_an_output_to_a_const_parameter_is_read() -> Result<(), Devi
     assert_eq!(src.to_host_vec(&s)?, data);
     Ok(())
 }
+
+/// A host implementation reads an output given to a `const` parameter, or writes it, but not
+/// both in one launch: the slice it read stays valid for the whole launch, so the write is
+/// refused with an error naming the argument, and so is a read after the write.
+#[test]
+fn a_host_implementation_reads_or_writes_an_output_but_not_both() -> Result<(), DeviceError> {
+    let s = Device::host().new_stream()?;
+    let x = DeviceBuffer::from_host(&s, &[1.0f32, 2.0])?;
+    for read_first in [true, false] {
+        // SAFETY: the CUDA C source touches no memory; only its host implementation runs here.
+        let k = unsafe {
+            Kernel::new(
+                "read_or_write",
+                r#"extern "C" __global__ void read_or_write(const float* x) {}"#,
+            )
+        }
+        .with_host(move |args| {
+            if read_first {
+                let _ = args.input::<f32>(0)?;
+                args.output::<f32>(0).map(drop)
+            } else {
+                let _ = args.output::<f32>(0)?;
+                args.input::<f32>(0).map(drop)
+            }
+        });
+        k.launch(&s, LaunchConfig::linear(1, 1), KernelArgs::new().output(&x))?;
+        let e = s.synchronize().expect_err("reading and writing is refused");
+        let want = if read_first {
+            "was read with HostKernelArgs::input"
+        } else {
+            "already taken with HostKernelArgs::output"
+        };
+        assert!(
+            matches!(&e, DeviceError::InvalidArgument { index: 0, reason, .. } if reason.contains(want)),
+            "{e}"
+        );
+    }
+    assert_eq!(x.to_host_vec(&s)?, vec![1.0, 2.0]);
+    Ok(())
+}

@@ -3,9 +3,10 @@
 //! [`HostKernelArgs`], the typed view a host implementation reads them through.
 
 use std::any::TypeId;
-use std::cell::Cell;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+
+use parking_lot::Mutex;
 
 use smallvec::SmallVec;
 
@@ -192,10 +193,12 @@ pub(crate) enum HostSlot<'a> {
     /// A buffer given with [`KernelArgs::output`]: taken once by [`HostKernelArgs::output`],
     /// or read (any number of times) by [`HostKernelArgs::input`], for a parameter the CUDA C
     /// declares `const` — not both in one launch.
+    /// (Behind a lock, not a `Cell`: a host implementation may read its arguments from
+    /// several threads.)
     Out {
-        bytes: Cell<Option<&'a mut [u8]>>,
+        bytes: Mutex<Option<&'a mut [u8]>>,
         /// The bytes, once [`HostKernelArgs::input`] read them.
-        read: Cell<Option<&'a [u8]>>,
+        read: OnceLock<&'a [u8]>,
         ty: TypeId,
         ty_name: &'static str,
     },
@@ -261,12 +264,12 @@ impl<'a> HostKernelArgs<'a> {
                 ty,
                 ty_name,
             }) => {
-                let shared = match (read.get(), bytes.take()) {
-                    (Some(shared), _) => shared,
+                let mut writable = bytes.lock();
+                let shared = match (read.get(), writable.take()) {
+                    (Some(shared), _) => *shared,
                     (None, Some(writable)) => {
                         let shared: &'a [u8] = writable;
-                        read.set(Some(shared));
-                        shared
+                        *read.get_or_init(|| shared)
                     }
                     (None, None) => {
                         return Err(self.mismatch(
@@ -329,7 +332,7 @@ impl<'a> HostKernelArgs<'a> {
                         std::any::type_name::<T>()
                     )));
                 }
-                if read.get_mut().is_some() {
+                if read.get().is_some() {
                     return Err(err(
                         "was read with HostKernelArgs::input in this launch, so \
                                     it cannot also be written"
@@ -381,6 +384,12 @@ impl<'a> HostKernelArgs<'a> {
         }
     }
 }
+
+/// A host implementation may read its arguments from threads of its own.
+const _: fn() = || {
+    fn send_and_sync<T: Send + Sync>() {}
+    send_and_sync::<HostKernelArgs<'static>>();
+};
 
 impl fmt::Debug for HostKernelArgs<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -5,10 +5,9 @@
 //! and carves the argument ranges out of it: ranges of one allocation that is written must not
 //! overlap, which is reported as an argument error rather than aliased.
 
-use std::cell::Cell;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
-use parking_lot::{RwLockReadGuard, RwLockWriteGuard};
+use parking_lot::{Mutex, RwLockReadGuard, RwLockWriteGuard};
 
 use super::capture::HostNodeKind;
 use super::memory::host_mem;
@@ -111,8 +110,8 @@ fn run(
             } => {
                 *slot = Some(if *writable {
                     HostSlot::Out {
-                        bytes: Cell::new(Some(&mut [])),
-                        read: Cell::new(None),
+                        bytes: Mutex::new(Some(&mut [])),
+                        read: OnceLock::new(),
                         ty: *ty,
                         ty_name,
                     }
@@ -187,8 +186,8 @@ fn run(
                     };
                     slots[i] = Some(if *writable {
                         HostSlot::Out {
-                            bytes: Cell::new(Some(piece)),
-                            read: Cell::new(None),
+                            bytes: Mutex::new(Some(piece)),
+                            read: OnceLock::new(),
                             ty: *ty,
                             ty_name,
                         }
