@@ -22,6 +22,41 @@ fn start_twice_and_stop_without_start_are_usage_errors() -> Result<(), DeviceErr
     Ok(())
 }
 
+/// Stopping the trace inside a host function is refused at once, on every backend: it waits
+/// for the traced work, which the host function is part of. The trace goes on, and stopping it
+/// afterwards gives every finished piece of work its times.
+#[test]
+fn stopping_inside_a_host_function_is_refused_and_the_trace_goes_on() -> Result<(), DeviceError> {
+    let _lock = trace::tests_serial();
+    let stream = device().new_stream()?;
+    let buf = DeviceBuffer::from_host(&stream, &[1u32; 16])?;
+    stream.synchronize()?;
+    trace::start()?;
+    buf.view().fill_bytes(&stream, 0)?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    stream.enqueue_host_fn(move || {
+        let _ = tx.send(trace::stop().map(drop));
+    })?;
+    let inside = rx
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .expect("the host function answered");
+    assert!(
+        matches!(inside, Err(DeviceError::Reentrant { .. })),
+        "{inside:?}"
+    );
+    assert!(trace::is_enabled(), "the trace goes on");
+    stream.synchronize()?;
+    let t = trace::stop()?;
+    let work: Vec<_> = t
+        .entries()
+        .iter()
+        .filter(|e| e.kind.is_stream_work())
+        .collect();
+    assert!(!work.is_empty());
+    assert!(work.iter().all(|e| e.start_us.is_some()), "{work:?}");
+    Ok(())
+}
+
 #[test]
 fn names_with_quotes_backslashes_and_newlines_stay_json_and_dot() -> Result<(), DeviceError> {
     let _lock = trace::tests_serial();

@@ -236,12 +236,21 @@ extern "C" fn write_at_exit() {
 /// # Errors
 ///
 /// [`DeviceError::Usage`] when no trace is being recorded; an I/O failure writing the
-/// `CUFLOW_TRACE` file is [`DeviceError::Usage`] too (the trace is lost).
+/// `CUFLOW_TRACE` file is [`DeviceError::Usage`] too (the trace is lost);
+/// [`DeviceError::Reentrant`] inside a host function or a host kernel, which cannot wait for
+/// the traced work (the trace goes on).
 ///
 /// # Examples
 ///
 /// See [the module docs](crate::trace).
 pub fn stop() -> Result<Trace> {
+    // Before the recorder is taken: stopping waits for the traced work, which a host function
+    // or host kernel cannot (it would wait for itself), and the trace would come back untimed.
+    if crate::in_host_function() {
+        return Err(DeviceError::Reentrant {
+            what: "trace::stop inside a host kernel or host function",
+        });
+    }
     let recorder = {
         let mut slot = RECORDER.lock();
         ENABLED.store(false, Ordering::Relaxed);
