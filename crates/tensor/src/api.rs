@@ -742,7 +742,7 @@ pub fn memcpy<'a, T: DType, S: TensorInput<T> + 'a>(
         }
         let (d, s) = (dst.range("memcpy")?, src.range("memcpy")?);
         let (d0, s0, n) = (d.offset(), s.offset(), d.len());
-        if Arc::ptr_eq(dst.buffer(), src.buffer()) && d0 != s0 && d0 < s0 + n && s0 < d0 + n {
+        if dst.buffer().same_memory(src.buffer()) && d0 != s0 && d0 < s0 + n && s0 < d0 + n {
             return Err(DeviceError::InvalidShape {
                 op: "memcpy",
                 reason: format!(

@@ -696,8 +696,9 @@ fn signed_overflow_wraps_on_every_path() -> Result<(), DeviceError> {
 }
 
 /// saxpy whose `x` overlaps its output in one buffer (rows of one tensor, shifted by one row
-/// either way, or the same rows): every output is `a · x + out` of the values before the
-/// kernel, whatever order its blocks run in.
+/// either way, or the same rows; `x` a view of the tensor, or of the same memory reinterpreted):
+/// every output is `a · x + out` of the values before the kernel, whatever order its blocks run
+/// in.
 #[test]
 fn saxpy_reads_an_input_overlapping_its_output_as_it_was() -> Result<(), DeviceError> {
     let stream = stream();
@@ -705,10 +706,18 @@ fn saxpy_reads_an_input_overlapping_its_output_as_it_was() -> Result<(), DeviceE
     let (rows, cols, a) = (9usize, 8usize, 1.5f32);
     let zh: Vec<f32> = uniform(&mut rng, rows * cols, -1.0, 1.0);
     // (output rows, input rows), each 8 rows of the 9.
-    for (out_start, x_start) in [(1, 1), (1, 0), (0, 1)] {
+    for ((out_start, x_start), reinterpreted) in [(1, 1), (1, 0), (0, 1)]
+        .into_iter()
+        .flat_map(|rows| [(rows, false), (rows, true)])
+    {
         let z = api::from_vec(zh.clone(), &[rows, cols]).sync_on(&stream)?;
         let mut out = z.narrow(0, out_start, rows - 1)?;
-        let x = z.narrow(0, x_start, rows - 1)?;
+        let x = if reinterpreted {
+            z.reinterpret::<u32>()?.reinterpret::<f32>()?
+        } else {
+            z.clone()
+        }
+        .narrow(0, x_start, rows - 1)?;
         let want: Vec<f64> = (0..(rows - 1) * cols)
             .map(|i| {
                 f64::from(a) * f64::from(zh[x_start * cols + i])
@@ -722,7 +731,10 @@ fn saxpy_reads_an_input_overlapping_its_output_as_it_was() -> Result<(), DeviceE
                 &out.to_host_vec()?,
                 &want,
                 1e-6,
-                &format!("saxpy of rows {out_start}.. by rows {x_start}.. in tiles {tile:?}"),
+                &format!(
+                    "saxpy of rows {out_start}.. by rows {x_start}.. in tiles {tile:?} \
+                     (x reinterpreted: {reinterpreted})"
+                ),
             );
         }
     }

@@ -134,6 +134,25 @@ impl<T: DeviceCopy> DeviceBuffer<T> {
         })
     }
 
+    /// Whether `other` is this buffer's memory: a clone of it, or a
+    /// [`reinterpret`](Self::reinterpret)ation of it (of any element type). Both start at the
+    /// allocation's first byte, so element `i` of each is at `i` times its element size.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cuflow_runtime::{Device, DeviceBuffer};
+    ///
+    /// let stream = Device::host().new_stream()?;
+    /// let x = DeviceBuffer::from_host(&stream, &[1.0f32, 2.0])?;
+    /// assert!(x.same_memory(&x.reinterpret::<u32>()?));
+    /// assert!(!x.same_memory(&DeviceBuffer::from_host(&stream, &[1.0f32, 2.0])?));
+    /// # Ok::<(), cuflow_runtime::DeviceError>(())
+    /// ```
+    pub fn same_memory<U>(&self, other: &DeviceBuffer<U>) -> bool {
+        Arc::ptr_eq(&self.mem, &other.mem)
+    }
+
     /// A view of the whole buffer.
     pub fn view(&self) -> BufferView<'_, T> {
         BufferView {

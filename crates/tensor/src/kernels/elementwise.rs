@@ -381,15 +381,15 @@ pub(crate) fn into_partition<T: DType, P: TensorMut<T>, X: TensorInput<T>>(
     })
 }
 
-/// Whether `a` and `b` have elements in one range of one buffer (from each first element to
-/// each last).
+/// Whether `a` and `b` have elements in one range of one buffer's memory (from each first
+/// element to each last), through clones or reinterpretations of it alike.
 fn shares_memory<T: DType>(a: &Tensor<T>, b: &Tensor<T>) -> bool {
     let range = |t: &Tensor<T>| {
         let span = crate::view::span(t.shape(), t.strides());
         (t.offset(), t.offset() + span)
     };
     let ((a0, a1), (b0, b1)) = (range(a), range(b));
-    Arc::ptr_eq(a.buffer(), b.buffer()) && a0 < a1 && b0 < b1 && a0 < b1 && b0 < a1
+    a.buffer().same_memory(b.buffer()) && a0 < a1 && b0 < b1 && a0 < b1 && b0 < a1
 }
 
 /// Fills a new tensor of `shape` with `v`, for `op` (`fill`, `ones`, `full`, ...).
