@@ -27,7 +27,10 @@ enum State<T> {
 /// [`DeviceOpExt::schedule`](crate::DeviceOpExt::schedule) (enqueued at once). `Send`, and
 /// independent of the async runtime: completion is observed by cuflow's own reactor thread.
 /// Dropping it while the work runs is safe: the work still completes, and its buffers are
-/// freed after it, in stream order.
+/// freed after it, in stream order. The op's error is the future's: dropped unawaited, a
+/// failure of the op's work is dropped with it, as an unread `Result` is: the buffers the
+/// failed work was to write hold what they held before, and later work that uses them is not
+/// necessarily told.
 #[must_use = "futures do nothing unless polled"]
 pub struct DeviceFuture<T> {
     state: State<T>,

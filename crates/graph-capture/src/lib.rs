@@ -88,6 +88,12 @@ use parking_lot::Mutex;
 /// An op frozen into an instantiated graph, with its output, bound to a stream.
 ///
 /// `Send`: it can move to another thread (e.g. a serving task) with its buffers.
+///
+/// The failures of its replays and updates are the graph's: its [`CudaGraph::synchronize`]
+/// reports them. A graph dropped with replays in flight lets them complete; a failure it never
+/// reported is dropped with it, as an unread `Result` is: the buffers a failed replay was to
+/// write hold what they held before, and later work that uses them is not necessarily told.
+/// Synchronize a graph before dropping it to know how its last replays went.
 pub struct CudaGraph<T> {
     stream: Stream,
     policy: Arc<dyn SchedulingPolicy>,

@@ -602,3 +602,29 @@ fn the_checkpoint_writer_refuses_tensors_it_cannot_write() {
         assert!(!dir.exists(), "{why}: nothing is written");
     }
 }
+
+/// The synthetic-checkpoint helpers refuse configs they cannot make, before they make
+/// anything: weights larger than the host's memory (which `LlamaConfig::validate` allows),
+/// and more layers than a checkpoint's header can list.
+#[test]
+fn the_synthetic_checkpoint_helpers_refuse_configs_they_cannot_make() {
+    let mut huge = LlamaConfig::tiny();
+    // Some 1.1 TB of weights, more than any host here holds.
+    huge.vocab_size = 1 << 30;
+    huge.intermediate_size = 1 << 30;
+    let e = synthetic_tensors(&huge, 1, WeightDtype::Bf16).expect_err("refused");
+    assert!(matches!(e, DeviceError::OutOfMemory { .. }), "{e}");
+    let mut many_layers = LlamaConfig::tiny();
+    many_layers.num_hidden_layers = 1 << 36;
+    let dir = temp_dir("too-many-layers");
+    for e in [
+        synthetic_tensors(&many_layers, 1, WeightDtype::Bf16).expect_err("refused"),
+        write_sparse_checkpoint(&dir, &many_layers).expect_err("refused"),
+    ] {
+        assert!(
+            matches!(&e, DeviceError::Usage { .. }) && e.to_string().contains("header"),
+            "{e}"
+        );
+    }
+    assert!(!dir.exists(), "nothing is written");
+}

@@ -23,6 +23,10 @@ use serde::de::{Deserialize, Deserializer, Error as _, MapAccess, Visitor};
 
 use super::files::{io_error, open_regular};
 
+/// The largest safetensors header read: 100 MiB (the `safetensors` crate's own limit), some
+/// million tensors.
+pub(crate) const MAX_HEADER_BYTES: u64 = 100 << 20;
+
 /// Where a tensor's bytes are: one of the checkpoint's files at an offset.
 #[derive(Debug)]
 pub(super) struct Entry {
@@ -72,7 +76,7 @@ impl Checkpoint {
             file.read_exact(&mut len)
                 .map_err(|e| io_error(path, "read the header of", e))?;
             let header_len = u64::from_le_bytes(len);
-            if header_len > 100 << 20 || 8 + header_len > file_len {
+            if header_len > MAX_HEADER_BYTES || 8 + header_len > file_len {
                 return Err(DeviceError::usage(format!(
                     "{} is not a safetensors file: its header length {header_len} does not \
                      fit its {file_len} bytes",

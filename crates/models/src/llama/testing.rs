@@ -60,13 +60,22 @@ pub struct CheckpointTensor {
 ///
 /// # Errors
 ///
-/// [`DeviceError::Usage`] for a config [`LlamaConfig::validate`] refuses.
+/// [`DeviceError::Usage`] for a config [`LlamaConfig::validate`] refuses, or one with more
+/// tensors than a checkpoint's header holds; [`DeviceError::OutOfMemory`] when the tensors
+/// are larger than the host's memory (before any is made).
 pub fn synthetic_tensors(
     cfg: &LlamaConfig,
     seed: u64,
     dtype: WeightDtype,
 ) -> Result<Vec<CheckpointTensor>, DeviceError> {
     cfg.validate()?;
+    ensure_header_fits(cfg)?;
+    let stored = cfg
+        .bf16_weight_bytes()?
+        .checked_div(2)
+        .and_then(|n| n.checked_mul(dtype.safetensors().bitsize() / 8))
+        .unwrap_or(usize::MAX);
+    super::model::ensure_fits(&cuflow_runtime::Device::host(), 0, stored)?;
     let specs: Vec<(String, Vec<usize>)> = hf_tensors(cfg).collect();
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
@@ -96,6 +105,24 @@ pub fn synthetic_tensors(
     });
     made.sort_by_key(|(i, _)| *i);
     Ok(made.into_iter().map(|(_, t)| t).collect())
+}
+
+/// Refuses a config with more tensors than the header of a checkpoint holds
+/// ([`MAX_HEADER_BYTES`](super::checkpoint::MAX_HEADER_BYTES), at 64 bytes or more a tensor):
+/// its checkpoint could not be loaded, and listing its tensors would take as long as the
+/// layers are many.
+fn ensure_header_fits(cfg: &LlamaConfig) -> Result<(), DeviceError> {
+    let tensors = cfg.num_hidden_layers.saturating_mul(9).saturating_add(3);
+    let most = super::checkpoint::MAX_HEADER_BYTES / 64;
+    if u64::try_from(tensors).map_or(true, |n| n > most) {
+        return Err(DeviceError::usage(format!(
+            "a config of {} layers has {tensors} tensors, more than the {most} a checkpoint's \
+             {} MiB header holds",
+            cfg.num_hidden_layers,
+            super::checkpoint::MAX_HEADER_BYTES >> 20
+        )));
+    }
+    Ok(())
 }
 
 /// One synthetic tensor, stored as `dtype`.
@@ -248,8 +275,8 @@ pub fn write_tiny_checkpoint(dir: &Path, cfg: &LlamaConfig, seed: u64) -> Result
 ///
 /// # Errors
 ///
-/// [`DeviceError::Usage`] for a config [`LlamaConfig::validate`] refuses, or naming the file
-/// that could not be written.
+/// [`DeviceError::Usage`] for a config [`LlamaConfig::validate`] refuses, or with more
+/// tensors than a checkpoint's header holds, or naming the file that could not be written.
 ///
 /// # Examples
 ///
@@ -266,6 +293,7 @@ pub fn write_tiny_checkpoint(dir: &Path, cfg: &LlamaConfig, seed: u64) -> Result
 /// ```
 pub fn write_sparse_checkpoint(dir: &Path, cfg: &LlamaConfig) -> Result<usize, DeviceError> {
     cfg.validate()?;
+    ensure_header_fits(cfg)?;
     write_config(dir, cfg)?;
     let path = dir.join("model.safetensors");
     // `validate` bounds every tensor's bytes and their sum.
