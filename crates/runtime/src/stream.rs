@@ -121,17 +121,11 @@ pub fn in_host_function() -> bool {
 /// [`DeviceError::Reentrant`] for a capture begun or ended inside a host function or a host
 /// kernel, on every backend: a capture belongs to the thread that began it, and the thread that
 /// runs a stream's work (the host backend's worker) is one no program code can end it from.
-fn refuse_capture_in_host_function(op: &'static str) -> Result<()> {
+/// `what` names the call.
+fn refuse_capture_in_host_function(what: &'static str) -> Result<()> {
     crate::backend::refuse_in_host_function()?;
     if crate::backend::host::on_worker_thread() {
-        return Err(DeviceError::Reentrant {
-            what: match op {
-                "Stream::begin_capture" => {
-                    "Stream::begin_capture inside a host kernel or host function"
-                }
-                _ => "Stream::end_capture inside a host kernel or host function",
-            },
-        });
+        return Err(DeviceError::Reentrant { what });
     }
     Ok(())
 }
@@ -477,7 +471,9 @@ impl Stream {
     ///
     /// [`DeviceError::Capture`] if the stream is already capturing, or a driver error.
     pub fn begin_capture(&self) -> Result<()> {
-        refuse_capture_in_host_function("Stream::begin_capture")?;
+        refuse_capture_in_host_function(
+            "Stream::begin_capture inside a host kernel or host function",
+        )?;
         if self.inner.capture.lock().is_some() {
             return Err(DeviceError::Capture {
                 op: "Stream::begin_capture".into(),
@@ -516,7 +512,9 @@ impl Stream {
     /// enters the graph), if the capture was invalidated by an operation that cannot be
     /// captured, or if a joined stream's work was not joined back into this stream.
     pub fn end_capture(&self) -> Result<Graph> {
-        refuse_capture_in_host_function("Stream::end_capture")?;
+        refuse_capture_in_host_function(
+            "Stream::end_capture inside a host kernel or host function",
+        )?;
         let session = {
             let slot = self.inner.capture.lock();
             match &*slot {
