@@ -83,6 +83,23 @@ fn elements<'t, T: CollectiveType>(
     t.buffer().slice(t.offset()..t.offset() + t.len())
 }
 
+/// Runs the body of a collective op (its input, its checks, the enqueueing of its call) with
+/// `ctx`. A body that fails has not enqueued its call on this rank, while the peers may have
+/// enqueued theirs: the communicator is broken then (`Comm::abandon_call`), so that this rank's
+/// next collective is refused instead of pairing with the peers' call of this one.
+fn given_up_breaks_comm<R>(
+    op: &'static str,
+    comm: &Communicator,
+    ctx: &mut ExecutionContext,
+    body: impl FnOnce(&mut ExecutionContext) -> Result<R, DeviceError>,
+) -> Result<R, DeviceError> {
+    let result = body(ctx);
+    if let Err(e) = &result {
+        comm.comm().abandon_call(comm.stream(), op, e);
+    }
+    result
+}
+
 /// Runs `enqueue` on `comm`'s stream, in order with `ctx`'s work.
 fn on_comm<R>(
     ctx: &mut ExecutionContext,
@@ -126,15 +143,17 @@ fn out_of_place<T: CollectiveType, X: TensorInput<T>>(
     let comm = comm.clone();
     let x = x.into_op();
     from_fn(move |ctx: &mut ExecutionContext| {
-        let x = x.execute(ctx)?;
-        let x = x.tensor();
-        check_on(name, &comm, x)?;
-        let shape = out_shape(x.shape(), comm.world_size())?;
-        on_comm(ctx, &comm, |stream| {
-            let out = alloc::<T>(stream, &shape)?;
-            let call = call(elements(name, x)?, out.buffer().view());
-            collective(stream, comm.comm(), &[call])?;
-            Ok(out)
+        given_up_breaks_comm(name, &comm, ctx, |ctx| {
+            let x = x.execute(ctx)?;
+            let x = x.tensor();
+            check_on(name, &comm, x)?;
+            let shape = out_shape(x.shape(), comm.world_size())?;
+            on_comm(ctx, &comm, |stream| {
+                let out = alloc::<T>(stream, &shape)?;
+                let call = call(elements(name, x)?, out.buffer().view());
+                collective(stream, comm.comm(), &[call])?;
+                Ok(out)
+            })
         })
     })
 }
@@ -228,10 +247,12 @@ pub fn all_reduce_in_place<'a, T: CollectiveType>(
     op: ReduceOp,
 ) -> CollectiveOp<impl FnOnce(&mut ExecutionContext) -> Result<(), DeviceError> + Send + 'a> {
     from_fn(move |ctx: &mut ExecutionContext| {
-        check_on("all_reduce", comm, x)?;
-        on_comm(ctx, comm, |stream| {
-            let v = elements("all_reduce", x)?;
-            collective(stream, comm.comm(), &[CollectiveCall::all_reduce(v, v, op)])
+        given_up_breaks_comm("all_reduce", comm, ctx, |ctx| {
+            check_on("all_reduce", comm, x)?;
+            on_comm(ctx, comm, |stream| {
+                let v = elements("all_reduce", x)?;
+                collective(stream, comm.comm(), &[CollectiveCall::all_reduce(v, v, op)])
+            })
         })
     })
 }
@@ -306,13 +327,15 @@ pub fn send<T: CollectiveType, X: TensorInput<T>>(
     let comm = comm.clone();
     let x = x.into_op();
     from_fn(move |ctx: &mut ExecutionContext| {
-        let x = x.execute(ctx)?;
-        check_on("send", &comm, x.tensor())?;
-        on_comm(ctx, &comm, |stream| {
-            let call = CollectiveCall::send(elements("send", x.tensor())?, peer);
-            collective(stream, comm.comm(), &[call])
-        })?;
-        Ok(x)
+        given_up_breaks_comm("send", &comm, ctx, |ctx| {
+            let x = x.execute(ctx)?;
+            check_on("send", &comm, x.tensor())?;
+            on_comm(ctx, &comm, |stream| {
+                let call = CollectiveCall::send(elements("send", x.tensor())?, peer);
+                collective(stream, comm.comm(), &[call])
+            })?;
+            Ok(x)
+        })
     })
 }
 
@@ -329,14 +352,16 @@ pub fn recv<T: CollectiveType>(
     let comm = comm.clone();
     let shape = shape.to_vec();
     from_fn(move |ctx: &mut ExecutionContext| {
-        on_comm(ctx, &comm, |stream| {
-            let out = alloc::<T>(stream, &shape)?;
-            collective(
-                stream,
-                comm.comm(),
-                &[CollectiveCall::recv(out.buffer().view(), peer)],
-            )?;
-            Ok(out)
+        given_up_breaks_comm("recv", &comm, ctx, |ctx| {
+            on_comm(ctx, &comm, |stream| {
+                let out = alloc::<T>(stream, &shape)?;
+                collective(
+                    stream,
+                    comm.comm(),
+                    &[CollectiveCall::recv(out.buffer().view(), peer)],
+                )?;
+                Ok(out)
+            })
         })
     })
 }
@@ -399,76 +424,80 @@ pub fn group<T: CollectiveType>(
 {
     let comm = comm.clone();
     from_fn(move |ctx: &mut ExecutionContext| {
-        for call in &calls {
-            if let GroupCall::AllReduce(t, _)
-            | GroupCall::AllGather(t)
-            | GroupCall::ReduceScatter(t, _)
-            | GroupCall::Broadcast(t, _)
-            | GroupCall::Send(t, _) = call
-            {
-                check_on("collective group", &comm, t)?;
-            }
-        }
-        on_comm(ctx, &comm, |stream| {
-            let world = comm.world_size();
-            let mut outs: Vec<Tensor<T>> = Vec::with_capacity(calls.len());
+        given_up_breaks_comm("collective group", &comm, ctx, |ctx| {
             for call in &calls {
-                outs.push(match call {
-                    GroupCall::AllReduce(t, _) | GroupCall::Broadcast(t, _) => {
-                        alloc(stream, t.shape())?
-                    }
-                    GroupCall::AllGather(t) => {
-                        alloc(stream, &gathered("all_gather", t.shape(), world)?)?
-                    }
-                    GroupCall::ReduceScatter(t, _) => {
-                        let shape = match t.shape().split_first() {
-                            Some((&f, rest)) if f % world == 0 => std::iter::once(f / world)
-                                .chain(rest.iter().copied())
-                                .collect::<Vec<_>>(),
-                            _ => {
-                                return Err(DeviceError::InvalidShape {
-                                    op: "reduce_scatter",
-                                    reason: format!(
-                                        "splits axis 0 into world_size = {world} parts; {:?} \
-                                         has no axis 0 divisible by {world}",
-                                        t.shape()
-                                    ),
-                                })
-                            }
-                        };
-                        alloc(stream, &shape)?
-                    }
-                    GroupCall::Send(t, _) => t.clone(),
-                    GroupCall::Recv(shape, _) => alloc(stream, shape)?,
-                });
+                if let GroupCall::AllReduce(t, _)
+                | GroupCall::AllGather(t)
+                | GroupCall::ReduceScatter(t, _)
+                | GroupCall::Broadcast(t, _)
+                | GroupCall::Send(t, _) = call
+                {
+                    check_on("collective group", &comm, t)?;
+                }
             }
-            let runtime_calls = calls
-                .iter()
-                .zip(&outs)
-                .map(|(call, out)| {
-                    let o = out.buffer().view();
-                    Ok(match call {
-                        GroupCall::AllReduce(t, op) => {
-                            CollectiveCall::all_reduce(elements("all_reduce", t)?, o, *op)
+            on_comm(ctx, &comm, |stream| {
+                let world = comm.world_size();
+                let mut outs: Vec<Tensor<T>> = Vec::with_capacity(calls.len());
+                for call in &calls {
+                    outs.push(match call {
+                        GroupCall::AllReduce(t, _) | GroupCall::Broadcast(t, _) => {
+                            alloc(stream, t.shape())?
                         }
                         GroupCall::AllGather(t) => {
-                            CollectiveCall::all_gather(elements("all_gather", t)?, o)
+                            alloc(stream, &gathered("all_gather", t.shape(), world)?)?
                         }
-                        GroupCall::ReduceScatter(t, op) => {
-                            CollectiveCall::reduce_scatter(elements("reduce_scatter", t)?, o, *op)
+                        GroupCall::ReduceScatter(t, _) => {
+                            let shape = match t.shape().split_first() {
+                                Some((&f, rest)) if f % world == 0 => std::iter::once(f / world)
+                                    .chain(rest.iter().copied())
+                                    .collect::<Vec<_>>(),
+                                _ => {
+                                    return Err(DeviceError::InvalidShape {
+                                        op: "reduce_scatter",
+                                        reason: format!(
+                                            "splits axis 0 into world_size = {world} parts; {:?} \
+                                             has no axis 0 divisible by {world}",
+                                            t.shape()
+                                        ),
+                                    })
+                                }
+                            };
+                            alloc(stream, &shape)?
                         }
-                        GroupCall::Broadcast(t, root) => {
-                            CollectiveCall::broadcast(elements("broadcast", t)?, o, *root)
-                        }
-                        GroupCall::Send(t, peer) => {
-                            CollectiveCall::send(elements("send", t)?, *peer)
-                        }
-                        GroupCall::Recv(_, peer) => CollectiveCall::recv(o, *peer),
+                        GroupCall::Send(t, _) => t.clone(),
+                        GroupCall::Recv(shape, _) => alloc(stream, shape)?,
+                    });
+                }
+                let runtime_calls = calls
+                    .iter()
+                    .zip(&outs)
+                    .map(|(call, out)| {
+                        let o = out.buffer().view();
+                        Ok(match call {
+                            GroupCall::AllReduce(t, op) => {
+                                CollectiveCall::all_reduce(elements("all_reduce", t)?, o, *op)
+                            }
+                            GroupCall::AllGather(t) => {
+                                CollectiveCall::all_gather(elements("all_gather", t)?, o)
+                            }
+                            GroupCall::ReduceScatter(t, op) => CollectiveCall::reduce_scatter(
+                                elements("reduce_scatter", t)?,
+                                o,
+                                *op,
+                            ),
+                            GroupCall::Broadcast(t, root) => {
+                                CollectiveCall::broadcast(elements("broadcast", t)?, o, *root)
+                            }
+                            GroupCall::Send(t, peer) => {
+                                CollectiveCall::send(elements("send", t)?, *peer)
+                            }
+                            GroupCall::Recv(_, peer) => CollectiveCall::recv(o, *peer),
+                        })
                     })
-                })
-                .collect::<Result<Vec<CollectiveCall<'_>>, DeviceError>>()?;
-            collective(stream, comm.comm(), &runtime_calls)?;
-            Ok(outs)
+                    .collect::<Result<Vec<CollectiveCall<'_>>, DeviceError>>()?;
+                collective(stream, comm.comm(), &runtime_calls)?;
+                Ok(outs)
+            })
         })
     })
 }

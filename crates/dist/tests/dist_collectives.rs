@@ -231,39 +231,75 @@ fn send_and_recv_pair_up_and_a_group_shifts_a_ring() {
     }
 }
 
+/// A call this rank refuses (a length that does not split, a send to itself, a root outside
+/// the world, a tensor of another rank's device) is an error naming what is wrong, and it
+/// breaks the communicator: its peers may have enqueued their part of it, so this rank's next
+/// collective is refused rather than paired with theirs.
 #[test]
 fn mismatched_lengths_and_bad_peers_are_errors() {
-    let Some(comms) = communicators(2, TIMEOUT) else {
-        return;
-    };
-    let c = &comms[0];
-    let x = tensor(c, &[1.0; 5], &[5]).unwrap();
-    let e = reduce_scatter(c, x.clone(), ReduceOp::Sum)
-        .sync_on(c.stream())
-        .unwrap_err();
-    assert!(
-        matches!(
-            e,
-            DeviceError::InvalidShape {
-                op: "reduce_scatter",
-                ..
-            }
+    type Case = fn(&[cuflow_dist::Communicator]) -> DeviceError;
+    type Says = fn(&DeviceError) -> bool;
+    let cases: [(Case, Says); 4] = [
+        (
+            |comms| {
+                let c = &comms[0];
+                let x = tensor(c, &[1.0; 5], &[5]).unwrap();
+                reduce_scatter(c, x, ReduceOp::Sum)
+                    .sync_on(c.stream())
+                    .unwrap_err()
+            },
+            |e| {
+                matches!(
+                    e,
+                    DeviceError::InvalidShape {
+                        op: "reduce_scatter",
+                        ..
+                    }
+                )
+            },
         ),
-        "{e}"
-    );
-    let e = send(c, x.clone(), 0).sync_on(c.stream()).unwrap_err();
-    assert!(e.to_string().contains("is this rank itself"), "{e}");
-    let e = broadcast(c, x.clone(), 2).sync_on(c.stream()).unwrap_err();
-    assert!(
-        e.to_string().contains("not a rank of this world of 2"),
-        "{e}"
-    );
-    // A tensor of another rank's device.
-    let other = tensor(&comms[1], &[1.0; 5], &[5]).unwrap();
-    let e = all_reduce(c, other, ReduceOp::Sum)
-        .sync_on(c.stream())
-        .unwrap_err();
-    assert!(matches!(e, DeviceError::DeviceMismatch { .. }), "{e}");
+        (
+            |comms| {
+                let c = &comms[0];
+                let x = tensor(c, &[1.0; 5], &[5]).unwrap();
+                send(c, x, 0).sync_on(c.stream()).unwrap_err()
+            },
+            |e| e.to_string().contains("is this rank itself"),
+        ),
+        (
+            |comms| {
+                let c = &comms[0];
+                let x = tensor(c, &[1.0; 5], &[5]).unwrap();
+                broadcast(c, x, 2).sync_on(c.stream()).unwrap_err()
+            },
+            |e| e.to_string().contains("not a rank of this world of 2"),
+        ),
+        (
+            |comms| {
+                // A tensor of another rank's device.
+                let other = tensor(&comms[1], &[1.0; 5], &[5]).unwrap();
+                all_reduce(&comms[0], other, ReduceOp::Sum)
+                    .sync_on(comms[0].stream())
+                    .unwrap_err()
+            },
+            |e| matches!(e, DeviceError::DeviceMismatch { .. }),
+        ),
+    ];
+    for (refused, says) in cases {
+        let Some(comms) = communicators(2, TIMEOUT) else {
+            return;
+        };
+        let e = refused(&comms);
+        assert!(says(&e), "{e}");
+        let c = &comms[0];
+        let next = all_reduce(c, tensor(c, &[1.0; 4], &[4]).unwrap(), ReduceOp::Sum)
+            .sync_on(c.stream())
+            .unwrap_err();
+        assert!(
+            next.to_string().contains("make a new communicator"),
+            "after {e}: {next}"
+        );
+    }
 }
 
 #[test]

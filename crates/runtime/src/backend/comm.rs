@@ -102,6 +102,35 @@ impl CommBackend {
         cuda::nccl_unique_id()
     }
 
+    /// See [`Comm::abandon_call`](crate::Comm::abandon_call): on the host backend, the peers
+    /// are told once the work enqueued on `stream` so far has run (at once where nothing can
+    /// be enqueued on it: a stream of another device, or being captured); NCCL has no way to
+    /// tell them.
+    pub(crate) fn abandon(
+        &self,
+        stream: &crate::Stream,
+        op: &'static str,
+        rank: usize,
+        why: &DeviceError,
+    ) {
+        let CommBackend::Host(comm) = self else {
+            return;
+        };
+        let failure = DeviceError::Collective {
+            op,
+            rank,
+            reason: format!("rank {rank} gave up this call before enqueueing it: {why}"),
+        };
+        let in_order = stream.device().kind() == BackendKind::Host && !stream.is_capturing();
+        if in_order {
+            let (comm, failure) = (Arc::clone(comm), failure.clone());
+            if stream.enqueue_host_fn(move || comm.fail(failure)).is_ok() {
+                return;
+            }
+        }
+        comm.fail(failure);
+    }
+
     /// Whether a call that moves no element is enqueued at all. The host transport exchanges
     /// a header for every call, so a rank's empty call against another rank's full one fails
     /// both instead of pairing with the next call; NCCL moves nothing for an empty call, so it

@@ -53,6 +53,7 @@ pub use dtype::{CollectiveDtype, CollectiveElem, ReduceOp};
 use std::fmt;
 use std::sync::Arc;
 
+use parking_lot::Mutex;
 use smallvec::SmallVec;
 
 use crate::access::{ordered, Access, Accesses};
@@ -139,6 +140,9 @@ struct CommInner {
     rank: usize,
     world_size: usize,
     backend: CommBackend,
+    /// The first collective call this rank refused before enqueueing it (see
+    /// [`Comm::abandon_call`]): every later call is refused.
+    abandoned: Mutex<Option<DeviceError>>,
 }
 
 impl fmt::Debug for Comm {
@@ -247,8 +251,55 @@ impl Comm {
                 rank,
                 world_size,
                 backend,
+                abandoned: Mutex::new(None),
             }),
         }
+    }
+
+    /// Breaks this rank's communicator after a collective call (`op`, e.g. `all_reduce`) that
+    /// this rank gave up before enqueueing it (`why` says why: a bad argument, an input that
+    /// failed), which its peers
+    /// may have enqueued: every later collective of this rank is refused at once, saying to
+    /// make a new communicator, instead of pairing with the peers' call of the one given up
+    /// and handing both sides each other's data. On the host backend the peers are told once
+    /// the collectives enqueued on `stream` so far have run ([`HostTransport::abort`]), so that
+    /// theirs fail at once too; under NCCL, whose waits have no deadline, a peer waits for the
+    /// call given up as it would for a rank that never arrives. [`collective`] calls it for
+    /// the calls it refuses; crates that build collectives and give one up before calling it
+    /// (`cuflow-dist`'s ops) call it themselves.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use cuflow_runtime::{collective, Comm, CollectiveCall, Device, DeviceBuffer, DeviceError, HostTransport};
+    /// # #[derive(Debug)] struct Alone;
+    /// # impl HostTransport for Alone {
+    /// #     fn rank(&self) -> usize { 0 }
+    /// #     fn world_size(&self) -> usize { 1 }
+    /// #     fn send(&self, _: usize, _: u64, _: Vec<u8>) -> cuflow_runtime::Result<()> { unreachable!() }
+    /// #     fn recv(&self, _: usize, _: u64) -> cuflow_runtime::Result<Vec<u8>> { unreachable!() }
+    /// # }
+    /// # fn main() -> Result<(), DeviceError> {
+    /// let device = Device::host();
+    /// let comm = Comm::host(&device, Arc::new(Alone))?;
+    /// let stream = device.new_stream()?;
+    /// comm.abandon_call(&stream, "all_reduce", &DeviceError::usage("its input failed"));
+    /// let x = DeviceBuffer::from_host(&stream, &[1.0f32])?;
+    /// let call = CollectiveCall::all_reduce(x.view(), x.view(), Default::default());
+    /// let e = collective(&stream, &comm, &[call]).unwrap_err();
+    /// assert!(e.to_string().contains("make a new communicator"));
+    /// # Ok(()) }
+    /// ```
+    pub fn abandon_call(&self, stream: &Stream, op: &'static str, why: &DeviceError) {
+        {
+            let mut abandoned = self.inner.abandoned.lock();
+            if abandoned.is_some() {
+                return;
+            }
+            *abandoned = Some(why.clone());
+        }
+        self.inner.backend.abandon(stream, op, self.inner.rank, why);
     }
 
     /// This rank's number, in `0..world_size`.
@@ -292,18 +343,38 @@ fn check_rank(rank: usize, world_size: usize) -> Result<()> {
 /// timeout, a peer gone, ranks calling different collectives) come back from the stream's next
 /// synchronization, as for kernels.
 pub fn collective(stream: &Stream, comm: &Comm, calls: &[CollectiveCall<'_>]) -> Result<()> {
-    if stream.device() != comm.device() {
-        return Err(DeviceError::device_mismatch(
-            "collective",
-            "the stream",
-            comm.device(),
-            stream.device(),
-        ));
+    let name = match calls {
+        [call] => call.kind.name(),
+        _ => "collective group",
+    };
+    if let Some(first) = &*comm.inner.abandoned.lock() {
+        return Err(DeviceError::Collective {
+            op: name,
+            rank: comm.rank(),
+            reason: format!(
+                "this rank gave up an earlier collective call before enqueueing it ({first}), \
+                 which left it out of step with its peers; make a new communicator"
+            ),
+        });
     }
-    for call in calls {
-        call.validate(stream, comm.rank(), comm.world_size())?;
+    let checked = (|| {
+        if stream.device() != comm.device() {
+            return Err(DeviceError::device_mismatch(
+                "collective",
+                "the stream",
+                comm.device(),
+                stream.device(),
+            ));
+        }
+        for call in calls {
+            call.validate(stream, comm.rank(), comm.world_size())?;
+        }
+        call::check_overlaps(calls)
+    })();
+    if let Err(e) = checked {
+        comm.abandon_call(stream, name, &e);
+        return Err(e);
     }
-    call::check_overlaps(calls)?;
     let keep_empty = comm.inner.backend.keeps_empty_calls();
     let calls: SmallVec<[&CollectiveCall<'_>; 4]> = calls
         .iter()
@@ -324,10 +395,9 @@ pub fn collective(stream: &Stream, comm: &Comm, calls: &[CollectiveCall<'_>]) ->
     if let Some(area) = comm.inner.backend.extra_write(&calls) {
         accesses.push((area, Access::Write));
     }
-    let name = if calls.len() == 1 {
-        calls[0].kind.name()
-    } else {
-        "collective group"
+    let name = match &calls[..] {
+        [call] => call.kind.name(),
+        _ => "collective group",
     };
     ordered(stream, name, accesses, || {
         // Under the capture gate `ordered` holds: whether this very call is captured.

@@ -266,6 +266,20 @@ impl HostComm {
             .collect()
     }
 
+    /// Breaks the communicator with `failure` unless a group failed already, and tells the
+    /// peers (see `Comm::abandon_call`).
+    pub(crate) fn fail(&self, failure: DeviceError) {
+        let first = {
+            let mut failed = self.failed.lock();
+            let first = failed.is_none();
+            failed.get_or_insert_with(|| failure.clone());
+            first
+        };
+        if first {
+            self.transport.abort(&failure.to_string());
+        }
+    }
+
     /// Runs the group `calls` of rank `rank`, unless an earlier group failed.
     fn run(&self, rank: usize, calls: &[HostCall]) -> Result<()> {
         if let Some(first) = &*self.failed.lock() {
@@ -285,15 +299,7 @@ impl HostComm {
         let headers = self.headers(calls);
         let result = run_group(&*self.transport, rank, calls, &headers);
         if let Err(e) = &result {
-            let first = {
-                let mut failed = self.failed.lock();
-                let first = failed.is_none();
-                failed.get_or_insert_with(|| e.clone());
-                first
-            };
-            if first {
-                self.transport.abort(&e.to_string());
-            }
+            self.fail(e.clone());
         }
         result
     }
