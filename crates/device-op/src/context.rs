@@ -403,6 +403,12 @@ impl ExecutionContext {
                 &stream,
             ));
         }
+        if stream.is_for_captures() && !self.in_capture() {
+            return Err(crate::exec::placed_on_capture_stream(
+                &format!("branch {index} of {count}"),
+                &stream,
+            ));
+        }
         if stream.device().kind() != self.device.kind() {
             return Err(DeviceError::device_mismatch(
                 "ExecutionContext::fork_branch",

@@ -97,7 +97,8 @@ pub fn default_device() -> Result<Device, DeviceError> {
 /// # Errors
 ///
 /// The policy's error; [`DeviceError::Panicked`]; [`DeviceError::Capture`] when the policy
-/// picks a stream that is being captured into a graph.
+/// picks a stream that is being captured into a graph, or one made for captures
+/// ([`Device::new_stream_for_captures`](cuflow_runtime::Device::new_stream_for_captures)).
 ///
 /// # Examples
 ///
@@ -120,7 +121,26 @@ pub fn place_root(policy: &dyn SchedulingPolicy) -> Result<Stream, DeviceError> 
     if stream.is_capturing() {
         return Err(placed_on_capturing_stream("the root of an op", &stream));
     }
+    if stream.is_for_captures() {
+        return Err(placed_on_capture_stream("the root of an op", &stream));
+    }
     Ok(stream)
+}
+
+/// The error of a policy that placed eager work (`what`) on `stream`, a stream made for
+/// captures (a capture's private stream, which a policy sees as a placement's parent during
+/// that capture): the next capture that takes the stream would refuse the work, part-way.
+pub(crate) fn placed_on_capture_stream(what: &str, stream: &Stream) -> DeviceError {
+    DeviceError::Capture {
+        op: "SchedulingPolicy::place".into(),
+        reason: format!(
+            "the scheduling policy placed {what} on stream {}, a stream of graph captures (a \
+             capture hands its private streams to the policy as placements' parents): eager \
+             work there would be refused once another capture takes the stream; a policy must \
+             not keep the streams a capture hands it",
+            stream.id()
+        ),
+    }
 }
 
 /// The error of a policy that placed `what` on `stream`, a stream being captured into a graph:

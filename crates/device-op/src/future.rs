@@ -25,7 +25,10 @@ enum State<T> {
 ///
 /// From `.await` on an op (the op is enqueued on the default device at the first poll) or from
 /// [`DeviceOpExt::schedule`](crate::DeviceOpExt::schedule) (enqueued at once). `Send`, and
-/// independent of the async runtime: completion is observed by cuflow's own reactor thread.
+/// independent of the async runtime: completion is observed by cuflow's own reactor thread,
+/// which calls the task's waker there. A waker must return promptly, as every runtime's do
+/// (one that blocks holds up the completion of every other future in the process meanwhile;
+/// one that panics is caught).
 /// Dropping it while the work runs is safe: the work still completes, and its buffers are
 /// freed after it, in stream order. The op's error is the future's: dropped unawaited, a
 /// failure of the op's work is dropped with it, as an unread `Result` is: the buffers the

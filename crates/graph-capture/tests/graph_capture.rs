@@ -438,3 +438,56 @@ fn a_capture_under_a_panicking_policy_is_an_error() -> Result<(), DeviceError> {
     }
     Ok(())
 }
+
+/// A policy that keeps the parent a placement names: during a capture that is one of the
+/// capture's private streams.
+#[derive(Clone, Debug)]
+struct KeepsParent {
+    device: Device,
+    kept: Arc<parking_lot::Mutex<Option<Stream>>>,
+}
+
+impl SchedulingPolicy for KeepsParent {
+    fn device(&self) -> &Device {
+        &self.device
+    }
+
+    fn place(&self, request: &Placement<'_>) -> Result<Stream, DeviceError> {
+        let mut kept = self.kept.lock();
+        if let Some(parent) = request.parent {
+            kept.get_or_insert_with(|| parent.clone());
+        }
+        match &*kept {
+            Some(s) => Ok(s.clone()),
+            None => self.device.new_stream(),
+        }
+    }
+}
+
+/// A policy that keeps a stream a capture handed it and places eager work on it afterwards
+/// gets a clear error at once, rather than work that another capture taking the stream would
+/// refuse part-way.
+#[test]
+fn eager_work_on_a_stream_a_capture_handed_to_the_policy_is_refused() -> Result<(), DeviceError> {
+    let device = device();
+    let policy = KeepsParent {
+        device: device.clone(),
+        kept: Arc::new(parking_lot::Mutex::new(None)),
+    };
+    let graph = zip!(value(1), value(2))
+        .map(|(a, b)| a + b)
+        .graph_with_policy(&policy)?;
+    drop(graph);
+    let kept = policy
+        .kept
+        .lock()
+        .clone()
+        .expect("the capture placed a branch");
+    assert!(kept.is_for_captures());
+    let r = zip!(value(1), value(2)).sync_with_policy(&policy);
+    assert!(
+        matches!(&r, Err(DeviceError::Capture { reason, .. }) if reason.contains("streams a capture hands it")),
+        "{r:?}"
+    );
+    Ok(())
+}
