@@ -511,3 +511,30 @@ fn a_collective_refused_on_one_rank_is_never_paired_with_its_next_one() {
         }
     }
 }
+
+/// Ranks that take different ranks for the root where the root agrees with one of them
+/// (roots 0, 0 and 1 over three ranks): every rank fails at once, the one that got the
+/// root's data too, instead of one succeeding and the others waiting out their deadline.
+#[test]
+fn ranks_that_disagree_on_a_broadcasts_root_all_fail_at_once() {
+    if cuflow_testing::device::device().kind() != BackendKind::Host {
+        cuflow_testing::device::skip("host backend only: NCCL's waits have no deadline");
+        return;
+    }
+    // A deadline far longer than the test may take: failing at once is not a timeout.
+    let Some(comms) = communicators(3, Duration::from_secs(20)) else {
+        return;
+    };
+    let start = std::time::Instant::now();
+    let got = on_each(&comms, |c| {
+        let root = if c.rank() == 2 { 1 } else { 0 };
+        let x = tensor(c, &[c.rank() as f32 + 1.0; 4])?;
+        broadcast(c, x, root).sync_on(c.stream())?.to_host_vec()
+    });
+    assert_every_rank_fails_saying(&got, &["broadcast"]);
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "the ranks waited for their deadline: {:?}",
+        start.elapsed()
+    );
+}

@@ -382,9 +382,14 @@ fn run_group(
                 }
                 Some(data)
             }
-            CallKind::Broadcast { root } => {
-                // The header alone: the root checks that every rank takes it for the root.
-                t.send(root, tag, header.message(&[]))?;
+            CallKind::Broadcast { .. } => {
+                // The header alone, to every rank: each checks that every other takes the
+                // same rank for the root (a rank that took another rank for the root would
+                // otherwise be told by no one, and wait for it until its deadline).
+                let message = header.message(&[]);
+                for peer in others() {
+                    t.send(peer, tag, message.clone())?;
+                }
                 None
             }
             CallKind::Send { peer } => {
@@ -464,7 +469,16 @@ fn run_group(
                 }
                 own
             }
-            CallKind::Broadcast { root } => Some(recv(root, part)?),
+            CallKind::Broadcast { root } => {
+                let mut data = None;
+                for peer in others() {
+                    let got = recv(peer, if peer == root { part } else { 0 })?;
+                    if peer == root {
+                        data = Some(got);
+                    }
+                }
+                data
+            }
             CallKind::Recv { peer } => Some(recv(peer, part)?),
             CallKind::Send { .. } => None,
         });
