@@ -10,7 +10,9 @@
 //!
 //! Every read, accept and connect has a deadline: a rank that never arrives is a
 //! [`DeviceError::Timeout`], a rank that answers something else a [`DeviceError::Collective`].
-//! Integers travel little-endian.
+//! A connection to rank 0 that does not open with a cuflow rank's hello within a few seconds
+//! (a port scan, a health check, garbage) is not a rank: rank 0 drops it, says so in a
+//! warning, and goes on waiting for the ranks. Integers travel little-endian.
 
 use std::collections::BTreeMap;
 use std::io::{ErrorKind, Read, Write};
@@ -25,6 +27,10 @@ use crate::config::DistConfig;
 /// (the rendezvous, and the host transport's messages).
 const MAGIC: &[u8; 8] = b"cuflow\x02\x00";
 const STEP: &str = "rendezvous";
+
+/// How long rank 0 waits for a connection's hello before it takes the connection for a
+/// stranger's and drops it (a rank sends its hello as soon as it has connected).
+const HELLO_WAIT: Duration = Duration::from_secs(5);
 
 /// What a rank has once the rendezvous is over: a connection to each other rank (when a mesh
 /// was asked for) and rank 0's payload.
@@ -80,6 +86,9 @@ struct Conn<'d> {
     rank: usize,
     deadline: &'d Deadline,
     peer: String,
+    /// Set while reading a hello on rank 0, until the connection has opened with the magic
+    /// of a cuflow rank (of any version): a failure before then is a stranger's.
+    stranger: bool,
 }
 
 impl Conn<'_> {
@@ -136,6 +145,10 @@ impl Conn<'_> {
     fn magic(&mut self) -> Result<(), DeviceError> {
         let mut m = [0u8; 8];
         self.read(&mut m)?;
+        if m[..6] == MAGIC[..6] {
+            // A cuflow rank, of this version or another: what it says next is its own.
+            self.stranger = false;
+        }
         if &m != MAGIC {
             return Err(err(
                 self.rank,
@@ -279,7 +292,7 @@ fn serve(
         .local_addr()
         .map(|a| a.to_string())
         .unwrap_or_default();
-    for _ in 1..world {
+    while conns.len() + 1 < world {
         let missing = || {
             let ranks = (1..world).filter(|r| !conns.contains_key(r));
             format!(
@@ -292,16 +305,42 @@ fn serve(
             .peer_addr()
             .map(|a| a.ip().to_string())
             .unwrap_or_default();
+        // A rank says who it is as soon as it has connected; a connection that says nothing
+        // in time, closes, or says something else (a port scan, a health check) is not a
+        // rank: it is dropped, and rank 0 goes on waiting for the ranks.
+        let hello = Deadline::new(HELLO_WAIT.min(deadline.left(missing)?));
         let mut conn = Conn {
             stream,
             rank: 0,
-            deadline,
+            deadline: &hello,
             peer: format!("a rank at {peer_ip}"),
+            stranger: true,
         };
-        conn.magic()?;
-        let (rank, their_world) = (conn.u32()? as usize, conn.u32()? as usize);
-        let mut port = [0u8; 2];
-        conn.read(&mut port)?;
+        let said = (|| {
+            conn.magic()?;
+            let (rank, their_world) = (conn.u32()? as usize, conn.u32()? as usize);
+            let mut port = [0u8; 2];
+            conn.read(&mut port)?;
+            Ok::<_, DeviceError>((rank, their_world, port))
+        })();
+        let (rank, their_world, port) = match said {
+            Ok(said) => said,
+            Err(e) if conn.stranger => {
+                tracing::warn!(
+                    "rendezvous: rank 0 dropped a connection from {peer_ip} that is not a \
+                     cuflow rank ({e})"
+                );
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        let mut conn = Conn {
+            stream: conn.stream,
+            rank: 0,
+            deadline,
+            peer: conn.peer,
+            stranger: false,
+        };
         if their_world != world || rank == 0 || rank >= world {
             return Err(err(
                 0,
@@ -353,6 +392,7 @@ fn join(config: &DistConfig, mesh: bool, deadline: &Deadline) -> Result<Links, D
         rank,
         deadline,
         peer: format!("rank 0 at {master}"),
+        stranger: false,
     };
     // Ranks above this one connect to this listener; it exists before rank 0 hears of us.
     let listener = if mesh && rank + 1 < world {
@@ -399,6 +439,7 @@ fn join(config: &DistConfig, mesh: bool, deadline: &Deadline) -> Result<Links, D
             rank,
             deadline,
             peer: format!("rank {j} at {addr}"),
+            stranger: false,
         };
         let mut hello = MAGIC.to_vec();
         hello.extend_from_slice(&(rank as u32).to_le_bytes());
@@ -422,6 +463,7 @@ fn join(config: &DistConfig, mesh: bool, deadline: &Deadline) -> Result<Links, D
                 rank,
                 deadline,
                 peer: "a higher rank".into(),
+                stranger: false,
             };
             c.magic()?;
             let from = c.u32()? as usize;
