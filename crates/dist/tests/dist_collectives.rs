@@ -458,3 +458,26 @@ fn gathers_that_do_not_pair_fail_on_every_rank() {
         assert!(e.contains("words"), "{e}");
     }
 }
+
+/// An average of floats near the type's largest value stays finite: the parts are scaled by
+/// `1/n` before they are summed, as NCCL's average of floats does, not summed past the
+/// largest value first.
+#[test]
+fn an_average_of_the_largest_floats_is_the_largest_float() {
+    let Some(comms) = communicators(2, TIMEOUT) else {
+        return;
+    };
+    let got = on_each(&comms, |c| {
+        let x = tensor(c, &[f32::MAX, -f32::MAX, 1.0, 3.0], &[4])?;
+        all_reduce(c, x, ReduceOp::Avg)
+            .sync_on(c.stream())?
+            .to_host_vec()
+    });
+    for (rank, g) in got.into_iter().enumerate() {
+        assert_eq!(
+            g.unwrap(),
+            vec![f32::MAX, -f32::MAX, 1.0, 3.0],
+            "rank {rank}"
+        );
+    }
+}

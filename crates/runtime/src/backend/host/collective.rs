@@ -411,10 +411,16 @@ fn run_group(
             reason,
         };
         let recv = |peer: usize, want: usize| -> Result<Vec<u8>> {
+            // Named after the collective, not the transport's step.
             let mut data = t.recv(peer, tag).map_err(|e| match e {
                 DeviceError::Timeout { what, waited_ms } => DeviceError::Timeout {
                     what: format!("{name}: {what}"),
                     waited_ms,
+                },
+                DeviceError::Collective { rank, reason, .. } => DeviceError::Collective {
+                    op: name,
+                    rank,
+                    reason,
                 },
                 e => e,
             })?;
@@ -495,7 +501,13 @@ fn run_group(
 /// Arithmetic of the element types, as the reductions need it. A float max or min skips a NaN
 /// (NaN only when both are), as NCCL's does (`fmaxf` / `fminf`, `__hmax` / `__hmin`): the
 /// result does not depend on which rank holds the NaN.
+///
+/// An average of floats scales each part by `1/n` before the parts are summed, as NCCL's
+/// `ncclAvg` does for them (so values near the type's largest do not overflow to infinity); an
+/// average of integers sums, wrapping, then divides, as NCCL's does.
 trait Reduce: Pod {
+    /// Whether an average scales the parts before it sums them.
+    const SCALES_FIRST: bool;
     fn add(a: Self, b: Self) -> Self;
     fn max(a: Self, b: Self) -> Self;
     fn min(a: Self, b: Self) -> Self;
@@ -505,6 +517,7 @@ trait Reduce: Pod {
 macro_rules! reduce_int {
     ($($t:ty),*) => {$(
         impl Reduce for $t {
+            const SCALES_FIRST: bool = false;
             fn add(a: Self, b: Self) -> Self { a.wrapping_add(b) }
             fn max(a: Self, b: Self) -> Self { Ord::max(a, b) }
             fn min(a: Self, b: Self) -> Self { Ord::min(a, b) }
@@ -522,6 +535,7 @@ reduce_int!(u8, i32, u32, i64);
 macro_rules! reduce_float {
     ($($t:ty),*) => {$(
         impl Reduce for $t {
+            const SCALES_FIRST: bool = true;
             fn add(a: Self, b: Self) -> Self { a + b }
             fn max(a: Self, b: Self) -> Self { a.max(b) }
             fn min(a: Self, b: Self) -> Self { a.min(b) }
@@ -534,6 +548,7 @@ reduce_float!(f32, f64);
 macro_rules! reduce_half {
     ($($t:ty),*) => {$(
         impl Reduce for $t {
+            const SCALES_FIRST: bool = true;
             fn add(a: Self, b: Self) -> Self { <$t>::from_f32(a.to_f32() + b.to_f32()) }
             fn max(a: Self, b: Self) -> Self { a.max(b) }
             fn min(a: Self, b: Self) -> Self { a.min(b) }
@@ -565,9 +580,20 @@ fn elements<T: Pod>(bytes: &[u8]) -> Vec<T> {
 }
 
 fn reduce_as<T: Reduce>(op: ReduceOp, parts: &[Vec<u8>]) -> Vec<u8> {
+    let ranks = parts.len();
+    let scale_first = op == ReduceOp::Avg && T::SCALES_FIRST;
+    let part = |bytes: &Vec<u8>| -> Vec<T> {
+        let mut x: Vec<T> = elements(bytes);
+        if scale_first {
+            for v in &mut x {
+                *v = T::div(*v, ranks);
+            }
+        }
+        x
+    };
     let mut parts = parts.iter();
     let mut acc: Vec<T> = match parts.next() {
-        Some(first) => elements(first),
+        Some(first) => part(first),
         None => return Vec::new(),
     };
     let f: fn(T, T) -> T = match op {
@@ -575,15 +601,12 @@ fn reduce_as<T: Reduce>(op: ReduceOp, parts: &[Vec<u8>]) -> Vec<u8> {
         ReduceOp::Max => T::max,
         ReduceOp::Min => T::min,
     };
-    let mut ranks = 1;
-    for part in parts {
-        let x: Vec<T> = elements(part);
-        for (a, b) in acc.iter_mut().zip(x) {
+    for x in parts {
+        for (a, b) in acc.iter_mut().zip(part(x)) {
             *a = f(*a, b);
         }
-        ranks += 1;
     }
-    if op == ReduceOp::Avg {
+    if op == ReduceOp::Avg && !scale_first {
         for a in &mut acc {
             *a = T::div(*a, ranks);
         }
