@@ -249,3 +249,46 @@ fn a_request_that_one_rank_never_makes_times_out_without_touching_the_devices() 
         &vec![1.5; 4]
     );
 }
+
+/// A replay of a captured step that fails after it was enqueued (here rank 1 makes no decode
+/// steps, so rank 0's replayed all-reduces time out) fails every later `synchronize`,
+/// `tokens` and `decode` of the sequence, not only the first: `tokens` never returns ids that
+/// the failed replays did not write. A new prefill starts clean. On host ranks: NCCL's waits
+/// have no deadline.
+#[test]
+fn a_failed_replay_fails_the_sequence_until_the_next_prefill() {
+    let devices = [
+        cuflow_runtime::Device::host_numbered(40),
+        cuflow_runtime::Device::host_numbered(41),
+    ];
+    let comms = Communicator::local_with_timeout(&devices, Duration::from_millis(300)).unwrap();
+    let mut cfg = LlamaConfig::tiny();
+    cfg.num_key_value_heads = Some(cfg.num_attention_heads);
+    let prompt = [3u32, 141, 59, 26, 200];
+    std::thread::scope(|s| {
+        for c in &comms {
+            let cfg = cfg.clone();
+            s.spawn(move || {
+                let model = Llama::synthetic_tp(c, cfg, 11).unwrap();
+                let mut step = model
+                    .capture(c.stream(), GenerateOptions::greedy().max_seq(32))
+                    .unwrap();
+                step.prefill(&prompt).unwrap();
+                if c.rank() == 1 {
+                    // No decode steps here: rank 0's replayed all-reduces wait for none.
+                    return;
+                }
+                step.decode(3).unwrap();
+                for what in ["synchronize", "tokens", "tokens again", "synchronize again"] {
+                    let r = match what {
+                        "synchronize" | "synchronize again" => step.synchronize().map(|()| vec![]),
+                        _ => step.tokens(),
+                    };
+                    assert!(r.is_err(), "{what} after a failed replay: {r:?}");
+                }
+                let r = step.decode(1);
+                assert!(r.is_err(), "decode after a failed replay: {r:?}");
+            });
+        }
+    });
+}

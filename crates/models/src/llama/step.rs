@@ -158,6 +158,9 @@ pub struct LlamaStep {
     /// [`tokens`](Self::tokens) until the next prefill starts a sequence with a scope of
     /// its own. (Replays report theirs through the graph.)
     scope: ErrorScope,
+    /// The first failure of the sequence's replays: the graph reports each failure once, and
+    /// the sequence keeps it, for every later call until the next prefill.
+    replay_failure: std::sync::Mutex<Option<DeviceError>>,
 }
 
 impl LlamaStep {
@@ -208,7 +211,27 @@ impl LlamaStep {
             prompt_len: 0,
             produced: 0,
             scope: ErrorScope::new(),
+            replay_failure: std::sync::Mutex::new(None),
         })
+    }
+
+    /// The failure of the sequence's replays: the one kept, or the graph's report of the
+    /// replays enqueued so far (waiting for them), kept from then on.
+    fn replays(&self) -> Result<(), DeviceError> {
+        let mut kept = self
+            .replay_failure
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(e) = &*kept {
+            return Err(e.clone());
+        }
+        if let Some(graph) = &self.graph {
+            if let Err(e) = graph.synchronize() {
+                *kept = Some(e.clone());
+                return Err(e);
+            }
+        }
+        Ok(())
     }
 
     /// Positions the caches hold: prompt plus generated tokens must fit.
@@ -307,6 +330,10 @@ impl LlamaStep {
         // there is no sequence to decode.
         self.end_sequence();
         self.scope = ErrorScope::new();
+        *self
+            .replay_failure
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
         let _entered = self.scope.enter();
         let (stream, policy) = (&self.stream, &self.policy);
         let s = &mut self.state;
@@ -364,6 +391,14 @@ impl LlamaStep {
     /// sequence is kept); device errors, after which decoding needs a new prefill.
     pub fn decode(&mut self, n: usize) -> Result<(), DeviceError> {
         self.check_room(n)?;
+        if let Some(e) = &*self
+            .replay_failure
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        {
+            // The sequence's replays failed: its position on the device is unknown.
+            return Err(e.clone());
+        }
         let Some(graph) = &mut self.graph else {
             return self.decode_eager(n);
         };
@@ -419,9 +454,7 @@ impl LlamaStep {
     /// the sequence's prefill or eager steps (a collective that timed out, say), at every
     /// call until the next prefill; not the failures of other work on the stream.
     pub fn synchronize(&self) -> Result<(), DeviceError> {
-        if let Some(graph) = &self.graph {
-            graph.synchronize()?;
-        }
+        self.replays()?;
         let _entered = self.scope.enter();
         self.stream.synchronize()
     }
@@ -432,10 +465,8 @@ impl LlamaStep {
     ///
     /// As [`synchronize`](Self::synchronize): tokens whose work failed are never returned.
     pub fn tokens(&self) -> Result<Vec<u32>, DeviceError> {
-        // A failed replay leaves tokens unwritten: its failure is the graph's to report.
-        if let Some(graph) = &self.graph {
-            graph.synchronize()?;
-        }
+        // A failed replay leaves tokens unwritten: the sequence keeps its failure.
+        self.replays()?;
         // Read in the sequence's scope: a failure of its prefill or eager steps is reported.
         let all = {
             let _entered = self.scope.enter();
