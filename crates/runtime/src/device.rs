@@ -91,6 +91,8 @@ pub(crate) struct DeviceInner {
     /// What is left of the streams dropped with their work unfinished or their failure
     /// unreported, for `Device::synchronize`.
     pub(crate) retired: Mutex<RetiredStreams>,
+    /// Held by the `Device::synchronize` waiting for `retired`'s work.
+    pub(crate) retired_drain: Mutex<()>,
     /// The stream on which staged copies out of this device read its memory, created at the
     /// first such copy (see `DeviceBuffer::copy_from_device_staged`).
     pub(crate) staging_stream: Mutex<Option<Stream>>,
@@ -191,6 +193,7 @@ impl Device {
                 pool: PoolCounters::new(),
                 streams: Mutex::new(Vec::new()),
                 retired: Mutex::new(RetiredStreams::default()),
+                retired_drain: Mutex::new(()),
                 staging_stream: Mutex::new(None),
                 extensions: Mutex::new(HashMap::new()),
             }),
@@ -225,6 +228,7 @@ impl Device {
                 pool: PoolCounters::new(),
                 streams: Mutex::new(Vec::new()),
                 retired: Mutex::new(RetiredStreams::default()),
+                retired_drain: Mutex::new(()),
                 staging_stream: Mutex::new(None),
                 extensions: Mutex::new(HashMap::new()),
             }),
@@ -569,7 +573,9 @@ impl Device {
                 what: "Device::synchronize inside a host kernel or host function",
             });
         }
-        let retired = std::mem::take(&mut *self.inner.retired.lock());
+        // One caller at a time waits for the dropped streams' work, and the others wait for it
+        // to finish (each returns only once that work has run; its failure goes to one).
+        let _draining = self.inner.retired_drain.lock();
         let live: Vec<Stream> = {
             let mut list = self.inner.streams.lock();
             list.retain(|w| w.strong_count() > 0);
@@ -578,6 +584,9 @@ impl Device {
                 .map(|inner| Stream { inner })
                 .collect()
         };
+        // After the live streams are held: a stream dropped before then was retired already,
+        // and one dropped later is held here until this returns.
+        let retired = std::mem::take(&mut *self.inner.retired.lock());
         let mut first = Ok(());
         for s in &live {
             let r = s.synchronize_unless_capturing();

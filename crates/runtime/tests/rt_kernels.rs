@@ -348,7 +348,8 @@ fn a_buffer_given_as_an_output_to_a_const_parameter_is_read() -> Result<(), Devi
 
 /// A host implementation reads an output given to a `const` parameter, or writes it, but not
 /// both in one launch: the slice it read stays valid for the whole launch, so the write is
-/// refused with an error naming the argument, and so is a read after the write.
+/// refused with an error naming the argument, and so is a read after the write. A read
+/// refused for its element type takes nothing: the output can still be written.
 #[test]
 fn a_host_implementation_reads_or_writes_an_output_but_not_both() -> Result<(), DeviceError> {
     let s = Device::host().new_stream()?;
@@ -383,5 +384,30 @@ fn a_host_implementation_reads_or_writes_an_output_but_not_both() -> Result<(), 
         );
     }
     assert_eq!(x.to_host_vec(&s)?, vec![1.0, 2.0]);
+    Ok(())
+}
+
+/// A read of an output refused for its element type leaves the output to be written.
+#[test]
+fn a_refused_read_of_an_output_leaves_it_writable() -> Result<(), DeviceError> {
+    let s = Device::host().new_stream()?;
+    let x = DeviceBuffer::from_host(&s, &[1.0f32, 2.0])?;
+    // SAFETY: the CUDA C source touches no memory; only its host implementation runs here.
+    let k = unsafe {
+        Kernel::new(
+            "read_wrong_then_write",
+            r#"extern "C" __global__ void read_wrong_then_write(float* x) {}"#,
+        )
+    }
+    .with_host(|args| {
+        assert!(
+            args.input::<u32>(0).is_err(),
+            "a read as u32 of f32 elements"
+        );
+        args.output::<f32>(0)?[0] = 7.0;
+        Ok(())
+    });
+    k.launch(&s, LaunchConfig::linear(1, 1), KernelArgs::new().output(&x))?;
+    assert_eq!(x.to_host_vec(&s)?, vec![7.0, 2.0]);
     Ok(())
 }

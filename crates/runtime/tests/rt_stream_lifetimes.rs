@@ -167,3 +167,38 @@ fn device_synchronize_waits_for_dropped_streams_and_reports_their_failures(
     );
     device.synchronize()
 }
+
+/// Two threads synchronizing the device at once both return only after a dropped stream's
+/// work has run (its failure, if any, goes to one of them).
+#[test]
+fn concurrent_device_synchronizations_both_wait_for_dropped_streams() -> Result<(), DeviceError> {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let device = device();
+    device.synchronize()?;
+    let s = device.new_stream()?;
+    let ran = Arc::new(AtomicBool::new(false));
+    s.enqueue_host_fn({
+        let ran = ran.clone();
+        move || {
+            std::thread::sleep(Duration::from_millis(400));
+            ran.store(true, Ordering::SeqCst);
+        }
+    })?;
+    drop(s);
+    let first = std::thread::spawn({
+        let device = device.clone();
+        let ran = ran.clone();
+        move || device.synchronize().map(|()| ran.load(Ordering::SeqCst))
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    device.synchronize()?;
+    assert!(
+        ran.load(Ordering::SeqCst),
+        "a second Device::synchronize returned before a dropped stream's work ran"
+    );
+    assert!(
+        first.join().expect("the first thread")?,
+        "the first returned early"
+    );
+    Ok(())
+}

@@ -264,6 +264,16 @@ impl<'a> HostKernelArgs<'a> {
                 ty,
                 ty_name,
             }) => {
+                // Checked before the output is taken: a refused read leaves it as it was.
+                if *ty != TypeId::of::<T>() {
+                    return Err(self.mismatch(
+                        index,
+                        format!(
+                            "is a buffer of {ty_name}, read as {}",
+                            std::any::type_name::<T>()
+                        ),
+                    ));
+                }
                 let mut writable = bytes.lock();
                 let shared = match (read.get(), writable.take()) {
                     (Some(shared), _) => *shared,
