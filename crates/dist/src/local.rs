@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use cuflow_runtime::{DeviceError, HostTransport};
 
-use crate::mailbox::{Mailbox, ABORT_TAG};
+use crate::mailbox::{Mailbox, ABORT_TAG, CLOSE_TAG};
 
 /// One rank of an in-process group.
 pub(crate) struct LocalTransport {
@@ -82,6 +82,14 @@ impl HostTransport for LocalTransport {
         for (peer, mailbox) in self.mailboxes.iter().enumerate() {
             if peer != self.rank {
                 mailbox.deliver(self.rank, ABORT_TAG, reason.as_bytes().to_vec());
+            }
+        }
+    }
+
+    fn close(&self, reason: &str) {
+        for (peer, mailbox) in self.mailboxes.iter().enumerate() {
+            if peer != self.rank {
+                mailbox.deliver(self.rank, CLOSE_TAG, reason.as_bytes().to_vec());
             }
         }
     }

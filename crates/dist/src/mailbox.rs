@@ -8,6 +8,8 @@
 //! once, saying why, and the program makes a new communicator. A sender whose communicator
 //! broke so says with a message of [`ABORT_TAG`]: its messages still queued here (its part of
 //! the collective that failed there among them) are dropped, and receives from it fail at once.
+//! A sender that gave up a call before sending anything of it says so with [`CLOSE_TAG`]: what
+//! it sent before is still taken, and only receives that find nothing more fail.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -24,6 +26,11 @@ struct Slot {
 /// The tag of the message a rank sends its peers when its communicator broke (the runtime's
 /// tags never reach it); its bytes say why.
 pub(crate) const ABORT_TAG: u64 = u64::MAX;
+
+/// The tag of the message a rank sends its peers when it gave up a collective call before
+/// sending anything of it: what it sent before stands, and receives from it fail once that
+/// is taken.
+pub(crate) const CLOSE_TAG: u64 = u64::MAX - 1;
 
 /// The messages sent to one rank.
 pub(crate) struct Mailbox {
@@ -45,10 +52,16 @@ impl Mailbox {
     }
 
     /// Queues a message from rank `from`; one of [`ABORT_TAG`] drops the queue and fails
-    /// every later receive from `from`.
+    /// every later receive from `from`, one of [`CLOSE_TAG`] fails the receives from `from`
+    /// that find no message queued.
     pub(crate) fn deliver(&self, from: usize, tag: u64, data: Vec<u8>) {
         if let Some(slot) = self.slots.lock().get_mut(from) {
-            if tag == ABORT_TAG {
+            if tag == CLOSE_TAG {
+                let why = String::from_utf8_lossy(&data);
+                slot.closed.get_or_insert_with(|| {
+                    format!("{why}, which left the ranks out of step; make a new communicator")
+                });
+            } else if tag == ABORT_TAG {
                 slot.queue.clear();
                 let why = String::from_utf8_lossy(&data);
                 slot.closed = Some(format!(

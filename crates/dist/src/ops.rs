@@ -95,7 +95,7 @@ fn given_up_breaks_comm<R>(
 ) -> Result<R, DeviceError> {
     let result = body(ctx);
     if let Err(e) = &result {
-        comm.comm().abandon_call(comm.stream(), op, e);
+        comm.comm().abandon_call(op, e);
     }
     result
 }

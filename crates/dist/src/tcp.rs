@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use cuflow_runtime::{DeviceError, HostTransport};
 use parking_lot::Mutex;
 
-use crate::mailbox::{Mailbox, ABORT_TAG};
+use crate::mailbox::{Mailbox, ABORT_TAG, CLOSE_TAG};
 
 /// The room a message's first bytes are read into; it then doubles with the bytes that
 /// arrived, up to the length the header announced.
@@ -280,6 +280,15 @@ impl HostTransport for TcpTransport {
         for peer in (0..self.writers.len()).filter(|&p| p != self.rank) {
             if let Err(e) = self.send(peer, ABORT_TAG, reason.as_bytes().to_vec()) {
                 tracing::debug!(peer, error = %e, "telling a peer of a failed collective");
+            }
+        }
+    }
+
+    /// As [`abort`](Self::abort), with the close frame.
+    fn close(&self, reason: &str) {
+        for peer in (0..self.writers.len()).filter(|&p| p != self.rank) {
+            if let Err(e) = self.send(peer, CLOSE_TAG, reason.as_bytes().to_vec()) {
+                tracing::debug!(peer, error = %e, "telling a peer of a call given up");
             }
         }
     }

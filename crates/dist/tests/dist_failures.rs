@@ -538,3 +538,98 @@ fn ranks_that_disagree_on_a_broadcasts_root_all_fail_at_once() {
         start.elapsed()
     );
 }
+
+/// A raw `collective()` refused by the enqueue itself (its stream is being captured by another
+/// thread) breaks the communicator as an argument refusal does: the peer's call fails, and
+/// this rank's next call is refused instead of pairing with it.
+#[test]
+fn a_raw_collective_refused_at_its_enqueue_breaks_the_communicator() {
+    use cuflow_runtime::{collective, CollectiveCall, DeviceBuffer};
+    let Some(comms) = host_communicators(2) else {
+        return;
+    };
+    let got = on_each(&comms, |c| {
+        let s = c.stream();
+        let x = DeviceBuffer::from_host(s, &[1.0f32; 4])?;
+        s.synchronize()?;
+        fn call(b: &DeviceBuffer<f32>) -> CollectiveCall<'_> {
+            CollectiveCall::all_reduce(b.view(), b.view(), ReduceOp::Sum)
+        }
+        if c.rank() == 1 {
+            return Ok((
+                collective(s, c.comm(), &[call(&x)]).and_then(|()| s.synchronize()),
+                Ok(()),
+            ));
+        }
+        let (began, begun) = std::sync::mpsc::channel();
+        let (end, ended) = std::sync::mpsc::channel::<()>();
+        let capturing = std::thread::spawn({
+            let s = s.clone();
+            move || {
+                s.begin_capture().unwrap();
+                began.send(()).unwrap();
+                ended.recv().unwrap();
+                drop(s.end_capture());
+            }
+        });
+        begun.recv().unwrap();
+        let first = collective(s, c.comm(), &[call(&x)]);
+        end.send(()).unwrap();
+        capturing.join().unwrap();
+        let y = DeviceBuffer::from_host(s, &[100.0f32; 4])?;
+        let second = collective(s, c.comm(), &[call(&y)]).and_then(|()| s.synchronize());
+        Ok::<_, DeviceError>((first, second))
+    });
+    let (first0, second0) = got[0].as_ref().unwrap();
+    assert!(
+        matches!(first0, Err(DeviceError::Capture { .. })),
+        "{first0:?}"
+    );
+    let second0 = second0.as_ref().expect_err("rank 0's next call");
+    assert!(
+        second0.to_string().contains("make a new communicator"),
+        "{second0}"
+    );
+    let (first1, _) = got[1].as_ref().unwrap();
+    assert!(
+        first1.is_err(),
+        "rank 1's call paired with rank 0's next one: {first1:?}"
+    );
+}
+
+/// A call refused on a stream of another device is given up where no work of its rank can
+/// be ordered: the peers are told only after the rank's earlier collectives, which complete on
+/// every rank.
+#[test]
+fn a_call_given_up_leaves_the_earlier_collectives_alone() {
+    use cuflow_runtime::{collective, CollectiveCall, DeviceBuffer};
+    let Some(comms) = host_communicators(2) else {
+        return;
+    };
+    let got = on_each(&comms, |c| {
+        let s = c.stream();
+        let x = DeviceBuffer::from_host(s, &[c.rank() as f32 + 1.0; 4])?;
+        s.synchronize()?;
+        if c.rank() == 1 {
+            // Late: rank 0 gives up its second call before this one is even enqueued.
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        let call = CollectiveCall::all_reduce(x.view(), x.view(), ReduceOp::Sum);
+        collective(s, c.comm(), &[call])?;
+        if c.rank() == 0 {
+            let other = cuflow_runtime::Device::host_numbered(29).new_stream()?;
+            let call = CollectiveCall::all_reduce(x.view(), x.view(), ReduceOp::Sum);
+            let e = collective(&other, c.comm(), &[call]).unwrap_err();
+            assert!(matches!(e, DeviceError::DeviceMismatch { .. }), "{e}");
+        }
+        s.synchronize()?;
+        x.to_host_vec(s)
+    });
+    for (rank, r) in got.into_iter().enumerate() {
+        assert_eq!(
+            r.unwrap(),
+            vec![3.0f32; 4],
+            "rank {rank}'s earlier all_reduce"
+        );
+    }
+}

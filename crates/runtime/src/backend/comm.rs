@@ -103,12 +103,12 @@ impl CommBackend {
     }
 
     /// See [`Comm::abandon_call`](crate::Comm::abandon_call): on the host backend, the peers
-    /// are told once the work enqueued on `stream` so far has run (at once where nothing can
-    /// be enqueued on it: a stream of another device, or being captured); NCCL has no way to
-    /// tell them.
+    /// are told once the work enqueued so far on `last`, the stream of the rank's last
+    /// collective, has run (at once when there was none, or it is being captured); NCCL has
+    /// no way to tell them.
     pub(crate) fn abandon(
         &self,
-        stream: &crate::Stream,
+        last: Option<&crate::Stream>,
         op: &'static str,
         rank: usize,
         why: &DeviceError,
@@ -121,14 +121,16 @@ impl CommBackend {
             rank,
             reason: format!("rank {rank} gave up this call before enqueueing it: {why}"),
         };
-        let in_order = stream.device().kind() == BackendKind::Host && !stream.is_capturing();
-        if in_order {
+        if let Some(stream) = last.filter(|s| !s.is_capturing()) {
             let (comm, failure) = (Arc::clone(comm), failure.clone());
-            if stream.enqueue_host_fn(move || comm.fail(failure)).is_ok() {
+            if stream
+                .enqueue_host_fn(move || comm.abandon(failure))
+                .is_ok()
+            {
                 return;
             }
         }
-        comm.fail(failure);
+        comm.abandon(failure);
     }
 
     /// Whether a call that moves no element is enqueued at all. The host transport exchanges

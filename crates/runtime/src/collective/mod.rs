@@ -99,6 +99,15 @@ pub trait HostTransport: Send + Sync + fmt::Debug {
     fn abort(&self, reason: &str) {
         let _ = reason;
     }
+
+    /// Tells every peer that this rank gave up a collective call before sending anything of
+    /// it (`reason` says why; see [`Comm::abandon_call`]): what it sent before stands, so their
+    /// receives from it fail once the messages it sent before are taken. Must not wait for the
+    /// peers. The default is [`abort`](HostTransport::abort), which may also fail the peers'
+    /// part of earlier collectives not yet received.
+    fn close(&self, reason: &str) {
+        self.abort(reason);
+    }
 }
 
 /// One rank's handle on a communicator, at the runtime level: its device, rank and world size,
@@ -143,6 +152,9 @@ struct CommInner {
     /// The first collective call this rank refused before enqueueing it (see
     /// [`Comm::abandon_call`]): every later call is refused.
     abandoned: Mutex<Option<DeviceError>>,
+    /// The stream of the last collective enqueued: the collectives of a communicator run in
+    /// order, so work enqueued there after it runs after every one of them.
+    last_stream: Mutex<Option<Stream>>,
 }
 
 impl fmt::Debug for Comm {
@@ -252,6 +264,7 @@ impl Comm {
                 world_size,
                 backend,
                 abandoned: Mutex::new(None),
+                last_stream: Mutex::new(None),
             }),
         }
     }
@@ -262,10 +275,11 @@ impl Comm {
     /// may have enqueued: every later collective of this rank is refused at once, saying to
     /// make a new communicator, instead of pairing with the peers' call of the one given up
     /// and handing both sides each other's data. On the host backend the peers are told once
-    /// the collectives enqueued on `stream` so far have run ([`HostTransport::abort`]), so that
-    /// theirs fail at once too; under NCCL, whose waits have no deadline, a peer waits for the
-    /// call given up as it would for a rank that never arrives. [`collective`] calls it for
-    /// the calls it refuses; crates that build collectives and give one up before calling it
+    /// the collectives this rank enqueued before have run ([`HostTransport::abort`]), so that
+    /// theirs of the call given up fail at once, and theirs of the earlier ones are not
+    /// touched; under NCCL, whose waits have no deadline, a peer waits for the call given up
+    /// as it would for a rank that never arrives. [`collective`] calls it for the calls it
+    /// does not enqueue; crates that build collectives and give one up before calling it
     /// (`cuflow-dist`'s ops) call it themselves.
     ///
     /// # Examples
@@ -284,14 +298,14 @@ impl Comm {
     /// let device = Device::host();
     /// let comm = Comm::host(&device, Arc::new(Alone))?;
     /// let stream = device.new_stream()?;
-    /// comm.abandon_call(&stream, "all_reduce", &DeviceError::usage("its input failed"));
+    /// comm.abandon_call("all_reduce", &DeviceError::usage("its input failed"));
     /// let x = DeviceBuffer::from_host(&stream, &[1.0f32])?;
     /// let call = CollectiveCall::all_reduce(x.view(), x.view(), Default::default());
     /// let e = collective(&stream, &comm, &[call]).unwrap_err();
     /// assert!(e.to_string().contains("make a new communicator"));
     /// # Ok(()) }
     /// ```
-    pub fn abandon_call(&self, stream: &Stream, op: &'static str, why: &DeviceError) {
+    pub fn abandon_call(&self, op: &'static str, why: &DeviceError) {
         {
             let mut abandoned = self.inner.abandoned.lock();
             if abandoned.is_some() {
@@ -299,7 +313,10 @@ impl Comm {
             }
             *abandoned = Some(why.clone());
         }
-        self.inner.backend.abandon(stream, op, self.inner.rank, why);
+        let last = self.inner.last_stream.lock().clone();
+        self.inner
+            .backend
+            .abandon(last.as_ref(), op, self.inner.rank, why);
     }
 
     /// This rank's number, in `0..world_size`.
@@ -372,7 +389,7 @@ pub fn collective(stream: &Stream, comm: &Comm, calls: &[CollectiveCall<'_>]) ->
         call::check_overlaps(calls)
     })();
     if let Err(e) = checked {
-        comm.abandon_call(stream, name, &e);
+        comm.abandon_call(name, &e);
         return Err(e);
     }
     let keep_empty = comm.inner.backend.keeps_empty_calls();
@@ -399,11 +416,19 @@ pub fn collective(stream: &Stream, comm: &Comm, calls: &[CollectiveCall<'_>]) ->
         [call] => call.kind.name(),
         _ => "collective group",
     };
-    ordered(stream, name, accesses, || {
+    let enqueued = ordered(stream, name, accesses, || {
         // Under the capture gate `ordered` holds: whether this very call is captured.
         let capturing = stream.is_capturing();
         stream
             .backend()
-            .collective(&comm.inner.backend, comm.rank(), &calls, capturing)
-    })
+            .collective(&comm.inner.backend, comm.rank(), &calls, capturing)?;
+        *comm.inner.last_stream.lock() = Some(stream.clone());
+        Ok(())
+    });
+    if let Err(e) = &enqueued {
+        // Not enqueued (refused by the ordering, the capture gate or the backend), or
+        // enqueued with its bookkeeping failed: either way the rank may be out of step.
+        comm.abandon_call(name, e);
+    }
+    enqueued
 }

@@ -267,17 +267,28 @@ impl HostComm {
     }
 
     /// Breaks the communicator with `failure` unless a group failed already, and tells the
-    /// peers (see `Comm::abandon_call`).
-    pub(crate) fn fail(&self, failure: DeviceError) {
-        let first = {
-            let mut failed = self.failed.lock();
-            let first = failed.is_none();
-            failed.get_or_insert_with(|| failure.clone());
-            first
-        };
-        if first {
+    /// peers: a failed group's parts may be left at them (`HostTransport::abort`).
+    fn fail(&self, failure: DeviceError) {
+        if self.first_failure(&failure) {
             self.transport.abort(&failure.to_string());
         }
+    }
+
+    /// Breaks the communicator after a call this rank gave up before sending anything of it
+    /// (see `Comm::abandon_call`), run once the rank's earlier groups have: the peers take what
+    /// it sent before, then fail (`HostTransport::close`).
+    pub(crate) fn abandon(&self, failure: DeviceError) {
+        if self.first_failure(&failure) {
+            self.transport.close(&failure.to_string());
+        }
+    }
+
+    /// Keeps `failure` unless a group failed already; whether it is the first.
+    fn first_failure(&self, failure: &DeviceError) -> bool {
+        let mut failed = self.failed.lock();
+        let first = failed.is_none();
+        failed.get_or_insert_with(|| failure.clone());
+        first
     }
 
     /// Runs the group `calls` of rank `rank`, unless an earlier group failed.
