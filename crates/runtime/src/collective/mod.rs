@@ -271,13 +271,12 @@ impl Comm {
 
     /// Breaks this rank's communicator after a collective call (`op`, e.g. `all_reduce`) that
     /// this rank gave up before enqueueing it (`why` says why: a bad argument, an input that
-    /// failed), which its peers
-    /// may have enqueued: every later collective of this rank is refused at once, saying to
-    /// make a new communicator, instead of pairing with the peers' call of the one given up
-    /// and handing both sides each other's data. On the host backend the peers are told once
-    /// the collectives this rank enqueued before have run ([`HostTransport::abort`]), so that
-    /// theirs of the call given up fail at once, and theirs of the earlier ones are not
-    /// touched; under NCCL, whose waits have no deadline, a peer waits for the call given up
+    /// failed), which its peers may have enqueued: every later collective of this rank is
+    /// refused at once, saying to make a new communicator, instead of pairing with the peers'
+    /// call of the one given up and handing both sides each other's data. On the host backend
+    /// the peers are told once the collectives this rank enqueued before have run
+    /// ([`HostTransport::close`]), so that theirs of the call given up fail at once, and theirs
+    /// of the earlier ones are not touched; under NCCL, whose waits have no deadline, a peer waits for the call given up
     /// as it would for a rank that never arrives. [`collective`] calls it for the calls it
     /// does not enqueue; crates that build collectives and give one up before calling it
     /// (`cuflow-dist`'s ops) call it themselves.
@@ -352,6 +351,8 @@ fn check_rank(rank: usize, world_size: usize) -> Result<()> {
 ///
 /// # Errors
 ///
+/// [`DeviceError::Collective`] once this rank gave up an earlier call (see
+/// [`Comm::abandon_call`], which every refusal below also makes);
 /// [`DeviceError::DeviceMismatch`] when `stream` or a buffer is not of `comm`'s device;
 /// [`DeviceError::InvalidShape`] when a buffer's length does not fit its call and the world
 /// size; [`DeviceError::InvalidArgument`] for a peer or root outside the world, a send or recv
