@@ -107,6 +107,25 @@ fn a_write_after_reads_on_many_busy_streams_waits_for_every_one() -> Result<(), 
     Ok(())
 }
 
+/// A new stream of `device` that runs a host function sleeping `ms` and then setting the flag
+/// returned, dropped at once: its work is still queued.
+fn dropped_with_slow_work(
+    device: &cuflow_runtime::Device,
+    ms: u64,
+) -> Result<Arc<AtomicBool>, DeviceError> {
+    let s = device.new_stream()?;
+    let ran = Arc::new(AtomicBool::new(false));
+    s.enqueue_host_fn({
+        let ran = ran.clone();
+        move || {
+            std::thread::sleep(Duration::from_millis(ms));
+            ran.store(true, Ordering::SeqCst);
+        }
+    })?;
+    drop(s);
+    Ok(ran)
+}
+
 /// `Device::synchronize` waits for the work of every stream of the device, also of a stream
 /// whose last handle was dropped while its work was queued, and reports that work's failure
 /// (once): dropping a stream neither cancels its work nor loses its error.
@@ -117,16 +136,7 @@ fn device_synchronize_waits_for_dropped_streams_and_reports_their_failures(
     let device = device();
     device.synchronize()?;
     // Work still queued when its stream is dropped.
-    let s = device.new_stream()?;
-    let ran = Arc::new(AtomicBool::new(false));
-    s.enqueue_host_fn({
-        let ran = ran.clone();
-        move || {
-            std::thread::sleep(Duration::from_millis(300));
-            ran.store(true, Ordering::SeqCst);
-        }
-    })?;
-    drop(s);
+    let ran = dropped_with_slow_work(&device, 300)?;
     device.synchronize()?;
     assert!(
         ran.load(Ordering::SeqCst),
@@ -175,16 +185,7 @@ fn concurrent_device_synchronizations_both_wait_for_dropped_streams() -> Result<
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let device = device();
     device.synchronize()?;
-    let s = device.new_stream()?;
-    let ran = Arc::new(AtomicBool::new(false));
-    s.enqueue_host_fn({
-        let ran = ran.clone();
-        move || {
-            std::thread::sleep(Duration::from_millis(400));
-            ran.store(true, Ordering::SeqCst);
-        }
-    })?;
-    drop(s);
+    let ran = dropped_with_slow_work(&device, 400)?;
     let first = std::thread::spawn({
         let device = device.clone();
         let ran = ran.clone();

@@ -256,8 +256,23 @@ impl<'a> HostKernelArgs<'a> {
     /// [`DeviceError::InvalidArgument`] when the argument is not a buffer of `T`, or is an
     /// output already taken with [`HostKernelArgs::output`].
     pub fn input<T: DeviceCopy>(&self, index: usize) -> Result<&'a [T]> {
-        let (bytes, ty, ty_name): (&'a [u8], _, _) = match self.slots.get(index) {
-            Some(HostSlot::In { bytes, ty, ty_name }) => (bytes, ty, ty_name),
+        let of_t = |ty: &TypeId, ty_name: &str| {
+            if *ty == TypeId::of::<T>() {
+                return Ok(());
+            }
+            Err(self.mismatch(
+                index,
+                format!(
+                    "is a buffer of {ty_name}, read as {}",
+                    std::any::type_name::<T>()
+                ),
+            ))
+        };
+        let bytes: &'a [u8] = match self.slots.get(index) {
+            Some(HostSlot::In { bytes, ty, ty_name }) => {
+                of_t(ty, ty_name)?;
+                bytes
+            }
             Some(HostSlot::Out {
                 bytes,
                 read,
@@ -265,21 +280,13 @@ impl<'a> HostKernelArgs<'a> {
                 ty_name,
             }) => {
                 // Checked before the output is taken: a refused read leaves it as it was.
-                if *ty != TypeId::of::<T>() {
-                    return Err(self.mismatch(
-                        index,
-                        format!(
-                            "is a buffer of {ty_name}, read as {}",
-                            std::any::type_name::<T>()
-                        ),
-                    ));
-                }
+                of_t(ty, ty_name)?;
                 let mut writable = bytes.lock();
-                let shared = match (read.get(), writable.take()) {
-                    (Some(shared), _) => *shared,
+                match (read.get(), writable.take()) {
+                    (Some(shared), _) => shared,
                     (None, Some(writable)) => {
                         let shared: &'a [u8] = writable;
-                        *read.get_or_init(|| shared)
+                        read.get_or_init(|| shared)
                     }
                     (None, None) => {
                         return Err(self.mismatch(
@@ -289,8 +296,7 @@ impl<'a> HostKernelArgs<'a> {
                                 .into(),
                         ))
                     }
-                };
-                (shared, ty, ty_name)
+                }
             }
             Some(HostSlot::Scalar { .. }) => {
                 return Err(self.mismatch(index, "is a scalar, not a buffer".into()))
@@ -299,15 +305,6 @@ impl<'a> HostKernelArgs<'a> {
                 return Err(self.mismatch(index, format!("only {} arguments", self.slots.len())))
             }
         };
-        if *ty != TypeId::of::<T>() {
-            return Err(self.mismatch(
-                index,
-                format!(
-                    "is a buffer of {ty_name}, read as {}",
-                    std::any::type_name::<T>()
-                ),
-            ));
-        }
         if bytes.is_empty() {
             // Whatever the address of the empty range: it holds no element to align.
             return Ok(&[]);
