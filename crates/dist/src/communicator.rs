@@ -281,7 +281,13 @@ impl Communicator {
                     Vec::new()
                 };
                 let links = rendezvous(config, listener, &id, false)?;
-                Comm::nccl(device, &links.payload, config.rank, config.world_size)?
+                Comm::nccl_with_timeout(
+                    device,
+                    &links.payload,
+                    config.rank,
+                    config.world_size,
+                    config.timeout,
+                )?
             }
             _ => {
                 let links = rendezvous(config, listener, &[], true)?;
@@ -328,8 +334,8 @@ impl Communicator {
     /// for a peer up to the communicator's deadline, whatever the backend: a rank that does
     /// not come in time fails the others' gathers with [`DeviceError::Timeout`], without
     /// touching a device. Ranks of several processes gather with an [`all_gather`](crate::all_gather)
-    /// on their devices instead: bounded by the deadline on host devices, and waiting as NCCL
-    /// waits, without a deadline, on CUDA devices.
+    /// on their devices instead, bounded by the deadline on both backends (on CUDA, by the
+    /// NCCL communicator's, which aborts it).
     ///
     /// # Examples
     ///

@@ -25,9 +25,12 @@
 //! calls; ranks that call collectives of different kinds time out. A failed exchange leaves the ranks out of step, so
 //! on the host backend every later collective of that communicator fails at once, saying so:
 //! make a new communicator. The failing rank tells its peers, whose collectives with it fail
-//! at once too (never taking its part of the failed collective for a later one's). NCCL's own
-//! waits on the GPU have no deadline, as in
-//! every NCCL program.
+//! at once too (never taking its part of the failed collective for a later one's). On CUDA
+//! devices, an NCCL call that has run on the GPU for that long fails with a
+//! [`DeviceError::Timeout`](cuflow_runtime::DeviceError::Timeout) and the rank's communicator
+//! is aborted, so that its stream moves on; later calls of it are refused (see
+//! [`cuflow_runtime::collective`] for what this does not cover: communicators a graph
+//! recorded).
 //!
 //! **One group of ranks at a time on the same GPUs.** NCCL's kernels, and the one-shot sums'
 //! (see [`all_reduce`]), wait on the GPU for the other ranks of their group, and a call that

@@ -197,9 +197,11 @@ fn scattered(shape: &[usize], world: usize) -> Result<Vec<usize>, DeviceError> {
 ///
 /// [`DeviceError::DeviceMismatch`] when `x` is not on `comm`'s device; the errors of
 /// [`cuflow_runtime::collective`]; on host devices a [`DeviceError::Timeout`] when a rank does
-/// not take part (on CUDA, NCCL waits for it without a deadline, and the one-shot path of small
-/// sums faults the device after the communicator's timeout, 300 s unless
-/// [`Communicator::local_with_timeout`] said otherwise: see [`cuflow_runtime::collective`]).
+/// not take part; on CUDA, after the communicator's timeout (300 s unless
+/// [`Communicator::local_with_timeout`] or [`DistConfig::timeout`](crate::DistConfig) said
+/// otherwise), a [`DeviceError::Timeout`] from an NCCL call, which aborts the communicator,
+/// and a device fault from the one-shot path of small sums (see
+/// [`cuflow_runtime::collective`]).
 pub fn all_reduce<T: CollectiveType, X: TensorInput<T>>(
     comm: &Communicator,
     x: X,

@@ -19,10 +19,13 @@ use cuflow_testing::thread::on_each;
 const SHORT: Duration = Duration::from_millis(300);
 
 /// The host backend's communicators of `n` ranks, or `None` (with a note) on other backends:
-/// NCCL's waits have no deadline, so disagreeing ranks hang there.
+/// NCCL does not check that the ranks' calls agree (disagreeing ranks wait there until the
+/// communicator's timeout, or mix their data).
 fn host_communicators(n: usize) -> Option<common::Group> {
     if cuflow_testing::device::device().kind() != BackendKind::Host {
-        cuflow_testing::device::skip("host backend only: NCCL's waits have no deadline");
+        cuflow_testing::device::skip(
+            "host backend only: NCCL does not check that the ranks' calls agree",
+        );
         return None;
     }
     communicators(n, SHORT)
@@ -518,7 +521,9 @@ fn a_collective_refused_on_one_rank_is_never_paired_with_its_next_one() {
 #[test]
 fn ranks_that_disagree_on_a_broadcasts_root_all_fail_at_once() {
     if cuflow_testing::device::device().kind() != BackendKind::Host {
-        cuflow_testing::device::skip("host backend only: NCCL's waits have no deadline");
+        cuflow_testing::device::skip(
+            "host backend only: NCCL does not check that the ranks' calls agree",
+        );
         return;
     }
     // A deadline far longer than the test may take: failing at once is not a timeout.

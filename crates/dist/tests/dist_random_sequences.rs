@@ -331,7 +331,7 @@ fn run_sequences(world: usize, seed: u64, count: usize, len: usize) {
 }
 
 /// `why` a rank stops, said at once on stderr: under CUDA the other ranks then wait for this
-/// one's next collective without a deadline, and the test ends only by its hang limit.
+/// one's next collective until their communicator's timeout.
 fn said(sequence: usize, comm: &Communicator, why: String) -> String {
     eprintln!("sequence {sequence}, rank {}: {why}", comm.rank());
     why

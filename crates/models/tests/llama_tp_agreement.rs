@@ -253,8 +253,8 @@ fn a_request_that_one_rank_never_makes_times_out_without_touching_the_devices() 
 /// A replay of a captured step that fails after it was enqueued (here rank 1 makes no decode
 /// steps, so rank 0's replayed all-reduces time out) fails every later `synchronize`,
 /// `tokens` and `decode` of the sequence, not only the first: `tokens` never returns ids that
-/// the failed replays did not write. A new prefill starts clean. On host ranks: NCCL's waits
-/// have no deadline.
+/// the failed replays did not write. A new prefill starts clean. On host ranks: under NCCL, a
+/// communicator that a graph recorded is never aborted, so its waits keep no deadline.
 #[test]
 fn a_failed_replay_fails_the_sequence_until_the_next_prefill() {
     let devices = [

@@ -38,12 +38,14 @@ impl CommBackend {
         Ok(CommBackend::Host(Arc::new(host::HostComm::new(transport))))
     }
 
-    /// The CUDA backend's communicator: an NCCL communicator on `device`.
+    /// The CUDA backend's communicator: an NCCL communicator on `device`, whose calls may run
+    /// `timeout` on the GPU before it is aborted.
     pub(crate) fn nccl(
         device: &Device,
         unique_id: &[u8],
         rank: usize,
         world_size: usize,
+        timeout: std::time::Duration,
     ) -> Result<CommBackend> {
         let Some(cuda) = device.backend().cuda() else {
             return Err(DeviceError::usage(format!(
@@ -55,11 +57,13 @@ impl CommBackend {
             unique_id,
             rank,
             world_size,
+            timeout,
         )?))
     }
 
     /// One NCCL communicator per device of `devices`, all in this process; their one-shot
-    /// all-reduces wait for each other up to `deadline`.
+    /// all-reduces wait for each other up to `deadline`, and their NCCL calls run at most that
+    /// long before the communicator is aborted.
     pub(crate) fn nccl_local(
         devices: &[Device],
         deadline: std::time::Duration,
@@ -75,7 +79,7 @@ impl CommBackend {
                 }
             }
         }
-        let comms = cuda::NcclComm::init_all(&shared)?;
+        let comms = cuda::NcclComm::init_all(&shared, deadline)?;
         if comms.len() > 1 && cuda::NcclComm::oneshot_enabled() {
             // The one-shot all-reduce's areas, zeroed before any rank can signal into them.
             // Where it cannot be set up, every all-reduce goes through NCCL.

@@ -28,8 +28,16 @@
 //!   results.
 //! - **cuda**: NCCL, loaded at run time (`$CUFLOW_NCCL_LIB`, the loader's path, or the
 //!   `nvidia-nccl` wheels of the Python environments in sight); a missing library is
-//!   [`DeviceError::NoNccl`]. NCCL's own waits have no deadline: a rank that never arrives at
-//!   a collective stalls its stream, as in every NCCL program. Communicators made together in
+//!   [`DeviceError::NoNccl`]. NCCL's own kernels wait for the other ranks without a deadline,
+//!   so cuflow watches every eager NCCL call: one that has run on the GPU for the
+//!   communicator's timeout (300 s unless [`Comm::nccl_with_timeout`] or
+//!   [`Comm::nccl_local_with_timeout`] gives another) fails with [`DeviceError::Timeout`], and
+//!   the rank's communicator is aborted (`ncclCommAbort`) so that its stream moves on; every
+//!   later call of it is refused, saying to make a new communicator. The clock starts when
+//!   the call's work starts on its stream, not when it is enqueued. Not covered: a
+//!   communicator that a capture recorded (a graph may replay its calls, so it is never
+//!   aborted: its waits keep no deadline), and a call that NCCL blocks while issuing it
+//!   (setting up connections to a peer that never comes). Communicators made together in
 //!   one process ([`Comm::nccl_local`]) over devices that can all read each other's memory sum
 //!   each `f32` all-reduce of up to 16,384 elements with a one-shot kernel instead (each rank
 //!   stages its part, the ranks meet at flags in peer memory, each sums every part in rank
@@ -61,6 +69,9 @@ use crate::backend::CommBackend;
 use crate::device::Device;
 use crate::error::{DeviceError, Result};
 use crate::stream::Stream;
+
+/// How long a call of a CUDA communicator waits for the other ranks unless told otherwise.
+const DEFAULT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// How the host backend's ranks exchange bytes: point-to-point messages between ranks,
 /// delivered in order per pair of ranks.
@@ -184,6 +195,8 @@ impl Comm {
     /// A communicator of CUDA device `device`, as rank `rank` of `world_size`, joining the
     /// NCCL communicator that `unique_id` names (made by [`Comm::nccl_unique_id`] on one rank
     /// and handed to the others). Blocks until every rank joined, as `ncclCommInitRank` does.
+    /// A call that runs on the GPU for 300 s fails and aborts the communicator (see the
+    /// [module docs](crate::collective)); [`Comm::nccl_with_timeout`] gives another timeout.
     ///
     /// # Errors
     ///
@@ -191,8 +204,43 @@ impl Comm {
     /// world; [`DeviceError::NoNccl`] when libnccl cannot be loaded; [`DeviceError::Nccl`] when
     /// NCCL refuses.
     pub fn nccl(device: &Device, unique_id: &[u8], rank: usize, world_size: usize) -> Result<Comm> {
+        Self::nccl_with_timeout(device, unique_id, rank, world_size, DEFAULT_TIMEOUT)
+    }
+
+    /// [`Comm::nccl`] whose calls may run on the GPU for `timeout` before they fail with
+    /// [`DeviceError::Timeout`] and the communicator is aborted (a rank that never makes its
+    /// part of a collective, or crashed).
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), cuflow_runtime::DeviceError> {
+    /// use std::time::Duration;
+    /// use cuflow_runtime::{Comm, Device};
+    ///
+    /// // One rank alone: its unique id is its own.
+    /// let id = Comm::nccl_unique_id()?;
+    /// let comm = Comm::nccl_with_timeout(&Device::cuda(0)?, &id, 0, 1, Duration::from_secs(60))?;
+    /// assert_eq!(comm.world_size(), 1);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`Comm::nccl`]; [`DeviceError::Usage`] when `timeout` is 0.
+    pub fn nccl_with_timeout(
+        device: &Device,
+        unique_id: &[u8],
+        rank: usize,
+        world_size: usize,
+        timeout: std::time::Duration,
+    ) -> Result<Comm> {
         check_rank(rank, world_size)?;
-        let backend = CommBackend::nccl(device, unique_id, rank, world_size)?;
+        if timeout.is_zero() {
+            return Err(DeviceError::usage(
+                "Comm::nccl_with_timeout: a timeout of 0 fails every call at once; give the \
+                 ranks time to meet",
+            ));
+        }
+        let backend = CommBackend::nccl(device, unique_id, rank, world_size, timeout)?;
         Ok(Comm::from_parts(device, rank, world_size, backend))
     }
 
@@ -204,12 +252,14 @@ impl Comm {
     /// [`DeviceError::Usage`] when a device is not a CUDA device; [`DeviceError::NoNccl`] when
     /// libnccl cannot be loaded; [`DeviceError::Nccl`] when NCCL refuses.
     pub fn nccl_local(devices: &[Device]) -> Result<Vec<Comm>> {
-        Self::nccl_local_with_timeout(devices, std::time::Duration::from_secs(300))
+        Self::nccl_local_with_timeout(devices, DEFAULT_TIMEOUT)
     }
 
-    /// [`Comm::nccl_local`] whose one-shot all-reduces (small `f32` sums between devices that
-    /// read each other's memory) wait for the other ranks up to `timeout` instead of 300 s
-    /// before their kernel traps (a device fault); NCCL's own waits have no deadline.
+    /// [`Comm::nccl_local`] whose calls wait for the other ranks up to `timeout` instead of
+    /// 300 s: a one-shot all-reduce (a small `f32` sum between devices that read each other's
+    /// memory) then traps its kernel (a device fault), and an NCCL call fails with
+    /// [`DeviceError::Timeout`] and aborts the rank's communicator (see the
+    /// [module docs](crate::collective)).
     ///
     /// ```no_run
     /// # fn main() -> Result<(), cuflow_runtime::DeviceError> {
@@ -276,8 +326,8 @@ impl Comm {
     /// call of the one given up and handing both sides each other's data. On the host backend
     /// the peers are told once the collectives this rank enqueued before have run
     /// ([`HostTransport::close`]), so that theirs of the call given up fail at once, and theirs
-    /// of the earlier ones are not touched; under NCCL, whose waits have no deadline, a peer waits for the call given up
-    /// as it would for a rank that never arrives. [`collective`] calls it for the calls it
+    /// of the earlier ones are not touched; under NCCL, a peer waits for the call given up as
+    /// it would for a rank that never arrives, until its communicator's timeout. [`collective`] calls it for the calls it
     /// does not enqueue; crates that build collectives and give one up before calling it
     /// (`cuflow-dist`'s ops) call it themselves.
     ///

@@ -148,6 +148,12 @@ impl CudaStreamHandle {
         ErrorSink::here(&self.host_fn_panic).sync_result()
     }
 
+    /// Where a failure of the work enqueued now on this stream, found after it was enqueued,
+    /// is reported: the calling thread's error scope, or the stream's own slot.
+    pub(crate) fn error_sink(&self) -> ErrorSink {
+        ErrorSink::here(&self.host_fn_panic)
+    }
+
     /// Records the event a synchronization waits for (`cuStreamSynchronize` would wait in the
     /// call, with no point at which the caller may let go of the capture gate).
     pub(crate) fn begin_synchronize(&self) -> Result<CudaSyncWait> {

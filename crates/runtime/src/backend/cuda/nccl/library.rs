@@ -74,6 +74,8 @@ pub(crate) struct Nccl {
     pub(super) comm_init_rank: CommInitRankFn,
     pub(super) comm_init_all: CommInitAllFn,
     pub(super) comm_destroy: CommDestroyFn,
+    /// `ncclCommAbort`: frees a communicator and makes its kernels in flight return.
+    pub(super) comm_abort: CommDestroyFn,
     pub(super) group_start: GroupFn,
     pub(super) group_end: GroupFn,
     pub(super) all_reduce: AllReduceFn,
@@ -216,6 +218,7 @@ impl Nccl {
                 comm_init_rank: symbol(&lib, "ncclCommInitRank", p)?,
                 comm_init_all: symbol(&lib, "ncclCommInitAll", p)?,
                 comm_destroy: symbol(&lib, "ncclCommDestroy", p)?,
+                comm_abort: symbol(&lib, "ncclCommAbort", p)?,
                 group_start: symbol(&lib, "ncclGroupStart", p)?,
                 group_end: symbol(&lib, "ncclGroupEnd", p)?,
                 all_reduce: symbol(&lib, "ncclAllReduce", p)?,

@@ -6,17 +6,27 @@
 //! conflicting accesses to the buffers (see `crate::collective`). NCCL forbids concurrent calls
 //! on one communicator, so each communicator's calls hold its lock.
 //!
+//! Deadline: NCCL's kernels wait for the other ranks without one. Every eager group of NCCL
+//! calls is watched ([`watchdog`]): once its work has started on the GPU and not finished
+//! within the communicator's timeout, the watchdog reports a [`DeviceError::Timeout`] to the
+//! work that enqueued it and aborts this rank's communicator (`ncclCommAbort`), whose kernels
+//! then return; every later call of the communicator is refused, saying to make a new one.
+//! A communicator that a capture recorded is never aborted (a graph may replay its calls at
+//! any time), so its waits keep no deadline.
+//!
 //! Lifetime: a communicator is destroyed (`ncclCommDestroy`, which finalizes it after its
-//! outstanding operations) when the last handle goes, unless a capture recorded one of its
-//! calls: a graph may replay it at any time, so such a communicator stays for the process's
-//! lifetime.
+//! outstanding operations) when the last handle goes and no call of it is still watched,
+//! unless a capture recorded one of its calls: a graph may replay it at any time, so such a
+//! communicator stays for the process's lifetime. An aborted communicator is already freed.
 
 mod library;
 mod oneshot;
+mod watchdog;
 
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use parking_lot::Mutex;
 
@@ -29,19 +39,39 @@ use crate::error::{DeviceError, Result};
 use crate::memory::Memory;
 
 /// The raw communicator, behind the lock that serializes the calls on it.
-struct Raw(RawComm);
+enum Raw {
+    Live(RawComm),
+    /// Aborted by the watchdog, for the reason given: the handle is freed.
+    Aborted(String),
+    /// Destroyed when its [`NcclComm`] was dropped.
+    Destroyed,
+}
 
 // SAFETY: an `ncclComm_t` is a handle NCCL lets any thread use, one call at a time; every use
-// goes through the `Mutex` in `NcclComm` (or `Drop`, which has `&mut self`).
+// goes through the `Mutex` in `Core` (or `Drop`, which has `&mut self`).
 unsafe impl Send for Raw {}
 
-/// One rank's NCCL communicator.
-pub(crate) struct NcclComm {
+/// A communicator's handle and what its watchdog needs, shared by the [`NcclComm`] and the
+/// watches of its calls in flight.
+struct Core {
     raw: Mutex<Raw>,
     shared: Arc<CudaDeviceShared>,
     lib: &'static Nccl,
-    /// Whether a capture recorded a call of this communicator (then it is never destroyed).
+    /// Whether a capture recorded a call of this communicator (then it is never destroyed, and
+    /// never aborted).
     captured: AtomicBool,
+    rank: usize,
+    /// How long a call may run on the GPU before the communicator is aborted.
+    timeout: Duration,
+    /// The eager groups of calls not seen finished yet (see [`watchdog`]).
+    flights: Mutex<Vec<watchdog::Flight>>,
+    /// Whether the watchdog holds this communicator.
+    watched: AtomicBool,
+}
+
+/// One rank's NCCL communicator.
+pub(crate) struct NcclComm {
+    core: Arc<Core>,
     /// The one-shot all-reduce state of its group and this communicator's rank in it, where
     /// the group has one (see [`oneshot`]).
     oneshot: OnceLock<(Arc<OneShot>, usize)>,
@@ -84,13 +114,93 @@ fn red_op(op: ReduceOp) -> c_int {
     }
 }
 
+impl Core {
+    /// Aborts the communicator after a call of it ran past its deadline (`reason`): its
+    /// kernels in flight return, and every later call is refused. Returns whether the
+    /// communicator is out of use now (aborted, by this call or before); `false` while another
+    /// thread's NCCL call holds it (the watchdog tries again) or when a capture recorded one of
+    /// its calls (never aborted).
+    fn abort(&self, reason: &str) -> bool {
+        if self.captured.load(Ordering::Acquire) {
+            return false;
+        }
+        let Some(mut raw) = self.raw.try_lock_for(Duration::from_millis(200)) else {
+            return false;
+        };
+        // Checked again under the lock: a capture sets the flag before it takes the lock.
+        if self.captured.load(Ordering::Acquire) {
+            return false;
+        }
+        let Raw::Live(comm) = *raw else {
+            return true;
+        };
+        match self.shared.bind() {
+            Ok(_bound) => {
+                // SAFETY: the communicator is locked, so no call of it is being issued; it is
+                // live (never aborted or destroyed: `Raw::Live`), and no graph can replay its
+                // calls (not captured, checked under the lock); the context is current. After
+                // this call the handle is never used again (`Raw::Aborted`).
+                let status = unsafe { (self.lib.comm_abort)(comm) };
+                if let Err(e) = self.lib.check("ncclCommAbort", status) {
+                    tracing::warn!(error = %e, "aborting an NCCL communicator failed");
+                }
+            }
+            // The device faulted or was reset: its kernels are gone with its context.
+            Err(e) => tracing::debug!(error = %e, "an NCCL communicator of a lost device"),
+        }
+        *raw = Raw::Aborted(reason.to_string());
+        true
+    }
+}
+
+impl Drop for NcclComm {
+    /// Destroys the communicator in the dropping thread, after its calls in flight finished
+    /// (or, past the deadline, aborts it): never from the watchdog's thread, which may still
+    /// hold the [`Core`] and must not race with the process's exit.
+    fn drop(&mut self) {
+        self.core.settle();
+        if self.core.captured.load(Ordering::Acquire) {
+            tracing::debug!("an NCCL communicator used in a capture is kept for the process");
+            return;
+        }
+        let mut raw = self.core.raw.lock();
+        let Raw::Live(comm) = *raw else {
+            return;
+        };
+        *raw = Raw::Destroyed;
+        let Ok(_bound) = self.core.shared.bind() else {
+            tracing::debug!("an NCCL communicator of a reset device is not destroyed");
+            return;
+        };
+        // SAFETY: the communicator is locked and was live; it is marked destroyed, so it is
+        // never used again (the watchdog may still hold the `Core`, but finds it not live); no
+        // graph replays its calls (not captured); the context is current.
+        let status = unsafe { (self.core.lib.comm_destroy)(comm) };
+        if let Err(e) = self.core.lib.check("ncclCommDestroy", status) {
+            tracing::warn!(error = %e, "destroying an NCCL communicator failed");
+        }
+    }
+}
+
 impl NcclComm {
-    fn wrap(raw: RawComm, shared: Arc<CudaDeviceShared>, lib: &'static Nccl) -> NcclComm {
+    fn wrap(
+        raw: RawComm,
+        shared: Arc<CudaDeviceShared>,
+        lib: &'static Nccl,
+        rank: usize,
+        timeout: Duration,
+    ) -> NcclComm {
         NcclComm {
-            raw: Mutex::new(Raw(raw)),
-            shared,
-            lib,
-            captured: AtomicBool::new(false),
+            core: Arc::new(Core {
+                raw: Mutex::new(Raw::Live(raw)),
+                shared,
+                lib,
+                captured: AtomicBool::new(false),
+                rank,
+                timeout,
+                flights: Mutex::new(Vec::new()),
+                watched: AtomicBool::new(false),
+            }),
             oneshot: OnceLock::new(),
             side: OnceLock::new(),
             captured_sides: Mutex::new(Vec::new()),
@@ -98,12 +208,13 @@ impl NcclComm {
     }
 
     /// Rank `rank` of `world_size` of the communicator `unique_id` names, on the device of
-    /// `shared`. Blocks until every rank joined.
+    /// `shared`, whose calls may run `timeout` on the GPU. Blocks until every rank joined.
     pub(crate) fn new(
         shared: &Arc<CudaDeviceShared>,
         unique_id: &[u8],
         rank: usize,
         world_size: usize,
+        timeout: Duration,
     ) -> Result<NcclComm> {
         if unique_id.len() != UNIQUE_ID_BYTES {
             return Err(DeviceError::usage(format!(
@@ -119,19 +230,23 @@ impl NcclComm {
         for (dst, src) in id.internal.iter_mut().zip(unique_id) {
             *dst = *src as std::ffi::c_char;
         }
-        let (world, rank) = (to_int("world size", world_size)?, to_int("rank", rank)?);
+        let (world, rank_int) = (to_int("world size", world_size)?, to_int("rank", rank)?);
         let _bound = shared.bind()?;
         let mut raw: RawComm = std::ptr::null_mut();
         // SAFETY: `raw` is a valid out-pointer; the device's context is current on this
         // thread, so NCCL makes the communicator on this device.
         lib.check("ncclCommInitRank", unsafe {
-            (lib.comm_init_rank)(&mut raw, world, id, rank)
+            (lib.comm_init_rank)(&mut raw, world, id, rank_int)
         })?;
-        Ok(NcclComm::wrap(raw, shared.clone(), lib))
+        Ok(NcclComm::wrap(raw, shared.clone(), lib, rank, timeout))
     }
 
-    /// One communicator per device of `shared`, rank `i` on `shared[i]`.
-    pub(crate) fn init_all(shared: &[Arc<CudaDeviceShared>]) -> Result<Vec<NcclComm>> {
+    /// One communicator per device of `shared`, rank `i` on `shared[i]`, whose calls may run
+    /// `timeout` on the GPU.
+    pub(crate) fn init_all(
+        shared: &[Arc<CudaDeviceShared>],
+        timeout: Duration,
+    ) -> Result<Vec<NcclComm>> {
         let lib = nccl()?;
         let ordinals: Vec<c_int> = shared
             .iter()
@@ -148,7 +263,8 @@ impl NcclComm {
         Ok(raws
             .into_iter()
             .zip(shared)
-            .map(|(raw, s)| NcclComm::wrap(raw, s.clone(), lib))
+            .enumerate()
+            .map(|(rank, (raw, s))| NcclComm::wrap(raw, s.clone(), lib, rank, timeout))
             .collect())
     }
 
@@ -171,7 +287,8 @@ impl NcclComm {
         areas: Vec<Arc<Memory>>,
         deadline: std::time::Duration,
     ) -> Result<bool> {
-        let shared: Vec<Arc<CudaDeviceShared>> = comms.iter().map(|c| c.shared.clone()).collect();
+        let shared: Vec<Arc<CudaDeviceShared>> =
+            comms.iter().map(|c| c.core.shared.clone()).collect();
         let Some(state) = OneShot::new(&shared, areas, deadline)? else {
             return Ok(false);
         };
@@ -212,7 +329,7 @@ impl NcclComm {
         if let Some(side) = self.side.get() {
             return Ok(side);
         }
-        let (side, _) = CudaStreamHandle::new(&self.shared, None)?;
+        let (side, _) = CudaStreamHandle::new(&self.core.shared, None)?;
         Ok(self.side.get_or_init(|| side))
     }
 
@@ -232,16 +349,34 @@ impl NcclComm {
         capturing: bool,
     ) -> Result<()> {
         if capturing {
-            self.captured.store(true, Ordering::Release);
+            self.core.captured.store(true, Ordering::Release);
         }
-        let raw = self.raw.lock();
+        let raw = self.core.raw.lock();
+        let comm = match &*raw {
+            Raw::Live(comm) => *comm,
+            Raw::Destroyed => {
+                return Err(DeviceError::internal(
+                    "a call of a destroyed NCCL communicator",
+                ))
+            }
+            Raw::Aborted(reason) => {
+                return Err(DeviceError::Collective {
+                    op: group_name(calls),
+                    rank: self.core.rank,
+                    reason: format!(
+                        "{reason}; this rank's communicator was aborted then, so it takes no \
+                         more calls: make a new communicator"
+                    ),
+                })
+            }
+        };
         let Some((state, rank)) = self.oneshot.get() else {
-            return self.nccl_group(raw.0, stream, calls);
+            return self.nccl_group(comm, stream, calls, capturing);
         };
         let (small, rest): (Vec<&CollectiveCall<'_>>, Vec<&CollectiveCall<'_>>) =
             calls.iter().copied().partition(|c| self.takes_oneshot(c));
         if small.is_empty() {
-            return self.nccl_group(raw.0, stream, &rest);
+            return self.nccl_group(comm, stream, &rest, capturing);
         }
         let run_small = |on: &CudaStreamHandle| -> Result<()> {
             for call in &small {
@@ -259,7 +394,7 @@ impl NcclComm {
             return run_small(stream);
         }
         let captured_side = if capturing {
-            Some(CudaStreamHandle::new(&self.shared, None)?.0)
+            Some(CudaStreamHandle::new(&self.core.shared, None)?.0)
         } else {
             None
         };
@@ -283,7 +418,7 @@ impl NcclComm {
             return Err(e);
         }
         let small_done = run_small(side);
-        let rest_done = self.nccl_group(raw.0, stream, &rest);
+        let rest_done = self.nccl_group(comm, stream, &rest, capturing);
         // Joined back whatever failed: a capture ends only with its forks joined, and the
         // stream's later work must follow the side's.
         let joined = side
@@ -297,16 +432,40 @@ impl NcclComm {
     }
 
     /// Issues `calls` through NCCL, as one group on `stream`, on the locked communicator
-    /// `comm`.
+    /// `comm`; outside a capture, the group is watched (see [`watchdog`]) between events
+    /// recorded before and after it.
     fn nccl_group(
         &self,
         comm: RawComm,
         stream: &CudaStreamHandle,
         calls: &[&CollectiveCall<'_>],
+        capturing: bool,
     ) -> Result<()> {
-        let lib = self.lib;
+        if capturing {
+            return self.issue_group(comm, stream, calls);
+        }
+        let start = stream.record_event(false)?;
+        let sink = stream.error_sink();
+        self.issue_group(comm, stream, calls)?;
+        let done = stream.record_event(false)?;
+        watchdog::watch(
+            &self.core,
+            watchdog::Flight::new(group_name(calls), start, done, sink),
+        );
+        Ok(())
+    }
+
+    /// Issues `calls` through NCCL, as one group on `stream`, on the locked communicator
+    /// `comm`.
+    fn issue_group(
+        &self,
+        comm: RawComm,
+        stream: &CudaStreamHandle,
+        calls: &[&CollectiveCall<'_>],
+    ) -> Result<()> {
+        let lib = self.core.lib;
         let s = stream.raw() as *mut c_void;
-        let _bound = self.shared.bind()?;
+        let _bound = self.core.shared.bind()?;
         // SAFETY: the communicator is locked for this group (the caller holds its lock); the
         // context is current.
         lib.check("ncclGroupStart", unsafe { (lib.group_start)() })?;
@@ -375,6 +534,14 @@ fn device_ptr(r: Option<crate::memory::Region<'_>>) -> Result<u64> {
     }
 }
 
+/// The name of a group of calls in errors: its call's, or "collective group".
+fn group_name(calls: &[&CollectiveCall<'_>]) -> &'static str {
+    match calls {
+        [call] => call.kind.name(),
+        _ => "collective group",
+    }
+}
+
 fn nccl_call_name(kind: CallKind) -> &'static str {
     match kind {
         CallKind::AllReduce(_) => "ncclAllReduce",
@@ -383,25 +550,6 @@ fn nccl_call_name(kind: CallKind) -> &'static str {
         CallKind::Broadcast { .. } => "ncclBroadcast",
         CallKind::Send { .. } => "ncclSend",
         CallKind::Recv { .. } => "ncclRecv",
-    }
-}
-
-impl Drop for NcclComm {
-    fn drop(&mut self) {
-        if self.captured.load(Ordering::Acquire) {
-            tracing::debug!("an NCCL communicator used in a capture is kept for the process");
-            return;
-        }
-        let comm = self.raw.get_mut().0;
-        let Ok(_bound) = self.shared.bind() else {
-            tracing::debug!("an NCCL communicator of a reset device is not destroyed");
-            return;
-        };
-        // SAFETY: `&mut self`: no other call uses the communicator; the context is current.
-        let status = unsafe { (self.lib.comm_destroy)(comm) };
-        if let Err(e) = self.lib.check("ncclCommDestroy", status) {
-            tracing::warn!(error = %e, "destroying an NCCL communicator failed");
-        }
     }
 }
 
