@@ -178,7 +178,8 @@ fn execute_root<O: DeviceOp>(op: O, ctx: &mut ExecutionContext) -> Result<O::Out
 }
 
 /// Waits for the work a failed execution enqueued before it failed. Streams being captured
-/// are skipped (their work is recorded, not run). The errors of that work are not reported:
+/// are skipped (their work is recorded, not run; the eager work that another thread's capture
+/// found there still runs, ordered before later users of its buffers by the access tracker). The errors of that work are not reported:
 /// the execution's own error is. Waiting on an event leaves each stream's error to be reported
 /// by its next synchronization.
 fn wait_for_enqueued_work(ctx: &ExecutionContext) {
@@ -208,7 +209,12 @@ fn run_and_wait<O: DeviceOp>(
         if ctx.has_device_work() {
             // The root's stream, unless the op replaced its context: the final context's
             // stream waited for every other one (`join_stray_work`).
-            ctx.current_stream().synchronize()?;
+            if let Err(e) = ctx.current_stream().synchronize() {
+                // Refused (another thread began capturing the stream) or failed: what the
+                // other streams hold is still waited for before the error is returned.
+                wait_for_enqueued_work(&ctx);
+                return Err(e);
+            }
         }
         Ok(out)
     });
@@ -250,6 +256,19 @@ pub(crate) fn sync_on<O: DeviceOp>(
                 "stream {} is being captured into a graph: the op's work would be recorded, \
                  not run, and sync_on cannot wait for it; capture the op with its graph API \
                  (graph_on), or sync it on a stream that is not being captured",
+                stream.id()
+            ),
+        });
+    }
+    if stream.is_for_captures() {
+        // Another thread's capture may take the stream at any moment and refuse the work
+        // part-way, as `place_root` says for policies.
+        return Err(DeviceError::Capture {
+            op: "DeviceOpExt::sync_on".into(),
+            reason: format!(
+                "stream {} is a stream of graph captures (Device::new_stream_for_captures, or one a \
+                 capture handed to a policy): a capture may take it at any moment and refuse \
+                 the op's work part-way; sync the op on a stream of Device::new_stream",
                 stream.id()
             ),
         });

@@ -489,5 +489,11 @@ fn eager_work_on_a_stream_a_capture_handed_to_the_policy_is_refused() -> Result<
         matches!(&r, Err(DeviceError::Capture { reason, .. }) if reason.contains("streams a capture hands it")),
         "{r:?}"
     );
+    // The same stream given to `sync_on` directly.
+    let r = zip!(value(1), value(2)).sync_on(&kept);
+    assert!(
+        matches!(&r, Err(DeviceError::Capture { reason, .. }) if reason.contains("a stream of graph captures")),
+        "{r:?}"
+    );
     Ok(())
 }

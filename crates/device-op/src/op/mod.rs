@@ -263,7 +263,9 @@ pub trait DeviceOpExt: DeviceOp + Sized {
     /// # Errors
     ///
     /// As [`DeviceOpExt::sync`]; [`DeviceError::Capture`], before anything is enqueued, when
-    /// `stream` is being captured into a graph (the work would be recorded, not run).
+    /// `stream` is being captured into a graph (the work would be recorded, not run) or is a
+    /// stream made for captures ([`Device::new_stream_for_captures`](cuflow_runtime::Device::new_stream_for_captures),
+    /// which a capture may take at any moment).
     fn sync_on(self, stream: &Stream) -> Result<Self::Output, DeviceError> {
         crate::exec::sync_on(self, stream).map(|(out, _)| out)
     }

@@ -381,9 +381,10 @@ impl LlamaStep {
     /// Under tensor parallelism every rank decodes the same `n` after the same prefill. The
     /// ranks do not agree on each `decode` (that would wait for them all at every call, where
     /// this waits for nothing): a rank that makes fewer steps leaves the others' all-reduces
-    /// of the next step waiting, up to the communicator's timeout on host devices and in the
-    /// one-shot sums of small activations, without end in NCCL's. [`generate`](Self::generate)
-    /// agrees on its whole request.
+    /// of the next step waiting, up to the communicator's timeout on host devices, in the
+    /// one-shot sums of small activations and in NCCL's calls of an eager step, without end in
+    /// NCCL's calls replayed from the step's graph (a communicator a graph recorded is never
+    /// aborted). [`generate`](Self::generate) agrees on its whole request.
     ///
     /// # Errors
     ///

@@ -14,10 +14,11 @@
 //! A communicator that a capture recorded is never aborted (a graph may replay its calls at
 //! any time), so its waits keep no deadline.
 //!
-//! Lifetime: a communicator is destroyed (`ncclCommDestroy`, which finalizes it after its
-//! outstanding operations) when the last handle goes and no call of it is still watched,
-//! unless a capture recorded one of its calls: a graph may replay it at any time, so such a
-//! communicator stays for the process's lifetime. An aborted communicator is already freed.
+//! Lifetime: a communicator is destroyed (`ncclCommDestroy`) when the last handle goes, in the
+//! thread that drops it, once its calls in flight have finished (waited for there up to the
+//! deadline, past which it is aborted instead), unless a capture recorded one of its calls: a
+//! graph may replay it at any time, so such a communicator stays for the process's lifetime.
+//! An aborted communicator is already freed.
 
 mod library;
 mod oneshot;
@@ -51,8 +52,8 @@ enum Raw {
 // goes through the `Mutex` in `Core` (or `Drop`, which has `&mut self`).
 unsafe impl Send for Raw {}
 
-/// A communicator's handle and what its watchdog needs, shared by the [`NcclComm`] and the
-/// watches of its calls in flight.
+/// A communicator's handle and what its watchdog needs, shared by the [`NcclComm`] and, while
+/// calls of it are in flight, the watchdog.
 struct Core {
     raw: Mutex<Raw>,
     shared: Arc<CudaDeviceShared>,
