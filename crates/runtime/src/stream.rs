@@ -467,6 +467,12 @@ impl Stream {
     /// threads aim at the capturing streams is refused with [`DeviceError::Capture`]), and only
     /// it ends the capture with [`Stream::end_capture`].
     ///
+    /// End every capture begun here, on every path (the graph-capture crate's APIs do): the
+    /// capture holds its streams, so dropping every handle of a capturing stream does not end
+    /// it. Such a capture stays open until the process ends: its streams and the buffers its
+    /// work touched stay allocated, and this thread's eager reads of buffers it wrote stay
+    /// refused.
+    ///
     /// # Errors
     ///
     /// [`DeviceError::Capture`] if the stream is already capturing, or a driver error.
