@@ -151,9 +151,11 @@ impl CommBackend {
 
 impl StreamBackend {
     /// Enqueues the group `calls` (validated; empty ones only where
-    /// [`CommBackend::keeps_empty_calls`]) of rank `rank` of `comm`.
+    /// [`CommBackend::keeps_empty_calls`]) of rank `rank` of `comm` on this backend of
+    /// `stream`, whose enqueue gate the caller holds.
     pub(crate) fn collective(
         &self,
+        stream: &crate::Stream,
         comm: &CommBackend,
         rank: usize,
         calls: &[&CollectiveCall<'_>],
@@ -163,7 +165,9 @@ impl StreamBackend {
             (StreamBackend::Host(s), CommBackend::Host(t)) => {
                 host::enqueue_collective(s, Arc::clone(t), rank, calls)
             }
-            (StreamBackend::Cuda(s), CommBackend::Cuda(c)) => c.enqueue(s, calls, capturing),
+            (StreamBackend::Cuda(s), CommBackend::Cuda(c)) => {
+                c.enqueue(stream, s, calls, capturing)
+            }
             _ => Err(super::foreign("a communicator", self.kind())),
         }
     }

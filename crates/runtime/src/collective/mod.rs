@@ -29,12 +29,15 @@
 //! - **cuda**: NCCL, loaded at run time (`$CUFLOW_NCCL_LIB`, the loader's path, or the
 //!   `nvidia-nccl` wheels of the Python environments in sight); a missing library is
 //!   [`DeviceError::NoNccl`]. NCCL's own kernels wait for the other ranks without a deadline,
-//!   so cuflow watches every eager NCCL call: one that has run on the GPU for the
+//!   so cuflow watches every eager NCCL call: one that has been unfinished for the
 //!   communicator's timeout (300 s unless [`Comm::nccl_with_timeout`] or
 //!   [`Comm::nccl_local_with_timeout`] gives another) fails with [`DeviceError::Timeout`], and
 //!   the rank's communicator is aborted (`ncclCommAbort`) so that its stream moves on; every
-//!   later call of it is refused, saying to make a new communicator. The clock starts when
-//!   the call's work starts on its stream, not when it is enqueued. Not covered: a
+//!   later call of it is refused, saying to make a new communicator. A call's clock starts
+//!   when it is issued, or when the communicator's call before it finished if that was later:
+//!   back-to-back calls do not count each other's time, but other work queued on the stream
+//!   ahead of a call counts towards its deadline (keep the timeout above the longest such
+//!   wait). Not covered: a
 //!   communicator that a capture recorded (a graph may replay its calls, so it is never
 //!   aborted: its waits keep no deadline), and a call that NCCL blocks while issuing it
 //!   (setting up connections to a peer that never comes). Communicators made together in
@@ -472,7 +475,7 @@ pub fn collective(stream: &Stream, comm: &Comm, calls: &[CollectiveCall<'_>]) ->
         let capturing = stream.is_capturing();
         stream
             .backend()
-            .collective(&comm.inner.backend, comm.rank(), &calls, capturing)?;
+            .collective(stream, &comm.inner.backend, comm.rank(), &calls, capturing)?;
         *comm.inner.last_stream.lock() = Some(stream.clone());
         Ok(())
     });

@@ -7,8 +7,8 @@
 //! on one communicator, so each communicator's calls hold its lock.
 //!
 //! Deadline: NCCL's kernels wait for the other ranks without one. Every eager group of NCCL
-//! calls is watched ([`watchdog`]): once its work has started on the GPU and not finished
-//! within the communicator's timeout, the watchdog reports a [`DeviceError::Timeout`] to the
+//! calls is watched ([`watchdog`]): once it has been the communicator's oldest unfinished call
+//! for the communicator's timeout, the watchdog reports a [`DeviceError::Timeout`] to the
 //! work that enqueued it and aborts this rank's communicator (`ncclCommAbort`), whose kernels
 //! then return; every later call of the communicator is refused, saying to make a new one.
 //! A communicator that a capture recorded is never aborted (a graph may replay its calls at
@@ -65,7 +65,7 @@ struct Core {
     /// How long a call may run on the GPU before the communicator is aborted.
     timeout: Duration,
     /// The eager groups of calls not seen finished yet (see [`watchdog`]).
-    flights: Mutex<Vec<watchdog::Flight>>,
+    flights: Mutex<watchdog::Flights>,
     /// Whether the watchdog holds this communicator.
     watched: AtomicBool,
 }
@@ -199,7 +199,7 @@ impl NcclComm {
                 captured: AtomicBool::new(false),
                 rank,
                 timeout,
-                flights: Mutex::new(Vec::new()),
+                flights: Mutex::new(watchdog::Flights::default()),
                 watched: AtomicBool::new(false),
             }),
             oneshot: OnceLock::new(),
@@ -345,6 +345,7 @@ impl NcclComm {
     /// after it there), and neither may wait for the other to finish.
     pub(crate) fn enqueue(
         &self,
+        watched: &crate::Stream,
         stream: &CudaStreamHandle,
         calls: &[&CollectiveCall<'_>],
         capturing: bool,
@@ -372,12 +373,12 @@ impl NcclComm {
             }
         };
         let Some((state, rank)) = self.oneshot.get() else {
-            return self.nccl_group(comm, stream, calls, capturing);
+            return self.nccl_group(comm, (watched, stream), calls, capturing);
         };
         let (small, rest): (Vec<&CollectiveCall<'_>>, Vec<&CollectiveCall<'_>>) =
             calls.iter().copied().partition(|c| self.takes_oneshot(c));
         if small.is_empty() {
-            return self.nccl_group(comm, stream, &rest, capturing);
+            return self.nccl_group(comm, (watched, stream), &rest, capturing);
         }
         let run_small = |on: &CudaStreamHandle| -> Result<()> {
             for call in &small {
@@ -419,7 +420,7 @@ impl NcclComm {
             return Err(e);
         }
         let small_done = run_small(side);
-        let rest_done = self.nccl_group(comm, stream, &rest, capturing);
+        let rest_done = self.nccl_group(comm, (watched, stream), &rest, capturing);
         // Joined back whatever failed: a capture ends only with its forks joined, and the
         // stream's later work must follow the side's.
         let joined = side
@@ -432,28 +433,22 @@ impl NcclComm {
         small_done.and(rest_done).and(joined)
     }
 
-    /// Issues `calls` through NCCL, as one group on `stream`, on the locked communicator
-    /// `comm`; outside a capture, the group is watched (see [`watchdog`]) between events
-    /// recorded before and after it.
+    /// Issues `calls` through NCCL, as one group on `stream` (the CUDA backend of `watched`,
+    /// whose gate the caller holds), on the locked communicator `comm`; outside a capture, the
+    /// group is watched (see [`watchdog`]).
     fn nccl_group(
         &self,
         comm: RawComm,
-        stream: &CudaStreamHandle,
+        (watched, stream): (&crate::Stream, &CudaStreamHandle),
         calls: &[&CollectiveCall<'_>],
         capturing: bool,
     ) -> Result<()> {
         if capturing {
             return self.issue_group(comm, stream, calls);
         }
-        let start = stream.record_event(false)?;
         let sink = stream.error_sink();
         self.issue_group(comm, stream, calls)?;
-        let done = stream.record_event(false)?;
-        watchdog::watch(
-            &self.core,
-            watchdog::Flight::new(group_name(calls), start, done, sink),
-        );
-        Ok(())
+        watchdog::watch(&self.core, watched, group_name(calls), sink)
     }
 
     /// Issues `calls` through NCCL, as one group on `stream`, on the locked communicator
