@@ -89,7 +89,8 @@ struct Unwatched {
 
 impl Flights {
     /// Records an event after the unwatched calls of each of their streams, which become
-    /// flights whose clock starts `now`. Those whose event cannot be recorded yet stay.
+    /// flights, the first of them running from `now` (called when no flight is left). Those
+    /// whose event cannot be recorded yet stay.
     fn catch_up(&mut self, now: Instant) {
         let mut waiting = std::mem::take(&mut self.unwatched);
         while let Some(first) = waiting.first() {
@@ -102,7 +103,7 @@ impl Flights {
                     what: mine[0].what,
                     done,
                     sinks: mine.into_iter().map(|u| u.sink).collect(),
-                    started: Some(now),
+                    started: self.watched.is_empty().then_some(now),
                 }),
                 // Its device faulted or was reset: their own errors report it.
                 Err(_) if !stream.is_capturing() => drop(mine),
@@ -116,6 +117,59 @@ impl Flights {
         }
     }
 
+    /// Adds a call of `what` just issued on `stream` (whose gate the caller holds) at `now`:
+    /// a flight running from `now` with an event recorded after it when none is in flight,
+    /// else an unwatched call.
+    fn issue(
+        &mut self,
+        stream: &Stream,
+        what: &'static str,
+        sink: ErrorSink,
+        now: Instant,
+    ) -> Result<()> {
+        if self.watched.is_empty() && self.unwatched.is_empty() {
+            // Every call before it was seen finished: it runs once the stream reaches it.
+            let done = stream.record_event()?;
+            self.watched.push(Flight {
+                what,
+                done,
+                sinks: vec![sink],
+                started: Some(now),
+            });
+        } else {
+            self.unwatched.push(Unwatched {
+                stream: stream.clone(),
+                what,
+                sink,
+            });
+        }
+        Ok(())
+    }
+
+    /// Drops the finished flights, catches up with the unwatched calls when none is left,
+    /// and says what is left at `now` against `timeout`.
+    fn look(&mut self, now: Instant, timeout: Duration) -> Look {
+        // In issue order: the first unfinished one is the one running.
+        let done = self.watched.iter().take_while(|f| f.finished()).count();
+        self.watched.drain(..done);
+        if self.watched.is_empty() {
+            self.catch_up(now);
+        }
+        let Some(oldest) = self.watched.first_mut() else {
+            return if self.unwatched.is_empty() {
+                Look::Idle
+            } else {
+                Look::Busy
+            };
+        };
+        let started = *oldest.started.get_or_insert(now);
+        if now.duration_since(started) >= timeout {
+            Look::Expired
+        } else {
+            Look::Busy
+        }
+    }
+
     fn sinks(&self) -> impl Iterator<Item = (&'static str, &ErrorSink)> {
         self.watched
             .iter()
@@ -125,7 +179,7 @@ impl Flights {
 }
 
 /// What a look at a communicator's flights found.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Look {
     /// None left.
     Idle,
@@ -138,26 +192,7 @@ enum Look {
 impl Core {
     /// Drops the finished flights and says what is left.
     fn look(&self, now: Instant) -> Look {
-        let mut flights = self.flights.lock();
-        // In issue order: the first unfinished one is the one running.
-        let done = flights.watched.iter().take_while(|f| f.finished()).count();
-        flights.watched.drain(..done);
-        if flights.watched.is_empty() {
-            flights.catch_up(now);
-        }
-        let Some(oldest) = flights.watched.first_mut() else {
-            return if flights.unwatched.is_empty() {
-                Look::Idle
-            } else {
-                Look::Busy
-            };
-        };
-        let started = *oldest.started.get_or_insert(now);
-        if now.duration_since(started) >= self.timeout {
-            Look::Expired
-        } else {
-            Look::Busy
-        }
+        self.flights.lock().look(now, self.timeout)
     }
 
     /// Fails every flight, one of which ran past the deadline, and aborts the communicator.
@@ -245,22 +280,7 @@ pub(super) fn watch(
     }
     let parked = {
         let mut flights = core.flights.lock();
-        if flights.watched.is_empty() && flights.unwatched.is_empty() {
-            // Every call before it was seen finished: it runs once the stream reaches it.
-            let done = stream.record_event()?;
-            flights.watched.push(Flight {
-                what,
-                done,
-                sinks: vec![sink],
-                started: Some(Instant::now()),
-            });
-        } else {
-            flights.unwatched.push(Unwatched {
-                stream: stream.clone(),
-                what,
-                sink,
-            });
-        }
+        flights.issue(stream, what, sink, Instant::now())?;
         std::mem::take(&mut flights.parked)
     };
     drop(parked);
@@ -329,4 +349,115 @@ fn unwatch(core: &Arc<Core>) {
         return;
     }
     cores.retain(|c| !Arc::ptr_eq(c, core));
+}
+
+#[cfg(test)]
+mod tests {
+    //! The bookkeeping of the calls in flight, on host streams (it is the same for any
+    //! backend's streams and events; the NCCL side runs in the dist crate's GPU tests).
+
+    use std::sync::mpsc;
+    use std::sync::Arc;
+
+    use parking_lot::Mutex;
+
+    use super::*;
+    use crate::Device;
+
+    fn sink() -> (ErrorSink, Arc<Mutex<Option<DeviceError>>>) {
+        let slot = Arc::new(Mutex::new(None));
+        (ErrorSink::of_stream(&slot), slot)
+    }
+
+    /// A stream held by a host function until the returned sender is dropped.
+    fn held_stream(device: &Device) -> (Stream, mpsc::Sender<()>) {
+        let stream = device.new_stream().unwrap();
+        let (tx, rx) = mpsc::channel::<()>();
+        stream
+            .enqueue_host_fn(move || {
+                let _ = rx.recv();
+            })
+            .unwrap();
+        (stream, tx)
+    }
+
+    #[test]
+    fn a_call_alone_runs_from_its_issue_and_expires_past_the_timeout() {
+        let device = Device::host_numbered(90);
+        let (stream, release) = held_stream(&device);
+        let mut flights = Flights::default();
+        let t0 = Instant::now();
+        let (s, slot) = sink();
+        flights.issue(&stream, "all_reduce", s, t0).unwrap();
+        let timeout = Duration::from_secs(5);
+        assert_eq!(
+            flights.look(t0 + Duration::from_secs(4), timeout),
+            Look::Busy
+        );
+        assert_eq!(
+            flights.look(t0 + Duration::from_secs(5), timeout),
+            Look::Expired
+        );
+        let failures: Vec<_> = flights.sinks().map(|(what, _)| what).collect();
+        assert_eq!(failures, ["all_reduce"]);
+        assert!(slot.lock().is_none(), "looking records nothing");
+        drop(release);
+        stream.synchronize().unwrap();
+        assert_eq!(
+            flights.look(t0 + Duration::from_secs(6), timeout),
+            Look::Idle
+        );
+    }
+
+    #[test]
+    fn calls_behind_a_running_one_record_nothing_until_it_finished_then_run_from_then() {
+        let device = Device::host_numbered(91);
+        let (a, release_a) = held_stream(&device);
+        let (b, release_b) = held_stream(&device);
+        let timeout = Duration::from_secs(10);
+        let mut flights = Flights::default();
+        let t0 = Instant::now();
+        flights.issue(&a, "first", sink().0, t0).unwrap();
+        for what in ["on a", "on b", "on a again"] {
+            let stream = if what == "on b" { &b } else { &a };
+            flights.issue(stream, what, sink().0, t0).unwrap();
+        }
+        assert_eq!(flights.watched.len(), 1);
+        assert_eq!(flights.unwatched.len(), 3);
+        // The first call runs past what the calls behind it may take: they are not counted.
+        assert_eq!(
+            flights.look(t0 + Duration::from_secs(9), timeout),
+            Look::Busy
+        );
+        let every: Vec<_> = flights.sinks().map(|(what, _)| what).collect();
+        assert_eq!(every, ["first", "on a", "on b", "on a again"]);
+
+        // Stream a's work finishes: the first call is done, and one event is recorded after
+        // the waiting calls of each stream.
+        drop(release_a);
+        a.synchronize().unwrap();
+        let t1 = t0 + Duration::from_secs(9);
+        assert_eq!(flights.look(t1, timeout), Look::Busy);
+        assert!(flights.unwatched.is_empty());
+        assert_eq!(flights.watched.len(), 2, "one flight per stream");
+        assert_eq!(flights.watched[0].sinks.len(), 2, "stream a's two calls");
+        assert_eq!(flights.watched[0].started, Some(t1));
+        assert_eq!(
+            flights.watched[1].started, None,
+            "not running before the one ahead"
+        );
+        assert_eq!(flights.parked.len(), 2);
+
+        // Stream a's flight is done once its event is; stream b's is held and runs from the
+        // next look.
+        a.synchronize().unwrap();
+        let t2 = t1 + Duration::from_secs(1);
+        assert_eq!(flights.look(t2, timeout), Look::Busy);
+        assert_eq!(flights.watched.len(), 1);
+        assert_eq!(flights.watched[0].started, Some(t2));
+        assert_eq!(flights.look(t2 + timeout, timeout), Look::Expired);
+        drop(release_b);
+        b.synchronize().unwrap();
+        assert_eq!(flights.look(t2 + timeout, timeout), Look::Idle);
+    }
 }
