@@ -179,9 +179,9 @@ fn execute_root<O: DeviceOp>(op: O, ctx: &mut ExecutionContext) -> Result<O::Out
 
 /// Waits for the work a failed execution enqueued before it failed. Streams being captured
 /// are skipped (their work is recorded, not run; the eager work that another thread's capture
-/// found there still runs, ordered before later users of its buffers by the access tracker). The errors of that work are not reported:
-/// the execution's own error is. Waiting on an event leaves each stream's error to be reported
-/// by its next synchronization.
+/// found there still runs, ordered before later users of its buffers by the access tracker).
+/// The errors of that work are not reported: the execution's own error is. Waiting on an
+/// event leaves each stream's error to be reported by its next synchronization.
 fn wait_for_enqueued_work(ctx: &ExecutionContext) {
     for stream in ctx.used_streams() {
         if stream.is_capturing() {
