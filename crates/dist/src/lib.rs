@@ -26,7 +26,7 @@
 //! on the host backend every later collective of that communicator fails at once, saying so:
 //! make a new communicator. The failing rank tells its peers, whose collectives with it fail
 //! at once too (never taking its part of the failed collective for a later one's). On CUDA
-//! devices, an NCCL call that has run on the GPU for that long fails with a
+//! devices, an NCCL call left unfinished for that long fails with a
 //! [`DeviceError::Timeout`](cuflow_runtime::DeviceError::Timeout) and the rank's communicator
 //! is aborted, so that its stream moves on; later calls of it are refused (see
 //! [`cuflow_runtime::collective`] for what this does not cover: communicators a graph

@@ -38,8 +38,8 @@ impl CommBackend {
         Ok(CommBackend::Host(Arc::new(host::HostComm::new(transport))))
     }
 
-    /// The CUDA backend's communicator: an NCCL communicator on `device`, whose calls may run
-    /// `timeout` on the GPU before it is aborted.
+    /// The CUDA backend's communicator: an NCCL communicator on `device`, whose calls may stay
+    /// unfinished for `timeout` before it is aborted.
     pub(crate) fn nccl(
         device: &Device,
         unique_id: &[u8],
@@ -62,8 +62,8 @@ impl CommBackend {
     }
 
     /// One NCCL communicator per device of `devices`, all in this process; their one-shot
-    /// all-reduces wait for each other up to `deadline`, and their NCCL calls run at most that
-    /// long before the communicator is aborted.
+    /// all-reduces wait for each other up to `deadline`, and their NCCL calls stay unfinished at
+    /// most that long before the communicator is aborted.
     pub(crate) fn nccl_local(
         devices: &[Device],
         deadline: std::time::Duration,

@@ -198,7 +198,7 @@ impl Comm {
     /// A communicator of CUDA device `device`, as rank `rank` of `world_size`, joining the
     /// NCCL communicator that `unique_id` names (made by [`Comm::nccl_unique_id`] on one rank
     /// and handed to the others). Blocks until every rank joined, as `ncclCommInitRank` does.
-    /// A call that runs on the GPU for 300 s fails and aborts the communicator (see the
+    /// A call left unfinished for 300 s fails and aborts the communicator (see the
     /// [module docs](crate::collective)); [`Comm::nccl_with_timeout`] gives another timeout.
     ///
     /// # Errors
@@ -210,9 +210,9 @@ impl Comm {
         Self::nccl_with_timeout(device, unique_id, rank, world_size, DEFAULT_TIMEOUT)
     }
 
-    /// [`Comm::nccl`] whose calls may run on the GPU for `timeout` before they fail with
-    /// [`DeviceError::Timeout`] and the communicator is aborted (a rank that never makes its
-    /// part of a collective, or crashed).
+    /// [`Comm::nccl`] whose calls may stay unfinished for `timeout` (a rank that never makes
+    /// its part of a collective, or crashed) before they fail with [`DeviceError::Timeout`] and
+    /// the communicator is aborted.
     ///
     /// ```no_run
     /// # fn main() -> Result<(), cuflow_runtime::DeviceError> {
@@ -330,7 +330,8 @@ impl Comm {
     /// the peers are told once the collectives this rank enqueued before have run
     /// ([`HostTransport::close`]), so that theirs of the call given up fail at once, and theirs
     /// of the earlier ones are not touched; under NCCL, a peer waits for the call given up as
-    /// it would for a rank that never arrives, until its communicator's timeout. [`collective`] calls it for the calls it
+    /// it would for a rank that never arrives, until its communicator's timeout. [`collective`]
+    /// calls it for the calls it
     /// does not enqueue; crates that build collectives and give one up before calling it
     /// (`cuflow-dist`'s ops) call it themselves.
     ///

@@ -62,7 +62,8 @@ struct Core {
     /// never aborted).
     captured: AtomicBool,
     rank: usize,
-    /// How long a call may run on the GPU before the communicator is aborted.
+    /// How long a call may stay unfinished before the communicator is aborted (see
+    /// [`watchdog`] for when its clock starts).
     timeout: Duration,
     /// The eager groups of calls not seen finished yet (see [`watchdog`]).
     flights: Mutex<watchdog::Flights>,
@@ -209,7 +210,7 @@ impl NcclComm {
     }
 
     /// Rank `rank` of `world_size` of the communicator `unique_id` names, on the device of
-    /// `shared`, whose calls may run `timeout` on the GPU. Blocks until every rank joined.
+    /// `shared`, whose calls may stay unfinished for `timeout`. Blocks until every rank joined.
     pub(crate) fn new(
         shared: &Arc<CudaDeviceShared>,
         unique_id: &[u8],
@@ -242,8 +243,8 @@ impl NcclComm {
         Ok(NcclComm::wrap(raw, shared.clone(), lib, rank, timeout))
     }
 
-    /// One communicator per device of `shared`, rank `i` on `shared[i]`, whose calls may run
-    /// `timeout` on the GPU.
+    /// One communicator per device of `shared`, rank `i` on `shared[i]`, whose calls may stay
+    /// unfinished for `timeout`.
     pub(crate) fn init_all(
         shared: &[Arc<CudaDeviceShared>],
         timeout: Duration,
