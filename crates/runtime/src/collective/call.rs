@@ -30,6 +30,15 @@ impl CallKind {
             CallKind::Recv { .. } => "recv",
         }
     }
+
+    /// The name of a group of calls of `kinds` in errors and traces: its one call's, or
+    /// "collective group".
+    pub(crate) fn group_name(mut kinds: impl ExactSizeIterator<Item = CallKind>) -> &'static str {
+        match (kinds.len(), kinds.next()) {
+            (1, Some(kind)) => kind.name(),
+            _ => "collective group",
+        }
+    }
 }
 
 /// One collective: what it does, its element type, and its buffers. Built by the constructors

@@ -415,10 +415,7 @@ fn check_rank(rank: usize, world_size: usize) -> Result<()> {
 /// timeout, a peer gone, ranks calling different collectives) come back from the stream's next
 /// synchronization, as for kernels.
 pub fn collective(stream: &Stream, comm: &Comm, calls: &[CollectiveCall<'_>]) -> Result<()> {
-    let name = match calls {
-        [call] => call.kind.name(),
-        _ => "collective group",
-    };
+    let name = CallKind::group_name(calls.iter().map(|c| c.kind));
     if let Some(first) = &*comm.inner.abandoned.lock() {
         return Err(DeviceError::Collective {
             op: name,
@@ -467,10 +464,7 @@ pub fn collective(stream: &Stream, comm: &Comm, calls: &[CollectiveCall<'_>]) ->
     if let Some(area) = comm.inner.backend.extra_write(&calls) {
         accesses.push((area, Access::Write));
     }
-    let name = match &calls[..] {
-        [call] => call.kind.name(),
-        _ => "collective group",
-    };
+    let name = CallKind::group_name(calls.iter().map(|c| c.kind));
     let enqueued = ordered(stream, name, accesses, || {
         // Under the capture gate `ordered` holds: whether this very call is captured.
         let capturing = stream.is_capturing();

@@ -145,7 +145,7 @@ impl CudaStreamHandle {
         // SAFETY: the stream is alive (owned by `self.stream`).
         unsafe { result::stream::synchronize(self.raw()) }
             .map_err(|e| driver_err("cuStreamSynchronize", e))?;
-        ErrorSink::here(&self.host_fn_panic).sync_result()
+        self.error_sink().sync_result()
     }
 
     /// Where a failure of the work enqueued now on this stream, found after it was enqueued,
@@ -159,7 +159,7 @@ impl CudaStreamHandle {
     pub(crate) fn begin_synchronize(&self) -> Result<CudaSyncWait> {
         Ok(CudaSyncWait {
             event: self.record_event(false)?,
-            sink: ErrorSink::here(&self.host_fn_panic),
+            sink: self.error_sink(),
         })
     }
 
@@ -244,7 +244,7 @@ impl CudaStreamHandle {
     }
 
     pub(crate) fn launch_host_fn(&self, f: Box<dyn FnOnce() + Send>) -> Result<()> {
-        let sink = ErrorSink::here(&self.host_fn_panic);
+        let sink = self.error_sink();
         let f: Box<dyn FnOnce() + Send> = Box::new(move || {
             // The user's code, and the drops of what it owns, run in the scope: a call into
             // the device there is refused with a clear error, before it reaches the driver.

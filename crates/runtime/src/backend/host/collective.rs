@@ -294,12 +294,8 @@ impl HostComm {
     /// Runs the group `calls` of rank `rank`, unless an earlier group failed.
     fn run(&self, rank: usize, calls: &[HostCall]) -> Result<()> {
         if let Some(first) = &*self.failed.lock() {
-            let op = match calls {
-                [call] => call.kind.name(),
-                _ => "collective group",
-            };
             return Err(DeviceError::Collective {
-                op,
+                op: CallKind::group_name(calls.iter().map(|c| c.kind)),
                 rank,
                 reason: format!(
                     "an earlier collective of this communicator failed ({first}), which left \

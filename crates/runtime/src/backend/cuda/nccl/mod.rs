@@ -364,7 +364,7 @@ impl NcclComm {
             }
             Raw::Aborted(reason) => {
                 return Err(DeviceError::Collective {
-                    op: group_name(calls),
+                    op: CallKind::group_name(calls.iter().map(|c| c.kind)),
                     rank: self.core.rank,
                     reason: format!(
                         "{reason}; this rank's communicator was aborted then, so it takes no \
@@ -449,7 +449,12 @@ impl NcclComm {
         }
         let sink = stream.error_sink();
         self.issue_group(comm, stream, calls)?;
-        watchdog::watch(&self.core, watched, group_name(calls), sink)
+        watchdog::watch(
+            &self.core,
+            watched,
+            CallKind::group_name(calls.iter().map(|c| c.kind)),
+            sink,
+        )
     }
 
     /// Issues `calls` through NCCL, as one group on `stream`, on the locked communicator
@@ -528,14 +533,6 @@ fn device_ptr(r: Option<crate::memory::Region<'_>>) -> Result<u64> {
         None => Err(DeviceError::internal(
             "a collective call without its buffer",
         )),
-    }
-}
-
-/// The name of a group of calls in errors: its call's, or "collective group".
-fn group_name(calls: &[&CollectiveCall<'_>]) -> &'static str {
-    match calls {
-        [call] => call.kind.name(),
-        _ => "collective group",
     }
 }
 
