@@ -1,8 +1,9 @@
 //! The fused decode GEMV against float64 references: every input (plain, RMS norm) with every
-//! epilogue (store, residual add, SwiGLU), on ragged shapes; on whatever `Device::auto()`
-//! gives.
+//! epilogue (store, residual add, SwiGLU), on ragged shapes and on products large enough to
+//! stream their weights through shared memory; on whatever `Device::auto()` gives.
 
 use cuflow_device_op::DeviceOpExt;
+use cuflow_runtime::trace::{self, EntryKind};
 use cuflow_runtime::{DeviceError, Stream};
 use cuflow_tensor::kernels::decode::{self, GemvEpilogue, GemvInput};
 use cuflow_tensor::{api, bf16, Tensor};
@@ -147,6 +148,53 @@ fn fused_gemv_matches_float64() {
             check(&s, &mut rng, (2 * n, k), norm, GemvEpilogue::SwiGlu);
         }
     }
+}
+
+/// `(rows, cols)` of at least 12 MB of weights with whole 512-column slabs, which stream
+/// through shared memory on devices of compute capability 9.0 and later: a QKV-like product,
+/// odd rows (blocks of unequal runs; for SwiGLU, 4001 outputs), a down-projection-like
+/// product (16 slabs a row), and an input of 16384 columns (64 KiB staged beside the ring).
+const STREAMED: &[(usize, usize)] = &[(3072, 2048), (4001, 1536), (1500, 8192), (400, 16384)];
+
+#[test]
+fn streamed_gemv_matches_float64() {
+    let s = stream();
+    let mut rng = rng(16);
+    let bulk = s
+        .device()
+        .compute_capability()
+        .is_some_and(|cc| cc >= (9, 0));
+    let mut cases = Vec::new();
+    for &(n, k) in STREAMED {
+        for norm in [false, true] {
+            cases.push(((n, k), norm, GemvEpilogue::Store));
+            cases.push(((n, k), norm, GemvEpilogue::Accumulate));
+            cases.push(((2 * n, k), norm, GemvEpilogue::SwiGlu));
+        }
+    }
+    if !bulk {
+        // Nothing streams here, and float64 checks of these sizes are slow on the host: one
+        // product checks that the launch keeps the grid-stride kernel.
+        cases.truncate(1);
+    }
+    let _serial = trace::tests_serial();
+    trace::start().expect("a trace starts");
+    for &(shape, norm, e) in &cases {
+        check(&s, &mut rng, shape, norm, e);
+    }
+    let trace = trace::stop().expect("the trace stops");
+    let streamed = trace
+        .entries()
+        .iter()
+        .filter(|e| e.kind == EntryKind::Kernel && e.name.ends_with("_ring"))
+        .count();
+    // Only these products are large enough to stream, in this binary.
+    assert_eq!(
+        streamed,
+        if bulk { cases.len() } else { 0 },
+        "streaming launches on {:?}",
+        s.device().compute_capability()
+    );
 }
 
 #[test]

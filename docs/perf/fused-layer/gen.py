@@ -1,6 +1,7 @@
 """Writes the production decode kernels' CUDA C (attention and the three fused GEMVs of a
-layer, for the 1B shape: head width 64, groups of 4) as headers the harness includes, from the
-Rust sources in crates/tensor/src/kernels/decode/."""
+layer, for the 1B shape: head width 64, groups of 4, and the streaming GEMVs of the same three
+fusions) as headers the harnesses include, from the Rust sources in
+crates/tensor/src/kernels/decode/."""
 import pathlib
 
 here = pathlib.Path(__file__).resolve().parent
@@ -34,3 +35,17 @@ for name, norm, epi in [("decode_rms_norm_gemv", 1, 0), ("decode_gemv_add", 0, 1
     out.append("namespace v%d {\n%s\n#undef IN_NORM\n#undef EPILOGUE\n#undef ROWS\n#undef UNROLL\n"
                "#undef STAGE_MAX\n}\n" % (epi, s))
 (here / "gemv_gen.cuh").write_text("\n".join(out))
+
+# The streaming GEMVs (RING_SOURCE), in namespaces r0 (RMS norm, store), r1 (residual add) and
+# r2 (RMS norm, SwiGLU).
+rs = g.split('const RING_SOURCE: &str = r#"', 1)[1].split('"#;', 1)[0]
+out = []
+for name, norm, epi in [("decode_rms_norm_gemv_ring", 1, 0), ("decode_gemv_add_ring", 0, 1),
+                        ("decode_rms_norm_gemv_swiglu_ring", 1, 2)]:
+    s = rs
+    for k, v in dict(DEFS="", NAME=name, NORM=norm, EPILOGUE=epi, SLOTS=4, CHUNK=32768, THREADS=288).items():
+        s = s.replace("@" + k + "@", str(v))
+    s = s.replace("__device__ __forceinline__", "__device__ static __forceinline__")
+    out.append("namespace r%d {\n%s\n#undef IN_NORM\n#undef EPILOGUE\n#undef SLOTS\n#undef CHUNK\n"
+               "#undef LT\n#undef SLAB\n#undef SPW\n#undef CSYNC\n}\n" % (epi, s))
+(here / "gemv_ring_gen.cuh").write_text("\n".join(out))

@@ -11,14 +11,19 @@
 #include <vector>
 #include <algorithm>
 #include <cuda_runtime.h>
-#if defined(V2) || defined(V3) || defined(V4)
+#if defined(V2) || defined(V3) || defined(V4) || defined(V5)
 #define ATT_SYNC() asm volatile("bar.sync 1, 256;" ::: "memory")
 #include "attention_gen2.cuh"
 #else
 #include "attention_gen.cuh"
 #endif
 #include "gemv_gen.cuh"
-#if defined(V4)
+#if defined(V5)
+#include "fused5.cuh"
+#define VMAX 8
+#define BLOCK_THREADS NT
+#define FUSED_KERNEL decode_step
+#elif defined(V4)
 #include "fused4.cuh"
 #define VMAX 8
 #define BLOCK_THREADS NT
@@ -30,6 +35,14 @@
 #include "fused2.cuh"
 #else
 #include "fused.cuh"
+#endif
+#ifdef V5
+#define FUSED_NAME "fused (1 cooperative)"
+#else
+#define FUSED_NAME "fused (16 cooperative)"
+#endif
+#ifndef FUSED_KERNEL
+#define FUSED_KERNEL decode_layer
 #endif
 #ifndef BLOCK_THREADS
 #define BLOCK_THREADS LT
@@ -132,8 +145,8 @@ int main(int argc, char** argv) {
   unsigned xs_floats = INTER; if (att_floats > xs_floats) xs_floats = att_floats;
   const unsigned pslots = ((INTER + SMS - 1) / SMS) * 2 * 4 + 64;
   const size_t smem = (size_t)RING * VMAX * LT * 16 + xs_floats * 4 + pslots * 4;
-  CK(cudaFuncSetAttribute(decode_layer, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-  int occ = 0; CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, decode_layer, BLOCK_THREADS, smem));
+  CK(cudaFuncSetAttribute(FUSED_KERNEL, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+  int occ = 0; CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, FUSED_KERNEL, BLOCK_THREADS, smem));
   printf("SMs %u, smem %zu B, occupancy %d, RING %d, max_seq %u pos %u parts %u chunk %u\n", SMS, smem, occ, RING, max_seq, pos_t, parts, chunk);
   CK(cudaFuncSetAttribute(v0::decode_rms_norm_gemv, cudaFuncAttributeMaxDynamicSharedMemorySize, 32768));
   CK(cudaFuncSetAttribute(v2::decode_rms_norm_gemv_swiglu, cudaFuncAttributeMaxDynamicSharedMemorySize, 32768));
@@ -143,12 +156,26 @@ int main(int argc, char** argv) {
   cudaStream_t s; CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   unsigned d_ = D, inter_ = INTER, heads_ = HEADS, kv_ = KV, ms_ = max_seq, parts_ = parts, chunk_ = chunk;
   float scale_ = scale, eps_ = eps; unsigned xsf_ = xs_floats;
+#ifdef V5
+  StepLayer* d_layers; unsigned* ctr;
+  CK(cudaMalloc(&d_layers, L * sizeof(StepLayer))); CK(cudaMalloc(&ctr, C_COUNT * 4)); CK(cudaMemset(ctr, 0, C_COUNT * 4));
+  static_assert(sizeof(StepLayer) == sizeof(Layer), "layouts");
+  CK(cudaMemcpy(d_layers, ly.data(), L * sizeof(Layer), cudaMemcpyHostToDevice));
+  unsigned nl_ = L;
+  auto fused = [&](int l) {
+    if (l != 0) return cudaSuccess;
+    void* args[] = {&x, &qkv, &attn, &act, &part, &counts, &ctr, &d_layers, &nl_, &inv_freq, &pos, &d_, &inter_, &heads_,
+                    &kv_, &ms_, &parts_, &chunk_, &scale_, &eps_, &xsf_};
+    return cudaLaunchCooperativeKernel((void*)decode_step, SMS, BLOCK_THREADS, args, smem, s);
+  };
+#else
   auto fused = [&](int l) {
     Layer& y = ly[l];
     void* args[] = {&x, &qkv, &attn, &act, &part, &counts, &y.cache, &bar, &y.wqkv, &y.an, &y.wo, &y.wgu, &y.mn, &y.wd,
                     &inv_freq, &pos, &d_, &inter_, &heads_, &kv_, &ms_, &parts_, &chunk_, &scale_, &eps_, &xsf_};
     return cudaLaunchCooperativeKernel((void*)decode_layer, SMS, BLOCK_THREADS, args, smem, s);
   };
+#endif
   auto reference = [&](int l, float* xx) {
     Layer& y = ly[l];
     ref_gemv<0, true><<<(QKVR + 7) / 8, 256, 0, s>>>(qkv, y.wqkv, xx, y.an, eps, QKVR, D);
@@ -177,11 +204,17 @@ int main(int argc, char** argv) {
   double num = 0, den = 0; for (unsigned i = 0; i < D; ++i) { num += (a[i] - b[i]) * (double)(a[i] - b[i]); den += (double)b[i] * b[i]; }
 #ifdef TIMING
   {
-    static unsigned long long t[64][132][12];
+    static unsigned long long t[sizeof(g_times) / sizeof(g_times[0])][132][12];
     CK(cudaMemcpyFromSymbol(t, g_times, sizeof t));
+#ifdef V5
+    const char* names[] = {"start", "qkv done", "att done", "att waited", "O done", "O waited", "GU done", "GU waited", "D done"};
+    const int events = 9;
+#else
     const char* names[] = {"start", "qkv done", "bar1 out", "att done", "bar2 out", "O staged", "O done", "bar3 out", "GU done", "bar4 out", "D done"};
+    const int events = 11;
+#endif
     // per event: mean over layers 1..15 of (min, max) over blocks, relative to the layer's min start
-    for (int e = 0; e < 11; ++e) {
+    for (int e = 0; e < events; ++e) {
       double mn = 0, mx = 0;
       for (int l = 1; l < 16; ++l) {
         unsigned long long s0 = ~0ull, lo = ~0ull, hi = 0;
@@ -223,7 +256,7 @@ int main(int argc, char** argv) {
   };
   for (int rep = 0; rep < 2; ++rep) {
     time_graph("production (80 kernels)", [&] { for (int l = 0; l < L; ++l) production(l); });
-    time_graph("fused (16 cooperative)", [&] { for (int l = 0; l < L; ++l) { cudaError_t e = fused(l); if (e) { printf("capture launch: %s\n", cudaGetErrorString(e)); exit(1);} } });
+    time_graph(FUSED_NAME, [&] { for (int l = 0; l < L; ++l) { cudaError_t e = fused(l); if (e) { printf("capture launch: %s\n", cudaGetErrorString(e)); exit(1);} } });
   }
   // Read bandwidth of the weights alone.
   {

@@ -60,7 +60,7 @@ use crate::tensor::Tensor;
 /// [`DeviceError::InvalidShape`] for a shape the attention kernels do not support.
 pub fn compile_all(device: &Device, shape: AttentionShape) -> Result<(), DeviceError> {
     shape.check("compile_all")?;
-    for k in gemv::kernels()
+    for k in gemv::kernels(device)
         .into_iter()
         .chain([
             norm::residual_kernel(),
