@@ -766,25 +766,28 @@ fn launch(
     let sms = crate::kernels::multiprocessors(stream);
     let device = stream.device();
     let max_shared = device.limits().max_shared_mem_per_block_optin as usize;
-    if let Some(plan) = ring_plan(
+    // Both kernels take these; the grid-stride one takes `ksplit` after them.
+    let mut args = KernelArgs::new();
+    args.output(out.view("decode::gemv")?)
+        .input(w.view("decode::gemv")?)
+        .input(x.view("decode::gemv")?.slice(row_end - k..row_end)?)
+        .input(norm_weight.view("decode::gemv")?)
+        .scalar(eps)
+        .scalar(u32_of(op, "rows", n)?)
+        .scalar(u32_of(op, "cols", k)?);
+    let plan = ring_plan(
         device.compute_capability(),
         sms,
         max_shared,
         (n, k),
         epilogue,
-    ) {
+    );
+    if let Some(plan) = plan {
         return ring_kernel(norm, epilogue).launch(
             stream,
             LaunchConfig::linear(u32_of(op, "blocks", plan.grid)?, RING_THREADS)
                 .with_shared_mem(u32_of(op, "shared memory", plan.shared)?),
-            KernelArgs::new()
-                .output(out.view("decode::gemv")?)
-                .input(w.view("decode::gemv")?)
-                .input(x.view("decode::gemv")?.slice(row_end - k..row_end)?)
-                .input(norm_weight.view("decode::gemv")?)
-                .scalar(eps)
-                .scalar(u32_of(op, "rows", n)?)
-                .scalar(u32_of(op, "cols", k)?),
+            &args,
         );
     }
     let units = if epilogue == GemvEpilogue::SwiGlu {
@@ -810,15 +813,7 @@ fn launch(
             "shared memory",
             staged,
         )?),
-        KernelArgs::new()
-            .output(out.view("decode::gemv")?)
-            .input(w.view("decode::gemv")?)
-            .input(x.view("decode::gemv")?.slice(row_end - k..row_end)?)
-            .input(norm_weight.view("decode::gemv")?)
-            .scalar(eps)
-            .scalar(u32_of(op, "rows", n)?)
-            .scalar(u32_of(op, "cols", k)?)
-            .scalar(u32_of(op, "ksplit", split)?),
+        args.scalar(u32_of(op, "ksplit", split)?),
     )
 }
 
