@@ -430,12 +430,12 @@ fn run_on_host(
 /// `kinds` runs of contiguous bytes, streamed in chunks of `CHUNK` bytes into the ring's
 /// slots by thread `LT` (the first of the ninth warp), which waits for a slot's `empty`
 /// mbarrier (each of the 256 consumer threads released it after its last read of it) before
-/// it reuses it and arms its `full` mbarrier with the chunk's byte count. Consumer warp `j` dots slabs `4j .. 4j + 3` of a
-/// landed chunk (512 columns each, two 16-byte vectors a lane; all eight vectors loaded
-/// first) with the staged input, one sum for each run of them within a row, stored at the
-/// run's first slab; the consumers then add a row's slab sums in order (slots no run starts
-/// at hold zero). Only the consumer warps meet at barrier 1 (the producer's warp has
-/// returned).
+/// it reuses it and arms its `full` mbarrier with the chunk's byte count. Consumer warp `j`
+/// dots slabs `4j .. 4j + 3` of a landed chunk (512 columns each, two 16-byte vectors a lane;
+/// all eight vectors loaded first) with the staged input, one sum for each run of them
+/// within a row, stored at the run's first slab; the consumers then add a row's slab sums in
+/// order (slots no run starts at hold zero). Only the consumer warps meet at barrier 1 (the
+/// producer's warp has returned).
 const RING_SOURCE: &str = r#"@DEFS@
 #define IN_NORM @NORM@
 #define EPILOGUE @EPILOGUE@
