@@ -21,20 +21,21 @@
 //! again). Blocks loop over units, so the norm's sum of squares is computed once per block.
 //! Reading the weights once is the whole cost.
 //!
-//! Large products on devices of compute capability 9.0 and later stream their weights instead
-//! (the `_ring` kernels, chosen by [`ring_plan`]): one block per multiprocessor owns a
-//! contiguous run of outputs, whose rows are contiguous bytes; one thread of a ninth warp
-//! copies them in 32 KiB bulk copies into a ring of four shared-memory slots, paced by
-//! mbarriers, while eight warps dot each landed slot with the staged input and release it.
-//! The copies keep a multiprocessor's loads in flight without a register per byte, and a
-//! block's work ends when its bytes have arrived, with no tail of grid-stride rounds. On an
-//! H200 this took the 3072 × 2048 QKV product of a 1B-shaped Llama from 7.9 to 6.6 µs and the
-//! 2048 × 8192 down projection from 12.9 to 11.9 µs, left the LM head as it was and the
-//! gate/up product 2% slower, and made its replayed decode step 3.5% faster
-//! (`docs/perf/fused-layer/tma_gemv.cu`, `docs/perf/llama-profile.md`); products under
-//! [`RING_MIN_BYTES`] of weights (the 8 MB output projection: 5.8 against 5.2 µs) keep the
-//! kernel above. A row's sums are added in a fixed order, so the result is the same on every
-//! run.
+//! Large products with too few rows for a warp each (those the kernel above splits) stream
+//! their weights instead on devices of compute capability 9.0 and later (the `_ring`
+//! kernels, chosen by [`ring_plan`]): one block per multiprocessor owns a contiguous run of
+//! outputs, whose rows are contiguous bytes; one thread of a ninth warp copies them in 32
+//! KiB bulk copies into a ring of four shared-memory slots, paced by mbarriers, while eight
+//! warps dot each landed slot with the staged input and release it. The copies keep a
+//! multiprocessor's loads in flight without a register per byte, and a block's work ends
+//! when its bytes have arrived, with no tail of grid-stride rounds. On an H200 this took
+//! the 3072 × 2048 QKV product of a 1B-shaped Llama from 7.9 to 6.6 µs and the 2048 × 8192
+//! down projection from 12.9 to 11.9 µs, and made its replayed decode step 3.5% faster
+//! (`docs/perf/fused-layer/tma_gemv.cu`, `docs/perf/llama-profile.md`). The kernel above
+//! keeps products under [`RING_MIN_BYTES`] of weights (the 8 MB output projection: 5.8
+//! against 5.2 µs streamed) and those whose rows fill its grid (the gate/up product: 19.2
+//! against 19.6 µs; the LM head: as fast both ways). A row's sums are added in a fixed
+//! order, so the result is the same on every run.
 
 use cuflow_device_op::{from_fn, ExecutionContext};
 use cuflow_runtime::{Device, DeviceError, Kernel, KernelArgs, LaunchConfig, Stream};
@@ -157,8 +158,10 @@ struct RingPlan {
 /// The streaming launch of a product of `n` rows (for SwiGLU, `n / 2` gate and as many up
 /// rows) of `k` columns, or `None` where the grid-stride kernel runs: on devices without bulk
 /// copies (`cc`), for fewer than [`RING_MIN_BYTES`] of weights, for rows that are not whole
-/// slabs, or when the ring, the staged input and the partial sums do not fit `max_shared`.
-/// One block per multiprocessor (`sms`), at most one per output.
+/// slabs, where the grid-stride kernel has rows enough to give each warp its own (it is as
+/// fast there: the gate/up product and the LM head), or when the ring, the staged input and
+/// the partial sums do not fit `max_shared`. One block per multiprocessor (`sms`), at most
+/// one per output.
 fn ring_plan(
     cc: Option<(u32, u32)>,
     sms: usize,
@@ -167,7 +170,11 @@ fn ring_plan(
     epilogue: GemvEpilogue,
 ) -> Option<RingPlan> {
     let bytes = n.checked_mul(k)?.checked_mul(2)?;
-    if !streams_in_bulk(cc) || k % RING_SLAB_COLS != 0 || bytes < RING_MIN_BYTES {
+    if !streams_in_bulk(cc)
+        || k % RING_SLAB_COLS != 0
+        || bytes < RING_MIN_BYTES
+        || ksplit(units(n, epilogue), k / 8, sms) == 1
+    {
         return None;
     }
     let (outputs, kinds) = match epilogue {
@@ -675,6 +682,16 @@ fn host_gemv(
     }
 }
 
+/// The grid-stride kernel's units of work for `n` weight rows: four rows, for SwiGLU two gate
+/// rows and their two up rows.
+fn units(n: usize, epilogue: GemvEpilogue) -> usize {
+    if epilogue == GemvEpilogue::SwiGlu {
+        (n / 2).div_ceil(ROWS_PER_WARP / 2)
+    } else {
+        n.div_ceil(ROWS_PER_WARP)
+    }
+}
+
 /// Warps that share one unit of rows: doubled while the grid has fewer than sixteen warps
 /// per multiprocessor and each lane keeps at least two 16-byte loads per row.
 fn ksplit(units: usize, vectors: usize, sms: usize) -> usize {
@@ -790,11 +807,7 @@ fn launch(
             &args,
         );
     }
-    let units = if epilogue == GemvEpilogue::SwiGlu {
-        (n / 2).div_ceil(ROWS_PER_WARP / 2)
-    } else {
-        n.div_ceil(ROWS_PER_WARP)
-    };
+    let units = units(n, epilogue);
     let split = ksplit(units, k / 8, sms);
     let blocks = units.div_ceil((THREADS / 32) as usize / split);
     // Blocks loop over units: as few rounds as the resident blocks allow, evenly spread.
@@ -920,8 +933,9 @@ mod tests {
     const H200: Option<(u32, u32)> = Some((9, 0));
     const OPTIN: usize = 227 * 1024;
 
-    /// The products of a 1B-shaped Llama that stream on a device of 132 multiprocessors,
-    /// and the one that does not (the 8 MB output projection).
+    /// The products of a 1B-shaped Llama that stream on a device of 132 multiprocessors
+    /// (QKV and down: too few rows for a warp each), and those that do not: the 8 MB output
+    /// projection, and the gate/up product and the LM head, whose rows fill the grid.
     #[test]
     fn large_products_stream_on_compute_capability_9() {
         let plan = |n, k, e| ring_plan(H200, 132, OPTIN, (n, k), e);
@@ -929,21 +943,20 @@ mod tests {
         assert_eq!(qkv.grid, 132);
         // 24 outputs a block at most, four slabs a row.
         assert_eq!(qkv.shared, RING_SLOTS * RING_CHUNK + 4 * 2048 + 4 * 24 * 4);
-        let gate_up = plan(16384, 2048, GemvEpilogue::SwiGlu).expect("gate/up streams");
-        assert_eq!(
-            gate_up.shared,
-            RING_SLOTS * RING_CHUNK + 4 * 2048 + 4 * 2 * 63 * 4
-        );
         let down = plan(2048, 8192, GemvEpilogue::Accumulate).expect("down streams");
         assert_eq!(
             down.shared,
             RING_SLOTS * RING_CHUNK + 4 * 8192 + 4 * 16 * 16
         );
-        assert!(
-            plan(128_256, 2048, GemvEpilogue::Store).is_some(),
-            "LM head"
-        );
         assert_eq!(plan(2048, 2048, GemvEpilogue::Accumulate), None, "o_proj");
+        assert_eq!(plan(16384, 2048, GemvEpilogue::SwiGlu), None, "gate/up");
+        assert_eq!(plan(128_256, 2048, GemvEpilogue::Store), None, "LM head");
+        // A SwiGLU product of as few rows streams: gate and up partial sums a block.
+        let swiglu = plan(6144, 2048, GemvEpilogue::SwiGlu).expect("a smaller SwiGLU streams");
+        assert_eq!(
+            swiglu.shared,
+            RING_SLOTS * RING_CHUNK + 4 * 2048 + 4 * 2 * 24 * 4
+        );
     }
 
     #[test]
