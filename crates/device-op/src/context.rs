@@ -227,14 +227,30 @@ impl ExecutionContext {
     ///
     /// The error of `f`, or of recording or waiting on the events (see
     /// `cuflow_runtime::Stream::wait_event` for waits across devices and backends);
-    /// [`DeviceError::Capture`] when `stream` is being captured into a graph and this context's
-    /// stream is not (the work would be recorded instead of run, and this context's stream,
-    /// waiting for it, would join the capture).
+    /// [`DeviceError::Capture`] when this context is not being captured and `stream` is a
+    /// stream made for captures (another thread's capture may take it at any moment and refuse
+    /// the work part-way), or one being captured into a graph (the work would be recorded
+    /// instead of run, and this context's stream, waiting for it, would join the capture).
     pub fn on_stream<R>(
         &mut self,
         stream: &Stream,
         f: impl FnOnce(&Stream) -> Result<R, DeviceError>,
     ) -> Result<R, DeviceError> {
+        // A stream made for captures first, as in `place_root`: whether a capture holds it now
+        // is up to other threads.
+        if stream.is_for_captures() && !self.in_capture() {
+            return Err(DeviceError::Capture {
+                op: "ExecutionContext::on_stream".into(),
+                reason: format!(
+                    "stream {} is a stream of graph captures (Device::new_stream_for_captures, \
+                     or one a capture handed to a policy) and the op running on stream {} is \
+                     not being captured: a capture may take the stream at any moment and refuse \
+                     the work part-way; name a stream of Device::new_stream",
+                    stream.id(),
+                    self.stream.id()
+                ),
+            });
+        }
         if stream.is_capturing() && !self.in_capture() {
             return Err(DeviceError::Capture {
                 op: "ExecutionContext::on_stream".into(),
@@ -395,16 +411,17 @@ impl ExecutionContext {
             .at_depth(self.depth + 1)
             .on_same_device(self.same_device);
         let stream = self.policy.place(&placement)?;
-        if stream.is_capturing() && !self.in_capture() {
-            // A capture's own branches are placed on streams that join it by waiting on their
-            // fork (and a capturing stream of another capture is refused by that wait).
-            return Err(crate::exec::placed_on_capturing_stream(
+        // A stream made for captures first, as in `place_root`.
+        if stream.is_for_captures() && !self.in_capture() {
+            return Err(crate::exec::placed_on_capture_stream(
                 &format!("branch {index} of {count}"),
                 &stream,
             ));
         }
-        if stream.is_for_captures() && !self.in_capture() {
-            return Err(crate::exec::placed_on_capture_stream(
+        if stream.is_capturing() && !self.in_capture() {
+            // A capture's own branches are placed on streams that join it by waiting on their
+            // fork (and a capturing stream of another capture is refused by that wait).
+            return Err(crate::exec::placed_on_capturing_stream(
                 &format!("branch {index} of {count}"),
                 &stream,
             ));

@@ -118,11 +118,13 @@ pub fn place_root(policy: &dyn SchedulingPolicy) -> Result<Stream, DeviceError> 
         Ok(placed) => placed?,
         Err(p) => return Err(DeviceError::from_panic_payload("the scheduling policy", p)),
     };
-    if stream.is_capturing() {
-        return Err(placed_on_capturing_stream("the root of an op", &stream));
-    }
+    // A stream made for captures first: whether one holds it now is up to other threads, and
+    // the error should not depend on it.
     if stream.is_for_captures() {
         return Err(placed_on_capture_stream("the root of an op", &stream));
+    }
+    if stream.is_capturing() {
+        return Err(placed_on_capturing_stream("the root of an op", &stream));
     }
     Ok(stream)
 }
@@ -247,6 +249,20 @@ pub(crate) fn sync_on<O: DeviceOp>(
     stream: &Stream,
 ) -> Result<(O::Output, ExecutionStats), DeviceError> {
     let _guard = ExecutionGuard::enter("DeviceOpExt::sync_on")?;
+    if stream.is_for_captures() {
+        // Another thread's capture may take the stream at any moment and refuse the work
+        // part-way, as `place_root` says for policies. Checked first, so that the error does
+        // not depend on whether one holds it now.
+        return Err(DeviceError::Capture {
+            op: "DeviceOpExt::sync_on".into(),
+            reason: format!(
+                "stream {} is a stream of graph captures (Device::new_stream_for_captures, or one a \
+                 capture handed to a policy): a capture may take it at any moment and refuse \
+                 the op's work part-way; sync the op on a stream of Device::new_stream",
+                stream.id()
+            ),
+        });
+    }
     if stream.is_capturing() {
         // The work would be recorded into the graph instead of run, and the wait for it
         // (which a capture cannot record) would break the capture.
@@ -256,19 +272,6 @@ pub(crate) fn sync_on<O: DeviceOp>(
                 "stream {} is being captured into a graph: the op's work would be recorded, \
                  not run, and sync_on cannot wait for it; capture the op with its graph API \
                  (graph_on), or sync it on a stream that is not being captured",
-                stream.id()
-            ),
-        });
-    }
-    if stream.is_for_captures() {
-        // Another thread's capture may take the stream at any moment and refuse the work
-        // part-way, as `place_root` says for policies.
-        return Err(DeviceError::Capture {
-            op: "DeviceOpExt::sync_on".into(),
-            reason: format!(
-                "stream {} is a stream of graph captures (Device::new_stream_for_captures, or one a \
-                 capture handed to a policy): a capture may take it at any moment and refuse \
-                 the op's work part-way; sync the op on a stream of Device::new_stream",
                 stream.id()
             ),
         });

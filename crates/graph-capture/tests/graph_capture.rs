@@ -464,6 +464,77 @@ impl SchedulingPolicy for KeepsParent {
     }
 }
 
+/// A policy that places roots on `root` and branches on `branches`.
+#[derive(Clone, Debug)]
+struct Places {
+    root: Stream,
+    branches: Stream,
+}
+
+impl SchedulingPolicy for Places {
+    fn device(&self) -> &Device {
+        self.root.device()
+    }
+
+    fn place(&self, request: &Placement<'_>) -> Result<Stream, DeviceError> {
+        Ok(match request.branch {
+            Some(_) => self.branches.clone(),
+            None => self.root.clone(),
+        })
+    }
+}
+
+/// Whether `r` is the error of eager work placed on a stream made for captures.
+fn names_the_capture_stream<T>(r: &Result<T, DeviceError>) -> bool {
+    matches!(r, Err(DeviceError::Capture { reason, .. }) if reason.contains("a stream of graph captures"))
+}
+
+/// Eager work placed on a stream of graph captures gets the same error whether or not a
+/// capture holds the stream at that moment (in general another thread's, which the caller
+/// cannot see): the error names what the policy or caller did wrong, not the capture that
+/// happens to be running there.
+#[test]
+fn a_capture_stream_is_refused_the_same_way_while_a_capture_holds_it() -> Result<(), DeviceError> {
+    let device = device();
+    let held = device.new_stream_for_captures(0)?;
+    held.begin_capture()?;
+    assert!(held.is_capturing() && held.is_for_captures());
+    let on_root = Places {
+        root: held.clone(),
+        branches: held.clone(),
+    };
+    let r = zip!(value(1), value(2)).sync_with_policy(&on_root);
+    assert!(names_the_capture_stream(&r), "root: {r:?}");
+    let on_branches = Places {
+        root: device.new_stream()?,
+        branches: held.clone(),
+    };
+    let r = zip!(value(1), value(2)).sync_with_policy(&on_branches);
+    assert!(names_the_capture_stream(&r), "branch: {r:?}");
+    let r = zip!(value(1), value(2)).sync_on(&held);
+    assert!(names_the_capture_stream(&r), "sync_on: {r:?}");
+    let named = |s: &Stream| {
+        let s = s.clone();
+        from_fn(move |ctx| ctx.on_stream(&s, |_| Ok(())))
+    };
+    let r = named(&held).sync();
+    assert!(names_the_capture_stream(&r), "on_stream: {r:?}");
+    held.end_capture()?;
+    // And while no capture holds it.
+    let r = named(&held).sync();
+    assert!(names_the_capture_stream(&r), "on_stream: {r:?}");
+    // A stream made with `Device::new_stream` and captured by hand is refused as capturing.
+    let own = device.new_stream()?;
+    own.begin_capture()?;
+    let r = zip!(value(1), value(2)).sync_on(&own);
+    assert!(
+        matches!(&r, Err(DeviceError::Capture { reason, .. }) if reason.contains("is being captured")),
+        "{r:?}"
+    );
+    own.end_capture()?;
+    Ok(())
+}
+
 /// A policy that keeps a stream a capture handed it and places eager work on it afterwards
 /// gets a clear error at once, rather than work that another capture taking the stream would
 /// refuse part-way.
