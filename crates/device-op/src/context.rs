@@ -23,6 +23,8 @@ use cuflow_runtime::{Device, DeviceError, EnteredScope, ErrorScope, Event, Strea
 use cuflow_scheduler::{Placement, PriorityLevel, SchedulingPolicy};
 use parking_lot::Mutex;
 
+use crate::exec::NotForEagerWork;
+
 /// What one execution did: events recorded, waits enqueued, streams used.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -236,12 +238,14 @@ impl ExecutionContext {
         stream: &Stream,
         f: impl FnOnce(&Stream) -> Result<R, DeviceError>,
     ) -> Result<R, DeviceError> {
-        // A stream made for captures first, as in `place_root`: whether a capture holds it now
-        // is up to other threads.
-        if stream.is_for_captures() && !self.in_capture() {
-            return Err(DeviceError::Capture {
-                op: "ExecutionContext::on_stream".into(),
-                reason: format!(
+        let refused = if self.in_capture() {
+            None
+        } else {
+            NotForEagerWork::of(stream)
+        };
+        if let Some(why) = refused {
+            let reason = match why {
+                NotForEagerWork::ForCaptures => format!(
                     "stream {} is a stream of graph captures (Device::new_stream_for_captures, \
                      or one a capture handed to a policy) and the op running on stream {} is \
                      not being captured: a capture may take the stream at any moment and refuse \
@@ -249,12 +253,7 @@ impl ExecutionContext {
                     stream.id(),
                     self.stream.id()
                 ),
-            });
-        }
-        if stream.is_capturing() && !self.in_capture() {
-            return Err(DeviceError::Capture {
-                op: "ExecutionContext::on_stream".into(),
-                reason: format!(
+                NotForEagerWork::Capturing => format!(
                     "stream {} is being captured into a graph but the op running on stream {} \
                      is not: the work would be recorded instead of run, and the op's stream \
                      would join the capture; run the op on the captured stream, or use a \
@@ -262,6 +261,10 @@ impl ExecutionContext {
                     stream.id(),
                     self.stream.id()
                 ),
+            };
+            return Err(DeviceError::Capture {
+                op: "ExecutionContext::on_stream".into(),
+                reason,
             });
         }
         let private;
@@ -411,20 +414,10 @@ impl ExecutionContext {
             .at_depth(self.depth + 1)
             .on_same_device(self.same_device);
         let stream = self.policy.place(&placement)?;
-        // A stream made for captures first, as in `place_root`.
-        if stream.is_for_captures() && !self.in_capture() {
-            return Err(crate::exec::placed_on_capture_stream(
-                &format!("branch {index} of {count}"),
-                &stream,
-            ));
-        }
-        if stream.is_capturing() && !self.in_capture() {
-            // A capture's own branches are placed on streams that join it by waiting on their
-            // fork (and a capturing stream of another capture is refused by that wait).
-            return Err(crate::exec::placed_on_capturing_stream(
-                &format!("branch {index} of {count}"),
-                &stream,
-            ));
+        // A capture's own branches are placed on streams that join it by waiting on their fork
+        // (and a capturing stream of another capture is refused by that wait).
+        if !self.in_capture() {
+            crate::exec::check_placed(format_args!("branch {index} of {count}"), &stream)?;
         }
         if stream.device().kind() != self.device.kind() {
             return Err(DeviceError::device_mismatch(

@@ -118,46 +118,66 @@ pub fn place_root(policy: &dyn SchedulingPolicy) -> Result<Stream, DeviceError> 
         Ok(placed) => placed?,
         Err(p) => return Err(DeviceError::from_panic_payload("the scheduling policy", p)),
     };
-    // A stream made for captures first: whether one holds it now is up to other threads, and
-    // the error should not depend on it.
-    if stream.is_for_captures() {
-        return Err(placed_on_capture_stream("the root of an op", &stream));
-    }
-    if stream.is_capturing() {
-        return Err(placed_on_capturing_stream("the root of an op", &stream));
-    }
+    check_placed("the root of an op", &stream)?;
     Ok(stream)
 }
 
-/// The error of a policy that placed eager work (`what`) on `stream`, a stream made for
-/// captures (a capture's private stream, which a policy sees as a placement's parent during
-/// that capture): the next capture that takes the stream would refuse the work, part-way.
-pub(crate) fn placed_on_capture_stream(what: &str, stream: &Stream) -> DeviceError {
-    DeviceError::Capture {
-        op: "SchedulingPolicy::place".into(),
-        reason: format!(
+/// Why eager work may not go on a stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum NotForEagerWork {
+    /// A stream made for captures (`Device::new_stream_for_captures`, or a capture's private
+    /// stream, which a policy sees as a placement's parent during that capture): another
+    /// thread's capture may take it at any moment and refuse the work part-way.
+    ForCaptures,
+    /// A stream being captured into a graph: the work would be recorded into it instead of
+    /// running, and the events that should tell of its completion would never complete.
+    Capturing,
+}
+
+impl NotForEagerWork {
+    /// Why eager work may not go on `stream`, if it may not. A stream made for captures is
+    /// named so whether or not a capture holds it at this moment: that is up to other threads,
+    /// and the answer must not depend on it.
+    pub(crate) fn of(stream: &Stream) -> Option<Self> {
+        if stream.is_for_captures() {
+            Some(Self::ForCaptures)
+        } else if stream.is_capturing() {
+            Some(Self::Capturing)
+        } else {
+            None
+        }
+    }
+}
+
+/// Checks `stream`, on which a policy placed eager work (`what`).
+///
+/// # Errors
+///
+/// [`DeviceError::Capture`] when eager work may not go there ([`NotForEagerWork`]).
+pub(crate) fn check_placed(
+    what: impl std::fmt::Display,
+    stream: &Stream,
+) -> Result<(), DeviceError> {
+    let reason = match NotForEagerWork::of(stream) {
+        None => return Ok(()),
+        Some(NotForEagerWork::ForCaptures) => format!(
             "the scheduling policy placed {what} on stream {}, a stream of graph captures (a \
              capture hands its private streams to the policy as placements' parents): eager \
              work there would be refused once another capture takes the stream; a policy must \
              not keep the streams a capture hands it",
             stream.id()
         ),
-    }
-}
-
-/// The error of a policy that placed `what` on `stream`, a stream being captured into a graph:
-/// the work would be recorded into that graph instead of running, and the events that should
-/// tell of its completion would never complete.
-pub(crate) fn placed_on_capturing_stream(what: &str, stream: &Stream) -> DeviceError {
-    DeviceError::Capture {
-        op: "SchedulingPolicy::place".into(),
-        reason: format!(
+        Some(NotForEagerWork::Capturing) => format!(
             "the scheduling policy placed {what} on stream {}, which is being captured into a \
              graph: the work would be recorded instead of run; a policy must not hand out a \
              capturing stream",
             stream.id()
         ),
-    }
+    };
+    Err(DeviceError::Capture {
+        op: "SchedulingPolicy::place".into(),
+        reason,
+    })
 }
 
 /// Executes `op` with the root context `ctx`, then joins the branches the op dropped unjoined
@@ -249,31 +269,28 @@ pub(crate) fn sync_on<O: DeviceOp>(
     stream: &Stream,
 ) -> Result<(O::Output, ExecutionStats), DeviceError> {
     let _guard = ExecutionGuard::enter("DeviceOpExt::sync_on")?;
-    if stream.is_for_captures() {
-        // Another thread's capture may take the stream at any moment and refuse the work
-        // part-way, as `place_root` says for policies. Checked first, so that the error does
-        // not depend on whether one holds it now.
-        return Err(DeviceError::Capture {
-            op: "DeviceOpExt::sync_on".into(),
-            reason: format!(
+    if let Some(why) = NotForEagerWork::of(stream) {
+        let reason = match why {
+            // Another thread's capture may take the stream at any moment and refuse the work
+            // part-way, as `place_root` says for policies.
+            NotForEagerWork::ForCaptures => format!(
                 "stream {} is a stream of graph captures (Device::new_stream_for_captures, or one a \
                  capture handed to a policy): a capture may take it at any moment and refuse \
                  the op's work part-way; sync the op on a stream of Device::new_stream",
                 stream.id()
             ),
-        });
-    }
-    if stream.is_capturing() {
-        // The work would be recorded into the graph instead of run, and the wait for it
-        // (which a capture cannot record) would break the capture.
-        return Err(DeviceError::Capture {
-            op: "DeviceOpExt::sync_on".into(),
-            reason: format!(
+            // The work would be recorded into the graph instead of run, and the wait for it
+            // (which a capture cannot record) would break the capture.
+            NotForEagerWork::Capturing => format!(
                 "stream {} is being captured into a graph: the op's work would be recorded, \
                  not run, and sync_on cannot wait for it; capture the op with its graph API \
                  (graph_on), or sync it on a stream that is not being captured",
                 stream.id()
             ),
+        };
+        return Err(DeviceError::Capture {
+            op: "DeviceOpExt::sync_on".into(),
+            reason,
         });
     }
     run_and_wait(op, default_policy(stream.device())?, Some(stream))
